@@ -1,0 +1,213 @@
+"""Timing, throughput and memory helpers for benchmark cells (introduced in Chapter 1).
+
+On a GPU, time with ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs) and
+measure memory with the CUDA caching allocator's peak counter. On CPU, time with
+``torch.utils.benchmark`` and measure the process's peak resident memory; CPU numbers show
+trends at small sizes only, and a cell that needs a GPU says so instead of printing numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+
+from .device import current
+from .reference import attention_flops
+
+# Vendor datasheet peaks (dense, no sparsity): fp16/bf16 tensor-core TFLOP/s, fp32 (non-tensor)
+# TFLOP/s, HBM GB/s. Keys are matched as substrings of torch.cuda.get_device_name().
+PEAKS = {
+    "T4": (65.0, 8.1, 320.0),
+    "L4": (121.0, 30.3, 300.0),
+    "A10G": (70.0, 31.2, 600.0),
+    "A100": (312.0, 19.5, 2039.0),
+    "H100": (989.0, 67.0, 3350.0),
+    "H200": (989.0, 67.0, 4800.0),
+    "B200": (2250.0, 75.0, 8000.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    name: str
+    tensor_tflops: float   # fp16/bf16 tensor cores
+    fp32_tflops: float     # plain fp32 FMA units
+    hbm_gbps: float
+
+
+def gpu_peak(device_name: str | None = None) -> Peak | None:
+    """Datasheet peaks for the current (or named) GPU, or None if it is not in the table."""
+    if device_name is None:
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name(0)
+    tokens = device_name.replace("-", " ").split()
+    for key, (tc, f32, bw) in PEAKS.items():
+        if key in tokens:
+            return Peak(key, tc, f32, bw)
+    return None
+
+
+def needs_gpu(what: str) -> bool:
+    """True on a GPU; on CPU prints why ``what`` is skipped and returns False."""
+    if current().gpu:
+        return True
+    print(f"Skipped: {what} needs a CUDA GPU (this runtime is CPU-only, so kernels run in the "
+          "Triton interpreter / Numba simulator, which are 1000x slower and say nothing about "
+          "GPU speed). The book shows numbers measured on a real GPU below.")
+    return False
+
+
+def time_ms(fn: Callable[[], object]) -> float:
+    """Median run time of ``fn()`` in milliseconds."""
+    if current().gpu:
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    from torch.utils import benchmark
+    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.2)
+    return m.median * 1e3
+
+
+def _cpu_rss_peak_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("VmHWM not found")
+
+
+def _cpu_rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("VmRSS not found")
+
+
+def peak_memory_bytes(fn: Callable[[], object]) -> int:
+    """Extra memory ``fn()`` needs at its peak, beyond what was allocated before the call.
+
+    GPU: the caching allocator's peak counter. CPU (Linux): the rise of the process's peak
+    resident set, reset through /proc/self/clear_refs (approximate, page granular).
+    """
+    if current().gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    base = _cpu_rss_bytes()
+    fn()
+    return max(0, _cpu_rss_peak_bytes() - base)
+
+
+def attention_bytes(B, H, N_q, N_k, d, element_size, H_kv=None) -> float:
+    """Compulsory HBM traffic of an attention forward: read Q, K, V once, write O once."""
+    H_kv = H_kv or H
+    return float(element_size) * B * (2 * H * N_q * d + 2 * H_kv * N_k * d)
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One row of a benchmark table (the columns of book/data/bench/<chapter>/<gpu>.csv)."""
+    kernel: str
+    role: str            # reference | baseline | variant
+    B: int
+    H_q: int
+    H_kv: int
+    N_q: int
+    N_k: int
+    d: int
+    dtype: str
+    causal: bool
+    ms: float | None
+    tflops: float | None
+    gbps: float | None
+    pct_peak: float | None
+    peak_mib: float | None = None
+    note: str = ""
+
+
+COLUMNS = [f.name for f in dataclasses.fields(Measurement)]
+
+
+def measure_attention(kernel: str, role: str, fn: Callable[[], object], *, B, H, N_q, N_k, d,
+                      dtype: torch.dtype, causal=False, H_kv=None, memory=False,
+                      tensor_cores=True) -> Measurement:
+    """Time ``fn`` (one attention forward) and derive TFLOP/s, GB/s and % of the GPU's peak.
+
+    An out-of-memory error becomes a row with ``note='out of memory'`` instead of a crash.
+    """
+    dt = str(dtype).replace("torch.", "")
+    row = dict(kernel=kernel, role=role, B=B, H_q=H, H_kv=H_kv or H, N_q=N_q, N_k=N_k, d=d,
+               dtype=dt, causal=causal)
+    try:
+        peak_mib = peak_memory_bytes(fn) / 2**20 if memory else None
+        ms = time_ms(fn)
+    except torch.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return Measurement(**row, ms=None, tflops=None, gbps=None, pct_peak=None,
+                           note="out of memory")
+    flops = attention_flops(B, H, N_q, N_k, d, causal)
+    tflops = flops / (ms * 1e-3) / 1e12
+    gbps = attention_bytes(B, H, N_q, N_k, d, torch.empty((), dtype=dtype).element_size(),
+                           H_kv) / (ms * 1e-3) / 1e9
+    peak = gpu_peak() if current().gpu else None
+    pct = None
+    if peak is not None:
+        ceiling = peak.tensor_tflops if tensor_cores and dtype != torch.float32 else peak.fp32_tflops
+        pct = 100.0 * tflops / ceiling
+    return Measurement(**row, ms=ms, tflops=tflops, gbps=gbps, pct_peak=pct, peak_mib=peak_mib)
+
+
+SDPA_BACKENDS = {
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_math": "MATH",
+}
+
+
+def sdpa(backend: str | None = None) -> Callable:
+    """torch SDPA restricted to one backend (a key of SDPA_BACKENDS), as f(q, k, v, causal)."""
+    import torch.nn.functional as F
+
+    def run(q, k, v, causal=False):
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def sdpa_supports(backend: str, q, k, v, causal=False) -> bool:
+    """Whether this SDPA backend accepts these inputs on this GPU (not every GPU has cuDNN/flash)."""
+    try:
+        sdpa(backend)(q, k, v, causal)
+        return True
+    except RuntimeError:
+        return False
+
+
+def format_table(rows: list[Measurement]) -> str:
+    """A fixed-width text table for notebook output."""
+    head = f"{'kernel':<18}{'N':>7}{'ms':>10}{'TFLOP/s':>10}{'% peak':>8}{'MiB':>10}  note"
+    out = [head, "-" * len(head)]
+    for r in rows:
+        f = lambda x, spec: format(x, spec) if x is not None else "-"  # noqa: E731
+        out.append(f"{r.kernel:<18}{r.N_q:>7}{f(r.ms, '10.3f')}{f(r.tflops, '10.2f')}"
+                   f"{f(r.pct_peak, '8.1f')}{f(r.peak_mib, '10.1f')}  {r.note}")
+    return "\n".join(out)
+
+
+def geometric_range(lo: int, hi: int) -> list[int]:
+    """Powers of two from lo to hi inclusive."""
+    return [2**i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]
+

@@ -1,0 +1,62 @@
+"""Chapter 1 benchmark: naive attention (materialises S and P) against torch SDPA.
+
+GPU run (``flashbook bench ch1``): fp16, B=1, H=16, d=64, N = 512 ... 65536, until the naive
+version runs out of memory. Each size records time and peak extra memory.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..bench import Measurement, measure_attention, sdpa, sdpa_supports
+
+
+def naive_attention(q, k, v, causal=False):
+    """Three kernels and two N x N intermediates: S = QK^T (write N^2), P = softmax(S)
+    (read N^2, write N^2), O = PV (read N^2). Everything in the input dtype."""
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
+          baselines=("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")) -> list[Measurement]:
+    rows, naive_oom = [], False
+    for N in Ns:
+        try:
+            q, k, v = (torch.randn(B, H, N, d, device=device, dtype=dtype) for _ in range(3))
+        except torch.OutOfMemoryError:
+            break
+        shape = dict(B=B, H=H, N_q=N, N_k=N, d=d, dtype=dtype)
+        if naive_oom:
+            rows.append(Measurement("naive_torch", "reference", B, H, H, N, N, d,
+                                    str(dtype).replace("torch.", ""), False, None, None, None,
+                                    None, note="out of memory"))
+        else:
+            r = measure_attention("naive_torch", "reference", lambda: naive_attention(q, k, v),
+                                  memory=True, **shape)
+            naive_oom = r.note == "out of memory"
+            rows.append(r)
+        for name in baselines:
+            if name is None:
+                fn = sdpa(None)
+                label = "sdpa"
+            else:
+                if not sdpa_supports(name, q[:, :, :1], k[:, :, :1], v[:, :, :1]):
+                    continue
+                fn, label = sdpa(name), name
+            rows.append(measure_attention(label, "baseline", lambda: fn(q, k, v),
+                                          memory=True, **shape))
+        del q, k, v
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def run() -> list[Measurement]:
+    Ns = [2**i for i in range(9, 17)]  # 512 ... 65536
+    return sweep(Ns)

@@ -1,0 +1,109 @@
+"""Device detection and the CPU fallback (introduced in Chapter 1).
+
+``setup()`` is the first code cell of every chapter. It must run before triton or
+numba are imported: with no GPU it sets ``TRITON_INTERPRET=1`` and
+``NUMBA_ENABLE_CUDASIM=1``, which both libraries read once, at import time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+# Chapters whose GPU kernels need a given compute capability; on older GPUs (and on CPU)
+# they run their simulators/interpreters and models only.
+CHAPTER_MIN_CC = {"ch6": (9, 0), "ch7": (10, 0)}
+
+_CPU_ENV = {"TRITON_INTERPRET": "1", "NUMBA_ENABLE_CUDASIM": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Problem sizes a chapter uses by default on this backend."""
+    B: int
+    H: int
+    N: int          # sequence length for correctness runs
+    d: int          # head dimension
+    bench_N: tuple  # sequence lengths swept by benchmark cells
+
+
+CPU_SIZES = Sizes(B=1, H=2, N=64, d=16, bench_N=(128, 256, 512, 1024))
+GPU_SIZES = Sizes(B=4, H=16, N=1024, d=64, bench_N=(512, 1024, 2048, 4096, 8192, 16384))
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What this runtime can do; returned by ``setup()``."""
+    gpu: bool
+    name: str                      # "Tesla T4" or "CPU"
+    capability: tuple | None       # (7, 5) on a T4; None on CPU
+    sizes: Sizes
+    restart_needed: bool = False   # triton/numba were imported before setup() on a CPU runtime
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpu else "cpu"
+
+    @property
+    def kind(self) -> str:
+        return "CUDA" if self.gpu else "Triton interpreter + Numba CUDA simulator"
+
+    def supports(self, chapter: str) -> bool:
+        need = CHAPTER_MIN_CC.get(chapter)
+        return need is None or (self.capability is not None and self.capability >= need)
+
+    def banner(self) -> str:
+        cc = f" (sm_{self.capability[0]}{self.capability[1]})" if self.capability else ""
+        older = [f"{ch} needs sm_{a}{b}" for ch, (a, b) in CHAPTER_MIN_CC.items()
+                 if not self.supports(ch)]
+        tail = f" | simulated only here: {', '.join(older)}" if older else ""
+        return f"flashbook | device: {self.name}{cc} | backend: {self.kind}{tail}"
+
+
+_current: Backend | None = None
+
+
+def _detect_gpu():
+    """(name, capability) of GPU 0, or None. Uses torch, which does not import triton."""
+    if os.environ.get("FLASHBOOK_FORCE_CPU") == "1":
+        return None
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)
+
+
+def setup(verbose: bool = True) -> Backend:
+    """Detect the device, configure CPU mode if needed, print a one-line banner.
+
+    Set ``FLASHBOOK_FORCE_CPU=1`` to use CPU mode on a GPU machine (what CI does).
+    """
+    global _current
+    gpu = _detect_gpu()
+    restart = False
+    if gpu is None:
+        stale = [m for m in ("triton", "numba") if m in sys.modules
+                 and os.environ.get(_CPU_ENV["TRITON_INTERPRET" if m == "triton"
+                                             else "NUMBA_ENABLE_CUDASIM"]) != "1"]
+        os.environ.update(_CPU_ENV)
+        restart = bool(stale)
+        backend = Backend(False, "CPU", None, CPU_SIZES, restart)
+    else:
+        name, cc = gpu
+        backend = Backend(True, name, tuple(cc), GPU_SIZES)
+    _current = backend
+    if verbose:
+        print(backend.banner())
+        if restart:
+            print(f"WARNING: {', '.join(stale)} was imported before flashbook.setup(), so it "
+                  "cannot switch to CPU mode. Restart the runtime (Runtime > Restart session) "
+                  "and run this cell first.")
+    return backend
+
+
+def current() -> Backend:
+    """The backend chosen by the last ``setup()`` call (runs it quietly if needed)."""
+    return _current if _current is not None else setup(verbose=False)
