@@ -1,0 +1,63 @@
+"""The ``flashbook`` command line: release, book, bench, and the grading commands."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def _release(args):
+    from . import notebooks
+    for path in notebooks.release(only=args.chapters or None):
+        print(f"wrote {path}")
+
+
+def _book(args):
+    from . import book
+    index = book.build(instructor=args.instructor, strict=not args.no_strict)
+    print(f"Book built: {index}")
+
+
+def _bench(args):
+    from . import benchmarks, notebooks
+    out = Path(args.out) if args.out else notebooks.repo_root() / "src" / "flashbook" / "data" / "bench"
+    command = "flashbook " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    path = benchmarks.run(args.chapter, out, command)
+    print(f"wrote {path}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flashbook", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("release", help="regenerate notebooks/ from solutions/ (nbgrader)")
+    r.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
+    r.set_defaults(func=_release)
+
+    b = sub.add_parser("book", help="execute chapters in CPU mode and build the HTML book")
+    b.add_argument("--instructor", action="store_true", help="show solutions (instructor edition)")
+    b.add_argument("--no-strict", action="store_true", help="do not treat warnings as errors")
+    b.set_defaults(func=_book)
+
+    c = sub.add_parser("bench", help="benchmark a chapter's kernels on this GPU, record the data")
+    c.add_argument("chapter")
+    c.add_argument("--out", help="output root (default: src/flashbook/data/bench)")
+    c.set_defaults(func=_bench)
+
+    try:
+        from .grade import cli as grade_cli
+    except ImportError:  # pragma: no cover
+        grade_cli = None
+    if grade_cli is not None:
+        grade_cli.add_subcommands(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
