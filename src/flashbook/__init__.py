@@ -10,6 +10,7 @@ Modules (one job each):
     grade      the instructor CLI's grading back end
 """
 from .device import setup, current, Backend
+from . import check, reference, bench, viz  # noqa: E402  (setup() needs no triton/numba)
 
 __version__ = "0.1.0"
 __all__ = ["setup", "current", "Backend", "__version__"]

@@ -201,7 +201,8 @@ def format_table(rows: list[Measurement]) -> str:
     head = f"{'kernel':<18}{'N':>7}{'ms':>10}{'TFLOP/s':>10}{'% peak':>8}{'MiB':>10}  note"
     out = [head, "-" * len(head)]
     for r in rows:
-        f = lambda x, spec: format(x, spec) if x is not None else "-"  # noqa: E731
+        def f(x, spec):
+            return format(x, spec) if x is not None else format("-", ">" + spec.split(".")[0])
         out.append(f"{r.kernel:<18}{r.N_q:>7}{f(r.ms, '10.3f')}{f(r.tflops, '10.2f')}"
                    f"{f(r.pct_peak, '8.1f')}{f(r.peak_mib, '10.1f')}  {r.note}")
     return "\n".join(out)

@@ -126,7 +126,7 @@ def assert_close(actual, expected, *, what: str, dims: Sequence[str], dtype=None
     raise CheckFailure("\n".join(lines))
 
 
-def _call(fn: Callable, *args, what: str, **kwargs):
+def call_student(fn: Callable, *args, what: str, **kwargs):
     """Call student code; turn NotImplementedError into a clear message."""
     try:
         return fn(*args, **kwargs)
@@ -171,7 +171,7 @@ def check_softmax(fn: Callable, hidden: bool = False):
     cases = softmax_cases(hidden)
     for name, x in cases:
         what = f"softmax, case {name}"
-        got = _call(fn, x.clone(), what=what)
+        got = call_student(fn, x.clone(), what=what)
         want = reference.softmax(x.to(torch.float64))
         dims = [f"axis{i}" for i in range(x.dim() - 2)] + ["row", "col"]
         assert_close(got, want, what=what, dims=dims, dtype=x.dtype,
@@ -226,7 +226,7 @@ def check_attention(fn: Callable, hidden: bool = False, causal: bool | None = No
     for i, case in enumerate(cases):
         q, k, v = make_qkv(case, seed=seed + i, device=device)
         what = f"attention, case {case.describe()}"
-        out = _call(fn, q, k, v, scale=case.scale, causal=case.causal, what=what)
+        out = call_student(fn, q, k, v, scale=case.scale, causal=case.causal, what=what)
         if returns_lse:
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise CheckFailure(f"{what}: expected a tuple (O, LSE), got {type(out).__name__}.")

@@ -100,3 +100,22 @@ def run(chapter: str, out_root: Path, command: str) -> Path:
     directory = out_root / chapter
     write_results(rows, directory, slug, command)
     return directory / f"{slug}.csv"
+
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "bench"
+
+
+def recorded(chapter: str, gpu: str = "h200"):
+    """(rows, provenance) measured on a real GPU and shipped with the package, or None."""
+    csv_path = DATA_DIR / chapter / f"{gpu}.csv"
+    if not csv_path.exists():
+        return None
+    meta_path = csv_path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return read_results(csv_path), meta
+
+
+def describe(meta: dict) -> str:
+    """One line of provenance for a plot caption."""
+    keys = ("gpu", "driver", "cuda", "torch", "triton", "date")
+    return ", ".join(f"{k} {meta[k]}" for k in keys if meta.get(k))

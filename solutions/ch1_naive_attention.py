@@ -1,0 +1,330 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 1: Naive attention, and why it is slow
+#
+# **What you will learn**
+# - the maths of scaled dot-product attention and the shape of every tensor in it;
+# - why softmax must be *stabilised*, and what the log-sum-exp (LSE) is;
+# - the conventions every later chapter keeps (scale, causal alignment, empty rows);
+# - why the textbook implementation is **memory-bound**: it moves $O(N^2)$ bytes for
+#   $O(N^2 d)$ FLOPs, and what that means on a roofline.
+#
+# **What you need**: any runtime. A GPU (a free Colab T4 is plenty) makes the measurements
+# real; on a CPU runtime everything runs at small sizes. About 45 minutes.
+#
+# **Exercises** (10 points): a stable softmax (3), naive attention with LSE and an optional
+# causal mask (3 + 2), and a model of its memory traffic (2).
+
+# %%
+import flashbook as fb
+
+backend = fb.setup()   # first: on a CPU-only runtime this switches on the simulators
+
+import math
+
+import matplotlib.pyplot as plt
+import torch
+
+from flashbook.chapters import ch1 as chapter
+
+# %% [markdown]
+# ## 1. Scaled dot-product attention
+#
+# A head of attention takes queries $Q \in \mathbb{R}^{N_q \times d}$, keys
+# $K \in \mathbb{R}^{N_k \times d}$ and values $V \in \mathbb{R}^{N_k \times d}$ and returns
+#
+# $$
+# S = s\, Q K^\top \in \mathbb{R}^{N_q \times N_k}, \qquad
+# P_{ij} = \frac{e^{S_{ij}}}{\sum_{j'} e^{S_{ij'}}}, \qquad
+# O = P V \in \mathbb{R}^{N_q \times d},
+# $$
+#
+# with the softmax scale $s = 1/\sqrt{d}$ by default. Row $i$ of $O$ is an average of the
+# value rows, weighted by how well query $i$ matches each key. In a model there are $B$
+# sequences and $H$ heads, so the tensors in this book are shaped `(B, H, N, d)` and the
+# work is repeated for each of the $B \cdot H$ heads independently.
+#
+# Counting work: $QK^\top$ is $N_q N_k$ dot products of length $d$ ($2 N_q N_k d$ FLOPs), and
+# $PV$ is the same again, so one head costs $4 N_q N_k d$ FLOPs
+# (`fb.reference.attention_flops`). The softmax's exponentials are $O(N_q N_k)$: negligible
+# next to the matmuls in FLOPs, but not free, as Chapter 6 will show.
+
+# %% [markdown]
+# ## 2. Softmax overflows
+#
+# $e^x$ exceeds the largest float32 ($3.4 \times 10^{38}$) at $x \approx 88.7$, and the largest
+# float16 (65504) already at $x \approx 11.1$. Scores that large are ordinary in a trained
+# model, and the naive formula turns them into `inf / inf = nan`:
+
+# %% tags=["demo"]
+x = torch.tensor([[1.0, 2.0, 3.0], [1000.0, 1001.0, 1002.0]])
+naive = torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+print("naive softmax:\n", naive)
+print("float16 exp(12) =", torch.exp(torch.tensor(12.0, dtype=torch.float16)).item())
+
+# %% [markdown]
+# Softmax does not change when the same constant is subtracted from every entry of a row:
+# $\frac{e^{x_j - m}}{\sum_{j'} e^{x_{j'} - m}} = \frac{e^{x_j}}{\sum_{j'} e^{x_{j'}}}$.
+# Choosing $m = \max_j x_j$ makes every exponent $\le 0$, so nothing overflows, and the
+# largest term is exactly $e^0 = 1$, so the sum is at least 1 and nothing underflows to 0/0.
+#
+# One more case matters for attention: a row in which **every** entry is $-\infty$ (a query
+# that is masked from every key). Then $m = -\infty$ and $x - m = -\infty - (-\infty) = $ `nan`.
+# The book's convention is that such a row has probability 0 everywhere (and, later, output 0).
+#
+# ### Exercise 1 (3 points): a stable softmax
+# Write `softmax(x)` over the last axis of a tensor of any shape. Requirements:
+# - no overflow for entries as large as $\pm 10^4$;
+# - entries equal to $-\infty$ get probability 0; a row of only $-\infty$ gives all zeros;
+# - the result has the input's dtype (compute in float32 or wider internally for float16);
+# - do not call `torch.softmax` or its relatives: the point is to write it.
+
+# %% nbgrader={"grade": false, "grade_id": "ch1_softmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis. x: (..., n) -> (..., n), same dtype as x."""
+    # Hint: about 6 lines. torch.amax, torch.where and torch.isfinite help with -inf rows.
+    ### BEGIN SOLUTION
+    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    m = work.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))   # all -inf row: avoid -inf - -inf
+    e = torch.exp(work - m)                                      # every exponent <= 0
+    total = e.sum(dim=-1, keepdim=True)
+    p = torch.where(total > 0, e / total, torch.zeros_like(e))
+    return p.to(x.dtype)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "ch1_softmax_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+fb.check.check_softmax(softmax)
+### BEGIN HIDDEN TESTS
+fb.check.check_softmax(softmax, hidden=True)
+# The exercise is to write softmax, not to call a library one.
+import torch.nn.functional as _F
+_saved = (torch.softmax, _F.softmax, torch.Tensor.softmax, torch.log_softmax, _F.log_softmax)
+def _forbidden(*a, **k):
+    raise AssertionError("softmax must be written by hand, without torch.softmax/F.softmax")
+torch.softmax = _F.softmax = torch.Tensor.softmax = torch.log_softmax = _F.log_softmax = _forbidden
+try:
+    fb.check.check_softmax(softmax, hidden=True)
+finally:
+    (torch.softmax, _F.softmax, torch.Tensor.softmax, torch.log_softmax, _F.log_softmax) = _saved
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. The log-sum-exp, and the book's conventions
+#
+# The normaliser of row $i$ is worth keeping. Its logarithm,
+#
+# $$
+# \mathrm{LSE}_i = \log \sum_j e^{S_{ij}} = m_i + \log \sum_j e^{S_{ij} - m_i},
+# $$
+#
+# is what the backward pass needs to recompute $P_{ij} = e^{S_{ij} - \mathrm{LSE}_i}$ without
+# storing $P$, and what lets two partial attention results be merged exactly (Chapters 3 and 8).
+# Every attention function in this book returns it. The conventions, kept by every chapter
+# (the seed kernels disagree on each of them; their chapters show the conversions):
+#
+# | | convention |
+# |---|---|
+# | shapes | `q`: `(B, H, N_q, d)`; `k`, `v`: `(B, H, N_k, d)`; `O` like `q`; `LSE`: `(B, H, N_q)`, float32 |
+# | scale | `scale` defaults to $1/\sqrt{d}$ and multiplies $S$ in float32 (never the fp16 inputs) |
+# | LSE | natural log (kernels may work in base 2 inside and convert: $\ln x = \log_2 x \cdot \ln 2$) |
+# | causal | aligned **bottom-right**: query $i$ sees key $j$ iff $j \le i + (N_k - N_q)$ |
+# | empty rows | a query that sees no key gets $O = 0$ and $\mathrm{LSE} = -\infty$, never NaN |
+#
+# Bottom-right alignment is what decoding needs: the last query is the newest token and sees
+# every key. With $N_q > N_k$ the first $N_q - N_k$ queries see nothing at all:
+
+# %% tags=["demo"]
+fig, axes = plt.subplots(1, 3, figsize=(9, 3))
+for ax, (nq, nk) in zip(axes, [(6, 6), (3, 7), (7, 3)]):
+    ax.imshow(fb.reference.causal_mask(nq, nk), cmap="Blues", vmin=0, vmax=1.3)
+    ax.set_title(f"N_q={nq}, N_k={nk}")
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+fig.suptitle("causal masks, aligned bottom-right (blue: visible)")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ### Exercise 2 (3 + 2 points): naive attention with LSE
+# Write `naive_attention(q, k, v, scale=None, causal=False)` returning `(O, LSE)` with the
+# conventions above. Compute $S$, the mask and the softmax in float32 (or wider) whatever the
+# input dtype, and return `O` in the input dtype. Use your `softmax`. The first test cell
+# checks the unmasked cases, the second the causal ones, including $N_q \neq N_k$.
+
+# %% nbgrader={"grade": false, "grade_id": "ch1_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def naive_attention(q, k, v, scale=None, causal=False):
+    """q: (B, H, N_q, d), k, v: (B, H, N_k, d) -> O (B, H, N_q, d), LSE (B, H, N_q) float32."""
+    # Hint: about 10 lines. fb.reference.causal_mask(N_q, N_k) gives the visible pairs.
+    ### BEGIN SOLUTION
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale      # (B, H, N_q, N_k)
+    if causal:
+        visible = fb.reference.causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        s = s.masked_fill(~visible, float("-inf"))
+    p = softmax(s)
+    o = torch.matmul(p, v.float()).to(q.dtype)
+    m = s.amax(dim=-1)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    lse = m_safe + torch.log(torch.exp(s - m_safe[..., None]).sum(dim=-1))   # log 0 = -inf
+    return o, lse
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "ch1_attention_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+fb.check.check_attention(naive_attention, causal=False)
+### BEGIN HIDDEN TESTS
+fb.check.check_attention(naive_attention, causal=False, hidden=True, seed=100,
+                         dtypes=(torch.float32, torch.float16))
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "ch1_attention_causal_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+fb.check.check_attention(naive_attention, causal=True)
+### BEGIN HIDDEN TESTS
+fb.check.check_attention(naive_attention, causal=True, hidden=True, seed=200,
+                         dtypes=(torch.float32, torch.float16))
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4. Where the time goes: bytes, not FLOPs
+#
+# Written with library calls, naive attention is three kernels, and each one reads its inputs
+# from the GPU's main memory (HBM) and writes its output back:
+#
+# | kernel | reads | writes |
+# |---|---|---|
+# | $S = s\,QK^\top$ | $Q$, $K$: $2Nd$ | $S$: $N^2$ |
+# | $P = \mathrm{softmax}(S)$ | $S$: $N^2$ | $P$: $N^2$ |
+# | $O = PV$ | $P$: $N^2$, $V$: $Nd$ | $O$: $Nd$ |
+#
+# (elements per head, with $N_q = N_k = N$). The $N \times N$ matrices dominate: for $N = 4096$
+# and $d = 64$ they are 64 times larger than $Q$, $K$, $V$ and $O$ together.
+#
+# ### Exercise 3 (2 points): the traffic model
+# Write `naive_traffic(B, H, N, d, bytes_per_element)` returning a dict with the total
+# `"flops"` of the two matmuls and the total `"bytes"` the three kernels above move, for all
+# $B \cdot H$ heads. Use integers (exact counts).
+
+# %% nbgrader={"grade": false, "grade_id": "ch1_traffic", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def naive_traffic(B, H, N, d, bytes_per_element):
+    """FLOPs and HBM bytes of the three-kernel naive attention (N_q = N_k = N)."""
+    # Hint: 3 lines.
+    ### BEGIN SOLUTION
+    flops = 4 * B * H * N * N * d
+    elements = B * H * (4 * N * d + 4 * N * N)
+    return {"flops": flops, "bytes": elements * bytes_per_element}
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "ch1_traffic_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+chapter.check_traffic(naive_traffic)
+### BEGIN HIDDEN TESTS
+chapter.check_traffic(naive_traffic, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### The roofline
+# Divide FLOPs by bytes and you get the **arithmetic intensity**: how much work each byte
+# fetched from HBM pays for. A GPU can do at most $\min(\text{peak FLOP/s},\ \text{intensity}
+# \times \text{bandwidth})$. For large $N$ the naive version does about
+# $4N^2d / (4N^2 e) = d/e$ FLOPs per byte ($e$ bytes per element): 32 for fp16 at $d = 64$,
+# whatever $N$ is. An H200 needs about 206 FLOPs per byte to keep its tensor cores busy, so naive
+# attention can never reach more than about 15% of the chip. A *fused* kernel that keeps $S$ and
+# $P$ on chip moves only $Q, K, V, O$ ($4Nd$ elements), so its intensity grows with $N$
+# ($N/e$): that is the whole idea of FlashAttention, and the rest of this book.
+
+# %% tags=["demo"]
+h200 = fb.bench.PEAKS["H200"]
+naive = naive_traffic(1, 16, 4096, 64, 2)
+fused_bytes = 2 * 16 * 4 * 4096 * 64
+points = {"naive, N=4096, d=64": naive["flops"] / naive["bytes"],
+          "fused, N=4096, d=64": naive["flops"] / fused_bytes}
+fb.viz.roofline(h200[0], h200[2], points, title="H200 roofline, fp16 tensor cores (datasheet peaks)")
+plt.show()
+
+# %% [markdown]
+# ## 5. Measured: time and memory as N grows
+#
+# The cell below times the naive three-kernel version (`fb.benchmarks.ch1.naive_attention`)
+# against `torch.nn.functional.scaled_dot_product_attention` (SDPA), which on a GPU dispatches
+# to fused kernels, and records the peak extra memory each needs. On a CPU runtime it uses small
+# sizes; the trend is the same: naive memory grows as $N^2$, fused memory as $N$.
+
+# %% tags=["demo"]
+from flashbook.benchmarks import ch1 as ch1_bench
+
+if backend.gpu:
+    rows = ch1_bench.sweep([512, 1024, 2048, 4096, 8192], B=1, H=16, d=64, dtype=torch.float16,
+                           device="cuda", baselines=(None,))
+else:
+    rows = ch1_bench.sweep([128, 256, 512, 1024], B=1, H=4, d=32, dtype=torch.float32,
+                           device="cpu", baselines=(None,))
+print(fb.bench.format_table(rows))
+chapter.plot_time_and_memory(rows, f"this runtime ({backend.name}): naive vs SDPA")
+plt.show()
+
+# %% [markdown]
+# And measured once on an NVIDIA H200 with `flashbook bench ch1` (fp16, $B=1$, $H=16$, $d=64$),
+# with each SDPA backend forced in turn; the naive version runs out of the GPU's memory where
+# its line stops (the dashed line):
+
+# %% tags=["demo"]
+from flashbook import benchmarks
+
+recorded = benchmarks.recorded("ch1", "h200")
+if recorded is None:
+    print("No recorded GPU data in this installation.")
+else:
+    rows_h200, meta = recorded
+    chapter.plot_time_and_memory(rows_h200, "H200: " + benchmarks.describe(meta))
+    plt.show()
+    big = max(r["N_q"] for r in rows_h200 if r["kernel"] == "naive_torch" and r["ms"])
+    at = {r["kernel"]: r for r in rows_h200 if r["N_q"] == big}
+    for name, r in at.items():
+        print(f"N={big}: {name:<16} {r['ms']:8.2f} ms  {r['tflops']:7.1f} TFLOP/s  "
+              f"{r['peak_mib']:10.0f} MiB")
+
+# %% [markdown]
+# ### Benchmark your kernel
+# On a GPU this times *your* `naive_attention` against SDPA at one size and prints TFLOP/s and
+# the share of the GPU's datasheet peak. Your version computes in float32, so expect it to be
+# slower than the fp16 naive version above.
+
+# %% tags=["demo"]
+if fb.bench.needs_gpu("timing your kernel"):
+    B, H, N, d = 1, 16, 4096, 64
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    try:
+        results = [fb.bench.measure_attention("your naive_attention", "reference",
+                                              lambda: naive_attention(q, k, v), B=B, H=H,
+                                              N_q=N, N_k=N, d=d, dtype=torch.float16),
+                   fb.bench.measure_attention("sdpa", "baseline", lambda: fb.bench.sdpa()(q, k, v),
+                                              B=B, H=H, N_q=N, N_k=N, d=d, dtype=torch.float16)]
+        print(fb.bench.format_table(results))
+    except NotImplementedError:
+        print("Implement naive_attention (Exercise 2) first.")
+
+# %% [markdown]
+# ## What we measured, and what comes next
+#
+# - Naive attention is correct but stores two $N \times N$ matrices per head: its memory grows as
+#   $N^2$ and runs out long before SDPA's does, and its arithmetic intensity is stuck at $d/e$.
+# - The fused kernels behind SDPA never write $S$ or $P$ to HBM. Doing that needs the softmax to
+#   be computed **in pieces**, a tile of keys at a time, which is the online softmax of
+#   Chapter 3. Chapter 2 starts from the first published kernel that did it, FlashAttention-1
+#   {cite}`dao2022flashattention`, written in CUDA.
+#
+# **Further reading**: the attention paper {cite}`vaswani2017attention`; online softmax
+# {cite}`milakov2018online`; the roofline model {cite}`williams2009roofline`; FlashAttention-2
+# {cite}`dao2023flashattention2`.
