@@ -189,8 +189,11 @@ def sdpa(backend: str | None = None) -> Callable:
 
 def sdpa_supports(backend: str, q, k, v, causal=False) -> bool:
     """Whether this SDPA backend accepts these inputs on this GPU (not every GPU has cuDNN/flash)."""
+    import warnings
     try:
-        sdpa(backend)(q, k, v, causal)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch explains each refusal in a UserWarning
+            sdpa(backend)(q, k, v, causal)
         return True
     except RuntimeError:
         return False

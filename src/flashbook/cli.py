@@ -20,8 +20,8 @@ def _book(args):
 
 
 def _bench(args):
-    from . import benchmarks, notebooks
-    out = Path(args.out) if args.out else notebooks.repo_root() / "src" / "flashbook" / "data" / "bench"
+    from . import benchmarks
+    out = Path(args.out) if args.out else benchmarks.DATA_DIR
     command = "flashbook " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     path = benchmarks.run(args.chapter, out, command)
     print(f"wrote {path}")

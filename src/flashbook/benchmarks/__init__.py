@@ -60,7 +60,7 @@ def write_results(rows: list[Measurement], directory: Path, slug: str, command: 
     """Write <slug>.csv (one row per measurement) and <slug>.json (provenance)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"{slug}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         w.writeheader()
         for r in rows:
             d = dataclasses.asdict(r)

@@ -46,7 +46,7 @@ def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
                 fn = sdpa(None)
                 label = "sdpa"
             else:
-                if not sdpa_supports(name, q[:, :, :1], k[:, :, :1], v[:, :, :1]):
+                if not sdpa_supports(name, q[:, :, :128], k[:, :, :128], v[:, :, :128]):
                     continue
                 fn, label = sdpa(name), name
             rows.append(measure_attention(label, "baseline", lambda: fn(q, k, v),
