@@ -1,0 +1,15 @@
+"""The instructor's grading pipeline: collect -> autograde -> feedback -> export.
+
+Modules (one job each):
+    markers    the stable ``# flashbook: <grade_id>`` marker every graded cell carries
+    layout     where things live in the course directory (nbgrader layout + results/)
+    repair     repair a submitted notebook against the release (metadata, duplicates, deletions)
+    collect    LMS downloads / zips / nbgrader layout -> submitted/<student>/<assignment>/
+    sandbox    scrubbed environment, resource limits and the sandboxed kernel launcher
+    worker     grades one submission (runs in its own process)
+    autograde  the batch: shards, workers, time limits, progress bar, resumable results
+    merge      combine the results of several shards
+    feedback   per-student feedback HTML (never shows hidden tests)
+    export     grades CSV and the class summary (histograms)
+    cli        the ``flashbook collect|autograde|merge|feedback|export`` subcommands
+"""

@@ -1,0 +1,222 @@
+"""``flashbook autograde``: grade every submission of an assignment, each in its own process.
+
+One worker process per submission (``worker.py``) with a scrubbed environment and a wall-clock
+limit (killed with its whole process group when over); its kernel runs sandboxed (``sandbox.py``).
+The parent alone writes the results store: ``results/<assignment>/<student>/result.json`` plus
+the graded notebook. Students with a result are skipped unless ``force`` (resumable);
+``shard=(i, n)`` grades the students whose id hashes to i (0-based), for job arrays.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+from . import sandbox
+from .layout import META_DIR, Course, write_json
+
+GRACE_S = 30     # the worker enforces the limit itself; past limit + grace it is killed
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'2/4' -> (2, 4): the third of four shards (0-based, as SLURM_ARRAY_TASK_ID)."""
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard wants i/n, e.g. 0/4, got {text!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {text}: need 0 <= i < n (shards are numbered from 0)")
+    return i, n
+
+
+def in_shard(student: str, shard: tuple[int, int] | None) -> bool:
+    """Stable: a student's shard depends on their id only, not on who else submitted."""
+    return shard is None or zlib.crc32(student.encode()) % shard[1] == shard[0]
+
+
+def gpu_ids() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [g for g in visible.split(",") if g.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        out = ""
+    ids = [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    if not ids:
+        raise RuntimeError("--device gpu: no GPU found (nvidia-smi -L lists none)")
+    return ids
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+
+
+def _failed(student, a, names, points, reason) -> dict:
+    """A result with 0 for every graded cell, for a submission the worker could not grade."""
+    cells = {gid: {"score": 0.0, "max_score": p, "status": "not run", "message": reason}
+             for gid, p in points.items()}
+    return {"student": student, "assignment": a, "notebooks": [
+        {"name": n, "cells": {}, "repairs": [], "notes": [reason]} for n in names],
+        "cells": cells, "reasons": [reason]}
+
+
+def _points(course: Course, a: str, names: list[str]) -> dict:
+    out = {}
+    for n in names:
+        for c in course.source_notebook(a, n).cells:
+            m = c.get("metadata", {}).get("nbgrader", {})
+            if m.get("grade"):
+                out[m["grade_id"]] = float(m.get("points", 0))
+    return out
+
+
+def grade_one(course: Course, a: str, student: str, names: list[str], *, scratch: Path,
+              device: str, gpu: str | None, timeout: float, cell_timeout: float,
+              memory_mb: int | None, user: str | None, points: dict) -> tuple[dict, Path]:
+    """Grade one student in a worker process; returns (result, folder with graded notebooks)."""
+    sub = course.submission_dir(a, student)
+    box = Path(tempfile.mkdtemp(prefix=f"{len(os.listdir(scratch))}-", dir=scratch))
+    private, work, jup = box / "private", box / "work", box / "jupyter"
+    for d in (private, jup):
+        d.mkdir(mode=0o700)
+    os.chmod(box, 0o711)                      # the kernel's user may pass through to work/
+    kernel = sandbox.write_kernelspec(jup, work, memory_mb if device == "cpu" else None, user)
+    files = [str(p) for d in (sub, course.source_dir(a)) for p in sorted(d.glob("*"))
+             if p.is_file() and p.suffix != ".ipynb" and p.name != META_DIR]
+    job = {"student": student, "assignment": a, "out": str(private), "workdir": str(work),
+           "kernel": kernel, "timeout": timeout, "cell_timeout": cell_timeout, "files": files,
+           "notebooks": [{"name": n, "source": str(course.source_dir(a) / f"{n}.ipynb"),
+                          "release": str(course.release_dir(a) / f"{n}.ipynb"),
+                          "submitted": str(sub / f"{n}.ipynb")} for n in names]}
+    env = sandbox.scrubbed_env(work, device, gpu, {"JUPYTER_PATH": str(jup),
+                                                   "JUPYTER_RUNTIME_DIR": str(private / "rt")})
+    log = open(private / "worker.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "flashbook.grade.worker"], cwd=private,
+                            env=env, stdin=subprocess.PIPE, stdout=log, stderr=log,
+                            start_new_session=True)
+    try:
+        proc.communicate(json.dumps(job).encode(), timeout=timeout + GRACE_S)
+        killed = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed = True
+    finally:
+        log.close()
+    result_file = private / "result.json"
+    if killed:
+        result = _failed(student, a, names, points,
+                         f"grading did not finish within {timeout:g} s and was stopped")
+    elif not result_file.exists() or "error" in json.loads(result_file.read_text()):
+        tail = (private / "worker.log").read_text(errors="replace")[-1500:]
+        if result_file.exists():
+            tail = json.loads(result_file.read_text())["error"][-1500:]
+        result = _failed(student, a, names, points, "the grader failed on this submission "
+                         f"(exit code {proc.returncode}): {tail.strip().splitlines()[-1:]}")
+        result["worker_log"] = tail
+    else:
+        result = json.loads(result_file.read_text())
+        result["cells"] = {g: c for nb in result["notebooks"] for g, c in nb["cells"].items()}
+        result["reasons"] = [r for nb in result["notebooks"] for r in nb["notes"]]
+    return result, private
+
+
+def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
+              timeout: float = 600, cell_timeout: float | None = None, workers: int = 1,
+              shard: tuple[int, int] | None = None, force: bool = False,
+              results_root: Path | None = None, memory_mb: int | None = 4096,
+              user: str | None = None, students: list[str] | None = None,
+              progress: bool = True) -> dict:
+    """Grade assignment ``a``; returns {"graded": [...], "skipped": [...], "problems": {...}}."""
+    course = course or Course()
+    names = course.notebook_names(a)
+    for n in names:
+        course.release_notebook(a, n)         # a clear error if it was never released
+    points = _points(course, a, names)
+    results = course.results_dir(a, results_root)
+    todo = [s for s in (students or course.students(a)) if in_shard(s, shard)]
+    skipped = [s for s in todo if (results / s / "result.json").exists() and not force]
+    todo = [s for s in todo if s not in skipped]
+    user = sandbox.sandbox_user(user)
+    if user:
+        # the sandboxed kernel must not read hidden tests, gradebook or other submissions
+        for d in (course.root, results):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+    gpus = gpu_ids() if device == "gpu" else [None]
+    if device == "gpu" and workers < 1:
+        workers = len(gpus)
+    slots: queue.Queue = queue.Queue()
+    for k in range(max(1, workers)):
+        slots.put(gpus[k % len(gpus)])
+    cell_timeout = min(cell_timeout or timeout, timeout)
+    keep = bool(os.environ.get("FLASHBOOK_KEEP_SCRATCH"))   # debugging the grader itself
+    scratch = Path(tempfile.mkdtemp(prefix="flashbook-grade-"))
+    os.chmod(scratch, 0o711)
+    summary = {"graded": [], "skipped": skipped, "problems": {}}
+
+    def task(student):
+        gpu = slots.get()
+        try:
+            return grade_one(course, a, student, names, scratch=scratch, device=device,
+                             gpu=gpu, timeout=timeout, cell_timeout=cell_timeout,
+                             memory_mb=memory_mb, user=user, points=points)
+        finally:
+            slots.put(gpu)
+
+    try:
+        with ThreadPoolExecutor(max(1, workers)) as pool, \
+                tqdm(total=len(todo), desc=f"autograde {a}", unit="nb",
+                     disable=not progress) as bar:
+            futures = {pool.submit(task, s): s for s in todo}
+            for fut in as_completed(futures):
+                student = futures[fut]
+                try:
+                    result, private = fut.result()
+                except Exception as e:          # never let one student stop the batch
+                    result, private = _failed(student, a, names, points,
+                                              f"grading crashed: {e!r}"), None
+                record(course, a, student, result, private, results, names, device)
+                if private is not None and not keep:
+                    shutil.rmtree(private.parent, ignore_errors=True)
+                summary["graded"].append(student)
+                if result["reasons"]:
+                    summary["problems"][student] = result["reasons"]
+                bar.update(1)
+    finally:
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return summary
+
+
+def record(course: Course, a: str, student: str, result: dict, private: Path | None,
+           results: Path, names: list[str], device: str) -> None:
+    """Write the student's result and graded notebooks into the results store."""
+    dest = results / student
+    dest.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        if private is not None and (private / f"{n}.ipynb").exists():
+            shutil.copy(private / f"{n}.ipynb", dest / f"{n}.ipynb")
+    sub = course.submission_dir(a, student)
+    cells = result["cells"]
+    result.update(
+        score=sum(c["score"] or 0 for c in cells.values()),
+        max_score=sum(c["max_score"] for c in cells.values()),
+        device=device, graded_at=datetime.datetime.now().isoformat(timespec="seconds"),
+        submitted_sha256={n: _sha256(sub / f"{n}.ipynb") for n in names})
+    write_json(dest / "result.json", result)

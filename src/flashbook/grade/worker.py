@@ -1,0 +1,208 @@
+"""Grade one submission. Runs in its own process (``python -m flashbook.grade.worker``), started
+by ``autograde`` with a scrubbed environment and a wall-clock limit; reads its job (JSON) on
+stdin and writes ``result.json`` and the graded notebooks to the job's private output folder.
+
+Per notebook: repair against the release, put back the instructor's test cells (with the hidden
+tests), run it cell by cell in the sandboxed kernel, score every graded cell. A cell that loops
+is interrupted after ``cell_timeout``; a dead kernel or the submission's deadline leaves the
+remaining cells unrun (0 points, with the reason) while the cells that ran keep their points.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import nbformat
+
+from . import hidden, repair
+
+NOT_RUN = "not run"
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def graded_ids(source) -> list[str]:
+    return [_meta(c)["grade_id"] for c in source.cells if _meta(c).get("grade")]
+
+
+def instructor_version(student, source):
+    """The repaired submission with the instructor's locked and test cells (hidden tests)."""
+    nb = copy.deepcopy(student)
+    src = {_meta(c)["grade_id"]: c for c in source.cells if _meta(c).get("grade_id")}
+    for cell in nb.cells:
+        gid = _meta(cell).get("grade_id")
+        if gid in src:
+            smeta = _meta(src[gid])
+            cell.metadata["nbgrader"] = copy.deepcopy(smeta)
+            if not smeta.get("solution"):
+                cell.source = src[gid].source
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def cell_score(cell, points: float) -> tuple[float, str, str]:
+    """(score, status, message) of an executed graded code cell.
+
+    Like nbgrader: an error output means 0, a numeric result is partial credit, anything
+    else full points. Unlike nbgrader, output on stderr (a warning) costs nothing.
+    """
+    for out in cell.get("outputs", []):
+        if out.output_type == "error":
+            msg = f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip().rstrip(":")
+            return 0.0, "failed", msg
+    results = [o for o in cell.get("outputs", []) if o.output_type == "execute_result"]
+    if results:
+        try:
+            value = float(results[-1].get("data", {}).get("text/plain", ""))
+            return max(0.0, min(value, points)), "partial", f"partial credit {value:g}"
+        except ValueError:
+            pass
+    return float(points), "passed", ""
+
+
+def _kernel_exit(client) -> str:
+    try:
+        code = client.km.provisioner.process.poll()
+    except Exception:
+        return ""
+    if code is None:
+        return ""
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f", killed by {name}{hint}"
+    return f", exit code {code}"
+
+
+def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: float,
+            kernel_log: Path) -> tuple[dict, str]:
+    """Run ``nb`` in place, cell by cell. Returns ({cell index: reason not run}, note)."""
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from nbgrader.preprocessors import Execute
+
+    # nbgrader's executor: interrupts a cell at its timeout and records the error in the cell
+    client = Execute(kernel_name=kernel, timeout=int(cell_timeout), interrupt_on_timeout=True,
+                     allow_errors=True, startup_timeout=120)
+    client.nb, client.resources = nb, {"metadata": {"path": str(workdir)}}
+    not_run, note = {}, ""
+    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    with open(kernel_log, "wb") as err:
+        try:
+            with client.setup_kernel(stdout=err, stderr=err):
+                for n, i in enumerate(code_cells):
+                    left = deadline - time.monotonic()
+                    if left < 1:
+                        note = "the submission's time limit was reached"
+                        not_run.update({j: note for j in code_cells[n:]})
+                        break
+                    client.timeout = int(max(1, min(cell_timeout, left)))
+                    try:
+                        client.execute_cell(nb.cells[i], i)
+                    except DeadKernelError:
+                        note = f"the kernel died while running cell {i + 1}{_kernel_exit(client)}"
+                        not_run.update({j: note for j in code_cells[n:]})
+                        break
+                    except CellTimeoutError:
+                        note = f"cell {i + 1} did not stop after {client.timeout} s"
+                        not_run.update({j: note for j in code_cells[n:]})
+                        break
+        except RuntimeError as e:       # kernel did not start
+            note = f"the kernel did not start: {e}"
+            not_run.update({j: note for j in code_cells if j not in not_run})
+    return not_run, note
+
+
+def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path, deadline: float) -> dict:
+    """Grade one notebook of the submission; write the graded notebook to ``out``."""
+    source = nbformat.read(nbjob["source"], as_version=4)
+    release = nbformat.read(nbjob["release"], as_version=4)
+    points = {_meta(c)["grade_id"]: float(_meta(c).get("points", 0))
+              for c in source.cells if _meta(c).get("grade")}
+    secret = hidden.hidden_lines(source)
+    res = {"name": nbjob["name"], "cells": {}, "repairs": [], "notes": []}
+
+    def zero_all(reason):
+        res["notes"].append(reason)
+        for gid, pts in points.items():
+            res["cells"][gid] = {"score": 0.0, "max_score": pts, "status": NOT_RUN,
+                                 "message": reason}
+        return res
+
+    path = nbjob.get("submitted")
+    if not path or not Path(path).exists():
+        return zero_all("no notebook was submitted")
+    try:
+        student = nbformat.read(path, as_version=4)
+        nbformat.validate(student)
+    except Exception as e:
+        return zero_all(f"the notebook file could not be read ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''}); fix or resubmit it")
+    fixed, res["repairs"] = repair.repair(student, release)
+    nb = instructor_version(fixed, source)
+    not_run, note = execute(nb, kernel=job["kernel"], workdir=workdir,
+                            cell_timeout=job["cell_timeout"], deadline=deadline,
+                            kernel_log=out / f"{nbjob['name']}.kernel.log")
+    if note:
+        res["notes"].append(note)
+    for i, cell in enumerate(nb.cells):
+        gid = _meta(cell).get("grade_id")
+        if gid not in points:
+            continue
+        if cell.cell_type != "code":
+            entry = {"score": None, "status": "manual", "message": "graded by hand"}
+        elif i in not_run:
+            entry = {"score": 0.0, "status": NOT_RUN, "message": not_run[i]}
+        else:
+            score, status, msg = cell_score(cell, points[gid])
+            entry = {"score": score, "status": status,
+                     "message": hidden.redact(hidden.strip_ansi(msg), secret)[:2000]}
+        entry["max_score"] = points[gid]
+        res["cells"][gid] = entry
+    for gid in points:                   # repair guarantees presence; belt and braces
+        res["cells"].setdefault(gid, {"score": 0.0, "max_score": points[gid],
+                                      "status": NOT_RUN, "message": "cell missing"})
+    nbformat.write(nb, out / f"{nbjob['name']}.ipynb")
+    return res
+
+
+def run(job: dict) -> dict:
+    start = time.monotonic()
+    deadline = start + job["timeout"]
+    out, workdir = Path(job["out"]), Path(job["workdir"])
+    result = {"student": job["student"], "assignment": job["assignment"], "notebooks": []}
+    for nbjob in job["notebooks"]:
+        # a fresh work dir per notebook: the student's other files, nothing else
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        for extra in job.get("files", []):
+            shutil.copy(extra, workdir / Path(extra).name)
+        result["notebooks"].append(grade_notebook(job, nbjob, out, workdir, deadline))
+    result["seconds"] = round(time.monotonic() - start, 2)
+    return result
+
+
+def main() -> int:
+    job = json.loads(sys.stdin.read())
+    out = Path(job["out"])
+    try:
+        result = run(job)
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(out / "result.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
