@@ -218,6 +218,15 @@ class Guard:
             names = ", ".join(f"`{r.name}`" for r in regs) or "(none registered)"
             lines.append(f"  {n_bad} of {n_act} active lanes{block} address memory that belongs to "
                          f"none of the kernel's tensors ({names}).")
+            first = a[bad].min()
+            below = [r for r in regs if r.lo <= first]
+            if below:
+                r = max(below, key=lambda r: r.lo)
+                tensor_name = r.name
+                offs = (a[bad] - r.base) // r.itemsize
+                numel = (r.hi - r.lo) // r.itemsize
+                lines.append(f"  Nearest tensor below: {r.describe()}; as offsets from its start the "
+                             f"lanes are {_runs(offs)} (valid: 0-{numel - 1}).")
         lines.append(f"  Fix: give this tl.{op} a mask (e.g. `mask=offs < N`, with `other=0.0` for a "
                      "load) so lanes past the end of the tensor stay inactive. On a GPU this bug "
                      "reads garbage or crashes; in the interpreter it corrupts memory, so the "
