@@ -1,0 +1,121 @@
+"""``flashbook feedback``: one HTML page per student and notebook, from the graded results.
+
+The page shows the score table (which checks failed, and the harness's message), the repairs
+``collect`` made, and the student's notebook with its outputs — with the *released* test cells
+(no hidden tests) and, for each test cell, only its verdict. Every text is scrubbed of
+hidden-test lines, and the finished page is checked once more before it is written.
+"""
+from __future__ import annotations
+
+import copy
+import html
+from pathlib import Path
+
+import nbformat
+
+from . import hidden
+from .layout import META_DIR, Course, read_results
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:g}"
+
+
+def summary_html(result: dict, nb_result: dict, repairs: list[str]) -> str:
+    rows = []
+    for gid, c in nb_result["cells"].items():
+        ok = c["status"] in ("passed",)
+        rows.append(f"<tr><td><code>{html.escape(gid)}</code></td>"
+                    f"<td>{_fmt(c['score'])} / {_fmt(c['max_score'])}</td>"
+                    f"<td>{'✔' if ok else '✘'} {html.escape(c['status'])}</td>"
+                    f"<td><pre style='white-space:pre-wrap;margin:0'>"
+                    f"{html.escape(c.get('message') or '')}</pre></td></tr>")
+    score = sum(c["score"] or 0 for c in nb_result["cells"].values())
+    total = sum(c["max_score"] for c in nb_result["cells"].values())
+    parts = [f"<h1>Feedback: {html.escape(result['assignment'])} / "
+             f"{html.escape(nb_result['name'])}</h1>",
+             f"<p>Student <b>{html.escape(result['student'])}</b> — score "
+             f"<b>{score:g} / {total:g}</b></p>"]
+    if nb_result.get("notes"):
+        parts.append("<p><b>What went wrong while grading:</b></p><ul>" + "".join(
+            f"<li>{html.escape(n)}</li>" for n in nb_result["notes"]) + "</ul>")
+    parts.append("<table><tr><th>check</th><th>points</th><th>result</th><th>message</th></tr>"
+                 + "".join(rows) + "</table>")
+    parts.append("<p>Each check cell runs the visible checks you saw and hidden tests with more "
+                 "cases; the message is the first failure.</p>")
+    if repairs and repairs != ["nothing to repair"]:
+        parts.append("<p><b>Repairs made to your notebook before grading:</b></p><ul>" + "".join(
+            f"<li>{html.escape(r)}</li>" for r in repairs) + "</ul>")
+    return "\n".join(parts)
+
+
+def student_notebook(graded, release, nb_result: dict, secret: list[str]):
+    """The graded notebook as the student may see it."""
+    nb = copy.deepcopy(graded)
+    released = {_meta(c)["grade_id"]: c for c in release.cells if _meta(c).get("grade_id")}
+    for cell in nb.cells:
+        gid = _meta(cell).get("grade_id")
+        meta = _meta(cell)
+        if gid in released and not meta.get("solution"):
+            cell.source = released[gid].source          # the released text: no hidden tests
+        if cell.cell_type != "code":
+            continue
+        if gid in nb_result["cells"] and not meta.get("solution"):
+            c = nb_result["cells"][gid]
+            cell.outputs = [nbformat.v4.new_output(
+                "stream", name="stdout",
+                text=f"{'PASSED' if c['status'] == 'passed' else c['status'].upper()} "
+                     f"{_fmt(c['score'])}/{_fmt(c['max_score'])}  {c.get('message') or ''}\n")]
+            continue
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                out.traceback = [hidden.redact(hidden.strip_ansi("\n".join(out.traceback)),
+                                               secret)]
+                out.evalue = hidden.redact(out.evalue, secret)
+            elif out.output_type == "stream":
+                out.text = hidden.redact(out.text, secret)
+            elif "data" in out:
+                for k in list(out.data):
+                    if isinstance(out.data[k], str):
+                        out.data[k] = hidden.redact(out.data[k], secret)
+    for cell in nb.cells:
+        cell.source = hidden.redact(cell.source, secret)
+    return nb
+
+
+def feedback(a: str, course: Course | None = None, results_root: Path | None = None,
+             students: list[str] | None = None) -> list[Path]:
+    """Write feedback/<student>/<a>/<nb>.html for every graded student; returns the paths."""
+    from nbconvert import HTMLExporter
+    course = course or Course()
+    results_dir = course.results_dir(a, results_root)
+    results = read_results(results_dir)
+    exporter = HTMLExporter()
+    written = []
+    for student, result in sorted(results.items()):
+        if students and student not in students:
+            continue
+        log_file = course.submission_dir(a, student) / META_DIR / "repair.log"
+        repairs = log_file.read_text().splitlines() if log_file.exists() else []
+        for nb_result in result["notebooks"]:
+            name = nb_result["name"]
+            secret = hidden.hidden_lines(course.source_notebook(a, name))
+            release = course.release_notebook(a, name)
+            graded_path = results_dir / student / f"{name}.ipynb"
+            graded = nbformat.read(graded_path, as_version=4) if graded_path.exists() \
+                else nbformat.v4.new_notebook()
+            nb = student_notebook(graded, release, nb_result, secret)
+            head = summary_html(result, nb_result, repairs)
+            nb.cells.insert(0, nbformat.v4.new_markdown_cell(hidden.redact(head, secret)))
+            body, _ = exporter.from_notebook_node(nb)
+            if hidden.leaks(html.unescape(body), secret):     # never ship a hidden test
+                raise RuntimeError(f"feedback for {student} would show hidden tests; not written")
+            out = course.feedback_dir(a, student) / f"{name}.html"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(body)
+            written.append(out)
+    return written
