@@ -108,15 +108,17 @@ def colab_url(ch: Chapter, root: Path) -> str:
     return f"https://colab.research.google.com/github/{slug}/blob/{branch}/notebooks/{ch.name}.ipynb"
 
 
-def header_cells(ch: Chapter, root: Path) -> list:
+COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+LOCAL_BADGE = "../book/figures/open-in-colab.svg"   # book pages: no image from the network
+
+
+def header_cells(ch: Chapter, root: Path, badge_image: str = COLAB_BADGE) -> list:
     """The Colab badge and the install cell that start every student notebook and page.
 
     The install cell adds flashbook on Colab only, without touching Colab's torch/triton.
     """
     url, branch = repository(root)
-    badge = nbformat.v4.new_markdown_cell(
-        f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-        f"({colab_url(ch, root)})")
+    badge = nbformat.v4.new_markdown_cell(f"[![Open In Colab]({badge_image})]({colab_url(ch, root)})")
     install = nbformat.v4.new_code_cell(
         "# Setup: on Colab, install the flashbook helper package (keeps Colab's torch and triton).\n"
         "import sys, subprocess\n"
@@ -131,10 +133,10 @@ def header_cells(ch: Chapter, root: Path) -> list:
     return [badge, install]
 
 
-def source_notebook(ch: Chapter, root: Path):
+def source_notebook(ch: Chapter, root: Path, badge_image: str = COLAB_BADGE):
     """The instructor notebook nbgrader starts from: header cells + the solution source."""
     nb = read_source(ch.source)
-    nb.cells = header_cells(ch, root) + nb.cells
+    nb.cells = header_cells(ch, root, badge_image) + nb.cells
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata.pop("jupytext", None)
     for i, cell in enumerate(nb.cells):
@@ -147,8 +149,11 @@ def source_notebook(ch: Chapter, root: Path):
 
 def nbgrader(args: list[str], course: Path, **kw) -> subprocess.CompletedProcess:
     """Run an nbgrader command in the course directory (its nbgrader_config.py applies)."""
+    env = dict(kw.pop("env", None) or os.environ)
+    # nbgrader runs `alembic` for its database: put this environment's scripts on PATH.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course,
-                          capture_output=True, text=True, **kw)
+                          capture_output=True, text=True, env=env, **kw)
 
 
 def release(root: Path | None = None, out_dir: Path | None = None, course: Path | None = None,
@@ -184,15 +189,21 @@ def release(root: Path | None = None, out_dir: Path | None = None, course: Path 
 def execute(nb, *, timeout: int = 600, allow_errors: bool = False, cwd: Path | None = None,
             env: dict | None = None):
     """Execute a notebook with nbclient in a fresh kernel; returns the executed notebook."""
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     old = dict(os.environ)
     try:
         if env:
             os.environ.update(env)   # the kernel inherits the parent's environment
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                allow_errors=allow_errors,
-                                resources={"metadata": {"path": str(cwd or repo_root())}})
-        client.execute()
+        with tempfile.TemporaryDirectory(prefix="flashbook-kernel-") as sockets:
+            # Unix sockets, not TCP ports: no port races when several notebooks run at once.
+            km = KernelManager(kernel_name="python3", transport="ipc",
+                               ip=os.path.join(sockets, "k"))
+            client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=allow_errors,
+                                    resources={"metadata": {"path": str(cwd or repo_root())}})
+            client.execute()
     finally:
         os.environ.clear()
         os.environ.update(old)
@@ -216,7 +227,7 @@ def executed_source(ch: Chapter, root: Path, cache_dir: Path, timeout: int = 900
         nb = nbformat.read(cached, as_version=4)
         if nb.metadata.get("flashbook_hash") == key:
             return nb
-    nb = execute(source_notebook(ch, root), timeout=timeout,
+    nb = execute(source_notebook(ch, root, badge_image=LOCAL_BADGE), timeout=timeout,
                  env={"FLASHBOOK_FORCE_CPU": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
     nb.metadata["flashbook_hash"] = key
     nbformat.write(nb, cached)

@@ -1,0 +1,68 @@
+"""``flashbook book``: build the HTML book from the chapter sources, offline.
+
+Pipeline (see book/how-the-book-is-built.md):
+1. execute each chapter's source notebook in CPU mode (cached by content hash in
+   _build/executed/);
+2. turn it into the *student view*: solution regions become the stubs students get and hidden
+   tests are removed, but the outputs the solution produced stay (instructor edition: skip this);
+3. stage the pages under _build/src/ with the same relative paths as the repository, so
+   ``notebooks/ch1_naive_attention.ipynb`` is the page whose Colab button opens the student
+   notebook of that name;
+4. copy MathJax from the django-static-mathjax wheel into the build (the book reads offline);
+5. run ``jupyter-book build`` with warnings as errors.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from . import notebooks
+
+
+def mathjax_dir() -> Path:
+    """MathJax 3's es5 bundle shipped inside the django-static-mathjax package."""
+    import mathjax  # django-static-mathjax's top-level package
+    path = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5"
+    if not (path / "tex-chtml.js").exists():
+        raise FileNotFoundError(f"MathJax not found at {path}; install django-static-mathjax")
+    return path
+
+
+def stage(root: Path, build: Path, instructor: bool = False) -> Path:
+    """Assemble the Sphinx source tree under build/src and return it."""
+    src = build / "src"
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy2(root / name, src / name)
+    shutil.copytree(root / "book", src / "book")
+    shutil.copytree(mathjax_dir(), src / "_extra" / "mathjax",
+                    ignore=shutil.ignore_patterns("*.map", "sre", "a11y", "ui", "mml-*", "tex-mml*",
+                                                  "tex-svg*", "output/svg*"))
+    (src / "notebooks").mkdir()
+    for ch in notebooks.chapters(root):
+        nb = notebooks.executed_source(ch, root, build / "executed")
+        page = nb if instructor else notebooks.student_view(nb)
+        nbformat.write(page, src / "notebooks" / f"{ch.name}.ipynb")
+    return src
+
+
+def build(root: Path | None = None, instructor: bool = False, strict: bool = True) -> Path:
+    """Build the book; returns the path of index.html."""
+    root = root or notebooks.repo_root()
+    build_dir = root / "_build"
+    src = stage(root, build_dir, instructor)
+    out = build_dir / ("instructor" if instructor else "book")
+    jb = Path(sys.executable).parent / "jupyter-book"   # the console script of this environment
+    cmd = [str(jb), "build", str(src), "--path-output", str(out), "--builder", "html"]
+    if strict:
+        cmd += ["--warningiserror", "--keep-going"]
+    proc = subprocess.run(cmd, cwd=root)
+    if proc.returncode != 0:
+        raise RuntimeError(f"jupyter-book build failed (exit {proc.returncode})")
+    return out / "_build" / "html" / "index.html"
