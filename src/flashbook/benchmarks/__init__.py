@@ -18,6 +18,7 @@ from ..bench import COLUMNS, Measurement
 
 CHAPTERS = {
     "ch1": "flashbook.benchmarks.ch1",
+    "ch3": "flashbook.benchmarks.ch3",
     "ch2": "flashbook.benchmarks.ch2",
 }
 
