@@ -112,7 +112,8 @@ def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: fl
                         not_run.update({j: note for j in code_cells[n:]})
                         break
                     except CellTimeoutError:
-                        note = f"cell {i + 1} did not stop after {client.timeout} s"
+                        note = (f"cell {i + 1} did not stop within the time limit of "
+                                f"{client.timeout} s, even when interrupted")
                         not_run.update({j: note for j in code_cells[n:]})
                         break
         except RuntimeError as e:       # kernel did not start
@@ -156,6 +157,10 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path, deadline: f
     for i, cell in enumerate(nb.cells):
         gid = _meta(cell).get("grade_id")
         if gid not in points:
+            for o in cell.get("outputs", []):    # e.g. a SyntaxError in the student's code
+                if o.output_type == "error" and i not in not_run:
+                    msg = hidden.redact(f"{o.ename}: {o.evalue}", secret)[:300]
+                    res["notes"].append(f"cell {i + 1} ({gid or 'not graded'}) raised {msg}")
             continue
         if cell.cell_type != "code":
             entry = {"score": None, "status": "manual", "message": "graded by hand"}

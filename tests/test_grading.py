@@ -1,0 +1,360 @@
+"""The grading pipeline: unit tests (fast) and an end-to-end class (slow) on the tiny fixture
+assignment tests/fixtures/grading/fx1_basics.py (add: 1 point, norm: 2, rev: 3)."""
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import io
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "grading"))
+import course as C  # noqa: E402
+
+from flashbook.grade import autograde as AG  # noqa: E402
+from flashbook.grade import collect as CO  # noqa: E402
+from flashbook.grade import export as EX  # noqa: E402
+from flashbook.grade import feedback as FB  # noqa: E402
+from flashbook.grade import hidden, markers, merge, repair  # noqa: E402
+from flashbook.grade.layout import Course  # noqa: E402
+
+A, NB = "fx1", "fx1_basics"
+ADD = "def add(a, b):\n    return a + b"
+NORM = "def norm(xs):\n    return math.sqrt(sum(x * x for x in xs))"
+REV = "def rev(xs):\n    return list(reversed(xs))"
+
+
+def solved(nb, add=ADD, norm=NORM, rev=REV):
+    for gid, code in (("fx1_add", add), ("fx1_norm", norm), ("fx1_rev", rev)):
+        if code is not None:
+            nb = C.answer(nb, gid, code)
+    return nb
+
+
+def gid(cell):
+    return C.grade_id(cell)
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    path = C.release(root, A, NB)
+    return Course(root), nbformat.read(path, as_version=4)
+
+
+# ------------------------------------------------------------------ unit tests (fast)
+
+def test_markers_are_added_once_and_found():
+    nb = C.notebooks.read_source(C.HERE / f"{NB}.py")
+    once = markers.add_markers(copy.deepcopy(nb))
+    twice = markers.add_markers(copy.deepcopy(once))
+    graded = [c for c in once.cells if markers.needs_marker(c)]
+    assert len(graded) == 6
+    assert [c.source for c in once.cells] == [c.source for c in twice.cells]
+    assert all(markers.find_marker(c.source) == gid(c) for c in graded)
+    assert markers.find_marker("x = 1\n# flashbook: ch1_a_test\n") == "ch1_a_test"
+    assert markers.find_marker("<!-- flashbook: ch2_essay -->\ntext") == "ch2_essay"
+    assert markers.find_marker("# flashbook is great") is None
+
+
+def test_release_hides_hidden_tests_and_keeps_markers(released):
+    course, rel = released
+    text = json.dumps(rel)
+    secret = hidden.hidden_lines(course.source_notebook(A, NB))
+    assert len(secret) == 3
+    assert "HIDDEN TESTS" not in text and not hidden.leaks(text, secret)
+    assert {markers.find_marker(c.source) for c in rel.cells} >= {"fx1_add", "fx1_add_test"}
+
+
+def test_released_book_notebooks_have_no_hidden_tests():
+    """Every notebook students get from the repository (notebooks/) is free of hidden tests."""
+    root = C.REPO
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        text = path.read_text()
+        assert "BEGIN HIDDEN TESTS" not in text, path
+        src = root / "autograder" / "source" / path.stem.split("_")[0] / path.name
+        if src.exists():
+            leaked = hidden.leaks(text, hidden.hidden_lines(nbformat.read(src, as_version=4)))
+            assert not leaked, (path, leaked)
+
+
+def test_repair_stripped_metadata_duplicates_and_deleted_cells(released):
+    course, rel = released
+    nb = solved(rel)
+    for cell in nb.cells:                              # an editor dropped all metadata and ids
+        cell.metadata = {}
+        cell["id"] = "x" + cell["id"]
+    rev = next(i for i, c in enumerate(nb.cells) if markers.find_marker(c.source) == "fx1_rev")
+    stub = next(c for c in rel.cells if gid(c) == "fx1_rev")
+    nb.cells.insert(rev + 1, copy.deepcopy(stub))      # duplicated (untouched) after the answer
+    nb.cells = [c for c in nb.cells if markers.find_marker(c.source) != "fx1_norm_test"]
+    fixed, log = repair.repair(nb, rel)
+    ids = [gid(c) for c in fixed.cells if gid(c)]
+    assert ids == [gid(c) for c in rel.cells if gid(c)]          # order and presence as released
+    rev_cell = next(c for c in fixed.cells if gid(c) == "fx1_rev")
+    assert "reversed" in rev_cell.source                          # the student's answer was kept
+    text = "\n".join(log)
+    assert "lost its nbgrader metadata" in text and "appeared 2 times" in text
+    assert "'fx1_norm_test' was missing" in text
+
+
+def test_repair_restores_edited_test_cell_and_changed_metadata(released):
+    course, rel = released
+    nb = solved(rel)
+    test = next(c for c in nb.cells if gid(c) == "fx1_add_test")
+    test.source = "# flashbook: fx1_add_test\npass  # I removed the check"
+    test.metadata["nbgrader"]["points"] = 100
+    sol = next(c for c in nb.cells if gid(c) == "fx1_norm")
+    sol.metadata["nbgrader"]["grade_id"] = "something_else"          # marker still says fx1_norm
+    fixed, log = repair.repair(nb, rel)
+    ref = next(c for c in rel.cells if gid(c) == "fx1_add_test")
+    got = next(c for c in fixed.cells if gid(c) == "fx1_add_test")
+    assert got.source == ref.source and got.metadata["nbgrader"]["points"] == 1
+    assert any("differed from the release" in line for line in log)
+    assert any("said 'something_else'" in line for line in log)
+    assert sum(gid(c) == "fx1_norm" for c in fixed.cells) == 1
+
+
+def test_collect_names_roster_zip_layout_and_no_overwrite(released, tmp_path):
+    course, rel = released
+    src = tmp_path / "downloads"
+    (src / "dave" / A).mkdir(parents=True)
+    nbformat.write(rel, src / "doe_jane_12345_fx1_basics.ipynb")
+    nbformat.write(rel, src / "dave" / A / f"{NB}.ipynb")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(f"{NB}.ipynb", nbformat.writes(rel))
+    (src / "smith_ann_777_fx1.zip").write_bytes(buf.getvalue())
+    (src / "Lee Kim_assignsubmission_file_fx1_basics.ipynb").write_text(nbformat.writes(rel))
+    (src / "readme.pdf").write_bytes(b"%PDF")
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,first_name,last_name,lms_id\ns1,Jane,Doe,12345\ns3,Kim,Lee,\n")
+    r = CO.collect(src, A, course, roster)
+    assert sorted(r["collected"]) == ["777", "dave", "s1", "s3"]
+    assert r["not_in_roster"] == ["777", "dave"] and r["ignored"] == ["readme.pdf"]
+    assert (course.submission_dir(A, "s1") / f"{NB}.ipynb").exists()
+    assert (course.submission_dir(A, "777") / ".flashbook" / "repair.log").exists()
+    again = CO.collect(src, A, course, roster)
+    assert again["collected"] == {} and len(again["skipped"]) == 4
+    forced = CO.collect(src, A, course, roster, force=True)
+    assert len(forced["collected"]) == 4
+    assert list((course.submission_dir(A, "s1") / ".flashbook").glob("replaced-*/"))
+    with pytest.raises(ValueError, match="column 'id'"):
+        bad = tmp_path / "bad.csv"
+        bad.write_text("name\nx\n")
+        CO.collect(src, A, course, bad)
+
+
+def test_shards_partition_students_stably():
+    students = [f"s{i}" for i in range(50)]
+    parts = [[s for s in students if AG.in_shard(s, (i, 3))] for i in range(3)]
+    assert sorted(sum(parts, [])) == sorted(students) and all(parts)
+    assert AG.parse_shard("1/3") == (1, 3)
+    for bad in ("3/3", "x", "1-3"):
+        with pytest.raises(ValueError):
+            AG.parse_shard(bad)
+
+
+def test_redact_and_leaks():
+    lines = ["assert add(-7, 7) == 0", "check(x, hidden=True)"]
+    text = "Traceback: assert add(-7, 7) == 0 failed"
+    assert hidden.leaks(text, lines) == ["assert add(-7, 7) == 0"]
+    assert hidden.leaks(hidden.redact(text, lines), lines) == []
+
+
+# ------------------------------------------------------------- end-to-end class (slow)
+
+STEAL = '''\
+import os, sys, linecache
+for path, mode in ((r"{course}/source/fx1/fx1_basics.ipynb", "r"),
+                   (r"{course}/gradebook.db", "a"),
+                   (r"{course}/results/fx1/alice/result.json", "w"),
+                   (r"{course}/submitted/alice/fx1/fx1_basics.ipynb", "w")):
+    try:
+        with open(path, mode) as f:
+            f.write("pwned") if mode != "r" else print(f.read())
+        print("NOT BLOCKED", path)
+    except OSError as e:
+        print("blocked", type(e).__name__)
+def add(a, b):
+    caller = sys._getframe(1).f_code.co_filename          # print the test cell's source
+    print("".join(linecache.getlines(caller)))
+    return a + b
+'''
+
+# student -> (expected score, expected reason fragment or None)
+EXPECTED = {
+    "alice": (6, None), "untouched": (0, None), "partial": (4, None), "addonly": (1, None),
+    "dup": (6, None), "stripped": (6, None), "deleted": (6, None), "edited": (4, None),
+    "old": (3, None), "malformed": (0, "could not be read"), "syntax": (5, "SyntaxError"),
+    "loop": (3, "did not stop within the time limit"), "crash": (1, "kernel died"), "thief": (6, None),
+    "10015": (6, None),
+}
+# the students graded twice more in two shards, and compared with the single run
+SHARD_SUBSET = ["alice", "untouched", "partial", "dup", "malformed", "thief", "10015"]
+
+
+def make_class(course: Course, rel, old_rel, src: Path):
+    """A folder of downloads as an LMS gives them: one per case of EXPECTED."""
+    src.mkdir()
+
+    def put(student, nb):
+        nbformat.write(nb, src / f"{student}_{A}_{NB}.ipynb")
+    put("alice", solved(rel))
+    put("untouched", rel)
+    put("partial", solved(rel, norm="def norm(xs):\n    return math.sqrt(sum(x * x for x in xs"
+                                     " if x > 0))"))           # fails the hidden case only
+    put("addonly", solved(rel, norm=None, rev=None))
+    dup = solved(rel)
+    i = next(i for i, c in enumerate(dup.cells) if gid(c) == "fx1_rev")
+    dup.cells.insert(i + 1, copy.deepcopy(next(c for c in rel.cells if gid(c) == "fx1_rev")))
+    j = next(i for i, c in enumerate(dup.cells) if gid(c) == "fx1_add_test")
+    dup.cells.insert(j, copy.deepcopy(dup.cells[j]))
+    for c in dup.cells:
+        c.pop("id", None)
+    dup.nbformat_minor = 4
+    put("dup", dup)
+    stripped = solved(rel)
+    for c in stripped.cells:
+        c.metadata = {}
+    put("stripped", stripped)
+    deleted = solved(rel)
+    deleted.cells = [c for c in deleted.cells if gid(c) != "fx1_norm_test"]
+    put("deleted", deleted)
+    edited = solved(rel, norm="def norm(xs):\n    return 5.0")
+    next(c for c in edited.cells if gid(c) == "fx1_norm_test").source = "# I fixed the test\npass"
+    put("edited", edited)
+    put("old", solved(old_rel, rev=None))
+    (src / f"malformed_{A}_{NB}.ipynb").write_text(nbformat.writes(solved(rel))[:500])
+    put("syntax", solved(rel, add="def add(a, b)\n    return a + b"))
+    put("loop", solved(rel, rev="import time\ndef rev(xs):\n    while True:\n        try:\n"
+                                "            time.sleep(0.1)\n        except KeyboardInterrupt:\n"
+                                "            pass"))       # ignores the interrupt: a real hang
+    put("crash", solved(rel, norm="import os\ndef norm(xs):\n    os._exit(3)"))
+    put("thief", solved(rel, add=STEAL.format(course=course.root)))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(f"submission/{NB}.ipynb", nbformat.writes(solved(rel)))
+    (src / "carol_lee_10015_fx1.zip").write_bytes(buf.getvalue())
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def graded_class(released, tmp_path_factory):
+    course, rel = released
+    tmp = tmp_path_factory.mktemp("class")
+    old_rel = nbformat.read(C.release(tmp / "old_course", A, "fx1_basics_v0", name=NB),
+                            as_version=4)
+    src = tmp / "downloads"
+    make_class(course, rel, old_rel, src)
+    report = CO.collect(src, A, course)
+    (course.root / "results" / A / "alice").mkdir(parents=True, exist_ok=True)
+    db_before = _sha(course.root / "gradebook.db")
+    summary = AG.autograde(A, course, timeout=25, cell_timeout=6, workers=2, progress=False)
+    pages = FB.feedback(A, course)
+    out = EX.export(tmp / "grades.csv", course)
+    return {"course": course, "src": src, "collect": report, "summary": summary,
+            "pages": pages, "export": out, "db_before": db_before, "tmp": tmp}
+
+
+def _rows(path: Path) -> dict:
+    with open(path, newline="") as f:
+        return {r["student_id"]: r for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_class_every_grade_exact_and_every_problem_explained(graded_class):
+    rows = _rows(graded_class["export"]["csv"])
+    assert set(rows) == set(EXPECTED)
+    for student, (score, reason) in EXPECTED.items():
+        row = rows[student]
+        assert float(row["fx1/total"]) == score, (student, row)
+        assert row["fx1/max"] == "6"
+        if reason:
+            assert reason in row["fx1/notes"], (student, row["fx1/notes"])
+    # per-cell columns, one per graded cell
+    assert [rows["partial"][f"fx1/{g}"] for g in ("fx1_add_test", "fx1_norm_test",
+                                                  "fx1_rev_test")] == ["1", "0", "3"]
+    assert rows["crash"]["fx1/fx1_rev_test"] == "0"
+    res = json.loads((graded_class["course"].root / "results" / A / "crash" / "result.json")
+                     .read_text())
+    assert res["cells"]["fx1_rev_test"]["status"] == "not run"
+    assert "exit code 3" in res["cells"]["fx1_norm_test"]["message"]
+
+
+@pytest.mark.slow
+def test_class_repairs_are_logged_and_no_file_is_lost(graded_class):
+    course, src = graded_class["course"], graded_class["src"]
+    log = {s: "\n".join(v) for s, v in graded_class["collect"]["collected"].items()}
+    assert "appeared 2 times" in log["dup"]
+    assert "lost its nbgrader metadata" in log["stripped"]
+    assert "'fx1_norm_test' was missing" in log["deleted"]
+    assert "differed from the release" in log["edited"]
+    assert "'fx1_rev' was missing" in log["old"]
+    assert "could not be read" in log["malformed"]
+    kept = {_sha(p) for p in (course.root / "submitted").glob(f"*/{A}/.flashbook/original/*")}
+    for p in src.iterdir():
+        if p.suffix == ".zip":
+            with zipfile.ZipFile(p) as z:
+                assert {hashlib.sha256(z.read(n)).hexdigest() for n in z.namelist()} <= kept
+        else:
+            assert _sha(p) in kept, p
+
+
+@pytest.mark.slow
+def test_class_sandbox_protects_hidden_tests_gradebook_and_others(graded_class):
+    course = graded_class["course"]
+    assert _sha(course.root / "gradebook.db") == graded_class["db_before"]
+    alice = json.loads((course.root / "results" / A / "alice" / "result.json").read_text())
+    assert alice["score"] == 6
+    graded = nbformat.read(course.root / "results" / A / "thief" / f"{NB}.ipynb", as_version=4)
+    out = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
+    assert out.count("blocked") == 4 and "NOT BLOCKED" not in out
+    # the thief printed the hidden test from inside add(): not in what the student gets back
+    secret = hidden.hidden_lines(course.source_notebook(A, NB))
+    assert hidden.leaks(out, secret)          # it did get it printed in the graded notebook...
+    for page in graded_class["pages"]:        # ...but no feedback page shows a hidden test
+        import html as _html
+        assert not hidden.leaks(_html.unescape(page.read_text()), secret), page
+
+
+@pytest.mark.slow
+def test_class_feedback_and_summary(graded_class):
+    course = graded_class["course"]
+    pages = {p.parts[-3]: p for p in graded_class["pages"]}
+    assert set(pages) == set(EXPECTED)
+    partial = pages["partial"].read_text()
+    assert "negative entries (did you square them?)" in partial      # the harness's hint
+    assert "4 / 6" in partial
+    assert "kernel died" in pages["crash"].read_text()
+    exp = graded_class["export"]
+    assert exp["png"].stat().st_size > 1000 and "fx1/fx1_norm_test" in exp["md"].read_text()
+
+
+@pytest.mark.slow
+def test_class_resume_and_shards_merge_to_the_same_grades(graded_class):
+    course, tmp = graded_class["course"], graded_class["tmp"]
+    again = AG.autograde(A, course, timeout=25, progress=False)
+    assert again["graded"] == [] and len(again["skipped"]) == len(EXPECTED)
+    shards = []
+    for i in range(2):
+        root = tmp / f"shard{i}"
+        AG.autograde(A, course, timeout=25, cell_timeout=6, shard=(i, 2), results_root=root,
+                     students=SHARD_SUBSET, progress=False)
+        shards.append(root)
+    assert all((s / A).is_dir() for s in shards)
+    merged = tmp / "merged"
+    report = merge.merge(A, shards, course, results_root=merged)
+    assert sorted(report["merged"]) == sorted(SHARD_SUBSET)
+    one = _rows(graded_class["export"]["csv"])
+    two = _rows(EX.export(tmp / "merged.csv", course, [A], merged, summary=False)["csv"])
+    assert two == {s: one[s] for s in SHARD_SUBSET}
