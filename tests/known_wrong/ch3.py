@@ -1,0 +1,82 @@
+"""Known-wrong answers to Chapter 3's exercises; each must lose points.
+
+Each variant replaces the source of one solution cell (named by its grade_id). The sources are
+derived from the solution by one targeted edit each (asserted to apply), so they stay in step
+with it: every variant is the solution with exactly one classic bug.
+"""
+from pathlib import Path
+
+import jupytext
+
+_SRC = Path(__file__).resolve().parents[2] / "solutions" / "ch3_online_softmax.py"
+
+
+def _cells():
+    nb = jupytext.read(_SRC, fmt="py:percent")
+    out = {}
+    for c in nb.cells:
+        gid = c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid:
+            out[gid] = c.source
+    return out
+
+
+_CELLS = _cells()
+
+# name: (grade_id, [(old, new), ...])
+_EDITS = {
+    "softmax_no_rescale_of_l": ("ch3_softmax_kernel", [
+        ("l_vec = l_vec * tl.exp(m_vec - m_ref) + tl.exp(x - m_ref)",
+         "l_vec = l_vec + tl.exp(x - m_ref)")]),
+    "softmax_unmasked_load": ("ch3_softmax_kernel", [
+        ("x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float(\"-inf\"))\n",
+         "x = tl.load(x_row + start + cols)\n")]),
+    "softmax_nan_on_empty_rows": ("ch3_softmax_kernel", [
+        ("m_ref = tl.where(m_new == float(\"-inf\"), 0.0, m_new)", "m_ref = m_new"),
+        ("m_safe = tl.where(m == float(\"-inf\"), 0.0, m)", "m_safe = m")]),
+    "attn_missing_rescale_of_acc": ("ch3_attn_tile", [
+        ("acc = acc * alpha[:, None]", "acc = acc")]),
+    "attn_missing_rescale_of_l": ("ch3_attn_tile", [
+        ("l_i = l_i * alpha + tl.sum(p, 1)", "l_i = l_i + tl.sum(p, 1)")]),
+    "attn_no_score_mask_in_tail": ("ch3_attn_tile", [
+        ("s = tl.where(kv_ok[None, :], s, float(\"-inf\"))", "s = s")]),
+    "attn_unmasked_tail_loads": ("ch3_attn_tile", [
+        ("kT = tl.load(k_ptrs, mask=kv_ok[None, :], other=0.0)", "kT = tl.load(k_ptrs)"),
+        ("v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)", "v = tl.load(v_ptrs)")]),
+    "attn_scale_rounded_to_input_dtype": ("ch3_attn_tile", [   # seed 000's prescaled Q
+        ("s = tl.dot(q, kT, input_precision=DOT_PRECISION)",
+         "s = tl.dot(q * qk_scale.to(q.dtype), kT, input_precision=DOT_PRECISION)"),
+        ("m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)", "m_new = tl.maximum(m_i, tl.max(s, 1))"),
+        ("p = tl.math.exp2(s * qk_scale - m_new[:, None])", "p = tl.math.exp2(s - m_new[:, None])")]),
+    "attn_exp_instead_of_exp2": ("ch3_attn_tile", [
+        ("p = tl.math.exp2(s * qk_scale - m_new[:, None])", "p = tl.exp(s * qk_scale - m_new[:, None])")]),
+    "attn_no_final_normalisation": ("ch3_attn_kernel", [
+        ("o = acc / tl.where(has_key, l_i, 1.0)[:, None]", "o = acc")]),
+    "attn_lse_left_in_base_2": ("ch3_attn_kernel", [
+        ("(m_i + tl.math.log2(l_i)) * 0.6931471805599453", "(m_i + tl.math.log2(l_i))")]),
+    "attn_forgets_the_tail_tile": ("ch3_attn_kernel", [
+        ("if n_full < N_k:", "if n_full < 0:")]),
+    "attn_unmasked_output_store": ("ch3_attn_kernel", [
+        ("o.to(O.dtype.element_ty), mask=row_ok[:, None])", "o.to(O.dtype.element_ty))")]),
+    "merge_unmasked_loads": ("ch3_merge_kernel", [
+        ("oa = tl.load(O_a + offs, mask=ok[:, None], other=0.0)", "oa = tl.load(O_a + offs)")]),
+    "merge_nan_when_both_sides_empty": ("ch3_merge_kernel", [
+        ("m_safe = tl.where(m == float(\"-inf\"), 0.0, m)", "m_safe = m")]),
+    "merge_plain_average": ("ch3_merge_kernel", [
+        ("o = (oa * (wa * inv)[:, None] + ob * (wb * inv)[:, None])", "o = 0.5 * (oa + ob)")]),
+}
+
+
+def _build():
+    out = {}
+    for name, (gid, edits) in _EDITS.items():
+        src = _CELLS[gid]
+        for old, new in edits:
+            if old not in src:
+                raise AssertionError(f"known-wrong variant {name}: {old!r} not in cell {gid}")
+            src = src.replace(old, new, 1)
+        out[name] = {"grade_id": gid, "source": src}
+    return out
+
+
+VARIANTS = _build()
