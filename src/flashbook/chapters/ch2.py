@@ -41,6 +41,50 @@ if not hasattr(np, "row_stack"):  # pragma: no cover - depends on the numpy vers
 #: 48 KiB per block without an opt-in (cudaFuncSetAttribute), and Numba has no opt-in.
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
+def _simulator_ignores_alignment():
+    """Let ``cuda.shared.array(..., alignment=16)`` run in the simulator (numba-cuda 0.30's
+    simulator rejects the argument; alignment only matters to the GPU compiler)."""
+    import os
+    import sys
+    import traceback
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        return
+    try:
+        from numba.cuda.simulator import kernelapi
+        from numba.np import numpy_support
+        from numba.core import types as nbtypes
+    except ImportError:  # pragma: no cover
+        return
+    if getattr(kernelapi.FakeCUDAShared.array, "_flashbook", False):
+        return
+
+    def shared_array(self, shape, dtype, alignment=None):
+        # The simulator's own logic: dynamic memory for shape 0, otherwise one array per
+        # source line of the caller (this frame's caller, as in the original).
+        if isinstance(dtype, nbtypes.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        if shape == 0:
+            count = self._dynshared_size // dtype.itemsize
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
+        res = self._allocations.get(caller)
+        if res is None:
+            res = np.empty(shape, dtype)
+            self._allocations[caller] = res
+        return res
+
+    local_orig = kernelapi.FakeCUDALocal.array
+
+    def local_array(self, shape, dtype, alignment=None):
+        return local_orig(self, shape, dtype)
+
+    shared_array._flashbook = local_array._flashbook = True
+    kernelapi.FakeCUDAShared.array = shared_array
+    kernelapi.FakeCUDALocal.array = local_array
+
+
+_simulator_ignores_alignment()
+
 #: Largest head dimension the chapter's kernels accept (their local arrays are sized by it).
 D_MAX = 128
 
@@ -160,32 +204,55 @@ def launch_fa1(kernel, q, k, v, Bc: int = 32, *, grid=None, smem: int | None = N
     return O
 
 
-def launch_fa2_rows(kernel, q, k, v, Bc: int = 32, Br: int = 32, *, buffers=None, check=True):
-    """Run an FA2-order kernel ``kernel(Q, K, V, N, d, Tc, Bc, scale, O)``.
+_ROWS_CACHE: dict = {}
+
+
+def rows_kernel(factory: Callable, d: int, Bc: int):
+    """``factory(d, Bc)``, compiled once per (factory, d, Bc)."""
+    _require_impl(factory, "make_fa2_rows")
+    key = (factory, d, Bc)
+    if key not in _ROWS_CACHE:
+        kern = factory(d, Bc)
+        if kern is None:
+            raise CheckFailure("make_fa2_rows returned None: it must return the @cuda.jit kernel.")
+        _ROWS_CACHE[key] = kern
+    return _ROWS_CACHE[key]
+
+
+def launch_fa2_rows(factory, q, k, v, Bc: int = 32, Br: int = 64, *, buffers=None, check=True):
+    """Run the FA2-order kernel ``factory(d, Bc)(Q, K, V, N, scale, O)``.
 
     Grid (ceil(N / Br), B * H): block x is a tile of Br query rows, block y a (batch, head);
-    Br threads per block, one per query row; 2 * Bc * d floats of dynamic shared memory (K and
-    V tiles). There are no l or m arrays: they live in registers.
+    Br threads per block, one per query row. The kernel's K and V tiles (Bc x d each) are static
+    shared arrays. There are no l or m arrays: they live in registers.
     """
-    _require_impl(kernel, "the FA2 kernel")
     if check:
         check_qkv(q, k, v, name="launch_fa2_rows")
-    if not (1 <= Bc <= 64 and 1 <= Br <= 1024):
-        raise ValueError(f"launch_fa2_rows: need 1 <= Bc <= 64 and 1 <= Br <= 1024, got Bc={Bc}, Br={Br}.")
+    if not (1 <= Bc <= 128 and 1 <= Br <= 1024):
+        raise ValueError(f"launch_fa2_rows: need 1 <= Bc <= 128 and 1 <= Br <= 1024, got Bc={Bc}, Br={Br}.")
     B, H, N, d = q.shape
-    Tc, Tr = math.ceil(N / Bc), math.ceil(N / Br)
-    smem = 4 * 2 * Bc * d
-    if smem > DEFAULT_SMEM_LIMIT:
-        raise ValueError(f"launch_fa2_rows: K and V tiles need {smem} B of shared memory "
+    if 8 * Bc * d > DEFAULT_SMEM_LIMIT:
+        raise ValueError(f"launch_fa2_rows: K and V tiles need {8 * Bc * d} B of shared memory "
                          f"(Bc={Bc}, d={d}), more than {DEFAULT_SMEM_LIMIT} B; use a smaller Bc.")
+    kern = rows_kernel(factory, d, Bc)
     scale = np.float32(1.0 / math.sqrt(d))
     if buffers is None:
         O = torch.empty_like(q)
         bufs = dict(Q=as_flat(q), K=as_flat(k), V=as_flat(v), O=as_flat(O))
     else:
         O, bufs = None, buffers
-    kernel[(Tr, B * H), Br, 0, smem](bufs["Q"], bufs["K"], bufs["V"], N, d, Tc, Bc, scale, bufs["O"])
+    kern[(math.ceil(N / Br), B * H), Br](bufs["Q"], bufs["K"], bufs["V"], N, scale, bufs["O"])
     return O
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """How flash.cu's kernel is launched (Exercise 3 fills one in)."""
+    grid: tuple      # (B, H): one block per (batch, head)
+    block: int       # threads per block (= Bc, one per row)
+    smem: int        # dynamic shared memory in bytes
+    Tc: int          # number of K/V tiles
+    Tr: int          # number of Q tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,9 +273,10 @@ class TiledConfig:
         return self.BN // self.TN, self.BM // self.TM
 
     def smem_bytes(self, d: int) -> int:
+        """Qt (d x BM+4), Kt (d x BN+4), V (BN x d), Pt (BN x BM+4), partial maxima (NTX x BM+1)."""
         ntx = self.BN // self.TN
-        return 4 * (self.BM * (d + 1) + self.BN * (d + 1) + self.BN * d + self.BM * self.BN
-                    + self.BM * ntx)
+        return 4 * (d * (self.BM + 4) + d * (self.BN + 4) + self.BN * d + self.BN * (self.BM + 4)
+                    + ntx * (self.BM + 1))
 
     def validate(self, d: int):
         ntx, nty = self.threads
@@ -352,12 +420,12 @@ class _SimtRun:
 
         class _Shared:
             @staticmethod
-            def array(shape, dtype):
+            def array(shape, dtype, alignment=None):
                 return run.shared_array(shape, dtype)
 
         class _Local:
             @staticmethod
-            def array(shape, dtype):
+            def array(shape, dtype, alignment=None):
                 return np.zeros(shape, dtype=_np_dtype(dtype))
 
         class _FakeCuda(types.SimpleNamespace):
@@ -604,8 +672,9 @@ def _race(kernel, p: Problem, launch: str, what: str, factory_cfg: TiledConfig |
         fn = lambda: race_check(kernel, (B, H), (p.Bc,), args, fa1_smem_bytes(p.Bc, p.Bc, d))  # noqa: E731
     elif launch == "fa2":
         Br = p.Br or p.Bc
-        args = (Q, K, V, N, d, math.ceil(N / p.Bc), p.Bc, scale, O)
-        fn = lambda: race_check(kernel, (math.ceil(N / Br), B * H), (Br,), args, 8 * p.Bc * d)  # noqa: E731
+        kern = rows_kernel(kernel, d, p.Bc)
+        args = (Q, K, V, N, scale, O)
+        fn = lambda: race_check(kern, (math.ceil(N / Br), B * H), (Br,), args, 0)  # noqa: E731
     else:
         cfg = factory_cfg
         kern = tiled_kernel(kernel, d, cfg)
@@ -801,17 +870,28 @@ def _call(fn, *args, what, **kwargs):
                            "NotImplementedError).") from None
 
 
-FA2_PARAMS = ["Q", "K", "V", "N", "d", "Tc", "Bc", "scale", "O"]
+FA2_PARAMS = ["Q", "K", "V", "N", "scale", "O"]
 
 
-def check_fa2_rows(kernel, hidden: bool = False):
-    """The FA2-order kernel: Q tiles in the grid, m/l/acc on chip, any N."""
-    _require_or_fail(kernel, "fa2_rows_kernel")
-    params = list(inspect.signature(getattr(kernel, "py_func", kernel)).parameters)
+def _check_params(factory, args, what):
+    try:
+        kern = factory(*args)
+    except NotImplementedError:
+        raise CheckFailure(f"{what}: not implemented yet (the stub still raises "
+                           "NotImplementedError).") from None
+    if kern is None:
+        raise CheckFailure(f"{what} returned None: it must return the @cuda.jit kernel.")
+    params = list(inspect.signature(getattr(kern, "py_func", kern)).parameters)
     if len(params) != len(FA2_PARAMS):
-        raise CheckFailure(f"fa2_rows_kernel takes ({', '.join(params)}); it must take exactly "
+        raise CheckFailure(f"the kernel from {what} takes ({', '.join(params)}); it must take exactly "
                            f"({', '.join(FA2_PARAMS)}). In FA2 order m, l and the output "
-                           "accumulator stay in registers: there are no l, m arrays in global memory.")
+                           "accumulator stay on chip: there are no l, m arrays in global memory.")
+
+
+def check_fa2_rows(factory, hidden: bool = False):
+    """The FA2-order kernel from ``make_fa2_rows(d, Bc)``: Q tiles in the grid, m/l/acc on chip."""
+    _require_or_fail(factory, "make_fa2_rows")
+    _check_params(factory, (8, 8), "make_fa2_rows")
     cases = [Problem(1, 2, 13, 4, 8, 8), Problem(1, 1, 1, 8, 8, 8), Problem(1, 1, 33, 8, 16, 8),
              Problem(2, 1, 31, 4, 8, 16)]
     if hidden:
@@ -821,23 +901,24 @@ def check_fa2_rows(kernel, hidden: bool = False):
             cases += [Problem(2, 3, 1000, 64, 32, 32), Problem(1, 2, 300, 128, 32, 64)]
     for i, p in enumerate(cases):
         q, k, v = _qkv(p, seed=30 + i)
-        what = f"fa2_rows_kernel {p.describe()}"
-        o = _run_kernel(lambda: launch_fa2_rows(kernel, q, k, v, p.Bc, p.Br), what)
+        what = f"make_fa2_rows {p.describe()}"
+        o = _run_kernel(lambda: launch_fa2_rows(factory, q, k, v, p.Bc, p.Br), what)
         _compare(o, p, q, k, v, what,
                  "per K/V tile: m_new = max(m, rowmax(S)), rescale l and acc by exp(m - m_new), add "
                  "exp(S - m_new) and exp(S - m_new) @ V; divide acc by l once, at the end.")
     canaries = [Problem(1, 2, 13, 4, 8, 8)] + ([Problem(1, 1, 21, 8, 8, 16)] if hidden else [])
     for p in canaries:
-        _canary(kernel, p, "fa2", "fa2_rows_kernel")
+        _canary(factory, p, "fa2", "make_fa2_rows")
     if hidden:
-        _race(kernel, Problem(1, 1, 12, 4, 8, 4), "fa2", "fa2_rows_kernel")
-    print(f"PASSED fa2_rows_kernel: {len(cases)} cases + {len(canaries)} canary checks"
+        _race(factory, Problem(1, 1, 12, 4, 8, 4), "fa2", "make_fa2_rows")
+    print(f"PASSED make_fa2_rows: {len(cases)} cases + {len(canaries)} canary checks"
           + (" + race check" if hidden else ""))
 
 
 def check_fa2_tiled(factory, hidden: bool = False):
     """The register-tiled kernel from ``make_fa2_tiled(d, BM, BN, TM, TN)``: any N, several tiles."""
     _require_or_fail(factory, "make_fa2_tiled")
+    _check_params(factory, (8, 8, 8, 2, 2), "make_fa2_tiled")
     gpu = current().gpu
     cases = [(Problem(1, 2, 13, 8), TiledConfig(8, 8, 2, 2)),
              (Problem(1, 1, 37, 16), TiledConfig(16, 16, 2, 2)),
