@@ -137,19 +137,20 @@ class _Runner:
     def __init__(self, ch):
         self.nb = notebooks.read_source(ch.source)
         self.snapshots, ns = {}, {"__name__": f"known_wrong_{ch.id}"}
-        for cell in self.nb.cells:
+        for i, cell in enumerate(self.nb.cells):
             if cell.cell_type != "code" or notebooks.is_demo(cell):
                 continue
             if notebooks.is_solution(cell):
                 self.snapshots[notebooks.grade_meta(cell)["grade_id"]] = dict(ns)
-            exec(compile(cell.source, "<cell>", "exec"), ns)
+            notebooks.exec_cell(cell.source, f"<{ch.id} cell {i}>", ns)
 
     def score(self, grade_id: str, source: str) -> tuple[float, float, list]:
         """Points earned/possible by the test cells that follow the replaced solution cell."""
         ns = dict(self.snapshots[grade_id])
         cells = [c for c in self.nb.cells if c.cell_type == "code" and not notebooks.is_demo(c)]
         start = next(i for i, c in enumerate(cells) if notebooks.grade_meta(c).get("grade_id") == grade_id)
-        exec(compile(source, "<variant>", "exec"), ns)
+        self.variants = getattr(self, "variants", 0) + 1
+        notebooks.exec_cell(source, f"<variant {grade_id} {self.variants}>", ns)
         earned = possible = 0.0
         failures = []
         for cell in cells[start + 1:]:
@@ -158,7 +159,7 @@ class _Runner:
             points = notebooks.grade_meta(cell).get("points", 0) if notebooks.is_graded_test(cell) else 0
             possible += points
             try:
-                exec(compile(cell.source, "<cell>", "exec"), ns)
+                notebooks.exec_cell(cell.source, f"<test {self.variants}>", ns)
                 earned += points
             except Exception as e:  # noqa: BLE001 - any failure of a test cell costs its points
                 failures.append(f"{notebooks.grade_meta(cell).get('grade_id')}: {type(e).__name__}")

@@ -75,6 +75,14 @@ def is_demo(cell) -> bool:
     return TAG_DEMO in cell.get("metadata", {}).get("tags", [])
 
 
+def exec_cell(source: str, name: str, ns: dict):
+    """Execute one cell's source in ``ns``, registered in linecache so that tools reading the
+    source back (inspect, and so @triton.jit) find it."""
+    import linecache
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), ns)
+
+
 def solution_namespace(chapter_id: str, root: Path | None = None) -> dict:
     """Execute the chapter's code cells except graded tests and demo cells; return the globals.
 
@@ -83,9 +91,9 @@ def solution_namespace(chapter_id: str, root: Path | None = None) -> dict:
     """
     nb = read_source(chapter(chapter_id, root).source)
     ns: dict = {"__name__": f"flashbook_solution_{chapter_id}"}
-    for cell in nb.cells:
+    for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and not is_graded_test(cell) and not is_demo(cell):
-            exec(compile(cell.source, f"<{chapter_id} cell>", "exec"), ns)
+            exec_cell(cell.source, f"<{chapter_id} cell {i}>", ns)
     return ns
 
 

@@ -6,9 +6,6 @@ GPU run (``flashbook bench ch3``): fp16, non-causal, (B, H, N, d) = (1,16,16384,
 """
 from __future__ import annotations
 
-import contextlib
-import linecache
-
 import torch
 
 from ..bench import Measurement, measure_attention, sdpa, sdpa_supports
@@ -16,34 +13,10 @@ from ..bench import Measurement, measure_attention, sdpa, sdpa_supports
 SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64), (4, 16, 1024, 64)]
 
 
-@contextlib.contextmanager
-def _cell_sources_in_linecache():
-    """Triton's @jit reads a kernel's source with inspect, which needs the source text in
-    linecache. ``notebooks.solution_namespace`` compiles every cell under one pseudo file name;
-    give each compiled cell its own registered name while it runs (a no-op once
-    solution_namespace registers cell sources itself)."""
-    from .. import notebooks
-    count = [0]
-
-    def compile_registered(source, filename, mode, *args, **kwargs):
-        if isinstance(source, str) and filename.startswith("<") and filename not in linecache.cache:
-            count[0] += 1
-            filename = f"{filename[:-1]} {count[0]}>"
-            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        return compile(source, filename, mode, *args, **kwargs)
-
-    notebooks.compile = compile_registered      # shadows the builtin inside that module only
-    try:
-        yield
-    finally:
-        del notebooks.compile
-
-
 def solution():
     """The chapter's solution namespace (kernels and the ``attention`` wrapper)."""
     from .. import notebooks
-    with _cell_sources_in_linecache():
-        return notebooks.solution_namespace("ch3")
+    return notebooks.solution_namespace("ch3")
 
 
 def run(shapes=SHAPES, dtype=torch.float16, variants=True) -> list[Measurement]:
