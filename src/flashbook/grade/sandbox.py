@@ -212,7 +212,9 @@ def main(argv=None) -> None:
         tmp = workdir / "tmp"
         tmp.mkdir(exist_ok=True)
         try:
-            landlock(rw=[str(workdir), "/dev"], ro=read_only_paths(), tcp_bind_ports=ports)
+            # /proc/<own pid>: e.g. resetting peak memory (clear_refs) for measurements
+            landlock(rw=[str(workdir), "/dev", f"/proc/{os.getpid()}"], ro=read_only_paths(),
+                     tcp_bind_ports=ports)
         except OSError as e:
             print(f"flashbook sandbox: Landlock not applied: {e}", file=sys.stderr)
         os.environ["TMPDIR"] = str(tmp)
