@@ -41,49 +41,6 @@ if not hasattr(np, "row_stack"):  # pragma: no cover - depends on the numpy vers
 #: 48 KiB per block without an opt-in (cudaFuncSetAttribute), and Numba has no opt-in.
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
-def _simulator_ignores_alignment():
-    """Let ``cuda.shared.array(..., alignment=16)`` run in the simulator (numba-cuda 0.30's
-    simulator rejects the argument; alignment only matters to the GPU compiler)."""
-    import os
-    import sys
-    import traceback
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        return
-    try:
-        from numba.cuda.simulator import kernelapi
-        from numba.np import numpy_support
-        from numba.core import types as nbtypes
-    except ImportError:  # pragma: no cover
-        return
-    if getattr(kernelapi.FakeCUDAShared.array, "_flashbook", False):
-        return
-
-    def shared_array(self, shape, dtype, alignment=None):
-        # The simulator's own logic: dynamic memory for shape 0, otherwise one array per
-        # source line of the caller (this frame's caller, as in the original).
-        if isinstance(dtype, nbtypes.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        if shape == 0:
-            count = self._dynshared_size // dtype.itemsize
-            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
-        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
-        res = self._allocations.get(caller)
-        if res is None:
-            res = np.empty(shape, dtype)
-            self._allocations[caller] = res
-        return res
-
-    local_orig = kernelapi.FakeCUDALocal.array
-
-    def local_array(self, shape, dtype, alignment=None):
-        return local_orig(self, shape, dtype)
-
-    shared_array._flashbook = local_array._flashbook = True
-    kernelapi.FakeCUDAShared.array = shared_array
-    kernelapi.FakeCUDALocal.array = local_array
-
-
-_simulator_ignores_alignment()
 
 #: Largest head dimension the chapter's kernels accept (their local arrays are sized by it).
 D_MAX = 128
@@ -273,10 +230,10 @@ class TiledConfig:
         return self.BN // self.TN, self.BM // self.TM
 
     def smem_bytes(self, d: int) -> int:
-        """Qt (d x BM+4), Kt (d x BN+4), V (BN x d), Pt (BN x BM+4), partial maxima (NTX x BM+1)."""
+        """Q (BM x d+1), K (BN x d+1), V (BN x d), P (BM x BN), partial maxima (BM x BN//TN)."""
         ntx = self.BN // self.TN
-        return 4 * (d * (self.BM + 4) + d * (self.BN + 4) + self.BN * d + self.BN * (self.BM + 4)
-                    + ntx * (self.BM + 1))
+        return 4 * (self.BM * (d + 1) + self.BN * (d + 1) + self.BN * d + self.BM * self.BN
+                    + self.BM * ntx)
 
     def validate(self, d: int):
         ntx, nty = self.threads
@@ -492,8 +449,23 @@ class _SimtRun:
 
     # ---- scheduling: one thread at a time, in thread order, until each reaches a barrier
     def barrier(self):
+        import sys
         me = self.local.linear
+        caller = sys._getframe(2)
+        site = (caller.f_code.co_filename, caller.f_lineno)
         with self.cond:
+            if self.site is None:
+                self.site = site
+            elif site != self.site:
+                self.error = RaceError(
+                    f"block {self.local.bid}: thread {self._tid(me)} waits at the cuda.syncthreads() "
+                    f"on line {site[1]} while other threads wait at the one on line {self.site[1]}. "
+                    "A barrier inside an if that only some threads enter (or a loop that runs a "
+                    "different number of times per thread) hangs or corrupts a real GPU: keep every "
+                    "syncthreads where all threads of the block reach it.")
+                self.abort = True
+                self.cond.notify_all()
+                raise _Abort()
             self.waiting.add(me)
             self._hand_over(me)
             self.cond.wait_for(lambda: self.abort or (self.turn == me and self.phase_of[me] < self.phase))
@@ -517,6 +489,7 @@ class _SimtRun:
                 self.abort = True
             elif self.waiting:
                 self.phase += 1
+                self.site = None
                 self.log = {}
                 self.waiting = set()
                 self.turn = min(t for t in range(self.nthreads) if t not in self.done)
@@ -528,6 +501,7 @@ class _SimtRun:
         self.shared, self.dynamic, self.log = {}, None, {}
         self.waiting, self.done = set(), set()
         self.phase, self.turn, self.abort, self.error = 0, 0, False, None
+        self.site = None
         self.phase_of = [-1] * self.nthreads
 
         def body(linear):
@@ -816,7 +790,13 @@ def check_launch_config(smem_bytes: Callable, launch_config: Callable, hidden: b
     for B, H, N, d, Bc, Br, lim in cases:
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            cfg = _call(launch_config, B, H, N, d, Bc=Bc, Br=Br, max_smem=lim, what="launch_config")
+            try:
+                cfg = _call(launch_config, B, H, N, d, Bc=Bc, Br=Br, max_smem=lim, what="launch_config")
+            except ValueError as e:
+                raise CheckFailure(f"launch_config(B={B}, H={H}, N={N}, d={d}, Bc={Bc}, Br={Br}, "
+                                   f"max_smem={lim}) raised ValueError({e}) but the kernel needs "
+                                   f"{smem_bytes(Bc, Br, d)} B, which fits in max_smem={lim} B "
+                                   "(a device that allows more must be able to use it).") from None
         if buf.getvalue():
             raise CheckFailure(f"launch_config printed {buf.getvalue().strip()!r}: a library must "
                                "not print on every call (flash.cu's printf); return or raise.")
