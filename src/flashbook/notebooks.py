@@ -147,6 +147,8 @@ def source_notebook(ch: Chapter, root: Path, badge_image: str = COLAB_BADGE):
     nb.cells = header_cells(ch, root, badge_image) + nb.cells
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata.pop("jupytext", None)
+    from .grade.markers import add_markers
+    add_markers(nb)   # "# flashbook: <grade_id>": how collect re-identifies cells editors mangled
     for i, cell in enumerate(nb.cells):
         cell.pop("id", None)
         cell["id"] = f"{ch.id}-{i:03d}"   # stable ids keep regenerated notebooks identical
