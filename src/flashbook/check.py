@@ -62,10 +62,10 @@ def make_qkv(case: Case, seed: int = 0, device: str = "cpu"):
     return tuple(t.to(device=device, dtype=case.dtype) for t in (q, k, v))
 
 
-def _ranges(values: Sequence[int], limit: int = 6) -> str:
+def format_ranges(values, limit: int = 6) -> str:
     """[1,2,3,7,9,10] -> '1-3, 7, 9-10' (at most ``limit`` runs)."""
     runs, start, prev = [], None, None
-    for x in values:
+    for x in sorted(set(int(v) for v in values)):
         if start is None:
             start = prev = x
         elif x == prev + 1:
@@ -116,7 +116,7 @@ def assert_close(actual, expected, *, what: str, dims: Sequence[str], dtype=None
         row_axis = len(dims) - 2 if len(dims) >= 3 else len(dims) - 1
         other = [i for i in range(bad.dim()) if i != row_axis]
         rows = torch.nonzero(bad.any(dim=other) if other else bad).flatten().tolist()
-        lines.append(f"  Wrong {dims[row_axis]}s: {_ranges(rows)} (of 0-{bad.shape[row_axis] - 1}).")
+        lines.append(f"  Wrong {dims[row_axis]}s: {format_ranges(rows)} (of 0-{bad.shape[row_axis] - 1}).")
         if bad.dim() >= 3:
             lead = bad.flatten(2).any(-1)
             pairs = [tuple(p) for p in torch.nonzero(lead).tolist()]

@@ -36,6 +36,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .check import format_ranges
+
 __all__ = ["Guard", "OutOfBoundsError", "call", "interpreter_active", "embed", "canaries_intact"]
 
 
@@ -77,23 +79,6 @@ def region_of(name: str, t: torch.Tensor) -> Region | None:
     base = t.data_ptr()
     return Region(name, base + lo_off * item, base + (hi_off + 1) * item, base, item,
                   tuple(t.shape), str(t.dtype).replace("torch.", ""))
-
-
-def _runs(values, limit=4) -> str:
-    values = sorted(set(int(v) for v in values))
-    runs, start, prev = [], None, None
-    for x in values:
-        if start is None:
-            start = prev = x
-        elif x == prev + 1:
-            prev = x
-        else:
-            runs.append((start, prev))
-            start = prev = x
-    if start is not None:
-        runs.append((start, prev))
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit])
-    return text + (", ..." if len(runs) > limit else "")
 
 
 def _kernel_frame():
@@ -196,7 +181,7 @@ class Guard:
         n_bad, n_act = int(bad.sum()), int(active.sum())
         idx = np.argwhere(bad)
         if bad.ndim >= 1 and idx.size:
-            axes = "; ".join(f"axis {ax}: {_runs(idx[:, ax])}" for ax in range(bad.ndim))
+            axes = "; ".join(f"axis {ax}: {format_ranges(idx[:, ax])}" for ax in range(bad.ndim))
             block = f" at block positions [{axes}] of the {tuple(bad.shape)} block"
         else:
             block = ""
@@ -208,7 +193,7 @@ class Guard:
             numel = (r.hi - r.lo) // r.itemsize
             lines.append(f"  {n_bad} of {n_act} active lanes{block} address memory outside "
                          f"{r.describe()}, which the other lanes of this {op} use.")
-            lines.append(f"  Offending element offsets from `{r.name}`'s start: {_runs(offs)} "
+            lines.append(f"  Offending element offsets from `{r.name}`'s start: {format_ranges(offs)} "
                          f"(valid: 0-{numel - 1}).")
             others = [regs[o].name for o in np.unique(owner[bad]) if o >= 0]
             if others:
@@ -226,7 +211,7 @@ class Guard:
                 offs = (a[bad] - r.base) // r.itemsize
                 numel = (r.hi - r.lo) // r.itemsize
                 lines.append(f"  Nearest tensor below: {r.describe()}; as offsets from its start the "
-                             f"lanes are {_runs(offs)} (valid: 0-{numel - 1}).")
+                             f"lanes are {format_ranges(offs)} (valid: 0-{numel - 1}).")
         lines.append(f"  Fix: give this tl.{op} a mask (e.g. `mask=offs < N`, with `other=0.0` for a "
                      "load) so lanes past the end of the tensor stay inactive. On a GPU this bug "
                      "reads garbage or crashes; in the interpreter it corrupts memory, so the "
