@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 help:
 	@echo "make test             create $(VENV) (pinned toolchain) and run the whole test suite"
-	@echo "make book             build the book in CPU mode -> _build/book/_build/html/index.html"
+	@echo "make book             build the book in CPU mode -> _build/html/index.html"
 	@echo "make book-instructor  the same, with solutions shown (do not publish)"
 	@echo "make release          regenerate notebooks/ from solutions/ (nbgrader)"
 	@echo "make test-fast        the suite without notebook execution, book build and browser"

@@ -57,7 +57,8 @@ def build(root: Path | None = None, instructor: bool = False, strict: bool = Tru
     root = root or notebooks.repo_root()
     build_dir = root / "_build"
     src = stage(root, build_dir, instructor)
-    out = build_dir / ("instructor" if instructor else "book")
+    # the student edition lands in _build/html; the instructor edition in _build/instructor/
+    out = build_dir / "instructor" if instructor else root
     jb = Path(sys.executable).parent / "jupyter-book"   # the console script of this environment
     cmd = [str(jb), "build", str(src), "--path-output", str(out), "--builder", "html"]
     if strict:
