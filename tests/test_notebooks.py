@@ -140,7 +140,7 @@ class _Runner:
 
     def __init__(self, ch):
         self.nb = notebooks.read_source(ch.source)
-        self.snapshots, ns = {}, {"__name__": f"known_wrong_{ch.id}"}
+        self.snapshots, ns = {}, notebooks.fresh_module(f"known_wrong_{ch.id}").__dict__
         for i, cell in enumerate(self.nb.cells):
             if cell.cell_type != "code" or notebooks.is_demo(cell):
                 continue

@@ -82,6 +82,9 @@ def setup(verbose: bool = True) -> Backend:
     Set ``FLASHBOOK_FORCE_CPU=1`` to use CPU mode on a GPU machine (what CI does).
     """
     global _current
+    import numpy as np
+    if not hasattr(np, "row_stack"):   # numpy 2.5 removed it; numba-cuda 0.30 still calls it
+        np.row_stack = np.vstack
     gpu = _detect_gpu()
     restart = False
     if gpu is None:

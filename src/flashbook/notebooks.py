@@ -75,6 +75,15 @@ def is_demo(cell) -> bool:
     return TAG_DEMO in cell.get("metadata", {}).get("tags", [])
 
 
+def fresh_module(name: str):
+    """An empty module registered in sys.modules, to execute notebook cells in: tools such as
+    dataclasses look their class's module up there."""
+    import types
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    return module
+
+
 def exec_cell(source: str, name: str, ns: dict):
     """Execute one cell's source in ``ns``, registered in linecache so that tools reading the
     source back (inspect, and so @triton.jit) find it."""
@@ -90,7 +99,7 @@ def solution_namespace(chapter_id: str, root: Path | None = None) -> dict:
     copy of the solution code.
     """
     nb = read_source(chapter(chapter_id, root).source)
-    ns: dict = {"__name__": f"flashbook_solution_{chapter_id}"}
+    ns = fresh_module(f"flashbook_solution_{chapter_id}").__dict__
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and not is_graded_test(cell) and not is_demo(cell):
             exec_cell(cell.source, f"<{chapter_id} cell {i}>", ns)
