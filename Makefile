@@ -17,9 +17,9 @@ help:
 # would pull a multi-GB CUDA build. constraints.txt pins every transitive dependency.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0 -c constraints.txt
-	$(BIN)/python -m pip install -q -e ".[dev]" -c constraints.txt
+	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -m pip install -qq torch==2.13.0 -c constraints.txt
+	$(BIN)/python -m pip install -qq -e ".[dev]" -c constraints.txt
 	touch $(STAMP)
 
 env: $(STAMP)
