@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..bench import COLUMNS, Measurement
+from ..bench import COLUMNS, GPU_TIMER, Measurement
 
 CHAPTERS = {
     "ch1": "flashbook.benchmarks.ch1",
@@ -37,6 +37,7 @@ def provenance(command: str) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "timer": "triton.testing.do_bench(" + ", ".join(f"{k}={v!r}" for k, v in GPU_TIMER.items()) + ")",
     }
     for mod in ("triton", "numba", "numba_cuda", "numpy"):
         try:
