@@ -222,7 +222,11 @@ def execute(nb, *, timeout: int = 600, allow_errors: bool = False, cwd: Path | N
                                ip=os.path.join(sockets, "k"))
             client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=allow_errors,
                                     resources={"metadata": {"path": str(cwd or repo_root())}})
-            client.execute()
+            try:
+                client.execute()
+            finally:
+                if km.has_kernel:          # a client given a km leaves its shutdown to us
+                    km.shutdown_kernel(now=True)
     finally:
         os.environ.clear()
         os.environ.update(old)
