@@ -113,7 +113,7 @@ def assert_close(actual, expected, *, what: str, dims: Sequence[str], dtype=None
                  f"expected {float(e[tuple(worst)]):.6g}.")
     if bad.dim() >= 2:
         # Summarise by the leading axes (e.g. which heads) and by rows (second-to-last or last axis).
-        row_axis = len(dims) - 2 if len(dims) >= 3 else len(dims) - 1
+        row_axis = list(dims).index("row") if "row" in dims else len(dims) - 2
         other = [i for i in range(bad.dim()) if i != row_axis]
         rows = torch.nonzero(bad.any(dim=other) if other else bad).flatten().tolist()
         lines.append(f"  Wrong {dims[row_axis]}s: {format_ranges(rows)} (of 0-{bad.shape[row_axis] - 1}).")
