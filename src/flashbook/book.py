@@ -32,6 +32,34 @@ def mathjax_dir() -> Path:
     return path
 
 
+def benchmarks_page() -> str:
+    """The appendix of measured results, generated from src/flashbook/data/bench (MyST markdown)."""
+    from . import benchmarks
+    lines = ["# Measured benchmarks", "",
+             "Every GPU figure in this book comes from the files below, written by "
+             "`flashbook bench <chapter>` on a real GPU. This page is generated from them at build "
+             "time. TFLOP/s counts the two matmuls ($4 N_q N_k d$ per head); GB/s counts the "
+             "compulsory traffic (read Q, K, V, write O); % of peak is against the GPU's datasheet "
+             "peak (tensor cores for fp16, FMA units for fp32).", ""]
+    for chapter_dir in sorted(benchmarks.DATA_DIR.glob("ch*"), key=lambda p: int(p.name[2:])):
+        for csv_path in sorted(chapter_dir.glob("*.csv")):
+            rows, meta = benchmarks.recorded(chapter_dir.name, csv_path.stem)
+            lines += [f"## {chapter_dir.name}: {meta.get('gpu', csv_path.stem)}", "",
+                      f"Measured with `{meta.get('command', '?')}`; "
+                      + benchmarks.describe(meta) + (f"; timer {meta['timer']}" if meta.get("timer") else "")
+                      + ".", "",
+                      "| kernel | role | B | H | N | d | dtype | ms | TFLOP/s | % peak | note |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+            for r in rows:
+                def f(x, spec):
+                    return format(x, spec) if x is not None else "–"
+                lines.append(f"| `{r['kernel']}` | {r['role']} | {r['B']} | {r['H_q']} | {r['N_q']} | "
+                             f"{r['d']} | {r['dtype']} | {f(r['ms'], '.3f')} | {f(r['tflops'], '.2f')} | "
+                             f"{f(r['pct_peak'], '.1f')} | {r['note']} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
 def stage(root: Path, build: Path, instructor: bool = False) -> Path:
     """Assemble the Sphinx source tree under build/src and return it."""
     src = build / "src"
@@ -41,6 +69,7 @@ def stage(root: Path, build: Path, instructor: bool = False) -> Path:
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy2(root / name, src / name)
     shutil.copytree(root / "book", src / "book")
+    (src / "book" / "benchmarks.md").write_text(benchmarks_page())
     shutil.copytree(mathjax_dir(), src / "_extra" / "mathjax",
                     ignore=shutil.ignore_patterns("*.map", "sre", "a11y", "ui", "mml-*", "tex-mml*",
                                                   "tex-svg*", "output/svg*"))
