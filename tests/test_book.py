@@ -46,3 +46,14 @@ def test_instructor_edition_shows_solutions(root, built_book):
     index = book.build(root, instructor=True)
     html = _page(index, notebooks.chapter("ch1")).read_text()
     assert "m_safe" in html and "HIDDEN TESTS" in html
+
+
+def test_benchmark_appendix_lists_every_recorded_measurement(built_book):
+    from flashbook import benchmarks
+    html = (built_book.parent / "book" / "benchmarks.html").read_text()
+    for chapter_dir in benchmarks.DATA_DIR.glob("ch*"):
+        for csv_path in chapter_dir.glob("*.csv"):
+            rows, meta = benchmarks.recorded(chapter_dir.name, csv_path.stem)
+            assert f"{chapter_dir.name}: {meta['gpu']}" in html
+            assert all(f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{r['kernel']}</span>"
+                       in html for r in rows)
