@@ -131,7 +131,8 @@ finally:
 # is what the backward pass needs to recompute $P_{ij} = e^{S_{ij} - \mathrm{LSE}_i}$ without
 # storing $P$, and what lets two partial attention results be merged exactly (Chapters 3 and 8).
 # Every attention function in this book returns it. The conventions, kept by every chapter
-# (the seed kernels disagree on each of them; their chapters show the conversions):
+# (the kernels this book starts from, listed in the preface, disagree on each of them; their
+# chapters show the conversions):
 #
 # | | convention |
 # |---|---|

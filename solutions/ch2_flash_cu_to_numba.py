@@ -156,7 +156,7 @@ fig = ch2.draw_schedule("fa1", N=8, Bc=2, Br=2, steps=6)
 #
 # The kernels of this chapter take **flat** buffers, as flash.cu does: element $(b, h, n, x)$ of a
 # $(B, H, N, d)$ tensor sits at `((b * H + h) * N + n) * d + x`. `ch2.launch_fa1(kernel, q, k, v, Bc)`
-# does what the seed's host function does: it allocates `O = 0`, `l = 0` and `m = -inf`, computes
+# does what flash.cu's host function does: it allocates `O = 0`, `l = 0` and `m = -inf`, computes
 # `Tc`, `Tr`, the scale and the shared-memory size, and launches the kernel with grid `(B, H)`
 # and `Bc` threads per block.
 
@@ -390,7 +390,7 @@ ch2.check_fa1_bounded(fa1_bounded_kernel, hidden=True)
 # never calls `cudaGetLastError()`, so nobody sees the error, and it returns its `torch::zeros_like(Q)`
 # untouched. The result is an attention output of all zeros and no error message.
 #
-# The next cell re-enacts the seed's host function in Python, including its `printf` and its
+# The next cell re-enacts flash.cu's host function in Python, including its `printf` and its
 # unchecked launch. On a GPU the launch really fails (Numba raises, and the re-enactment swallows
 # the error as the C++ code does). The simulator has no shared-memory limit, so in CPU mode the
 # re-enactment applies the 48 KiB rule itself.
@@ -416,7 +416,7 @@ def seed_forward(kernel, q, k, v):
         ch2.launch_fa1(kernel, q, k, v, Bc, buffers=flat, smem=sram_size, check=False)
         if backend.gpu:
             torch.cuda.synchronize()
-    except Exception as e:                        # noqa: BLE001 - the seed ignores the error
+    except Exception as e:                        # noqa: BLE001 - flash.cu ignores the error
         print(f"   (the launch failed: {type(e).__name__}; flash.cu never looks)")
     return O
 

@@ -190,7 +190,7 @@ ch3.check_softmax_kernel(softmax_kernel, hidden=True)
 #   function unit computes `ex2` natively (`exp` costs an extra multiply). Fold
 #   $c = \text{scale}\cdot\log_2 e$ into one fp32 constant so `S * c - m` is a single FMA. The
 #   running max then lives in base-2 units, so the LSE must be converted back: multiply by
-#   $\ln 2$. Keep `c` in **fp32**: seed 000 rounds it to the input dtype (fp16 changes
+#   $\ln 2$. Keep `c` in **fp32**: the Triton kernel this chapter starts from rounds it to the input dtype (fp16 changes
 #   $\log_2(e)/\sqrt{128}$ by 0.04 %, bf16 by 0.32 %), which shifts every logit systematically.
 # * **fp32 accumulation.** `tl.dot` returns fp32; `m`, `l` and `acc` stay fp32. Only `P` is cast
 #   to V's dtype for the second matmul, so it runs on the tensor cores.
@@ -203,7 +203,7 @@ ch3.check_softmax_kernel(softmax_kernel, hidden=True)
 #   K and V; forgetting the score mask gives the padding keys weight $e^{0 - m}$; and loading V's
 #   padding without `other=0.0` lets garbage (or NaN: $0 \cdot \text{NaN} = \text{NaN}$) into
 #   the accumulator. Query rows past `N_q` are loaded as zeros (finite scores, no NaN) and simply
-#   not stored: do **not** set whole padded rows to `-inf` as seed 000 does, or their $(m, l)$ goes
+#   not stored: do **not** set whole padded rows to `-inf` as that kernel does, or their $(m, l)$ goes
 #   through $-\infty - (-\infty)$ = NaN.
 #
 # The picture shows the tiles one program visits; the hatched lanes are masked.
