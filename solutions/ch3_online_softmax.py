@@ -497,7 +497,8 @@ else:
 # unless the maximum grows by more than 8 was *slower* (the block-wide branch costs more than the
 # multiply it saves); packed fp16 `ex2.approx.f16x2` was not faster either; tensor descriptors
 # (TMA) matched the plain-pointer kernel; `BLOCK_M=256` with 16 warps was within noise of
-# `128 x 64` with 8 warps.
+# `128 x 64` with 8 warps; and triton 3.6's automatic warp specialisation
+# (`tl.range(..., warp_specialize=True)`) compiled only with 8 warps there and was not faster.
 #
 # * Milakov and Gimelshein, *Online normalizer calculation for softmax* (2018): the (m, l) update.
 # * Dao et al., *FlashAttention* (2022) and Dao, *FlashAttention-2* (2023): tiling, deferred
