@@ -34,14 +34,7 @@ def _check(gid):
 
 def namespace(replace: dict | None = None) -> dict:
     """The chapter's definition cells (no tests, no demos), optionally with cells replaced."""
-    nb = notebooks.read_source(notebooks.chapter("ch2", ROOT).source)
-    ns = {"__name__": "ch2_under_test"}
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or notebooks.is_graded_test(cell) or notebooks.is_demo(cell):
-            continue
-        src = (replace or {}).get(notebooks.grade_meta(cell).get("grade_id"), cell.source)
-        notebooks.exec_cell(src, f"<ch2 test cell {i} {abs(hash(src))}>", ns)
-    return ns
+    return notebooks.solution_namespace("ch2", ROOT, replace=replace)
 
 
 @pytest.fixture(scope="module")

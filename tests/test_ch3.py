@@ -3,7 +3,6 @@ of its exercise, the out-of-bounds guard turns a missing mask into a check failu
 the access, the wrappers reject bad inputs, and every kernel compiles ahead of time for
 sm_75/sm_80/sm_90 with the configs the chapter picks, within each GPU's shared memory."""
 import json
-import linecache
 import os
 import subprocess
 import sys
@@ -30,17 +29,8 @@ CHECKS = {
 
 
 def namespace(replace: dict | None = None) -> dict:
-    """Run the chapter's definition cells (no tests, no demos), optionally replacing cells."""
-    nb = notebooks.read_source(notebooks.chapter("ch3", ROOT).source)
-    ns = {"__name__": "ch3_under_test"}
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or notebooks.is_graded_test(cell) or notebooks.is_demo(cell):
-            continue
-        src = (replace or {}).get(notebooks.grade_meta(cell).get("grade_id"), cell.source)
-        name = f"<ch3 test cell {i} {abs(hash(src))}>"
-        linecache.cache[name] = (len(src), None, src.splitlines(True), name)   # for @triton.jit
-        exec(compile(src, name, "exec"), ns)
-    return ns
+    """The chapter's definition cells (no tests, no demos), optionally with cells replaced."""
+    return notebooks.solution_namespace("ch3", ROOT, replace=replace)
 
 
 @pytest.fixture(scope="module")

@@ -92,17 +92,21 @@ def exec_cell(source: str, name: str, ns: dict):
     exec(compile(source, name, "exec"), ns)
 
 
-def solution_namespace(chapter_id: str, root: Path | None = None) -> dict:
+def solution_namespace(chapter_id: str, root: Path | None = None,
+                       replace: dict | None = None) -> dict:
     """Execute the chapter's code cells except graded tests and demo cells; return the globals.
 
     This is how ``flashbook bench`` gets the chapter's reference kernels without a second
-    copy of the solution code.
+    copy of the solution code. ``replace`` maps grade_ids to other cell sources (tests use it
+    to run known-wrong answers).
     """
     nb = read_source(chapter(chapter_id, root).source)
     ns = fresh_module(f"flashbook_solution_{chapter_id}").__dict__
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and not is_graded_test(cell) and not is_demo(cell):
-            exec_cell(cell.source, f"<{chapter_id} cell {i}>", ns)
+            source = (replace or {}).get(grade_meta(cell).get("grade_id"), cell.source)
+            # the name changes with the source: Triton reads kernel sources back lazily
+            exec_cell(source, f"<{chapter_id} cell {i} {hashlib.sha1(source.encode()).hexdigest()[:12]}>", ns)
     return ns
 
 
