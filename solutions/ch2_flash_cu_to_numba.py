@@ -859,12 +859,10 @@ if fb.bench.needs_gpu("timing the Chapter 2 kernels"):
 # The plot below is drawn from that file.
 
 # %% tags=["demo"]
-from pathlib import Path
+from flashbook import benchmarks
 
-from flashbook.benchmarks import read_results
-
-data_dir = Path(ch2.__file__).resolve().parents[1] / "data" / "bench" / "ch2"
-measured = read_results(data_dir / "h200.csv") if (data_dir / "h200.csv").exists() else []
+recorded = benchmarks.recorded("ch2", "h200")
+measured = recorded[0] if recorded else []
 if measured:
     fig = ch2.plot_ladder(measured)
     by = {(r["kernel"], r["N_q"]): r for r in measured}

@@ -8,7 +8,6 @@ trends at small sizes only, and a cell that needs a GPU says so instead of print
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import torch
@@ -214,9 +213,3 @@ def format_table(rows: list[Measurement]) -> str:
         out.append(f"{r.kernel:<18}{r.N_q:>7}{f(r.ms, '10.3f')}{f(r.tflops, '10.2f')}"
                    f"{f(r.pct_peak, '8.1f')}{f(r.peak_mib, '10.1f')}  {r.note}")
     return "\n".join(out)
-
-
-def geometric_range(lo: int, hi: int) -> list[int]:
-    """Powers of two from lo to hi inclusive."""
-    return [2**i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]
-

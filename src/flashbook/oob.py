@@ -68,6 +68,14 @@ class Region:
     def describe(self) -> str:
         return f"`{self.name}` (shape {self.shape}, {self.dtype})"
 
+    @property
+    def numel(self) -> int:
+        return (self.hi - self.lo) // self.itemsize
+
+    def offsets(self, addresses):
+        """Element offsets of byte addresses, counted from the view's start."""
+        return (addresses - self.base) // self.itemsize
+
 
 def region_of(name: str, t: torch.Tensor) -> Region | None:
     """The byte span [lo, hi) a (possibly strided) view can address; None for empty tensors."""
@@ -189,12 +197,10 @@ class Guard:
         if home >= 0:
             r = regs[home]
             tensor_name = r.name
-            offs = (a[bad] - r.base) // r.itemsize
-            numel = (r.hi - r.lo) // r.itemsize
             lines.append(f"  {n_bad} of {n_act} active lanes{block} address memory outside "
                          f"{r.describe()}, which the other lanes of this {op} use.")
-            lines.append(f"  Offending element offsets from `{r.name}`'s start: {format_ranges(offs)} "
-                         f"(valid: 0-{numel - 1}).")
+            lines.append(f"  Offending element offsets from `{r.name}`'s start: "
+                         f"{format_ranges(r.offsets(a[bad]))} (valid: 0-{r.numel - 1}).")
             others = [regs[o].name for o in np.unique(owner[bad]) if o >= 0]
             if others:
                 lines.append(f"  (Those lanes land inside {', '.join('`%s`' % n for n in others)}: "
@@ -208,10 +214,8 @@ class Guard:
             if below:
                 r = max(below, key=lambda r: r.lo)
                 tensor_name = r.name
-                offs = (a[bad] - r.base) // r.itemsize
-                numel = (r.hi - r.lo) // r.itemsize
                 lines.append(f"  Nearest tensor below: {r.describe()}; as offsets from its start the "
-                             f"lanes are {format_ranges(offs)} (valid: 0-{numel - 1}).")
+                             f"lanes are {format_ranges(r.offsets(a[bad]))} (valid: 0-{r.numel - 1}).")
         lines.append(f"  Fix: give this tl.{op} a mask (e.g. `mask=offs < N`, with `other=0.0` for a "
                      "load) so lanes past the end of the tensor stay inactive. On a GPU this bug "
                      "reads garbage or crashes; in the interpreter it corrupts memory, so the "

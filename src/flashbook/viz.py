@@ -27,25 +27,3 @@ def roofline(peak_tflops: float, hbm_gbps: float, points: dict[str, float], titl
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
-
-
-def plot_series(rows: list[dict], x: str, y: str, *, label="kernel", logx=True, logy=True,
-                xlabel=None, ylabel=None, title=""):
-    """One line per ``label`` value through rows (dicts or dataclasses); rows with y None skipped."""
-    rows = [r if isinstance(r, dict) else vars(r) for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for i, name in enumerate(dict.fromkeys(r[label] for r in rows)):
-        pts = sorted((r[x], r[y]) for r in rows if r[label] == name and r[y] is not None)
-        if pts:
-            ax.plot(*zip(*pts), "o-", label=name, color=f"C{i}")
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel or x)
-    ax.set_ylabel(ylabel or y)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig

@@ -176,6 +176,14 @@ def rows_kernel(factory: Callable, d: int, Bc: int):
     return _ROWS_CACHE[key]
 
 
+def _fa2_buffers(q, k, v, buffers):
+    """(O, flat buffers) for an FA2 launch: a fresh O, or the caller's buffers (canary checks)."""
+    if buffers is not None:
+        return None, buffers
+    O = torch.empty_like(q)
+    return O, dict(Q=as_flat(q), K=as_flat(k), V=as_flat(v), O=as_flat(O))
+
+
 def launch_fa2_rows(factory, q, k, v, Bc: int = 32, Br: int = 64, *, buffers=None, check=True):
     """Run the FA2-order kernel ``factory(d, Bc)(Q, K, V, N, scale, O)``.
 
@@ -193,11 +201,7 @@ def launch_fa2_rows(factory, q, k, v, Bc: int = 32, Br: int = 64, *, buffers=Non
                          f"(Bc={Bc}, d={d}), more than {DEFAULT_SMEM_LIMIT} B; use a smaller Bc.")
     kern = rows_kernel(factory, d, Bc)
     scale = np.float32(1.0 / math.sqrt(d))
-    if buffers is None:
-        O = torch.empty_like(q)
-        bufs = dict(Q=as_flat(q), K=as_flat(k), V=as_flat(v), O=as_flat(O))
-    else:
-        O, bufs = None, buffers
+    O, bufs = _fa2_buffers(q, k, v, buffers)
     kern[(math.ceil(N / Br), B * H), Br](bufs["Q"], bufs["K"], bufs["V"], N, scale, bufs["O"])
     return O
 
@@ -289,11 +293,7 @@ def launch_fa2_tiled(factory, q, k, v, cfg: TiledConfig | None = None, *, buffer
     cfg.validate(d)
     kern = tiled_kernel(factory, d, cfg)
     scale = np.float32(1.0 / math.sqrt(d))
-    if buffers is None:
-        O = torch.empty_like(q)
-        bufs = dict(Q=as_flat(q), K=as_flat(k), V=as_flat(v), O=as_flat(O))
-    else:
-        O, bufs = None, buffers
+    O, bufs = _fa2_buffers(q, k, v, buffers)
     kern[(math.ceil(N / cfg.BM), B * H), cfg.threads](bufs["Q"], bufs["K"], bufs["V"], N, scale,
                                                       bufs["O"])
     return O

@@ -504,10 +504,9 @@ def plot_tiles(N_q: int, N_k: int, block_m: int, block_n: int, program: int = 0)
 
 def load_bench(gpu: str = "h200"):
     """Rows of the recorded Chapter 3 benchmark (src/flashbook/data/bench/ch3/<gpu>.csv), or []."""
-    from pathlib import Path
-    from ..benchmarks import read_results
-    path = Path(__file__).resolve().parents[1] / "data" / "bench" / "ch3" / f"{gpu}.csv"
-    return read_results(path) if path.exists() else []
+    from ..benchmarks import recorded
+    found = recorded("ch3", gpu)
+    return found[0] if found else []
 
 
 def plot_bench(rows):
