@@ -2,6 +2,7 @@
 of its exercise, the out-of-bounds guard turns a missing mask into a check failure that names
 the access, the wrappers reject bad inputs, and every kernel compiles ahead of time for
 sm_75/sm_80/sm_90 with the configs the chapter picks, within each GPU's shared memory."""
+import functools
 import json
 import os
 import subprocess
@@ -25,6 +26,8 @@ CHECKS = {
     "ch3_attn_tile": ("attn_fwd_kernel", ch3.check_attention_kernel),
     "ch3_attn_kernel": ("attn_fwd_kernel", ch3.check_attention_kernel),
     "ch3_merge_kernel": ("merge_kernel", ch3.check_merge_kernel),
+    "ch3_two_tiles_kernel": ("attn_fwd_two_tiles",
+                             functools.partial(ch3.check_attention_kernel, two_tiles=True)),
 }
 
 
@@ -49,9 +52,34 @@ def test_known_wrong_variant_fails_its_check(name):
     v = VARIANTS[name]
     kernel, check = CHECKS[v["grade_id"]]
     ns = namespace({v["grade_id"]: v["source"]})
-    with pytest.raises(CheckFailure):
+    with pytest.raises(CheckFailure) as e:
         check(ns[kernel])
         check(ns[kernel], hidden=True)
+    # it must fail on its bug, not because the edited source stopped running
+    assert "the kernel raised" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, v in VARIANTS.items()
+                                        if v["grade_id"] == "ch3_attn_tile"))
+def test_two_tile_kernel_inherits_a_wrong_tile_step(name):
+    """The two-tile kernel is built from the student's attn_scores/attn_update: a bug there
+    must show up in its check too (the kernel adds no masking or rescaling of its own)."""
+    ns = namespace({"ch3_attn_tile": VARIANTS[name]["source"]})
+    with pytest.raises(CheckFailure) as e:
+        ch3.check_attention_kernel(ns["attn_fwd_two_tiles"], two_tiles=True)
+        ch3.check_attention_kernel(ns["attn_fwd_two_tiles"], hidden=True, two_tiles=True)
+    assert "the kernel raised" not in str(e.value), str(e.value)
+
+
+def test_pick_config_two_tiles():
+    for cc in ((7, 5), (8, 0), (8, 9), (9, 0), None):
+        for d in (16, 64, 128):
+            for dtype in (torch.float16, torch.float32):
+                cfg = ch3.pick_config(d, dtype, cc, two_tiles=True)
+                assert cfg.BLOCK_M % 2 == 0 and cfg.BLOCK_M // 2 >= 16 and cfg.BLOCK_N >= 16
+                if cc != (9, 0) or dtype == torch.float32:   # measured only on Hopper, fp16
+                    assert cfg == ch3.pick_config(d, dtype, cc)
+    assert ch3.pick_config(128, torch.float16, (9, 0), two_tiles=True).BLOCK_M == 256
 
 
 def test_unmasked_tail_loads_are_named_by_the_guard():
@@ -151,9 +179,10 @@ def test_canaries():
     (lambda: (torch.randn(1, 1, 16, 8).transpose(-1, -2),) * 3, "stride"),
     (lambda: (torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 16).half(), torch.randn(1, 1, 8, 16)), "dtype"),
 ])
-def test_attention_wrapper_rejects_bad_inputs(solution, make, text):
+@pytest.mark.parametrize("wrapper", ["attention", "attention_two_tiles"])
+def test_attention_wrapper_rejects_bad_inputs(solution, make, text, wrapper):
     with pytest.raises(ValueError, match=text):
-        solution["attention"](*make())
+        solution[wrapper](*make())
 
 
 def test_attention_wrapper_edge_cases(solution):
@@ -164,12 +193,16 @@ def test_attention_wrapper_edge_cases(solution):
         solution["attention"](q, q, q, scale=-1.0)
     with pytest.raises(ValueError, match="at least 16"):
         solution["attention"](q, q, q, config=ch3.Config(8, 16, 4, 1))
+    with pytest.raises(ValueError, match="two tiles"):
+        solution["attention_two_tiles"](q, q, q, config=ch3.Config(16, 16, 4, 1))
+    o2, lse2 = solution["attention_two_tiles"](q, torch.randn(1, 2, 0, 16), torch.randn(1, 2, 0, 16))
+    assert torch.all(o2 == 0) and torch.all(lse2 == float("-inf"))
 
 
 # ----------------------------------------------------------- ahead-of-time GPU compilation
 
 AOT_SCRIPT = textwrap.dedent(r'''
-    import json, linecache, os, sys
+    import itertools, json, linecache, os, sys
     import flashbook, flashbook.device as dv
     fake = dv.Backend(True, "AOT", (9, 0), dv.GPU_SIZES)      # compile for GPUs, do not interpret
     flashbook.setup = lambda verbose=True: fake
@@ -191,9 +224,11 @@ AOT_SCRIPT = textwrap.dedent(r'''
 
     res = []
     for cc in (75, 80, 90):
-        for dtype, d in ((torch.float16, 64), (torch.float16, 128), (torch.float32, 128)):
-            cfg = ch3.pick_config(d, dtype, (cc // 10, cc % 10))
-            k = ns["attn_fwd_kernel"]
+        for (dtype, d), (kernel, two) in itertools.product(
+                ((torch.float16, 64), (torch.float16, 128), (torch.float32, 128)),
+                (("attn_fwd_kernel", False), ("attn_fwd_two_tiles", True))):
+            cfg = ch3.pick_config(d, dtype, (cc // 10, cc % 10), two_tiles=two)
+            k = ns[kernel]
             t = T[dtype]
             const = dict(HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                          DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
@@ -202,7 +237,7 @@ AOT_SCRIPT = textwrap.dedent(r'''
             c = triton.compile(ASTSource(fn=k, signature=s, constexprs=const),
                                target=GPUTarget("cuda", cc, 32),
                                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-            res.append(dict(kernel="attn_fwd_kernel", cc=cc, dtype=t, d=d, cfg=str(cfg),
+            res.append(dict(kernel=kernel, cc=cc, dtype=t, d=d, cfg=str(cfg),
                             shared=c.metadata.shared))
         for name, ptr, const in (
                 ("softmax_kernel", dict(X="*fp16", Y="*fp16", LSE="*fp32"), dict(BLOCK=1024)),
@@ -233,4 +268,4 @@ def test_kernels_compile_for_t4_a100_h100_and_fit_shared_memory(tmp_path):
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     too_big = [r for r in res if r["shared"] > LIMITS[r["cc"]]]
     assert not too_big, f"configs that do not fit shared memory: {too_big}"
-    assert len(res) == 11
+    assert len(res) == 20

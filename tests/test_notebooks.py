@@ -164,7 +164,8 @@ class _Runner:
                 notebooks.exec_cell(cell.source, f"<test cell {next(_UNIQUE)}>", ns)
                 earned += points
             except Exception as e:  # noqa: BLE001 - any failure of a test cell costs its points
-                failures.append(f"{notebooks.grade_meta(cell).get('grade_id')}: {type(e).__name__}")
+                failures.append(f"{notebooks.grade_meta(cell).get('grade_id')}: "
+                                f"{type(e).__name__}: {e}")
         return earned, possible, failures
 
 
@@ -183,3 +184,6 @@ def test_known_wrong_variant_loses_points(ch, name, spec):
     assert possible > 0 and earned == possible
     earned, possible, failures = runner.score(spec["grade_id"], copy.copy(spec["source"]))
     assert earned < possible, f"{ch.id} variant {name!r} kept all {possible} points"
+    # it must lose them to its bug, not because the edited source stopped running
+    crashed = [f for f in failures if "the kernel raised" in f or "NameError" in f]
+    assert len(crashed) < len(failures), f"{ch.id} variant {name!r} only crashed: {crashed}"

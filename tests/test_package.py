@@ -168,6 +168,9 @@ def test_results_roundtrip(tmp_path):
     back = benchmarks.read_results(tmp_path / "t4.csv")
     assert back[0]["ms"] == 1.5 and back[1]["ms"] is None and back[1]["causal"] is True
     assert (tmp_path / "t4.json").read_text().count("flashbook bench test") == 1
+    assert '"timer": "triton.testing.do_bench(' in (tmp_path / "t4.json").read_text()
+    benchmarks.write_results(rows, tmp_path, "t4", "flashbook bench test", graph_timer=True)
+    assert '"timer": "triton.testing.do_bench_cudagraph(' in (tmp_path / "t4.json").read_text()
 
 
 def test_gpu_slug():

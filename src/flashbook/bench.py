@@ -1,7 +1,8 @@
 """Timing, throughput and memory helpers for benchmark cells (introduced in Chapter 1).
 
-On a GPU, time with ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs) and
-measure memory with the CUDA caching allocator's peak counter. On CPU, time with
+On a GPU, time with ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs), or
+with ``do_bench_cudagraph`` (the calls replayed from a CUDA graph: GPU time without the Python
+launch overhead), and measure memory with the CUDA caching allocator's peak counter. On CPU, time with
 ``torch.utils.benchmark`` and measure the process's peak resident memory; CPU numbers show
 trends at small sizes only, and a cell that needs a GPU says so instead of printing numbers.
 """
@@ -62,12 +63,23 @@ def needs_gpu(what: str) -> bool:
 # GPU timing: warm up for 100 ms (clocks settle), then time for 300 ms and keep the median.
 # Short runs (25/100 ms) left kernels of ~0.1 ms with +-30% run-to-run noise on an H200.
 GPU_TIMER = dict(warmup=100, rep=300, return_mode="median")
+# Graph timing: a kernel of ~0.05 ms launched from Python can be bound by the launch itself
+# (argument checks, Triton's launcher), which then hides the kernel's speed.
+GRAPH_TIMER = dict(rep=300, return_mode="median")
 
 
-def time_ms(fn: Callable[[], object]) -> float:
-    """Median run time of ``fn()`` in milliseconds."""
+def timer(graph: bool = False) -> str:
+    """The GPU timer as a call, for provenance records."""
+    name, kw = ("do_bench_cudagraph", GRAPH_TIMER) if graph else ("do_bench", GPU_TIMER)
+    return f"triton.testing.{name}(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
+
+
+def time_ms(fn: Callable[[], object], graph: bool = False) -> float:
+    """Median run time of ``fn()`` in milliseconds; ``graph``: replayed from a CUDA graph (GPU)."""
     if current().gpu:
         import triton.testing
+        if graph:
+            return float(triton.testing.do_bench_cudagraph(fn, **GRAPH_TIMER))
         return float(triton.testing.do_bench(fn, **GPU_TIMER))
     from torch.utils import benchmark
     m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.2)
@@ -142,8 +154,9 @@ COLUMNS = [f.name for f in dataclasses.fields(Measurement)]
 
 def measure_attention(kernel: str, role: str, fn: Callable[[], object], *, B, H, N_q, N_k, d,
                       dtype: torch.dtype, causal=False, H_kv=None, memory=False,
-                      tensor_cores=True) -> Measurement:
+                      tensor_cores=True, graph=False) -> Measurement:
     """Time ``fn`` (one attention forward) and derive TFLOP/s, GB/s and % of the GPU's peak.
+    ``graph``: time it replayed from a CUDA graph (see ``time_ms``).
 
     An out-of-memory error becomes a row with ``note='out of memory'`` instead of a crash.
     """
@@ -152,7 +165,7 @@ def measure_attention(kernel: str, role: str, fn: Callable[[], object], *, B, H,
                dtype=dt, causal=causal)
     try:
         peak_mib = peak_memory_bytes(fn) / 2**20 if memory else None
-        ms = time_ms(fn)
+        ms = time_ms(fn, graph=graph)
     except torch.OutOfMemoryError:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

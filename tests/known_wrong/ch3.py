@@ -43,11 +43,11 @@ _EDITS = {
     "attn_unmasked_tail_loads": ("ch3_attn_tile", [
         ("kT = tl.load(k_ptrs, mask=kv_ok[None, :], other=0.0)", "kT = tl.load(k_ptrs)"),
         ("v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)", "v = tl.load(v_ptrs)")]),
-    "attn_scale_rounded_to_input_dtype": ("ch3_attn_tile", [   # seed 000's prescaled Q
-        ("s = tl.dot(q, kT, input_precision=DOT_PRECISION)",
-         "s = tl.dot(q * qk_scale.to(q.dtype), kT, input_precision=DOT_PRECISION)"),
-        ("m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)", "m_new = tl.maximum(m_i, tl.max(s, 1))"),
-        ("p = tl.math.exp2(s * qk_scale - m_new[:, None])", "p = tl.math.exp2(s - m_new[:, None])")]),
+    "attn_scale_rounded_to_input_dtype": ("ch3_attn_kernel", [   # seed 000's prescaled Q
+        ("                mask=row_ok[:, None], other=0.0)                      # read BLOCK_M*d, once\n",
+         "                mask=row_ok[:, None], other=0.0)\n    q = q * (qk_scale * tl.full([1, 1], 1.0, tl.float32)).to(q.dtype)\n"),
+        ("start_n, N_k, qk_scale, offs_n", "start_n, N_k, 1.0, offs_n"),
+        ("n_full, N_k, qk_scale, offs_n", "n_full, N_k, 1.0, offs_n")]),
     "attn_exp_instead_of_exp2": ("ch3_attn_tile", [
         ("p = tl.math.exp2(s * qk_scale - m_new[:, None])", "p = tl.exp(s * qk_scale - m_new[:, None])")]),
     "attn_no_final_normalisation": ("ch3_attn_kernel", [
@@ -58,6 +58,18 @@ _EDITS = {
         ("if n_full < N_k:", "if n_full < 0:")]),
     "attn_unmasked_output_store": ("ch3_attn_kernel", [
         ("o.to(O.dtype.element_ty), mask=row_ok[:, None])", "o.to(O.dtype.element_ty))")]),
+    "two_tiles_b_repeats_a": ("ch3_two_tiles_kernel", [
+        ("rows_b = rows_a + HALF", "rows_b = rows_a")]),
+    "two_tiles_b_scores_with_q_a": ("ch3_two_tiles_kernel", [
+        ("acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs + start_n * stride_kn",
+         "acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_a, k_ptrs + start_n * stride_kn")]),
+    "two_tiles_forgets_the_tail_tile": ("ch3_two_tiles_kernel", [
+        ("if n_full < N_k:", "if n_full < 0:")]),
+    "two_tiles_unmasked_output_store": ("ch3_two_tiles_kernel", [
+        ("o.to(O_bh.dtype.element_ty),\n             mask=ok[:, None])",
+         "o.to(O_bh.dtype.element_ty))")]),
+    "two_tiles_lse_left_in_base_2": ("ch3_two_tiles_kernel", [
+        ("(m_i + tl.math.log2(l_i)) * 0.6931471805599453", "(m_i + tl.math.log2(l_i))")]),
     "merge_unmasked_loads": ("ch3_merge_kernel", [
         ("oa = tl.load(O_a + offs, mask=ok[:, None], other=0.0)", "oa = tl.load(O_a + offs)")]),
     "merge_nan_when_both_sides_empty": ("ch3_merge_kernel", [

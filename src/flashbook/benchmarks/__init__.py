@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..bench import COLUMNS, GPU_TIMER, Measurement
+from ..bench import COLUMNS, Measurement, timer
 
 CHAPTERS = {
     "ch1": "flashbook.benchmarks.ch1",
@@ -29,7 +29,7 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-").split("-")[0] or "gpu"
 
 
-def provenance(command: str) -> dict:
+def provenance(command: str, graph_timer: bool = False) -> dict:
     """Who measured what, where and how: enough to reproduce or distrust a number."""
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -37,7 +37,7 @@ def provenance(command: str) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "timer": "triton.testing.do_bench(" + ", ".join(f"{k}={v!r}" for k, v in GPU_TIMER.items()) + ")",
+        "timer": timer(graph_timer),
     }
     for mod in ("triton", "numba", "numba_cuda", "numpy"):
         try:
@@ -59,7 +59,8 @@ def provenance(command: str) -> dict:
     return info
 
 
-def write_results(rows: list[Measurement], directory: Path, slug: str, command: str):
+def write_results(rows: list[Measurement], directory: Path, slug: str, command: str,
+                  graph_timer: bool = False):
     """Write <slug>.csv (one row per measurement) and <slug>.json (provenance)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / f"{slug}.csv", "w", newline="") as f:
@@ -68,7 +69,7 @@ def write_results(rows: list[Measurement], directory: Path, slug: str, command: 
         for r in rows:
             d = dataclasses.asdict(r)
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in d.items()})
-    (directory / f"{slug}.json").write_text(json.dumps(provenance(command), indent=2) + "\n")
+    (directory / f"{slug}.json").write_text(json.dumps(provenance(command, graph_timer), indent=2) + "\n")
 
 
 def read_results(path: Path) -> list[dict]:
@@ -101,7 +102,8 @@ def run(chapter: str, out_root: Path, command: str) -> Path:
     rows = module.run()
     slug = gpu_slug(torch.cuda.get_device_name(0))
     directory = out_root / chapter
-    write_results(rows, directory, slug, command)
+    # a chapter module's GRAPH_TIMER says its rows were timed from CUDA graphs
+    write_results(rows, directory, slug, command, getattr(module, "GRAPH_TIMER", False))
     return directory / f"{slug}.csv"
 
 

@@ -37,16 +37,22 @@ SMEM_LIMIT = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 
               (9, 0): 227 * 1024}
 
 
-def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:
+def pick_config(d: int, dtype: torch.dtype, capability: tuple | None,
+                two_tiles: bool = False) -> Config:
     """The tile config the chapter uses for head dim ``d`` and ``dtype`` on a GPU of this
     compute capability (None: CPU interpreter, where small tiles exercise the tail masks).
+    ``two_tiles``: the config of ``attn_fwd_two_tiles``, whose BLOCK_M covers both query tiles.
 
     Measured on an H200 (src/flashbook/data/bench/ch3); the sm_75/sm_80 entries are chosen to
-    fit those GPUs' shared memory (tests/test_ch3.py compiles every one ahead of time).
+    fit those GPUs' shared memory (tests/test_ch3.py compiles every one ahead of time). Where the
+    two-tile kernel was not measured it takes the one-tile config: the same Q, K and V tiles in
+    shared memory, the same accumulator registers.
     """
     if capability is None:
         return Config(32, 32, 4, 1)
     cc = tuple(capability)
+    if two_tiles and cc >= (9, 0) and dtype != torch.float32:
+        return Config(256, 64, 8, 3) if d > 64 else Config(128, 64, 4, 3)
     if dtype == torch.float32:                      # 4-byte tiles: half the tile area
         return Config(64, 32, 4, 2) if cc >= (8, 0) and d <= 64 else Config(32, 32, 4, 2)
     if cc >= (9, 0):
@@ -100,8 +106,10 @@ def softmax_rows(kernel, x: torch.Tensor, block: int = 32):
     return y.reshape(x.shape), lse.reshape(x.shape[:-1])
 
 
-def attention_forward(kernel, q, k, v, scale: float | None = None, config: Config | None = None):
-    """Launch ``kernel`` (Exercise 2) on q (B, H, N_q, d), k and v (B, H, N_k, d).
+def attention_forward(kernel, q, k, v, scale: float | None = None, config: Config | None = None,
+                      two_tiles: bool = False):
+    """Launch ``kernel`` (Exercise 2, or ``attn_fwd_two_tiles`` with ``two_tiles``) on
+    q (B, H, N_q, d), k and v (B, H, N_k, d).
 
     Returns O (B, H, N_q, d) in q's dtype and LSE (B, H, N_q) in natural log, float32.
     ``config`` defaults to ``pick_config`` for this GPU (or the CPU interpreter).
@@ -124,10 +132,12 @@ def attention_forward(kernel, q, k, v, scale: float | None = None, config: Confi
     if not scale > 0:
         raise ValueError(f"scale must be positive, got {scale}.")
     N_k = k.shape[2]
-    cfg = config or pick_config(d, q.dtype, current().capability)
-    if min(cfg.BLOCK_M, cfg.BLOCK_N) < 16:
-        raise ValueError(f"BLOCK_M and BLOCK_N must be at least 16 (tl.dot needs 16 on a GPU), "
-                         f"got {cfg.BLOCK_M} x {cfg.BLOCK_N}.")
+    cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
+    rows = cfg.BLOCK_M // 2 if two_tiles else cfg.BLOCK_M          # rows of one query tile
+    if min(rows, cfg.BLOCK_N) < 16 or (two_tiles and cfg.BLOCK_M % 2):
+        raise ValueError(f"query and key tiles must be at least 16 (tl.dot needs 16 on a GPU), "
+                         f"got BLOCK_M={cfg.BLOCK_M}{' (two tiles)' if two_tiles else ''}, "
+                         f"BLOCK_N={cfg.BLOCK_N}.")
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
     if N_k == 0:
@@ -321,18 +331,22 @@ def _make_attn(case: AttnCase, seed: int):
     return q, k, v
 
 
-def check_attention_kernel(kernel, hidden: bool = False, configs=None):
+def check_attention_kernel(kernel, hidden: bool = False, configs=None, two_tiles: bool = False):
     """Exercise 2: the forward kernel returns O and LSE (natural log) that match float64 attention.
 
     Every case runs with several tile shapes (and must give the same result with each), with its
     inputs surrounded by NaN so an unmasked tail load shows up; in CPU mode every address is
-    checked by the out-of-bounds guard.
+    checked by the out-of-bounds guard. ``two_tiles``: ``kernel`` is ``attn_fwd_two_tiles``,
+    whose BLOCK_M holds two query tiles.
     """
     gpu = current().gpu
     if configs is None:
         configs = [Config(16, 16, 4, 1), Config(32, 16, 4, 1), Config(16, 64, 4, 1)]
         if gpu:
             configs = [None, Config(32, 32, 4, 2), Config(64, 16, 4, 2)]
+        if two_tiles:
+            configs = [cfg and Config(2 * cfg.BLOCK_M, *dataclasses.astuple(cfg)[1:])
+                       for cfg in configs]
     n = 0
     for i, case in enumerate(attention_cases(hidden)):
         q, k, v = _make_attn(case, 100 * i + (7 if hidden else 0))
@@ -343,7 +357,7 @@ def check_attention_kernel(kernel, hidden: bool = False, configs=None):
             tiles = f"{cfg.BLOCK_M}x{cfg.BLOCK_N} tiles" if cfg else "the GPU's default tiles"
             what = f"attention kernel, case {case.describe()}, {tiles}"
             o, lse = _guarded(attention_forward, kernel, q, k, v, scale=case.scale, config=cfg,
-                              what=what)
+                              two_tiles=two_tiles, what=what)
             _no_nan(o, what + ", O")
             _no_nan(lse, what + ", LSE")
             if o.dtype != case.dtype:
@@ -510,7 +524,7 @@ def load_bench(gpu: str = "h200"):
 
 
 def plot_bench(rows):
-    """Grouped bars: TFLOP/s per shape for the reference kernel and the SDPA baselines."""
+    """Grouped bars: TFLOP/s per shape for the chapter's kernels and the SDPA baselines."""
     import matplotlib.pyplot as plt
     shapes = list(dict.fromkeys((r["B"], r["H_q"], r["N_q"], r["d"]) for r in rows))
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
