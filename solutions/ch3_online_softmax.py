@@ -24,7 +24,7 @@
 #   autotuning) and how to pick configs that also fit a T4's 64 KB of shared memory.
 # - Why that loop leaves an H200's tensor cores idle about half the time, and how giving each
 #   program two query tiles lets one tile's softmax run while the other's matmul does: the
-#   same code in a different order, 0.90x of cuDNN.
+#   same code in a different order, 0.91x of cuDNN.
 #
 # **What you need**: Chapter 1 (softmax, LSE, the attention reference). Any runtime: on a CPU
 # the kernels run in the Triton interpreter at small sizes; a GPU (Colab T4 or better) adds the
@@ -666,10 +666,10 @@ else:
 # The numbers above come from one run of `flashbook bench ch3` on an H200 (provenance in
 # `src/flashbook/data/bench/ch3/h200.json`). Every kernel was timed replayed from a CUDA graph,
 # so the 0.05 ms forwards at N = 1024 measure the GPU rather than Python's launch overhead.
-# The two-tile kernel reaches 0.90x cuDNN at `(1, 16, 16384, 128)` (526 against 581 TFLOP/s),
-# 0.89x at `(4, 16, 4096, 128)` and 0.95x and 0.97x at d = 64, and beats torch's
-# FlashAttention-2 backend at every shape, by 1.36x to 1.56x. Reordering the loop body is worth
-# 4 % to 9 % over the one-tile kernel of Exercise 2. The rest of cuDNN's lead comes from what
+# The two-tile kernel reaches 0.91x cuDNN at `(1, 16, 16384, 128)` (529 against 580 TFLOP/s),
+# 0.90x at `(4, 16, 4096, 128)` and 0.94x and 0.97x at d = 64, and beats torch's
+# FlashAttention-2 backend at every shape, by 1.37x to 1.56x. Reordering the loop body is worth
+# 3 % to 8 % over the one-tile kernel of Exercise 2. The rest of cuDNN's lead comes from what
 # plain Triton does not express: a producer warp that only issues TMA copies, and two consumer
 # warpgroups that take turns on the tensor cores under explicit barriers (FlashAttention-3,
 # Chapter 6). Things measured along the way that did *not* help (same GPU, noise about 4 %): a

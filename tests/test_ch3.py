@@ -269,3 +269,16 @@ def test_kernels_compile_for_t4_a100_h100_and_fit_shared_memory(tmp_path):
     too_big = [r for r in res if r["shared"] > LIMITS[r["cc"]]]
     assert not too_big, f"configs that do not fit shared memory: {too_big}"
     assert len(res) == 20
+
+
+def test_chapter_text_quotes_the_recorded_benchmark():
+    """The figures the chapter's prose quotes are the ones in the committed H200 data."""
+    rows = ch3.load_bench("h200")
+    assert rows, "no recorded Chapter 3 benchmark"
+    by = {(r["kernel"], r["B"], r["N_q"], r["d"]): r["tflops"] for r in rows}
+    text = (ROOT / "solutions" / "ch3_online_softmax.py").read_text()
+    ref, cudnn = by[("ch3_two_tiles", 1, 16384, 128)], by[("sdpa_cudnn", 1, 16384, 128)]
+    assert f"{ref / cudnn:.2f}x cuDNN at `(1, 16, 16384, 128)` ({ref:.0f} against {cudnn:.0f}" in text
+    shapes = {(b, n, d) for _, b, n, d in by}
+    vs_fa2 = sorted(by[("ch3_two_tiles", *s)] / by[("sdpa_flash", *s)] for s in shapes)
+    assert f"by {vs_fa2[0]:.2f}x to {vs_fa2[-1]:.2f}x" in text
