@@ -442,8 +442,10 @@ ch3.check_merge_kernel(merge_kernel, hidden=True)
 
 # %% tags=["demo"]
 for name, cc in (("T4", (7, 5)), ("A100", (8, 0)), ("L4", (8, 9)), ("H100/H200", (9, 0))):
-    row = ", ".join(f"d={d}: {ch3.pick_config(d, torch.float16, cc)}" for d in (64, 128))
-    print(f"{name:10s} fp16 {row}")
+    for two in (False, True):
+        row = ", ".join(f"d={d}: {ch3.pick_config(d, torch.float16, cc, two_tiles=two)}"
+                        for d in (64, 128))
+        print(f"{name:10s} fp16 {'two tiles' if two else 'one tile '} {row}")
 
 if backend.gpu:
     tuned = triton.autotune(
