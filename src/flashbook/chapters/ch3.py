@@ -345,7 +345,7 @@ def check_attention_kernel(kernel, hidden: bool = False, configs=None, two_tiles
         if gpu:
             configs = [None, Config(32, 32, 4, 2), Config(64, 16, 4, 2)]
         if two_tiles:
-            configs = [cfg and Config(2 * cfg.BLOCK_M, *dataclasses.astuple(cfg)[1:])
+            configs = [cfg and dataclasses.replace(cfg, BLOCK_M=2 * cfg.BLOCK_M)
                        for cfg in configs]
     n = 0
     for i, case in enumerate(attention_cases(hidden)):
