@@ -273,14 +273,14 @@ except NotImplementedError:
 # the canaries alone.
 
 # %% tags=["demo"]
-p = ch2.Problem(B=1, H=1, N=13, d=4, Bc=8)
-bufs = ch2.canary_buffers(p, q13[:, :1].contiguous(), k13[:, :1].contiguous(),
+p = fb.cases.AttnCase("one head, tail of 5", B=1, H_q=1, N_q=13, d=4)   # launched with Bc=8
+bufs = ch2.canary_buffers(q13[:, :1].contiguous(), k13[:, :1].contiguous(),
                           v13[:, :1].contiguous(), with_lm=True)
 try:
     ch2.launch_fa1(fa1_literal_kernel, q13[:, :1].contiguous(), k13[:, :1].contiguous(),
                    v13[:, :1].contiguous(), Bc=8,
                    buffers={name: ch2.as_flat(t) for name, t in bufs.items()})
-    neighbour_rows = bufs["O"][p.N * p.d:].reshape(p.N, p.d)[:, 0].cpu()
+    neighbour_rows = bufs["O"][p.N_q * p.d:].reshape(p.N_q, p.d)[:, 0].cpu()
     print("first column of the neighbour head's O rows after the launch:\n", neighbour_rows)
     print("rows overwritten:", [i for i, x in enumerate(neighbour_rows.tolist()) if x != 777.0])
 except NotImplementedError:
@@ -497,14 +497,14 @@ ch2.check_launch_config(smem_bytes, launch_config, hidden=True)
 
 # %% [markdown]
 # With the checks in one place, here is a safe public function built on the bounds-fixed kernel.
-# It checks the tensors (`ch2.check_qkv` rejects wrong shapes, dtypes, devices and non-contiguous
+# It checks the tensors (`ch2.validate_qkv` rejects wrong shapes, dtypes, devices and non-contiguous
 # views with a `ValueError`), asks `launch_config`, and launches. It prints nothing.
 
 
 # %%
 def fa1_attention(q, k, v, Bc=32):
     """softmax(q k^T / sqrt(d)) v with the bounds-fixed FA1 kernel. (B, H, N, d) float32 -> O."""
-    ch2.check_qkv(q, k, v, name="fa1_attention")
+    ch2.validate_qkv(q, k, v, name="fa1_attention")
     B, H, N, d = q.shape
     cfg = launch_config(B, H, N, d, Bc=Bc, Br=Bc)
     return ch2.launch_fa1(fa1_bounded_kernel, q, k, v, Bc, grid=cfg.grid, smem=cfg.smem)
@@ -850,7 +850,7 @@ if fb.bench.needs_gpu("timing the Chapter 2 kernels"):
             r = fb.bench.measure_attention(name, "variant", fn, **shape)
             r.note = f"max err {err:.1e}"
             rows.append(r)
-    print(fb.bench.format_table(rows))
+    print(fb.results.table(rows))
 
 # %% [markdown]
 # The book's numbers were measured on an NVIDIA H200 by `flashbook bench ch2`, which times the
@@ -859,21 +859,20 @@ if fb.bench.needs_gpu("timing the Chapter 2 kernels"):
 # The plot below is drawn from that file.
 
 # %% tags=["demo"]
-from flashbook import benchmarks
-
-recorded = benchmarks.recorded("ch2", "h200")
-measured = recorded[0] if recorded else []
+recorded = fb.results.recorded("ch2", "h200")
+measured = recorded.rows if recorded else []
 if measured:
-    fig = ch2.plot_ladder(measured)
-    by = {(r["kernel"], r["N_q"]): r for r in measured}
-    for n in sorted({r["N_q"] for r in measured}):
+    fig = fb.results.plot(measured, y="tflops", x="kernel", by="N_q", kind="bar", logy=True,
+                          values=True)
+    by = {(r.kernel, r.N_q): r for r in measured}
+    for n in sorted({r.N_q for r in measured}):
         lit, rows_, tiled, sd = (by.get((kname, n)) for kname in
                                  ("fa1_literal", "fa2_rows", "fa2_tiled", "sdpa_efficient"))
-        print(f"N={n}:", ", ".join(f"{r['kernel']} {r['tflops']:.3g} TFLOP/s ({r['ms']:.3g} ms)"
+        print(f"N={n}:", ", ".join(f"{r.kernel} {r.tflops:.3g} TFLOP/s ({r.ms:.3g} ms)"
                                    for r in (lit, by.get(("fa1_bounded", n)), rows_, tiled, sd) if r))
         if lit and rows_ and tiled and sd:
-            print(f"   fa2_rows is {lit['ms'] / rows_['ms']:.0f}x faster than fa1_literal; "
-                  f"fa2_tiled reaches {tiled['tflops'] / sd['tflops']:.2f}x sdpa_efficient")
+            print(f"   fa2_rows is {lit.ms / rows_.ms:.0f}x faster than fa1_literal; "
+                  f"fa2_tiled reaches {tiled.tflops / sd.tflops:.2f}x sdpa_efficient")
 else:
     print("no measured data for this chapter yet (run `flashbook bench ch2` on a GPU)")
 

@@ -624,7 +624,7 @@ ch3.check_attention_kernel(attn_fwd_two_tiles, hidden=True, two_tiles=True)
 # `ch3_one_tile` the kernel of Exercise 2).
 
 # %% tags=["demo"]
-from flashbook import bench
+from flashbook import bench, results
 if bench.needs_gpu("the attention benchmark"):
     shapes = [(4, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128)]
     rows = []
@@ -642,23 +642,23 @@ if bench.needs_gpu("the attention benchmark"):
                     f = bench.sdpa(name)
                     rows.append(bench.measure_attention(name, "baseline", lambda: f(q, k, v),
                                                         graph=True, **kw))
-        print(bench.format_table(rows))
+        print(results.table(rows))
     except Exception as e:  # a stub kernel raises or does not compile
         print(f"Could not benchmark your kernel (is Exercise 2 done?): {type(e).__name__}")
 
 # %% tags=["demo"]
-recorded = ch3.load_bench("h200")
+recorded = results.recorded("ch3", "h200")
 if recorded:
-    fig = ch3.plot_bench(recorded)
-    cudnn = {(r["B"], r["N_q"], r["d"]): r["tflops"] for r in recorded if r["kernel"] == "sdpa_cudnn"}
-    fa2 = {(r["B"], r["N_q"], r["d"]): r["tflops"] for r in recorded if r["kernel"] == "sdpa_flash"}
-    for r in recorded:
-        if r["role"] in ("reference", "variant") and r["tflops"]:
-            key = (r["B"], r["N_q"], r["d"])
-            ratio = ", ".join(f"{r['tflops'] / base[key]:.2f}x {name}" for name, base in
-                              (("cuDNN", cudnn), ("FA2", fa2)) if base.get(key))
-            print(f"{r['kernel']:>14s} B={r['B']} H={r['H_q']} N={r['N_q']:>5d} d={r['d']:>3d}: "
-                  f"{r['tflops']:6.1f} TFLOP/s ({r['pct_peak']:.0f}% of peak) {ratio}")
+    fig = results.plot(recorded.rows, y="tflops", x=("B", "H_q", "N_q", "d"), kind="bar")
+    shape = lambda r: (r.B, r.N_q, r.d)  # noqa: E731
+    cudnn = {shape(r): r.tflops for r in recorded.rows if r.kernel == "sdpa_cudnn"}
+    fa2 = {shape(r): r.tflops for r in recorded.rows if r.kernel == "sdpa_flash"}
+    for r in recorded.rows:
+        if r.role in ("reference", "variant") and r.tflops:
+            ratio = ", ".join(f"{r.tflops / base[shape(r)]:.2f}x {name}" for name, base in
+                              (("cuDNN", cudnn), ("FA2", fa2)) if base.get(shape(r)))
+            print(f"{r.kernel:>14s} B={r.B} H={r.H_q} N={r.N_q:>5d} d={r.d:>3d}: "
+                  f"{r.tflops:6.1f} TFLOP/s ({r.pct_peak:.0f}% of peak) {ratio}")
 else:
     print("No recorded H200 benchmark found.")
 

@@ -17,6 +17,49 @@ from flashbook import notebooks  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Parallel runs (pytest-xdist; `make test` passes -n, pyproject.toml --dist loadgroup): each
+# worker is its own pytest session, so each would set up the session fixtures below on its own.
+# `fresh_release` is safe that way (tmp_path_factory gives each worker its own directory). But
+# `executed_dir` and `built_book` are one directory of the checkout, _build/: two workers would
+# execute the same notebooks into the same cache files and run two jupyter-book builds into the
+# same tree. So every test that uses them is put in the xdist group "book": one worker runs all of
+# them, one after the other, and builds the book once. That is simpler than locking the cache,
+# and costs little: the book build needs the executed notebooks anyway.
+SHARED_BUILD_FIXTURES = {"executed_dir", "built_book"}
+
+
+def _uses_build(item) -> bool:
+    return not SHARED_BUILD_FIXTURES.isdisjoint(item.fixturenames)   # fixturenames: the closure
+
+
+def _groups(item) -> set:
+    return {m.args[0] if m.args else m.kwargs.get("name", "default")
+            for m in item.iter_markers("xdist_group")}
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the marks (to route tests to a worker)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _uses_build(item) and not _groups(item):
+            item.add_marker(pytest.mark.xdist_group("book"))
+
+
+@pytest.hookimpl(tryfirst=True)   # before any fixture is set up
+def pytest_runtest_setup(item):
+    """Refuse to run a test where it could race another worker over _build/ (an error raised at
+    collection would be lost inside an xdist worker; a failed setup is reported)."""
+    if _uses_build(item) and _groups(item) != {"book"}:   # xdist would make "book_x" of two
+        pytest.fail(f"this test uses _build/ (executed_dir or built_book): it must be in xdist "
+                    f"group 'book' only, not {sorted(_groups(item))}", pytrace=False)
+    # xdist tells the controller a test's group by appending "@group" to its node id. With
+    # pytest 9.2.0 that silently stopped working (pytest-xdist issue #1386; hence pytest 9.1.1 in
+    # constraints.txt), and two workers could then build into _build/ at once.
+    if getattr(item.config.option, "loadgroup", False) and _groups(item) \
+            and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):   # loadgroup: set in workers only
+        pytest.fail("pytest-xdist's --dist loadgroup is not grouping tests with this pytest: "
+                    "install the versions in constraints.txt, or run without -n", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
@@ -24,7 +67,8 @@ def root() -> Path:
 
 @pytest.fixture(scope="session")
 def executed_dir() -> Path:
-    """Executed chapter notebooks are cached here; the book build reuses them."""
+    """Executed chapter notebooks are cached here; the book build reuses them. Shared by all
+    workers of a parallel run: its users are kept on one worker (see above)."""
     return ROOT / "_build" / "executed"
 
 

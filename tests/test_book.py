@@ -4,9 +4,13 @@ import re
 
 import pytest
 
-from flashbook import notebooks
+from flashbook import notebooks, results, sources
 
-pytestmark = pytest.mark.slow
+# One worker builds the book into _build/ (see tests/conftest.py). The first test here that asks
+# for `built_book` pays, in its setup, for executing every chapter (up to ~5 minutes each on 2
+# cores) and building the book: a longer limit than pyproject.toml's 900 s per test.
+BOOK_TIMEOUT = 900 * (len(sources.sources()) + 1)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book"), pytest.mark.timeout(BOOK_TIMEOUT)]
 
 
 def _page(index, ch):
@@ -15,11 +19,11 @@ def _page(index, ch):
 
 def test_every_chapter_is_in_the_table_of_contents(root):
     toc = (root / "_toc.yml").read_text()
-    for ch in notebooks.chapters():
+    for ch in sources.sources():
         assert f"file: notebooks/{ch.name}" in toc, f"{ch.id} is missing from _toc.yml"
 
 
-@pytest.mark.parametrize("ch", notebooks.chapters(), ids=[c.id for c in notebooks.chapters()])
+@pytest.mark.parametrize("ch", sources.sources(), ids=[c.id for c in sources.sources()])
 def test_book_builds_and_pages_show_stubs_with_solution_outputs(built_book, ch):
     assert built_book.exists()
     html_root = built_book.parent
@@ -29,13 +33,13 @@ def test_book_builds_and_pages_show_stubs_with_solution_outputs(built_book, ch):
     assert "PASSED" in html, f"{ch.id}: the passing checks' output is missing"
     assert re.search(r'<img [^>]*src="[^"]+\.png"', html), f"{ch.id}: no figure on the page"
     # the Colab launch button and badge open this chapter's student notebook
-    assert notebooks.colab_url(ch, notebooks.repo_root()) in html
+    assert notebooks.colab_url(ch, sources.repo_root()) in html
     assert (html_root / "mathjax" / "tex-chtml.js").exists(), "MathJax is not served by the book"
     assert "cdn.jsdelivr" not in html
 
 
 def test_chapter_1_page_hides_the_solution_code(built_book):
-    ch = notebooks.chapter("ch1")
+    ch = sources.source("ch1")
     html = _page(built_book, ch).read_text()
     # a line that exists only inside the solution of Exercise 2
     assert "m_safe" not in html
@@ -44,16 +48,15 @@ def test_chapter_1_page_hides_the_solution_code(built_book):
 def test_instructor_edition_shows_solutions(root, built_book):
     from flashbook import book
     index = book.build(root, instructor=True)
-    html = _page(index, notebooks.chapter("ch1")).read_text()
+    html = _page(index, sources.source("ch1")).read_text()
     assert "m_safe" in html and "HIDDEN TESTS" in html
 
 
 def test_benchmark_appendix_lists_every_recorded_measurement(built_book):
-    from flashbook import benchmarks
     html = (built_book.parent / "book" / "benchmarks.html").read_text()
-    for chapter_dir in benchmarks.DATA_DIR.glob("ch*"):
+    for chapter_dir in results.DATA_DIR.glob("ch*"):
         for csv_path in chapter_dir.glob("*.csv"):
-            rows, meta = benchmarks.recorded(chapter_dir.name, csv_path.stem)
+            rows, meta = results.recorded(chapter_dir.name, csv_path.stem)
             assert f"{chapter_dir.name}: {meta['gpu']}" in html
-            assert all(f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{r['kernel']}</span>"
+            assert all(f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{r.kernel}</span>"
                        in html for r in rows)

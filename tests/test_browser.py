@@ -1,15 +1,26 @@
 """A real browser (Debian's chromium driven by Playwright) opens the built chapter pages."""
 import functools
 import http.server
+import os
 import shutil
 import threading
 
 import pytest
 
-from flashbook import notebooks
+from flashbook import notebooks, sources
 
-pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Same group and limit as tests/test_book.py: these pages are the book built into _build/, and the
+# first test to ask for it may build it. Without chromium the tests skip before that (`make test`
+# installs it when it can, else prints the command below).
+BOOK_TIMEOUT = 900 * (len(sources.sources()) + 1)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("book"),
+    pytest.mark.timeout(BOOK_TIMEOUT),
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                       reason="chromium is not installed: sudo apt-get install -y chromium"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +36,6 @@ def site(built_book):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not shutil.which("chromium") and not __import__("os").path.exists(CHROMIUM):
-        pytest.fail("chromium is not installed (apt-get install chromium); .ci/run installs it")
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
@@ -36,7 +45,7 @@ def browser():
         b.close()
 
 
-@pytest.mark.parametrize("ch", notebooks.chapters(), ids=[c.id for c in notebooks.chapters()])
+@pytest.mark.parametrize("ch", sources.sources(), ids=[c.id for c in sources.sources()])
 def test_chapter_page_in_a_real_browser(site, browser, ch):
     page = browser.new_page()
     problems = []
@@ -58,6 +67,6 @@ def test_chapter_page_in_a_real_browser(site, browser, ch):
     assert images and all(w > 0 for _, w in images), f"broken images: {[s for s, w in images if not w]}"
     # the Colab badge opens this chapter's student notebook
     hrefs = page.evaluate("() => Array.from(document.querySelectorAll('a')).map(a => a.href)")
-    assert notebooks.colab_url(ch, notebooks.repo_root()) in hrefs
+    assert notebooks.colab_url(ch, sources.repo_root()) in hrefs
     assert not problems, "\n".join(problems)
     page.close()

@@ -2,9 +2,13 @@
 assignment tests/fixtures/grading/fx1_basics.py (add: 1 point, norm: 2, rev: 3)."""
 from __future__ import annotations
 
+import argparse
+import ast
 import copy
 import csv
+import dataclasses
 import hashlib
+import html
 import io
 import json
 import sys
@@ -17,12 +21,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "grading"))
 import course as C  # noqa: E402
 
+from flashbook import cli, notebooks, sources  # noqa: E402
 from flashbook.grade import autograde as AG  # noqa: E402
+from flashbook.grade import cellmeta, hidden, markers, merge, repair, worker  # noqa: E402
+from flashbook.grade import cli as grade_cli  # noqa: E402
 from flashbook.grade import collect as CO  # noqa: E402
 from flashbook.grade import export as EX  # noqa: E402
 from flashbook.grade import feedback as FB  # noqa: E402
-from flashbook.grade import hidden, markers, merge, repair  # noqa: E402
-from flashbook.grade.layout import Course  # noqa: E402
+from flashbook.grade.layout import Course, CourseNotGiven, course_root, read_results  # noqa: E402
+from flashbook.grade.record import (MANUAL, NOT_RUN, PASSED, CellResult,  # noqa: E402
+                                    NotebookResult, SubmissionResult)
 
 A, NB = "fx1", "fx1_basics"
 ADD = "def add(a, b):\n    return a + b"
@@ -51,7 +59,7 @@ def released(tmp_path_factory):
 # ------------------------------------------------------------------ unit tests (fast)
 
 def test_markers_are_added_once_and_found():
-    nb = C.notebooks.read_source(C.HERE / f"{NB}.py")
+    nb = C.sources.read(C.HERE / f"{NB}.py")
     once = markers.add_markers(copy.deepcopy(nb))
     twice = markers.add_markers(copy.deepcopy(once))
     graded = [c for c in once.cells if markers.needs_marker(c)]
@@ -72,16 +80,53 @@ def test_release_hides_hidden_tests_and_keeps_markers(released):
     assert {markers.find_marker(c.source) for c in rel.cells} >= {"fx1_add", "fx1_add_test"}
 
 
-def test_released_book_notebooks_have_no_hidden_tests():
-    """Every notebook students get from the repository (notebooks/) is free of hidden tests."""
+def notebook_text(data: dict) -> str:
+    """Every string of a notebook's JSON (sources, outputs, metadata), escapes undone: in the
+    raw file a hidden line holding a quote or a backslash reads differently."""
+    def strings(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, (list, dict)):
+            for value in node.values() if isinstance(node, dict) else node:
+                yield from strings(value)
+    return "\n".join(strings(data))
+
+
+def hidden_test_leaks(data: dict, instructor) -> list[str]:
+    """What of ``instructor``'s hidden tests the notebook ``data`` (its JSON) shows."""
+    text = notebook_text(data)
+    regions = [m for m in (hidden.BEGIN, hidden.END) if m in text]
+    return regions + hidden.leaks(text, hidden.hidden_lines(instructor))
+
+
+@pytest.fixture(scope="module")
+def instructor_notebooks() -> dict:
+    """{notebook name: instructor notebook}, built from solutions/ as `flashbook release` does."""
     root = C.REPO
-    for path in sorted((root / "notebooks").glob("*.ipynb")):
-        text = path.read_text()
-        assert "BEGIN HIDDEN TESTS" not in text, path
-        src = root / "autograder" / "source" / path.stem.split("_")[0] / path.name
-        if src.exists():
-            leaked = hidden.leaks(text, hidden.hidden_lines(nbformat.read(src, as_version=4)))
-            assert not leaked, (path, leaked)
+    return {ch.name: notebooks.source_notebook(ch, root) for ch in sources.sources(root)}
+
+
+def test_released_book_notebooks_have_no_hidden_tests(instructor_notebooks):
+    """Every notebook students get from the repository (notebooks/) is free of hidden tests."""
+    released = sorted((C.REPO / "notebooks").glob("*.ipynb"))
+    assert released
+    for path in released:
+        assert path.stem in instructor_notebooks, f"{path}: no solutions/{path.stem}.py"
+        instructor = instructor_notebooks[path.stem]
+        assert hidden.hidden_lines(instructor), path          # there is something to look for
+        leaked = hidden_test_leaks(json.loads(path.read_text()), instructor)
+        assert not leaked, (path, leaked)
+
+
+def test_hidden_test_leak_check_finds_every_hidden_line(instructor_notebooks):
+    """The check above can fail: any one hidden line, or a region marker, put into a released
+    notebook is found (also lines with quotes, which the raw file escapes)."""
+    for path in sorted((C.REPO / "notebooks").glob("*.ipynb")):
+        instructor = instructor_notebooks[path.stem]
+        for line in [hidden.BEGIN, *hidden.hidden_lines(instructor)]:
+            nb = nbformat.read(path, as_version=4)
+            nb.cells[-1].source += "\n    " + line
+            assert line in hidden_test_leaks(json.loads(nbformat.writes(nb)), instructor), line
 
 
 def test_repair_stripped_metadata_duplicates_and_deleted_cells(released):
@@ -115,7 +160,7 @@ def test_repair_restores_edited_test_cell_and_changed_metadata(released):
     fixed, log = repair.repair(nb, rel)
     ref = next(c for c in rel.cells if gid(c) == "fx1_add_test")
     got = next(c for c in fixed.cells if gid(c) == "fx1_add_test")
-    assert got.source == ref.source and got.metadata["nbgrader"]["points"] == 1
+    assert got.source == ref.source and cellmeta.points(got) == 1
     assert any("differed from the release" in line for line in log)
     assert any("said 'something_else'" in line for line in log)
     assert sum(gid(c) == "fx1_norm" for c in fixed.cells) == 1
@@ -166,6 +211,142 @@ def test_redact_and_leaks():
     text = "Traceback: assert add(-7, 7) == 0 failed"
     assert hidden.leaks(text, lines) == ["assert add(-7, 7) == 0"]
     assert hidden.leaks(hidden.redact(text, lines), lines) == []
+
+
+# ------------------------------------------------- the package stands on its own
+
+GRADE_DIR = Path(AG.__file__).parent
+
+
+def test_grade_imports_nothing_of_the_book():
+    """grade/ imports its siblings and third-party code only, never flashbook.notebooks & co."""
+    for path in sorted(GRADE_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                outside = name.startswith("..") or (name.startswith("flashbook") and
+                                                    not name.startswith("flashbook.grade"))
+                assert not outside, f"{path.name}:{node.lineno} imports {name}"
+
+
+def test_nbgrader_metadata_is_read_in_cellmeta_only():
+    for path in sorted(GRADE_DIR.glob("*.py")):
+        if path.name != "cellmeta.py":
+            assert '"nbgrader"' not in path.read_text(), path
+
+
+def test_cellmeta_reads_what_nbgrader_wrote():
+    test = nbformat.v4.new_code_cell("assert True", metadata={"nbgrader": {
+        "grade_id": "t", "grade": True, "solution": False, "locked": True, "points": 2}})
+    answer = nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {
+        "grade_id": "a", "grade": False, "solution": True, "locked": False}})
+    plain = nbformat.v4.new_code_cell("y = 2")
+    assert [cellmeta.grade_id(c) for c in (test, answer, plain)] == ["t", "a", None]
+    assert [cellmeta.is_graded_test(c) for c in (test, answer, plain)] == [True, False, False]
+    assert [cellmeta.is_solution(c) for c in (test, answer, plain)] == [False, True, False]
+    assert [cellmeta.is_locked(c) for c in (test, answer, plain)] == [True, False, False]
+    nb = nbformat.v4.new_notebook(cells=[answer, test, plain])
+    assert cellmeta.graded_points(nb) == {"t": 2.0}
+    cellmeta.set_meta(plain, cellmeta.nbgrader_meta(test))
+    assert cellmeta.nbgrader_meta(plain) == cellmeta.nbgrader_meta(test)
+    assert cellmeta.nbgrader_meta(plain) is not cellmeta.nbgrader_meta(test)
+    cellmeta.drop_meta(plain)
+    assert cellmeta.nbgrader_meta(plain) == {} and "nbgrader" not in plain.metadata
+
+
+def test_course_dir_is_given_never_guessed(monkeypatch, tmp_path):
+    """--course, else $FLASHBOOK_COURSE, else the CLI's default; the package alone has none."""
+    monkeypatch.delenv("FLASHBOOK_COURSE", raising=False)
+    for make in (Course, course_root):
+        with pytest.raises(CourseNotGiven, match="--course DIR or set FLASHBOOK_COURSE"):
+            make()
+    bare = argparse.ArgumentParser()
+    grade_cli.add_subcommands(bare.add_subparsers())          # no default course
+    with pytest.raises(CourseNotGiven):
+        grade_cli.course_from_args(bare.parse_args(["feedback", A]))
+
+    def cli_course(*argv):
+        return grade_cli.course_from_args(cli.build_parser().parse_args(["feedback", A, *argv]))
+    assert cli_course().root == (sources.repo_root() / "autograder").resolve()
+    monkeypatch.setenv("FLASHBOOK_COURSE", str(tmp_path / "env"))
+    assert Course().root == cli_course().root == tmp_path / "env"       # beats the default
+    assert cli_course("--course", str(tmp_path / "flag")).root == tmp_path / "flag"
+
+
+# ------------------------------------------------------------------ the result record
+
+def a_result() -> SubmissionResult:
+    return SubmissionResult("s1", A, (
+        NotebookResult("nb1", {"t1": CellResult(1.0, 1.0, PASSED),
+                               "essay": CellResult(None, 2.0, MANUAL, "graded by hand")},
+                       repairs=("fx1_add had lost its nbgrader metadata: restored",),
+                       notes=("the kernel died",)),
+        NotebookResult("nb2", {"t2": CellResult(0.0, 3.0, NOT_RUN, "the kernel died")},
+                       notes=("the kernel died",))),
+        seconds=1.5, device="cpu", graded_at="2024-01-01T00:00:00",
+        submitted_sha256={"nb1": "ab", "nb2": ""})
+
+
+def test_result_record_round_trips_through_json():
+    r = a_result()
+    data = json.loads(json.dumps(r.to_json()))
+    assert SubmissionResult.from_json(data) == r
+    assert (r.score, r.max_score, r.reasons) == (1.0, 6.0, ["the kernel died"])
+    assert data["cells"]["t2"] == {"score": 0.0, "max_score": 3.0, "status": "not run",
+                                   "message": "the kernel died"}
+    assert r.timeless() == SubmissionResult.from_json({**data, "seconds": 9, "graded_at": "x"}
+                                                      ).timeless()
+
+
+def test_results_written_before_the_record_still_load():
+    """The older result.json: the same keys (the record writes a superset); a failed grading
+    listed its zeroed cells at the top level only."""
+    failed = {"student": "s1", "assignment": A, "reasons": ["stopped"],
+              "notebooks": [{"name": NB, "cells": {}, "repairs": [], "notes": ["stopped"]}],
+              "cells": {"fx1_add_test": {"score": 0.0, "max_score": 1.0, "status": "not run",
+                                         "message": "stopped"}},
+              "score": 0.0, "max_score": 1.0, "device": "cpu", "graded_at": "2024-01-01T00:00",
+              "submitted_sha256": {NB: "ab"}, "worker_log": "Traceback"}
+    graded = {**failed, "reasons": [], "seconds": 2.0, "score": 1.0, "notebooks": [
+        {"name": NB, "cells": {"fx1_add_test": {"score": 1.0, "max_score": 1.0,
+                                                "status": "passed", "message": ""}},
+         "repairs": ["fixed"], "notes": []}]}
+    graded["cells"] = graded["notebooks"][0]["cells"]
+    del graded["worker_log"]
+    for old in (failed, graded):
+        new = SubmissionResult.from_json(old).to_json()
+        assert {k: new[k] for k in old if k != "notebooks"} == \
+            {k: v for k, v in old.items() if k != "notebooks"}
+
+
+def test_worker_result_loads_and_is_stored_as_written(released, tmp_path, monkeypatch):
+    """What the worker writes (here: no kernel needed, nothing submitted) is a record that
+    autograde stores and export / feedback read back."""
+    course, _ = released
+    out, results = tmp_path / "out", tmp_path / "results" / A
+    out.mkdir()
+    job = {"student": "nobody", "assignment": A, "out": str(out), "workdir": str(tmp_path / "w"),
+           "kernel": "unused", "timeout": 60, "cell_timeout": 10, "files": [],
+           "notebooks": [{"name": NB, "source": str(course.source_dir(A) / f"{NB}.ipynb"),
+                          "release": str(course.release_dir(A) / f"{NB}.ipynb"),
+                          "submitted": str(tmp_path / "missing.ipynb")}]}
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(job)))
+    assert worker.main() == 0
+    written = json.loads((out / "result.json").read_text())
+    r = SubmissionResult.from_json(written)
+    assert r.to_json() == written
+    assert (r.student, r.score, r.max_score) == ("nobody", 0, 6)
+    assert r.reasons == ["no notebook was submitted"]
+    assert {c.status for c in r.cells.values()} == {NOT_RUN}
+    AG.record(course, A, r, out, results, [NB], "cpu")
+    stored = read_results(results)["nobody"]
+    assert stored.graded_at and stored.timeless() == dataclasses.replace(
+        r, device="cpu", submitted_sha256={NB: ""}).timeless()
 
 
 # ------------------------------------------------------------- end-to-end class (slow)
@@ -267,12 +448,18 @@ def graded_class(tmp_path_factory):
             "pages": pages, "export": out, "db_before": db_before, "tmp": tmp}
 
 
+def in_class(test):
+    """A test of the graded class: slow, and kept on one pytest-xdist worker (each worker that
+    runs one of these tests grades the whole class first)."""
+    return pytest.mark.slow(pytest.mark.xdist_group("fx1_class")(test))
+
+
 def _rows(path: Path) -> dict:
     with open(path, newline="") as f:
         return {r["student_id"]: r for r in csv.DictReader(f)}
 
 
-@pytest.mark.slow
+@in_class
 def test_class_every_grade_exact_and_every_problem_explained(graded_class):
     rows = _rows(graded_class["export"]["csv"])
     assert set(rows) == set(EXPECTED)
@@ -292,7 +479,7 @@ def test_class_every_grade_exact_and_every_problem_explained(graded_class):
     assert "exit code 3" in res["cells"]["fx1_norm_test"]["message"]
 
 
-@pytest.mark.slow
+@in_class
 def test_class_repairs_are_logged_and_no_file_is_lost(graded_class):
     course, src = graded_class["course"], graded_class["src"]
     log = {s: "\n".join(v) for s, v in graded_class["collect"]["collected"].items()}
@@ -311,7 +498,7 @@ def test_class_repairs_are_logged_and_no_file_is_lost(graded_class):
             assert _sha(p) in kept, p
 
 
-@pytest.mark.slow
+@in_class
 def test_class_sandbox_protects_hidden_tests_gradebook_and_others(graded_class):
     course = graded_class["course"]
     assert _sha(course.root / "gradebook.db") == graded_class["db_before"]
@@ -324,13 +511,22 @@ def test_class_sandbox_protects_hidden_tests_gradebook_and_others(graded_class):
     secret = hidden.hidden_lines(course.source_notebook(A, NB))
     assert hidden.leaks(out, secret)          # it did get it printed in the graded notebook...
     for page in graded_class["pages"]:        # ...but no feedback page shows a hidden test
-        import html as _html
-        assert not hidden.leaks(_html.unescape(page.read_text()), secret), page
+        assert not hidden.leaks(html.unescape(page.read_text()), secret), page
 
 
-@pytest.mark.slow
+@in_class
+def test_class_results_are_records(graded_class):
+    """Every result.json of the class (kernel runs, crashes, hangs) is a record, read back as
+    it was written."""
+    paths = sorted((graded_class["course"].root / "results" / A).glob("*/result.json"))
+    assert len(paths) == len(EXPECTED)
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert SubmissionResult.from_json(data).to_json() == data, path
+
+
+@in_class
 def test_class_feedback_and_summary(graded_class):
-    course = graded_class["course"]
     pages = {p.parts[-3]: p for p in graded_class["pages"]}
     assert set(pages) == set(EXPECTED)
     partial = pages["partial"].read_text()
@@ -341,7 +537,7 @@ def test_class_feedback_and_summary(graded_class):
     assert exp["png"].stat().st_size > 1000 and "fx1/fx1_norm_test" in exp["md"].read_text()
 
 
-@pytest.mark.slow
+@in_class
 def test_class_resume_and_shards_merge_to_the_same_grades(graded_class):
     course, tmp = graded_class["course"], graded_class["tmp"]
     again = AG.autograde(A, course, timeout=25, progress=False)

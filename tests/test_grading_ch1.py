@@ -13,22 +13,18 @@ import nbformat
 import pytest
 
 from flashbook import notebooks
+from flashbook.chapters import ch1
 from flashbook.grade import autograde as AG
+from flashbook.grade import cellmeta
 from flashbook.grade import collect as CO
 from flashbook.grade import export as EX
 from flashbook.grade.layout import Course
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-
-def _gid(cell):
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
 @pytest.mark.slow
 def test_grade_chapter1_correct_untouched_wrong(tmp_path, monkeypatch):
-    from known_wrong.ch1 import VARIANTS
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     root = tmp_path / "course"
     root.mkdir()
@@ -37,15 +33,17 @@ def test_grade_chapter1_correct_untouched_wrong(tmp_path, monkeypatch):
     course = Course(root)
     rel = nbformat.read(released, as_version=4)
     name = released.stem
-    src = {_gid(c): c.source for c in course.source_notebook("ch1", name).cells if _gid(c)}
+    src = {cellmeta.grade_id(c): c.source for c in course.source_notebook("ch1", name).cells
+           if cellmeta.grade_id(c)}
 
     correct = copy.deepcopy(rel)
     for cell in correct.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
-            cell.source = src[_gid(cell)]
+        if cellmeta.is_solution(cell):
+            cell.source = src[cellmeta.grade_id(cell)]
     wrong = copy.deepcopy(correct)
-    variant = VARIANTS["attention_causal_aligned_top_left"]
-    next(c for c in wrong.cells if _gid(c) == variant["grade_id"]).source = variant["source"]
+    variant = next(v for v in ch1.VARIANTS if v.name == "attention_causal_aligned_top_left")
+    next(c for c in wrong.cells
+         if cellmeta.grade_id(c) == variant.cell).source = variant.apply(src[variant.cell])
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     for sid, nb in (("correct", correct), ("untouched", rel), ("wrong", wrong)):

@@ -1,4 +1,5 @@
 """Unit tests of the helper package: device, reference, check harness, bench, data."""
+import dataclasses
 import math
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 import flashbook
-from flashbook import bench, benchmarks, check, reference
+from flashbook import bench, chapters, reference
 
 
 def test_setup_on_cpu_selects_simulators_and_small_sizes(capsys):
@@ -29,12 +30,12 @@ def test_setup_warns_when_triton_was_imported_first():
     assert "Restart the runtime" in proc.stdout and "restart True" in proc.stdout, proc.stderr
 
 
-def test_banner_names_chapters_that_need_newer_gpus():
+def test_banner_and_chapter_minimum_compute_capability():
     b = flashbook.Backend(True, "Tesla T4", (7, 5), flashbook.device.GPU_SIZES)
-    assert "sm_75" in b.banner() and "ch6 needs sm_90" in b.banner()
-    assert b.supports("ch3") and not b.supports("ch6")
-    h = flashbook.Backend(True, "NVIDIA H200", (9, 0), flashbook.device.GPU_SIZES)
-    assert h.supports("ch6") and not h.supports("ch7")
+    assert "Tesla T4 (sm_75)" in b.banner() and "CUDA" in b.banner()
+    hopper = dataclasses.replace(chapters.contract("ch3"), min_cc=(9, 0))
+    assert chapters.contract("ch3").supported((7, 5)) and chapters.contract("ch3").supported(None)
+    assert hopper.supported((9, 0)) and not hopper.supported((8, 9)) and not hopper.supported(None)
 
 
 def _sdpa64(q, k, v, causal, scale=None):
@@ -78,67 +79,6 @@ def test_flops():
     assert reference.attention_flops(2, 2, 8, 8, 8, causal=True) == 4 * 2 * 2 * 32 * 8
 
 
-def _good_attention(q, k, v, scale=None, causal=False):
-    o, lse = reference.attention(q, k, v, scale=scale, causal=causal, return_lse=True)
-    return o, lse
-
-
-def test_check_attention_accepts_reference():
-    check.check_attention(_good_attention, hidden=True, dtypes=(torch.float32, torch.float16))
-
-
-def test_check_failure_points_at_wrong_rows_and_heads():
-    def tail_bug(q, k, v, scale=None, causal=False):
-        o, lse = _good_attention(q, k, v, scale, causal)
-        o = o.clone()
-        o[:, 1, 10:] += 1.0
-        return o, lse
-    with pytest.raises(check.CheckFailure) as e:
-        check.check_attention(tail_bug, causal=False)
-    msg = str(e.value)
-    assert "Wrong rows: 10-15" in msg and "(0, 1)" in msg and "(0, 0)" not in msg
-
-
-def test_check_reports_nan_and_missing_implementation():
-    def nan_out(q, k, v, scale=None, causal=False):
-        o, lse = _good_attention(q, k, v, scale, causal)
-        return torch.full_like(o, float("nan")), lse
-    with pytest.raises(check.CheckFailure, match="contains NaN"):
-        check.check_attention(nan_out)
-
-    def stub(*a, **k):
-        raise NotImplementedError()
-    with pytest.raises(check.CheckFailure, match="not implemented yet"):
-        check.check_attention(stub)
-
-
-@pytest.mark.parametrize("bad", ["shape", "dtype", "top_left", "no_lse"])
-def test_check_attention_rejects_wrong_answers(bad):
-    def wrong(q, k, v, scale=None, causal=False):
-        o, lse = _good_attention(q, k, v, scale, causal)
-        if bad == "shape":
-            return o[..., :-1], lse
-        if bad == "dtype":
-            return o.double(), lse
-        if bad == "top_left":
-            s = (q.double() @ k.double().transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
-            if causal:
-                s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-            return (reference.softmax(s) @ v.double()).to(q.dtype), torch.logsumexp(s, -1).float()
-        return o
-    with pytest.raises(check.CheckFailure):
-        check.check_attention(wrong, causal=True if bad == "top_left" else None)
-
-
-def test_check_softmax_hidden_cases_catch_unguarded_masked_rows():
-    def unguarded(x):
-        e = torch.exp(x - x.amax(-1, keepdim=True))
-        return e / e.sum(-1, keepdim=True)
-    check.check_softmax(unguarded)   # visible cases have no fully masked row
-    with pytest.raises(check.CheckFailure, match="NaN"):
-        check.check_softmax(unguarded, hidden=True)
-
-
 def test_gpu_peak_table():
     assert bench.gpu_peak("Tesla T4").tensor_tflops == 65.0
     assert bench.gpu_peak("NVIDIA H200").hbm_gbps == 4800.0
@@ -159,34 +99,41 @@ def test_measure_attention_on_cpu():
     assert r.ms > 0 and r.tflops > 0 and r.pct_peak is None and r.peak_mib >= 0
 
 
-def test_results_roundtrip(tmp_path):
-    rows = [bench.Measurement("k", "reference", 1, 2, 2, 8, 8, 4, "float16", False, 1.5, 2.0,
-                              3.0, 4.0, 5.0, ""),
-            bench.Measurement("k", "reference", 1, 2, 2, 16, 16, 4, "float16", True, None, None,
-                              None, None, None, "out of memory")]
-    benchmarks.write_results(rows, tmp_path, "t4", "flashbook bench test")
-    back = benchmarks.read_results(tmp_path / "t4.csv")
-    assert back[0]["ms"] == 1.5 and back[1]["ms"] is None and back[1]["causal"] is True
-    assert (tmp_path / "t4.json").read_text().count("flashbook bench test") == 1
-    assert '"timer": "triton.testing.do_bench(' in (tmp_path / "t4.json").read_text()
-    benchmarks.write_results(rows, tmp_path, "t4", "flashbook bench test", graph_timer=True)
-    assert '"timer": "triton.testing.do_bench_cudagraph(' in (tmp_path / "t4.json").read_text()
+def test_execute_passes_env_to_the_kernel_and_leaves_os_environ_alone(monkeypatch):
+    import os
+    import threading
+    import time
 
+    import nbformat
 
-def test_gpu_slug():
-    assert benchmarks.gpu_slug("NVIDIA H200") == "h200"
-    assert benchmarks.gpu_slug("Tesla T4") == "t4"
-    assert benchmarks.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    from flashbook import notebooks
+    monkeypatch.setenv("FLASHBOOK_TEST_INHERITED", "parent")
+    monkeypatch.setenv("FLASHBOOK_TEST_OVERRIDDEN", "parent")
+    monkeypatch.delenv("FLASHBOOK_TEST_KERNEL_ONLY", raising=False)
+    before = dict(os.environ)
+    leaked, done = [], threading.Event()
 
+    def watch():   # the old implementation set os.environ for the whole execution
+        while not done.is_set():
+            if os.environ.get("FLASHBOOK_TEST_OVERRIDDEN") != "parent" or \
+                    "FLASHBOOK_TEST_KERNEL_ONLY" in os.environ:
+                leaked.append(True)
+            time.sleep(0.005)
 
-@pytest.mark.parametrize("chapter", sorted(benchmarks.CHAPTERS))
-def test_recorded_gpu_data_has_provenance(chapter):
-    rec = benchmarks.recorded(chapter)
-    if rec is None:
-        pytest.skip(f"no GPU data recorded for {chapter} yet")
-    rows, meta = rec
-    for key in ("gpu", "driver", "cuda", "torch", "triton", "date", "command", "compute_capability"):
-        assert meta.get(key), f"{chapter}: provenance lacks {key}"
-    assert meta["command"].startswith("flashbook bench " + chapter)
-    assert rows and all(r["role"] in ("reference", "baseline", "variant") for r in rows)
-    assert any(r["role"] == "reference" for r in rows)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import os, time\n"
+        "print(*(os.environ.get(f'FLASHBOOK_TEST_{k}') for k in "
+        "('INHERITED', 'OVERRIDDEN', 'KERNEL_ONLY')))\n"
+        "time.sleep(0.3)")])
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        nb = notebooks.execute(nb, timeout=120, env={"FLASHBOOK_TEST_OVERRIDDEN": "kernel",
+                                                     "FLASHBOOK_TEST_KERNEL_ONLY": "kernel"})
+    finally:
+        done.set()
+        watcher.join()
+    assert nb.cells[0].outputs[0]["text"].split() == ["parent", "kernel", "kernel"]
+    assert not leaked, "execute() changed os.environ while the notebook ran"
+    assert dict(os.environ) == before

@@ -1,8 +1,11 @@
-"""Timing, throughput and memory helpers for benchmark cells (introduced in Chapter 1).
+"""Measuring on a GPU (introduced in Chapter 1): timing, peak memory, TFLOP/s, GB/s and % of
+the datasheet peak, and torch SDPA as a baseline. ``measure_attention`` returns a
+``results.Row``; ``results`` records, reads, plots and prints rows.
 
 On a GPU, time with ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs), or
 with ``do_bench_cudagraph`` (the calls replayed from a CUDA graph: GPU time without the Python
-launch overhead), and measure memory with the CUDA caching allocator's peak counter. On CPU, time with
+launch overhead), both with ``results.GPU_TIMER``/``GRAPH_TIMER`` (the protocol the provenance
+records), and measure memory with the CUDA caching allocator's peak counter. On CPU, time with
 ``torch.utils.benchmark`` and measure the process's peak resident memory; CPU numbers show
 trends at small sizes only, and a cell that needs a GPU says so instead of printing numbers.
 """
@@ -15,6 +18,7 @@ import torch
 
 from .device import current
 from .reference import attention_flops
+from .results import GPU_TIMER, GRAPH_TIMER, Row
 
 # Vendor datasheet peaks (dense, no sparsity): fp16/bf16 tensor-core TFLOP/s, fp32 (non-tensor)
 # TFLOP/s, HBM GB/s. Keys are matched as substrings of torch.cuda.get_device_name().
@@ -58,20 +62,6 @@ def needs_gpu(what: str) -> bool:
           "Triton interpreter / Numba simulator, which are 1000x slower and say nothing about "
           "GPU speed). The book shows numbers measured on a real GPU below.")
     return False
-
-
-# GPU timing: warm up for 100 ms (clocks settle), then time for 300 ms and keep the median.
-# Short runs (25/100 ms) left kernels of ~0.1 ms with +-30% run-to-run noise on an H200.
-GPU_TIMER = dict(warmup=100, rep=300, return_mode="median")
-# Graph timing: a kernel of ~0.05 ms launched from Python can be bound by the launch itself
-# (argument checks, Triton's launcher), which then hides the kernel's speed.
-GRAPH_TIMER = dict(rep=300, return_mode="median")
-
-
-def timer(graph: bool = False) -> str:
-    """The GPU timer as a call, for provenance records."""
-    name, kw = ("do_bench_cudagraph", GRAPH_TIMER) if graph else ("do_bench", GPU_TIMER)
-    return f"triton.testing.{name}(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
 
 
 def time_ms(fn: Callable[[], object], graph: bool = False) -> float:
@@ -128,33 +118,9 @@ def attention_bytes(B, H, N_q, N_k, d, element_size, H_kv=None) -> float:
     return float(element_size) * B * (2 * H * N_q * d + 2 * H_kv * N_k * d)
 
 
-@dataclasses.dataclass
-class Measurement:
-    """One row of a benchmark table (the columns of book/data/bench/<chapter>/<gpu>.csv)."""
-    kernel: str
-    role: str            # reference | baseline | variant
-    B: int
-    H_q: int
-    H_kv: int
-    N_q: int
-    N_k: int
-    d: int
-    dtype: str
-    causal: bool
-    ms: float | None
-    tflops: float | None
-    gbps: float | None
-    pct_peak: float | None
-    peak_mib: float | None = None
-    note: str = ""
-
-
-COLUMNS = [f.name for f in dataclasses.fields(Measurement)]
-
-
 def measure_attention(kernel: str, role: str, fn: Callable[[], object], *, B, H, N_q, N_k, d,
                       dtype: torch.dtype, causal=False, H_kv=None, memory=False,
-                      tensor_cores=True, graph=False) -> Measurement:
+                      tensor_cores=True, graph=False) -> Row:
     """Time ``fn`` (one attention forward) and derive TFLOP/s, GB/s and % of the GPU's peak.
     ``graph``: time it replayed from a CUDA graph (see ``time_ms``).
 
@@ -169,8 +135,7 @@ def measure_attention(kernel: str, role: str, fn: Callable[[], object], *, B, H,
     except torch.OutOfMemoryError:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        return Measurement(**row, ms=None, tflops=None, gbps=None, pct_peak=None,
-                           note="out of memory")
+        return Row(**row, ms=None, tflops=None, gbps=None, pct_peak=None, note="out of memory")
     flops = attention_flops(B, H, N_q, N_k, d, causal)
     tflops = flops / (ms * 1e-3) / 1e12
     gbps = attention_bytes(B, H, N_q, N_k, d, torch.empty((), dtype=dtype).element_size(),
@@ -180,7 +145,7 @@ def measure_attention(kernel: str, role: str, fn: Callable[[], object], *, B, H,
     if peak is not None:
         ceiling = peak.tensor_tflops if tensor_cores and dtype != torch.float32 else peak.fp32_tflops
         pct = 100.0 * tflops / ceiling
-    return Measurement(**row, ms=ms, tflops=tflops, gbps=gbps, pct_peak=pct, peak_mib=peak_mib)
+    return Row(**row, ms=ms, tflops=tflops, gbps=gbps, pct_peak=pct, peak_mib=peak_mib)
 
 
 SDPA_BACKENDS = {
@@ -214,15 +179,3 @@ def sdpa_supports(backend: str, q, k, v, causal=False) -> bool:
         return True
     except RuntimeError:
         return False
-
-
-def format_table(rows: list[Measurement]) -> str:
-    """A fixed-width text table for notebook output."""
-    head = f"{'kernel':<18}{'N':>7}{'ms':>10}{'TFLOP/s':>10}{'% peak':>8}{'MiB':>10}  note"
-    out = [head, "-" * len(head)]
-    for r in rows:
-        def f(x, spec):
-            return format(x, spec) if x is not None else format("-", ">" + spec.split(".")[0])
-        out.append(f"{r.kernel:<18}{r.N_q:>7}{f(r.ms, '10.3f')}{f(r.tflops, '10.2f')}"
-                   f"{f(r.pct_peak, '8.1f')}{f(r.peak_mib, '10.1f')}  {r.note}")
-    return "\n".join(out)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import notebooks
+from . import notebooks, results, sources
 
 
 def mathjax_dir() -> Path:
@@ -34,28 +34,29 @@ def mathjax_dir() -> Path:
 
 def benchmarks_page() -> str:
     """The appendix of measured results, generated from src/flashbook/data/bench (MyST markdown)."""
-    from . import benchmarks
     lines = ["# Measured benchmarks", "",
              "Every GPU figure in this book comes from the files below, written by "
              "`flashbook bench <chapter>` on a real GPU. This page is generated from them at build "
              "time. TFLOP/s counts the two matmuls ($4 N_q N_k d$ per head); GB/s counts the "
              "compulsory traffic (read Q, K, V, write O); % of peak is against the GPU's datasheet "
              "peak (tensor cores for fp16, FMA units for fp32).", ""]
-    for chapter_dir in sorted(benchmarks.DATA_DIR.glob("ch*"), key=lambda p: int(p.name[2:])):
+
+    def f(x, spec):
+        return format(x, spec) if x is not None else "–"
+    for chapter_dir in sorted(results.DATA_DIR.glob("ch*"), key=lambda p: int(p.name[2:])):
         for csv_path in sorted(chapter_dir.glob("*.csv")):
-            rows, meta = benchmarks.recorded(chapter_dir.name, csv_path.stem)
+            rows, meta = results.recorded(chapter_dir.name, csv_path.stem)
             lines += [f"## {chapter_dir.name}: {meta.get('gpu', csv_path.stem)}", "",
                       f"Measured with `{meta.get('command', '?')}`; "
-                      + benchmarks.describe(meta) + (f"; timer {meta['timer']}" if meta.get("timer") else "")
+                      + results.describe(meta) + (f"; timer {meta['timer']}" if meta.get("timer") else "")
                       + ".", "",
                       "| kernel | role | B | H | N | d | dtype | ms | TFLOP/s | % peak | note |",
                       "|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in rows:
-                def f(x, spec):
-                    return format(x, spec) if x is not None else "–"
-                lines.append(f"| `{r['kernel']}` | {r['role']} | {r['B']} | {r['H_q']} | {r['N_q']} | "
-                             f"{r['d']} | {r['dtype']} | {f(r['ms'], '.3f')} | {f(r['tflops'], '.2f')} | "
-                             f"{f(r['pct_peak'], '.1f')} | {r['note']} |")
+                note = r.note.replace("|", r"\|")    # e.g. "max|O-cuDNN|": a bare | ends the cell
+                lines.append(f"| `{r.kernel}` | {r.role} | {r.B} | {r.H_q} | {r.N_q} | {r.d} | "
+                             f"{r.dtype} | {f(r.ms, '.3f')} | {f(r.tflops, '.2f')} | "
+                             f"{f(r.pct_peak, '.1f')} | {note} |")
             lines.append("")
     return "\n".join(lines)
 
@@ -74,7 +75,7 @@ def stage(root: Path, build: Path, instructor: bool = False) -> Path:
                     ignore=shutil.ignore_patterns("*.map", "sre", "a11y", "ui", "mml-*", "tex-mml*",
                                                   "tex-svg*", "output/svg*"))
     (src / "notebooks").mkdir()
-    for ch in notebooks.chapters(root):
+    for ch in sources.sources(root):
         nb = notebooks.executed_source(ch, root, build / "executed")
         page = nb if instructor else notebooks.student_view(nb)
         nbformat.write(page, src / "notebooks" / f"{ch.name}.ipynb")
@@ -83,7 +84,7 @@ def stage(root: Path, build: Path, instructor: bool = False) -> Path:
 
 def build(root: Path | None = None, instructor: bool = False, strict: bool = True) -> Path:
     """Build the book; returns the path of index.html."""
-    root = root or notebooks.repo_root()
+    root = root or sources.repo_root()
     build_dir = root / "_build"
     src = stage(root, build_dir, instructor)
     # the student edition lands in _build/html; the instructor edition in _build/instructor/

@@ -6,25 +6,25 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import book, chapters, notebooks, results, sources
+from .grade import cli as grade_cli
+
 
 def _release(args):
-    from . import notebooks
     for path in notebooks.release(only=args.chapters or None):
         print(f"wrote {path}")
 
 
 def _book(args):
-    from . import book
     index = book.build(instructor=args.instructor, strict=not args.no_strict)
     print(f"Book built: {index}")
 
 
 def _bench(args):
-    from . import benchmarks
-    out = Path(args.out) if args.out else benchmarks.DATA_DIR
+    out = Path(args.out) if args.out else results.DATA_DIR
     command = "flashbook " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    path = benchmarks.run(args.chapter, out, command)
-    print(f"wrote {path}")
+    path = results.record(chapters.contract(args.chapter), out, command)
+    print(f"wrote {path} and {path.with_suffix('.json').name}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,12 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="output root (default: src/flashbook/data/bench)")
     c.set_defaults(func=_bench)
 
-    try:
-        from .grade import cli as grade_cli
-    except ImportError:  # pragma: no cover
-        grade_cli = None
-    if grade_cli is not None:
-        grade_cli.add_subcommands(sub)
+    # the grading package knows no repository: this checkout's course is the CLI's default
+    grade_cli.add_subcommands(sub, default_course=sources.repo_root() / "autograder")
     return p
 
 

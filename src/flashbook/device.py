@@ -10,10 +10,6 @@ import dataclasses
 import os
 import sys
 
-# Chapters whose GPU kernels need a given compute capability; on older GPUs (and on CPU)
-# they run their simulators/interpreters and models only.
-CHAPTER_MIN_CC = {"ch6": (9, 0), "ch7": (10, 0)}
-
 _CPU_ENV = {"TRITON_INTERPRET": "1", "NUMBA_ENABLE_CUDASIM": "1"}
 
 
@@ -48,16 +44,9 @@ class Backend:
     def kind(self) -> str:
         return "CUDA" if self.gpu else "Triton interpreter + Numba CUDA simulator"
 
-    def supports(self, chapter: str) -> bool:
-        need = CHAPTER_MIN_CC.get(chapter)
-        return need is None or (self.capability is not None and self.capability >= need)
-
     def banner(self) -> str:
         cc = f" (sm_{self.capability[0]}{self.capability[1]})" if self.capability else ""
-        older = [f"{ch} needs sm_{a}{b}" for ch, (a, b) in CHAPTER_MIN_CC.items()
-                 if not self.supports(ch)]
-        tail = f" | simulated only here: {', '.join(older)}" if older else ""
-        return f"flashbook | device: {self.name}{cc} | backend: {self.kind}{tail}"
+        return f"flashbook | device: {self.name}{cc} | backend: {self.kind}"
 
 
 _current: Backend | None = None

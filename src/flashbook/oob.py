@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .check import format_ranges
+from .compare import CheckFailure, format_ranges
 
 __all__ = ["Guard", "OutOfBoundsError", "call", "interpreter_active", "embed", "canaries_intact"]
 
@@ -308,7 +308,6 @@ def call(fn: Callable, *args, what: str = "kernel", **kwargs):
     kernel runs becomes a CheckFailure naming it, so a broken kernel fails its check instead of
     taking the notebook down.
     """
-    from .check import CheckFailure
     try:
         with Guard():
             return fn(*args, **kwargs)

@@ -1,7 +1,12 @@
 """The instructor's grading pipeline: collect -> autograde -> feedback -> export.
 
+The package stands on its own: it imports nothing of the book (``flashbook.notebooks`` & co.);
+the course directory is always given (``--course``, $FLASHBOOK_COURSE, or the CLI's default).
+
 Modules (one job each):
+    cellmeta   what nbgrader's cell metadata says (grade id, solution, graded, points)
     markers    the stable ``# flashbook: <grade_id>`` marker every graded cell carries
+    record     the result of grading a submission (result.json), shared by every step
     layout     where things live in the course directory (nbgrader layout + results/)
     repair     repair a submitted notebook against the release (metadata, duplicates, deletions)
     collect    LMS downloads / zips / nbgrader layout -> submitted/<student>/<assignment>/

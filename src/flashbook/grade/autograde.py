@@ -8,6 +8,7 @@ the graded notebook. Students with a result are skipped unless ``force`` (resuma
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -24,8 +25,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import sandbox
-from .layout import META_DIR, Course, write_json
+from . import cellmeta, sandbox
+from .layout import META_DIR, RESULT_FILE, Course, write_json
+from .record import NotebookResult, SubmissionResult, zeroed
 
 GRACE_S = 30     # the worker enforces the limit itself; past limit + grace it is killed
 
@@ -66,28 +68,23 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
 
 
-def _failed(student, a, names, points, reason) -> dict:
+def _failed(student: str, a: str, points: dict[str, dict[str, float]], reason: str,
+            worker_log: str | None = None) -> SubmissionResult:
     """A result with 0 for every graded cell, for a submission the worker could not grade."""
-    cells = {gid: {"score": 0.0, "max_score": p, "status": "not run", "message": reason}
-             for gid, p in points.items()}
-    return {"student": student, "assignment": a, "notebooks": [
-        {"name": n, "cells": {}, "repairs": [], "notes": [reason]} for n in names],
-        "cells": cells, "reasons": [reason]}
+    return SubmissionResult(student, a, tuple(
+        NotebookResult(n, zeroed(pts, reason), notes=(reason,)) for n, pts in points.items()),
+        worker_log=worker_log)
 
 
-def _points(course: Course, a: str, names: list[str]) -> dict:
-    out = {}
-    for n in names:
-        for c in course.source_notebook(a, n).cells:
-            m = c.get("metadata", {}).get("nbgrader", {})
-            if m.get("grade"):
-                out[m["grade_id"]] = float(m.get("points", 0))
-    return out
+def _points(course: Course, a: str, names: list[str]) -> dict[str, dict[str, float]]:
+    """{notebook: {grade_id: points}} from the instructor's notebooks."""
+    return {n: cellmeta.graded_points(course.source_notebook(a, n)) for n in names}
 
 
 def grade_one(course: Course, a: str, student: str, names: list[str], *, scratch: Path,
               device: str, gpu: str | None, timeout: float, cell_timeout: float,
-              memory_mb: int | None, user: str | None, points: dict) -> tuple[dict, Path]:
+              memory_mb: int | None, user: str | None,
+              points: dict[str, dict[str, float]]) -> tuple[SubmissionResult, Path]:
     """Grade one student in a worker process; returns (result, folder with graded notebooks)."""
     sub = course.submission_dir(a, student)
     box = Path(tempfile.mkdtemp(prefix=f"{len(os.listdir(scratch))}-", dir=scratch))
@@ -118,22 +115,18 @@ def grade_one(course: Course, a: str, student: str, names: list[str], *, scratch
         killed = True
     finally:
         log.close()
-    result_file = private / "result.json"
     if killed:
-        result = _failed(student, a, names, points,
-                         f"grading did not finish within {timeout:g} s and was stopped")
-    elif not result_file.exists() or "error" in json.loads(result_file.read_text()):
-        tail = (private / "worker.log").read_text(errors="replace")[-1500:]
-        if result_file.exists():
-            tail = json.loads(result_file.read_text())["error"][-1500:]
-        result = _failed(student, a, names, points, "the grader failed on this submission "
-                         f"(exit code {proc.returncode}): {tail.strip().splitlines()[-1:]}")
-        result["worker_log"] = tail
-    else:
-        result = json.loads(result_file.read_text())
-        result["cells"] = {g: c for nb in result["notebooks"] for g, c in nb["cells"].items()}
-        result["reasons"] = [r for nb in result["notebooks"] for r in nb["notes"]]
-    return result, private
+        return _failed(student, a, points,
+                       f"grading did not finish within {timeout:g} s and was stopped"), private
+    result_file = private / "result.json"
+    # the worker writes its result, or {"error": traceback} when it failed
+    output = json.loads(result_file.read_text()) if result_file.exists() else {}
+    if output and "error" not in output:
+        return SubmissionResult.from_json(output), private
+    tail = (output.get("error") or (private / "worker.log").read_text(errors="replace"))[-1500:]
+    return _failed(student, a, points, "the grader failed on this submission "
+                   f"(exit code {proc.returncode}): {tail.strip().splitlines()[-1:]}",
+                   worker_log=tail), private
 
 
 def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
@@ -150,7 +143,7 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
     points = _points(course, a, names)
     results = course.results_dir(a, results_root)
     todo = [s for s in (students or course.students(a)) if in_shard(s, shard)]
-    skipped = [s for s in todo if (results / s / "result.json").exists() and not force]
+    skipped = [s for s in todo if (results / s / RESULT_FILE).exists() and not force]
     todo = [s for s in todo if s not in skipped]
     user = sandbox.sandbox_user(user)
     if user:
@@ -189,14 +182,14 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
                 try:
                     result, private = fut.result()
                 except Exception as e:          # never let one student stop the batch
-                    result, private = _failed(student, a, names, points,
+                    result, private = _failed(student, a, points,
                                               f"grading crashed: {e!r}"), None
-                record(course, a, student, result, private, results, names, device)
+                record(course, a, result, private, results, names, device)
                 if private is not None and not keep:
                     shutil.rmtree(private.parent, ignore_errors=True)
                 summary["graded"].append(student)
-                if result["reasons"]:
-                    summary["problems"][student] = result["reasons"]
+                if result.reasons:
+                    summary["problems"][student] = result.reasons
                 bar.update(1)
     finally:
         if not keep:
@@ -204,19 +197,16 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
     return summary
 
 
-def record(course: Course, a: str, student: str, result: dict, private: Path | None,
+def record(course: Course, a: str, result: SubmissionResult, private: Path | None,
            results: Path, names: list[str], device: str) -> None:
     """Write the student's result and graded notebooks into the results store."""
-    dest = results / student
+    dest = results / result.student
     dest.mkdir(parents=True, exist_ok=True)
     for n in names:
         if private is not None and (private / f"{n}.ipynb").exists():
             shutil.copy(private / f"{n}.ipynb", dest / f"{n}.ipynb")
-    sub = course.submission_dir(a, student)
-    cells = result["cells"]
-    result.update(
-        score=sum(c["score"] or 0 for c in cells.values()),
-        max_score=sum(c["max_score"] for c in cells.values()),
-        device=device, graded_at=datetime.datetime.now().isoformat(timespec="seconds"),
+    sub = course.submission_dir(a, result.student)
+    result = dataclasses.replace(
+        result, device=device, graded_at=datetime.datetime.now().isoformat(timespec="seconds"),
         submitted_sha256={n: _sha256(sub / f"{n}.ipynb") for n in names})
-    write_json(dest / "result.json", result)
+    write_json(dest / RESULT_FILE, result.to_json())

@@ -5,17 +5,27 @@
     flashbook merge ch1 shard0/ shard1/ ...
     flashbook feedback ch1
     flashbook export grades.csv
+
+Every command works in a course directory: ``--course DIR``, else $FLASHBOOK_COURSE, else the
+default the caller of ``add_subcommands`` gives (``flashbook``: ``autograder/`` of the checkout).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from .layout import Course
+from . import sandbox
+from .autograde import autograde, parse_shard
+from .collect import collect
+from .export import export
+from .feedback import feedback
+from .layout import COURSE_ENV, Course, course_root
+from .merge import merge
 
 
-def _course(args) -> Course:
-    return Course(args.course)
+def course_from_args(args) -> Course:
+    """--course, else $FLASHBOOK_COURSE, else the default given to ``add_subcommands``."""
+    return Course(course_root(args.course, default=args.default_course))
 
 
 def _path(p):
@@ -23,8 +33,8 @@ def _path(p):
 
 
 def _collect(args):
-    from .collect import collect
-    r = collect(Path(args.src), args.assignment, _course(args), _path(args.roster), args.force)
+    r = collect(Path(args.src), args.assignment, course_from_args(args), _path(args.roster),
+                args.force)
     for s, log in r["collected"].items():
         print(f"collected {s}: " + "; ".join(log))
     for s, why in r["skipped"].items():
@@ -41,14 +51,12 @@ def _collect(args):
 
 
 def _autograde(args):
-    from . import sandbox
-    from .autograde import autograde, parse_shard
     if sandbox.landlock_abi() < 1:
         print("WARNING: Landlock is not available on this kernel: student code will run with "
               "your user's file access. Grade untrusted classes in a container "
               "(see the instructor guide).", file=sys.stderr)
-    r = autograde(args.assignment, _course(args), device=args.device, timeout=args.timeout,
-                  cell_timeout=args.cell_timeout, workers=args.workers,
+    r = autograde(args.assignment, course_from_args(args), device=args.device,
+                  timeout=args.timeout, cell_timeout=args.cell_timeout, workers=args.workers,
                   shard=parse_shard(args.shard), force=args.force,
                   results_root=_path(args.results), memory_mb=args.memory_mb or None,
                   user=args.sandbox_user, students=args.student or None)
@@ -60,8 +68,7 @@ def _autograde(args):
 
 
 def _merge(args):
-    from .merge import merge
-    r = merge(args.assignment, [Path(s) for s in args.shards], _course(args),
+    r = merge(args.assignment, [Path(s) for s in args.shards], course_from_args(args),
               _path(args.results), args.force)
     print(f"merged {len(r['merged'])} students")
     for c in r["conflicts"]:
@@ -72,23 +79,26 @@ def _merge(args):
 
 
 def _feedback(args):
-    from .feedback import feedback
-    paths = feedback(args.assignment, _course(args), _path(args.results), args.student or None)
-    print(f"wrote {len(paths)} feedback pages under {_course(args).root / 'feedback'}")
+    course = course_from_args(args)
+    paths = feedback(args.assignment, course, _path(args.results), args.student or None)
+    print(f"wrote {len(paths)} feedback pages under {course.root / 'feedback'}")
 
 
 def _export(args):
-    from .export import export
-    out = export(Path(args.out), _course(args), args.assignment or None, _path(args.results),
-                 summary=not args.no_summary)
+    out = export(Path(args.out), course_from_args(args), args.assignment or None,
+                 _path(args.results), summary=not args.no_summary)
     for kind, p in out.items():
         print(f"wrote {p}")
 
 
-def add_subcommands(sub) -> None:
+def add_subcommands(sub, default_course: Path | None = None) -> None:
+    """Add the grading commands to ``sub`` (argparse subparsers). Without ``default_course``,
+    a command needs --course or $FLASHBOOK_COURSE."""
+    fallback = f", else {default_course}" if default_course else ""
+
     def common(p):
-        p.add_argument("--course", help="course directory (default: autograder/ of this "
-                                        "checkout, or $FLASHBOOK_COURSE)")
+        p.add_argument("--course", help=f"course directory (default: ${COURSE_ENV}{fallback})")
+        p.set_defaults(default_course=default_course)
 
     p = sub.add_parser("collect", help="place downloaded submissions in submitted/, repaired")
     p.add_argument("src", help="folder (or zip) of downloaded notebooks, zips, or nbgrader layout")

@@ -14,7 +14,6 @@ import csv
 import dataclasses
 import datetime
 import hashlib
-import json
 import re
 import shutil
 import zipfile

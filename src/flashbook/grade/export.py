@@ -6,21 +6,18 @@ import csv
 import statistics
 from pathlib import Path
 
+from . import cellmeta
 from .layout import Course, read_results
+from .record import SubmissionResult
 
 
-def _columns(course: Course, a: str, results: dict) -> list[str]:
+def _columns(course: Course, a: str, results: dict[str, SubmissionResult]) -> list[str]:
     """Graded cells in notebook order (from the source), else as found in the results."""
     try:
-        ids = []
-        for n in course.notebook_names(a):
-            for c in course.source_notebook(a, n).cells:
-                m = c.get("metadata", {}).get("nbgrader", {})
-                if m.get("grade"):
-                    ids.append(m["grade_id"])
-        return ids
+        return [gid for n in course.notebook_names(a)
+                for gid in cellmeta.graded_points(course.source_notebook(a, n))]
     except FileNotFoundError:
-        return sorted({g for r in results.values() for g in r["cells"]})
+        return sorted({g for r in results.values() for g in r.cells})
 
 
 def assignments_with_results(course: Course, results_root: Path | None) -> list[str]:
@@ -51,12 +48,13 @@ def export(out: Path, course: Course | None = None, assignments: list[str] | Non
             if r is None:
                 row[f"{a}/notes"] = "no submission graded"
                 continue
+            cells = r.cells
             for g in cols[a]:
-                c = r["cells"].get(g)
-                row[f"{a}/{g}"] = "" if c is None or c["score"] is None else f"{c['score']:g}"
-            row[f"{a}/total"], row[f"{a}/max"] = f"{r['score']:g}", f"{r['max_score']:g}"
-            row[f"{a}/notes"] = "; ".join(r.get("reasons", []))
-            total += r["score"]
+                c = cells.get(g)
+                row[f"{a}/{g}"] = "" if c is None or c.score is None else f"{c.score:g}"
+            row[f"{a}/total"], row[f"{a}/max"] = f"{r.score:g}", f"{r.max_score:g}"
+            row[f"{a}/notes"] = "; ".join(r.reasons)
+            total += r.score
         row["total"] = f"{total:g}"
         rows.append(row)
     out = Path(out)
@@ -84,9 +82,9 @@ def class_summary(out: Path, assignments, cols, data) -> dict:
     lines = ["# Class summary", "", "| exercise | max | graded | mean | median | full marks |",
              "|---|---|---|---|---|---|"]
     for ax, (a, g) in zip(axes.flat, panels):
-        cells = [r["cells"][g] for r in data[a].values() if g in r["cells"]]
-        scores = [c["score"] for c in cells if c["score"] is not None]
-        top = max((c["max_score"] for c in cells), default=1) or 1
+        cells = [r.cells[g] for r in data[a].values() if g in r.cells]
+        scores = [c.score for c in cells if c.score is not None]
+        top = max((c.max_score for c in cells), default=1) or 1
         ax.hist(scores, bins=min(10, max(2, int(top) + 1)), range=(0, top), color="#4c72b0")
         ax.set_title(f"{a}/{g}", fontsize=8)
         ax.set_xlabel("points")
@@ -105,8 +103,8 @@ def class_summary(out: Path, assignments, cols, data) -> dict:
               "## Submissions graded with problems", ""]
     for a in assignments:
         for s, r in sorted(data[a].items()):
-            if r.get("reasons"):
-                lines.append(f"- {a} / {s}: {'; '.join(r['reasons'])}")
+            if r.reasons:
+                lines.append(f"- {a} / {s}: {'; '.join(r.reasons)}")
     md = out.with_name(out.stem + "_summary.md")
     md.write_text("\n".join(lines) + "\n")
     return {"png": png, "md": md}

@@ -13,36 +13,30 @@ from pathlib import Path
 
 import nbformat
 
-from . import hidden
+from . import cellmeta, hidden
 from .layout import META_DIR, Course, read_results
-
-
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+from .record import PASSED, NotebookResult, SubmissionResult
 
 
 def _fmt(x) -> str:
     return "–" if x is None else f"{x:g}"
 
 
-def summary_html(result: dict, nb_result: dict, repairs: list[str]) -> str:
+def summary_html(result: SubmissionResult, nb_result: NotebookResult, repairs: list[str]) -> str:
     rows = []
-    for gid, c in nb_result["cells"].items():
-        ok = c["status"] in ("passed",)
+    for gid, c in nb_result.cells.items():
         rows.append(f"<tr><td><code>{html.escape(gid)}</code></td>"
-                    f"<td>{_fmt(c['score'])} / {_fmt(c['max_score'])}</td>"
-                    f"<td>{'✔' if ok else '✘'} {html.escape(c['status'])}</td>"
+                    f"<td>{_fmt(c.score)} / {_fmt(c.max_score)}</td>"
+                    f"<td>{'✔' if c.status == PASSED else '✘'} {html.escape(c.status)}</td>"
                     f"<td><pre style='white-space:pre-wrap;margin:0'>"
-                    f"{html.escape(c.get('message') or '')}</pre></td></tr>")
-    score = sum(c["score"] or 0 for c in nb_result["cells"].values())
-    total = sum(c["max_score"] for c in nb_result["cells"].values())
-    parts = [f"<h1>Feedback: {html.escape(result['assignment'])} / "
-             f"{html.escape(nb_result['name'])}</h1>",
-             f"<p>Student <b>{html.escape(result['student'])}</b> — score "
-             f"<b>{score:g} / {total:g}</b></p>"]
-    if nb_result.get("notes"):
+                    f"{html.escape(c.message)}</pre></td></tr>")
+    parts = [f"<h1>Feedback: {html.escape(result.assignment)} / "
+             f"{html.escape(nb_result.name)}</h1>",
+             f"<p>Student <b>{html.escape(result.student)}</b> — score "
+             f"<b>{nb_result.score:g} / {nb_result.max_score:g}</b></p>"]
+    if nb_result.notes:
         parts.append("<p><b>What went wrong while grading:</b></p><ul>" + "".join(
-            f"<li>{html.escape(n)}</li>" for n in nb_result["notes"]) + "</ul>")
+            f"<li>{html.escape(n)}</li>" for n in nb_result.notes) + "</ul>")
     parts.append("<table><tr><th>check</th><th>points</th><th>result</th><th>message</th></tr>"
                  + "".join(rows) + "</table>")
     parts.append("<p>Each check cell runs the visible checks you saw and hidden tests with more "
@@ -53,23 +47,22 @@ def summary_html(result: dict, nb_result: dict, repairs: list[str]) -> str:
     return "\n".join(parts)
 
 
-def student_notebook(graded, release, nb_result: dict, secret: list[str]):
+def student_notebook(graded, release, nb_result: NotebookResult, secret: list[str]):
     """The graded notebook as the student may see it."""
     nb = copy.deepcopy(graded)
-    released = {_meta(c)["grade_id"]: c for c in release.cells if _meta(c).get("grade_id")}
+    released = {cellmeta.grade_id(c): c for c in release.cells if cellmeta.grade_id(c)}
     for cell in nb.cells:
-        gid = _meta(cell).get("grade_id")
-        meta = _meta(cell)
-        if gid in released and not meta.get("solution"):
+        gid = cellmeta.grade_id(cell)
+        solution = cellmeta.is_solution(cell)
+        if gid in released and not solution:
             cell.source = released[gid].source          # the released text: no hidden tests
         if cell.cell_type != "code":
             continue
-        if gid in nb_result["cells"] and not meta.get("solution"):
-            c = nb_result["cells"][gid]
+        if gid in nb_result.cells and not solution:
+            c = nb_result.cells[gid]
             cell.outputs = [nbformat.v4.new_output(
                 "stream", name="stdout",
-                text=f"{'PASSED' if c['status'] == 'passed' else c['status'].upper()} "
-                     f"{_fmt(c['score'])}/{_fmt(c['max_score'])}  {c.get('message') or ''}\n")]
+                text=f"{c.status.upper()} {_fmt(c.score)}/{_fmt(c.max_score)}  {c.message}\n")]
             continue
         for out in cell.get("outputs", []):
             if out.output_type == "error":
@@ -90,7 +83,7 @@ def student_notebook(graded, release, nb_result: dict, secret: list[str]):
 def feedback(a: str, course: Course | None = None, results_root: Path | None = None,
              students: list[str] | None = None) -> list[Path]:
     """Write feedback/<student>/<a>/<nb>.html for every graded student; returns the paths."""
-    from nbconvert import HTMLExporter
+    from nbconvert import HTMLExporter      # slow to import: only when feedback is written
     course = course or Course()
     results_dir = course.results_dir(a, results_root)
     results = read_results(results_dir)
@@ -101,8 +94,8 @@ def feedback(a: str, course: Course | None = None, results_root: Path | None = N
             continue
         log_file = course.submission_dir(a, student) / META_DIR / "repair.log"
         repairs = log_file.read_text().splitlines() if log_file.exists() else []
-        for nb_result in result["notebooks"]:
-            name = nb_result["name"]
+        for nb_result in result.notebooks:
+            name = nb_result.name
             secret = hidden.hidden_lines(course.source_notebook(a, name))
             release = course.release_notebook(a, name)
             graded_path = results_dir / student / f"{name}.ipynb"

@@ -2,7 +2,7 @@
 
 nbgrader's layout, plus flashbook's results store::
 
-    autograder/
+    <course>/                 (the CLI's default: autograder/ of the checkout)
       nbgrader_config.py
       source/<assignment>/<nb>.ipynb          instructor notebooks (solutions, hidden tests)
       release/<assignment>/<nb>.ipynb         what students get
@@ -20,20 +20,29 @@ from pathlib import Path
 
 import nbformat
 
+from .record import SubmissionResult, load
+
 META_DIR = ".flashbook"       # per-submission: originals and repair log (never graded)
+RESULT_FILE = "result.json"   # results/<assignment>/<student>/RESULT_FILE
+COURSE_ENV = "FLASHBOOK_COURSE"
 
 
-def course_root(path: str | Path | None = None) -> Path:
-    if path:
-        return Path(path).resolve()
-    env = os.environ.get("FLASHBOOK_COURSE")
-    if env:
-        return Path(env).resolve()
-    from ..notebooks import repo_root
-    return repo_root() / "autograder"
+class CourseNotGiven(ValueError):
+    """No course directory was named: grading has no idea where to work."""
+
+
+def course_root(path: str | Path | None = None, default: str | Path | None = None) -> Path:
+    """The course directory: ``path``, else $FLASHBOOK_COURSE, else ``default`` (the CLI's:
+    ``autograder/`` of the checkout). The grading package itself assumes no repository."""
+    chosen = path or os.environ.get(COURSE_ENV) or default
+    if not chosen:
+        raise CourseNotGiven(f"no course directory given: pass --course DIR or set {COURSE_ENV}")
+    return Path(chosen).resolve()
 
 
 class Course:
+    """The course directory ``root`` (else $FLASHBOOK_COURSE) and the paths inside it."""
+
     def __init__(self, root: str | Path | None = None):
         self.root = course_root(root)
 
@@ -87,10 +96,10 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def read_results(results_dir: Path) -> dict[str, dict]:
+def read_results(results_dir: Path) -> dict[str, SubmissionResult]:
     """{student: result} from results/<assignment>/<student>/result.json."""
     out = {}
     if results_dir.is_dir():
-        for p in sorted(results_dir.glob("*/result.json")):
-            out[p.parent.name] = json.loads(p.read_text())
+        for p in sorted(results_dir.glob(f"*/{RESULT_FILE}")):
+            out[p.parent.name] = load(p)
     return out

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from . import cellmeta
+
 _MARKER_RE = re.compile(r"^\s*(?:#|<!--)\s*flashbook:\s*([A-Za-z0-9_.\-]+)\s*(?:-->)?\s*$",
                         re.MULTILINE)
 
@@ -29,7 +31,7 @@ def find_marker(source: str) -> str | None:
 
 
 def needs_marker(cell) -> bool:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
+    meta = cellmeta.nbgrader_meta(cell)
     return bool(meta.get("grade_id")) and bool(meta.get("grade") or meta.get("solution")
                                                 or meta.get("task"))
 
@@ -43,7 +45,7 @@ def add_markers(nb):
     for cell in nb.cells:
         if not needs_marker(cell):
             continue
-        gid = cell.metadata["nbgrader"]["grade_id"]
+        gid = cellmeta.grade_id(cell)
         if find_marker(cell.source) == gid:
             continue
         cell.source = marker_line(gid, cell.cell_type) + "\n" + cell.source

@@ -6,23 +6,21 @@ A student found in two shards with different results is a conflict (an error unl
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from .layout import Course
+from .layout import RESULT_FILE, Course
+from .record import load
 
 
 def _student_dirs(shard: Path, a: str) -> list[Path]:
     base = shard / a if (shard / a).is_dir() else shard
-    return sorted(p.parent for p in base.glob("*/result.json"))
+    return sorted(p.parent for p in base.glob(f"*/{RESULT_FILE}"))
 
 
 def _same(x: Path, y: Path) -> bool:
-    drop = ("graded_at", "seconds")
-    rx, ry = (json.loads((p / "result.json").read_text()) for p in (x, y))
-    return {k: v for k, v in rx.items() if k not in drop} == \
-        {k: v for k, v in ry.items() if k not in drop}
+    """The same grades, whenever and however fast they were graded."""
+    return load(x / RESULT_FILE).timeless() == load(y / RESULT_FILE).timeless()
 
 
 def merge(a: str, shards: list[Path], course: Course | None = None,
@@ -57,6 +55,7 @@ def merge(a: str, shards: list[Path], course: Course | None = None,
             shutil.rmtree(target)
         shutil.copytree(d, target)
         report["merged"].append(s)
-    report["missing"] = [s for s in course.students(a) if not (dest_root / s / "result.json").exists()]
+    report["missing"] = [s for s in course.students(a)
+                         if not (dest_root / s / RESULT_FILE).exists()]
     return report
 

@@ -19,26 +19,18 @@ import uuid
 
 import nbformat
 
+from . import cellmeta
 from .markers import find_marker
-
-
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {}) or {}
-
-
-def _is_locked(meta: dict) -> bool:
-    """Cells whose source is the instructor's (tests, read-only text), not the student's."""
-    return not meta.get("solution") and bool(meta.get("locked") or meta.get("grade"))
 
 
 def _norm(source: str) -> str:
     return "\n".join(line.rstrip() for line in (source or "").strip().splitlines())
 
 
-def _kind(meta: dict) -> str:
-    if meta.get("solution"):
+def _kind(cell) -> str:
+    if cellmeta.is_solution(cell):
         return "solution cell"
-    if meta.get("grade"):
+    if cellmeta.is_graded(cell):
         return "test cell"
     return "locked cell"
 
@@ -47,23 +39,23 @@ def repair(student, release) -> tuple[object, list[str]]:
     """Return (repaired copy of ``student``, log lines) — ``release`` is the released notebook."""
     nb = copy.deepcopy(student)
     log: list[str] = []
-    rel_cells = [c for c in release.cells if _meta(c).get("grade_id")]
-    rel = {_meta(c)["grade_id"]: c for c in rel_cells}
-    rel_order = [_meta(c)["grade_id"] for c in rel_cells]
-    rel_by_cellid = {c.get("id"): _meta(c)["grade_id"] for c in rel_cells if c.get("id")}
-    rel_by_source = {_norm(c.source): _meta(c)["grade_id"] for c in rel_cells
-                     if _is_locked(_meta(c)) and _norm(c.source)}
+    rel_cells = [c for c in release.cells if cellmeta.grade_id(c)]
+    rel = {cellmeta.grade_id(c): c for c in rel_cells}
+    rel_order = [cellmeta.grade_id(c) for c in rel_cells]
+    rel_by_cellid = {c.get("id"): cellmeta.grade_id(c) for c in rel_cells if c.get("id")}
+    rel_by_source = {_norm(c.source): cellmeta.grade_id(c) for c in rel_cells
+                     if cellmeta.is_locked(c) and _norm(c.source)}
 
     # 1. match every cell to a release grade id
     matched: list[str | None] = []
     for cell in nb.cells:
         gid = None
-        marker, meta_id = find_marker(cell.get("source", "")), _meta(cell).get("grade_id")
+        marker, meta_id = find_marker(cell.get("source", "")), cellmeta.grade_id(cell)
         if marker in rel:
             gid = marker
         elif meta_id in rel:
             gid = meta_id
-        elif cell.get("id") in rel_by_cellid and not _meta(cell):
+        elif cell.get("id") in rel_by_cellid and not cellmeta.nbgrader_meta(cell):
             gid = rel_by_cellid[cell.get("id")]
         elif _norm(cell.get("source", "")) in rel_by_source:
             gid = rel_by_source[_norm(cell.get("source", ""))]
@@ -81,8 +73,7 @@ def repair(student, release) -> tuple[object, list[str]]:
         idx = [i for i, g in enumerate(matched) if g == gid]
         if len(idx) < 2:
             continue
-        rmeta = _meta(rel[gid])
-        if rmeta.get("solution"):
+        if cellmeta.is_solution(rel[gid]):
             stub = _norm(rel[gid].source)
             answers = [i for i in idx if _norm(nb.cells[i].source) != stub]
             chosen = answers[-1] if answers else idx[0]
@@ -98,7 +89,7 @@ def repair(student, release) -> tuple[object, list[str]]:
         else:
             for i in idx[1:]:
                 keep[i] = False
-            log.append(f"{_kind(rmeta)} {gid!r} appeared {len(idx)} times: removed the copies")
+            log.append(f"{_kind(rel[gid])} {gid!r} appeared {len(idx)} times: removed the copies")
 
     # 3. restore metadata (and locked sources) of matched cells
     cells, where = [], {}
@@ -107,23 +98,22 @@ def repair(student, release) -> tuple[object, list[str]]:
             continue
         gid = matched[i]
         if gid is None or plain[i]:
-            if _meta(cell):
-                cell.metadata.pop("nbgrader", None)
+            cellmeta.drop_meta(cell)
             cells.append(cell)
             continue
         rcell = rel[gid]
-        rmeta = _meta(rcell)
-        if _meta(cell) != rmeta:
-            if not _meta(cell):
-                log.append(f"{_kind(rmeta)} {gid!r} had lost its nbgrader metadata: restored")
-            elif _meta(cell).get("grade_id") == gid:
-                log.append(f"{_kind(rmeta)} {gid!r} had changed nbgrader metadata: restored")
-        cell.metadata["nbgrader"] = copy.deepcopy(rmeta)
+        kind = _kind(rcell)
+        if cellmeta.nbgrader_meta(cell) != cellmeta.nbgrader_meta(rcell):
+            if not cellmeta.nbgrader_meta(cell):
+                log.append(f"{kind} {gid!r} had lost its nbgrader metadata: restored")
+            elif cellmeta.grade_id(cell) == gid:
+                log.append(f"{kind} {gid!r} had changed nbgrader metadata: restored")
+        cellmeta.set_meta(cell, cellmeta.nbgrader_meta(rcell))
         if cell.cell_type != rcell.cell_type:
-            log.append(f"{_kind(rmeta)} {gid!r} was turned into {cell.cell_type}: restored")
+            log.append(f"{kind} {gid!r} was turned into {cell.cell_type}: restored")
             cell = copy.deepcopy(rcell)
-        if _is_locked(rmeta) and _norm(cell.source) != _norm(rcell.source):
-            log.append(f"{_kind(rmeta)} {gid!r} differed from the release (edited, or an older "
+        if cellmeta.is_locked(rcell) and _norm(cell.source) != _norm(rcell.source):
+            log.append(f"{kind} {gid!r} differed from the release (edited, or an older "
                        "release): restored")
             cell.source = rcell.source
         where[gid] = len(cells)
@@ -138,7 +128,7 @@ def repair(student, release) -> tuple[object, list[str]]:
         cells.insert(pos, copy.deepcopy(rel[gid]))
         where = {g: (p + 1 if p >= pos else p) for g, p in where.items()}
         where[gid] = pos
-        log.append(f"{_kind(_meta(rel[gid]))} {gid!r} was missing: re-inserted from the release")
+        log.append(f"{_kind(rel[gid])} {gid!r} was missing: re-inserted from the release")
 
     # 5. notebook-level fixes: unique cell ids, the release's kernel
     seen = set()

@@ -20,36 +20,27 @@ from pathlib import Path
 
 import nbformat
 
-from . import hidden, repair
-
-NOT_RUN = "not run"
-
-
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {}) or {}
-
-
-def graded_ids(source) -> list[str]:
-    return [_meta(c)["grade_id"] for c in source.cells if _meta(c).get("grade")]
+from . import cellmeta, hidden, repair
+from .record import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, CellResult, NotebookResult, \
+    Status, SubmissionResult, zeroed
 
 
 def instructor_version(student, source):
     """The repaired submission with the instructor's locked and test cells (hidden tests)."""
     nb = copy.deepcopy(student)
-    src = {_meta(c)["grade_id"]: c for c in source.cells if _meta(c).get("grade_id")}
+    src = {cellmeta.grade_id(c): c for c in source.cells if cellmeta.grade_id(c)}
     for cell in nb.cells:
-        gid = _meta(cell).get("grade_id")
+        gid = cellmeta.grade_id(cell)
         if gid in src:
-            smeta = _meta(src[gid])
-            cell.metadata["nbgrader"] = copy.deepcopy(smeta)
-            if not smeta.get("solution"):
+            cellmeta.set_meta(cell, cellmeta.nbgrader_meta(src[gid]))
+            if not cellmeta.is_solution(src[gid]):
                 cell.source = src[gid].source
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     return nb
 
 
-def cell_score(cell, points: float) -> tuple[float, str, str]:
+def cell_score(cell, points: float) -> tuple[float, Status, str]:
     """(score, status, message) of an executed graded code cell.
 
     Like nbgrader: an error output means 0, a numeric result is partial credit, anything
@@ -58,15 +49,15 @@ def cell_score(cell, points: float) -> tuple[float, str, str]:
     for out in cell.get("outputs", []):
         if out.output_type == "error":
             msg = f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip().rstrip(":")
-            return 0.0, "failed", msg
+            return 0.0, FAILED, msg
     results = [o for o in cell.get("outputs", []) if o.output_type == "execute_result"]
     if results:
         try:
             value = float(results[-1].get("data", {}).get("text/plain", ""))
-            return max(0.0, min(value, points)), "partial", f"partial credit {value:g}"
+            return max(0.0, min(value, points)), PARTIAL, f"partial credit {value:g}"
         except ValueError:
             pass
-    return float(points), "passed", ""
+    return float(points), PASSED, ""
 
 
 def _kernel_exit(client) -> str:
@@ -122,21 +113,17 @@ def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: fl
     return not_run, note
 
 
-def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path, deadline: float) -> dict:
+def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
+                   deadline: float) -> NotebookResult:
     """Grade one notebook of the submission; write the graded notebook to ``out``."""
+    name = nbjob["name"]
     source = nbformat.read(nbjob["source"], as_version=4)
     release = nbformat.read(nbjob["release"], as_version=4)
-    points = {_meta(c)["grade_id"]: float(_meta(c).get("points", 0))
-              for c in source.cells if _meta(c).get("grade")}
+    points = cellmeta.graded_points(source)
     secret = hidden.hidden_lines(source)
-    res = {"name": nbjob["name"], "cells": {}, "repairs": [], "notes": []}
 
-    def zero_all(reason):
-        res["notes"].append(reason)
-        for gid, pts in points.items():
-            res["cells"][gid] = {"score": 0.0, "max_score": pts, "status": NOT_RUN,
-                                 "message": reason}
-        return res
+    def zero_all(reason) -> NotebookResult:
+        return NotebookResult(name, zeroed(points, reason), notes=(reason,))
 
     path = nbjob.get("submitted")
     if not path or not Path(path).exists():
@@ -147,43 +134,40 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path, deadline: f
     except Exception as e:
         return zero_all(f"the notebook file could not be read ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); fix or resubmit it")
-    fixed, res["repairs"] = repair.repair(student, release)
+    fixed, repairs = repair.repair(student, release)
     nb = instructor_version(fixed, source)
     not_run, note = execute(nb, kernel=job["kernel"], workdir=workdir,
                             cell_timeout=job["cell_timeout"], deadline=deadline,
-                            kernel_log=out / f"{nbjob['name']}.kernel.log")
-    if note:
-        res["notes"].append(note)
+                            kernel_log=out / f"{name}.kernel.log")
+    notes = [note] if note else []
+    cells: dict[str, CellResult] = {}
     for i, cell in enumerate(nb.cells):
-        gid = _meta(cell).get("grade_id")
+        gid = cellmeta.grade_id(cell)
         if gid not in points:
             for o in cell.get("outputs", []):    # e.g. a SyntaxError in the student's code
                 if o.output_type == "error" and i not in not_run:
                     msg = hidden.redact(f"{o.ename}: {o.evalue}", secret)[:300]
-                    res["notes"].append(f"cell {i + 1} ({gid or 'not graded'}) raised {msg}")
+                    notes.append(f"cell {i + 1} ({gid or 'not graded'}) raised {msg}")
             continue
         if cell.cell_type != "code":
-            entry = {"score": None, "status": "manual", "message": "graded by hand"}
+            cells[gid] = CellResult(None, points[gid], MANUAL, "graded by hand")
         elif i in not_run:
-            entry = {"score": 0.0, "status": NOT_RUN, "message": not_run[i]}
+            cells[gid] = CellResult(0.0, points[gid], NOT_RUN, not_run[i])
         else:
             score, status, msg = cell_score(cell, points[gid])
-            entry = {"score": score, "status": status,
-                     "message": hidden.redact(hidden.strip_ansi(msg), secret)[:2000]}
-        entry["max_score"] = points[gid]
-        res["cells"][gid] = entry
-    for gid in points:                   # repair guarantees presence; belt and braces
-        res["cells"].setdefault(gid, {"score": 0.0, "max_score": points[gid],
-                                      "status": NOT_RUN, "message": "cell missing"})
-    nbformat.write(nb, out / f"{nbjob['name']}.ipynb")
-    return res
+            cells[gid] = CellResult(score, points[gid], status,
+                                    hidden.redact(hidden.strip_ansi(msg), secret)[:2000])
+    # every graded cell gets a result (repair re-inserts missing cells: belt and braces)
+    cells = {**zeroed(points, "cell missing"), **cells}
+    nbformat.write(nb, out / f"{name}.ipynb")
+    return NotebookResult(name, cells, tuple(repairs), tuple(notes))
 
 
-def run(job: dict) -> dict:
+def run(job: dict) -> SubmissionResult:
     start = time.monotonic()
     deadline = start + job["timeout"]
     out, workdir = Path(job["out"]), Path(job["workdir"])
-    result = {"student": job["student"], "assignment": job["assignment"], "notebooks": []}
+    notebooks = []
     for nbjob in job["notebooks"]:
         # a fresh work dir per notebook: the student's other files, nothing else
         if workdir.exists():
@@ -191,16 +175,16 @@ def run(job: dict) -> dict:
         workdir.mkdir(parents=True)
         for extra in job.get("files", []):
             shutil.copy(extra, workdir / Path(extra).name)
-        result["notebooks"].append(grade_notebook(job, nbjob, out, workdir, deadline))
-    result["seconds"] = round(time.monotonic() - start, 2)
-    return result
+        notebooks.append(grade_notebook(job, nbjob, out, workdir, deadline))
+    return SubmissionResult(job["student"], job["assignment"], tuple(notebooks),
+                            seconds=round(time.monotonic() - start, 2))
 
 
 def main() -> int:
     job = json.loads(sys.stdin.read())
     out = Path(job["out"])
     try:
-        result = run(job)
+        result = run(job).to_json()
     except Exception:
         result = {"error": traceback.format_exc()}
     tmp = out / "result.json.tmp"

@@ -9,7 +9,8 @@ import math
 
 import torch
 
-from ..bench import Measurement, measure_attention, sdpa, sdpa_supports
+from flashbook.bench import measure_attention, sdpa, sdpa_supports
+from flashbook.results import Row
 
 
 def naive_attention(q, k, v, causal=False):
@@ -24,7 +25,7 @@ def naive_attention(q, k, v, causal=False):
 
 
 def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
-          baselines=("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")) -> list[Measurement]:
+          baselines=("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")) -> list[Row]:
     rows, naive_oom = [], False
     for N in Ns:
         try:
@@ -33,9 +34,10 @@ def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
             break
         shape = dict(B=B, H=H, N_q=N, N_k=N, d=d, dtype=dtype)
         if naive_oom:
-            rows.append(Measurement("naive_torch", "reference", B, H, H, N, N, d,
-                                    str(dtype).replace("torch.", ""), False, None, None, None,
-                                    None, note="out of memory"))
+            # a larger N cannot fit either: record it without trying
+            rows.append(Row("naive_torch", "reference", B, H, H, N, N, d,
+                            str(dtype).replace("torch.", ""), False, None, None, None, None,
+                            note="out of memory"))
         else:
             r = measure_attention("naive_torch", "reference", lambda: naive_attention(q, k, v),
                                   memory=True, **shape)
@@ -57,6 +59,6 @@ def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
     return rows
 
 
-def run() -> list[Measurement]:
+def run() -> list[Row]:
     Ns = [2**i for i in range(9, 17)]  # 512 ... 65536
     return sweep(Ns)

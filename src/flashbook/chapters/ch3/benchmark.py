@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from ..bench import Measurement, measure_attention, sdpa, sdpa_supports
+from flashbook import sources
+from flashbook.bench import measure_attention, sdpa, sdpa_supports
+from flashbook.chapters.ch3.launch import pick_config
+from flashbook.results import Row
 
 GRAPH_TIMER = True
 SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64), (4, 16, 1024, 64)]
@@ -26,12 +29,10 @@ KERNELS = [("ch3_two_tiles", "reference", "attention_two_tiles", True),
 
 def solution():
     """The chapter's solution namespace (kernels and their wrappers)."""
-    from .. import notebooks
-    return notebooks.solution_namespace("ch3")
+    return sources.solution_namespace("ch3")
 
 
-def run(shapes=SHAPES, dtype=torch.float16) -> list[Measurement]:
-    from ..chapters import ch3
+def run(shapes=SHAPES, dtype=torch.float16) -> list[Row]:
     ns = solution()
     cap = torch.cuda.get_device_capability(0)
     rows = []
@@ -41,7 +42,7 @@ def run(shapes=SHAPES, dtype=torch.float16) -> list[Measurement]:
         want = sdpa("sdpa_cudnn")(q, k, v).float() if sdpa_supports("sdpa_cudnn", q, k, v) else None
         for name, role, wrapper, two_tiles in KERNELS:
             attention = ns[wrapper]
-            cfg = ch3.pick_config(d, dtype, cap, two_tiles=two_tiles)
+            cfg = pick_config(d, dtype, cap, two_tiles=two_tiles)
             o, _ = attention(q, k, v)
             err = (o.float() - want).abs().max().item() if want is not None else float("nan")
             r = measure_attention(name, role, lambda: attention(q, k, v), graph=True, **kw)

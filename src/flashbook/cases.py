@@ -1,0 +1,217 @@
+"""Attention problems as data (introduced in Chapter 1; every chapter's checks use them).
+
+``AttnCase`` describes one seeded problem; ``make_inputs`` builds its q, k, v; ``expected``
+computes its float64 reference; ``validate_qkv`` is the argument check every kernel wrapper
+runs, so a bad call raises a ``ValueError`` that says what is wrong instead of crashing a kernel.
+
+Conventions (see ``reference``): dense tensors are (B, H, N, d); packed ("varlen") tensors are
+(total, H, d) with sequences given by lengths; H_q is a multiple of H_kv (grouped-query
+attention); causal masks and windows are aligned bottom-right.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Sequence
+
+import torch
+
+from . import oob, reference
+from .device import current
+
+LAYOUTS = ("bhnd", "bnhd")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnCase:
+    """One seeded attention problem.
+
+    ``layout="bnhd"``: the tensors are (B, N, H, d) in memory, viewed as (B, H, N, d) (strided,
+    as a model's projection produces them). ``seqlens``: a packed batch of sequences of these
+    query lengths (``seqlens_k``: key lengths, default the same); B is then the sequence count.
+    ``logit_boost`` multiplies q: large values stress the softmax's stability.
+    """
+    name: str
+    B: int = 1
+    H_q: int = 2
+    N_q: int = 16
+    N_k: int | None = None                    # default: N_q
+    d: int = 16
+    H_kv: int | None = None                   # default: H_q
+    dtype: torch.dtype = torch.float32
+    causal: bool = False
+    window: tuple[int, int] | None = None     # (left, right); a negative side is unlimited
+    seqlens: tuple[int, ...] | None = None
+    seqlens_k: tuple[int, ...] | None = None
+    layout: str = "bhnd"
+    scale: float | None = None
+    logit_boost: float = 1.0
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.H_q % self.h_kv:
+            raise ValueError(f"H_q={self.H_q} is not a multiple of H_kv={self.h_kv}")
+
+    @property
+    def n_k(self) -> int:
+        return self.N_q if self.N_k is None else self.N_k
+
+    @property
+    def h_kv(self) -> int:
+        return self.H_q if self.H_kv is None else self.H_kv
+
+    @property
+    def varlen(self) -> bool:
+        return self.seqlens is not None
+
+    def cu_seqlens(self, keys: bool = False) -> torch.Tensor:
+        """int32 (batch + 1,) offsets of the packed sequences, starting at 0 (flash-attn's)."""
+        lens = (self.seqlens_k or self.seqlens) if keys else self.seqlens
+        return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+
+    def describe(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        heads = f"H={self.H_q}" if self.h_kv == self.H_q else f"H_q={self.H_q}, H_kv={self.h_kv}"
+        size = (f"seqlens={list(self.seqlens)}" + (f", seqlens_k={list(self.seqlens_k)}"
+                                                    if self.seqlens_k else "")
+                if self.varlen else f"B={self.B}, {heads}, N_q={self.N_q}, N_k={self.n_k}")
+        if self.varlen:
+            size += f", {heads}"
+        extra = ", causal" if self.causal else ""
+        extra += f", window={self.window}" if self.window is not None else ""
+        extra += f", scale={self.scale:g}" if self.scale is not None else ""
+        extra += f", logits x{self.logit_boost:g}" if self.logit_boost != 1 else ""
+        extra += ", strided (B, N, H, d) layout" if self.layout == "bnhd" else ""
+        return f"'{self.name}' ({size}, d={self.d}, {dt}{extra})"
+
+
+def seeded(shape, seed: int, dtype=torch.float32, scale: float = 1.0, device=None) -> torch.Tensor:
+    """A seeded normal tensor (drawn in float64 on the CPU, so every device gets the same)."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+    return t.to(device=device or current().device, dtype=dtype)
+
+
+def make_inputs(case: AttnCase, seed: int = 0, *, device=None, pad: int = 0):
+    """Seeded (q, k, v) for ``case``: (B, H_q, N_q, d) and (B, H_kv, N_k, d), or packed
+    (total, H, d) for a varlen case, in ``case.dtype`` on ``device`` (default: this runtime's).
+
+    ``pad > 0`` places each contiguous tensor inside a NaN-filled buffer (``oob.embed``): an
+    unmasked read past its end poisons the output and a write past it breaks the canaries.
+    """
+    if case.varlen:
+        tq, tk = sum(case.seqlens), sum(case.seqlens_k or case.seqlens)
+        shapes = [(tq, case.H_q, case.d), (tk, case.h_kv, case.d), (tk, case.h_kv, case.d)]
+    elif case.layout == "bnhd":
+        shapes = [(case.B, case.N_q, case.H_q, case.d), (case.B, case.n_k, case.h_kv, case.d),
+                  (case.B, case.n_k, case.h_kv, case.d)]
+    else:
+        shapes = [(case.B, case.H_q, case.N_q, case.d), (case.B, case.h_kv, case.n_k, case.d),
+                  (case.B, case.h_kv, case.n_k, case.d)]
+    boosts = (case.logit_boost, 1.0, 1.0)
+    out = [seeded(s, seed + i, case.dtype, b, device) for i, (s, b) in enumerate(zip(shapes, boosts))]
+    if case.layout == "bnhd" and not case.varlen:
+        return tuple(t.transpose(1, 2) for t in out)
+    if pad:
+        return tuple(oob.embed(t, pad=pad) for t in out)
+    return tuple(out)
+
+
+def expected(case: AttnCase, q, k, v):
+    """The float64 reference (O, LSE) of ``case`` on these inputs (the kernel's own, possibly
+    rounded, values): O in float64, LSE in float32, shaped as the case's outputs."""
+    if case.varlen:
+        o, lse = reference.attention_varlen(q.double(), k.double(), v.double(),
+                                            case.cu_seqlens(), case.cu_seqlens(keys=True),
+                                            case.scale, case.causal, case.window)
+        return o, lse
+    return reference.attention(q.double(), k.double(), v.double(), scale=case.scale,
+                               causal=case.causal, window=case.window, return_lse=True)
+
+
+def grid(cases: Sequence[AttnCase], **axes) -> list[AttnCase]:
+    """Every case crossed with every value of each axis, e.g. ``grid(cases, causal=(False,
+    True), dtype=(torch.float16,))``."""
+    out = []
+    for case in cases:
+        for values in itertools.product(*axes.values()):
+            out.append(dataclasses.replace(case, **dict(zip(axes, values))))
+    return out
+
+
+# ------------------------------------------------------------------------ validation
+
+def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], name: str,
+                    contiguous: str = "last", device=None):
+    """One input of a kernel wrapper: a tensor of ``dims`` dimensions and an accepted dtype, on
+    this runtime's device (and on ``device``, the other inputs'), with ``contiguous="last"``
+    (unit stride in the last dimension) or ``"all"`` (a flat row-major buffer)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
+    if t.dim() != dims:
+        raise ValueError(f"{name}: {label} must have {dims} dimensions, got shape {tuple(t.shape)}.")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name}: {label} has dtype {t.dtype}; this kernel takes "
+                         f"{', '.join(str(d) for d in dtypes)} (convert with "
+                         f".to({dtypes[0]})).")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: {label} is on {t.device} but the other inputs are on {device}.")
+    want = current().device
+    if t.device.type != want:
+        raise ValueError(f"{name}: {label} is on {t.device.type}, but this runtime runs kernels on "
+                         f"{want} ({current().kind}); move it with .to('{want}').")
+    if contiguous == "all" and not t.is_contiguous():
+        raise ValueError(f"{name}: {label} is not contiguous (strides {t.stride()}: a transposed or "
+                         "sliced view?); the kernel indexes a flat row-major buffer: pass "
+                         ".contiguous().")
+    if contiguous == "last" and t.numel() and t.stride(-1) != 1:
+        raise ValueError(f"{name}: {label} must be contiguous in its last dimension (stride(-1) "
+                         f"== 1), got strides {t.stride()}; call .contiguous() first.")
+
+
+def validate_qkv(q, k, v, *, name: str = "attention",
+                 dtypes: Sequence[torch.dtype] = (torch.float16, torch.float32),
+                 head_dims: Sequence[int] | None = None, d_max: int | None = None,
+                 contiguous: str = "last", same_shape: bool = False, gqa: bool = False,
+                 allow_empty: bool = True) -> tuple[int, int, int, int, int, int]:
+    """Check dense q (B, H_q, N_q, d), k and v (B, H_kv, N_k, d) for a kernel wrapper; raise a
+    ValueError that names the problem. Returns (B, H_q, H_kv, N_q, N_k, d).
+
+    ``same_shape``: q, k, v must be one shape (kernels that assume N_q == N_k); ``gqa``: H_q may
+    be a multiple of H_kv; ``head_dims``: the accepted d (else 1..``d_max``); ``allow_empty``:
+    zero-sized B, H or N are accepted (the wrapper returns early).
+    """
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        validate_tensor(label, t, dims=4, dtypes=dtypes, name=name, contiguous=contiguous,
+                        device=q.device if isinstance(q, torch.Tensor) and label != "q" else None)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{name}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}.")
+    B, H_q, N_q, d = q.shape
+    _, H_kv, N_k, _ = k.shape
+    if same_shape and not (q.shape == k.shape == v.shape):
+        raise ValueError(f"{name}: shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}; q, k and v must have the same shape (B, H, N, d).")
+    heads_ok = H_kv == H_q or (gqa and H_kv > 0 and H_q % H_kv == 0)
+    if k.shape[0] != B or k.shape[-1] != d or v.shape != k.shape or not heads_ok:
+        need = "H_q a multiple of H_kv" if gqa else "q's H"
+        raise ValueError(f"{name}: shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}; expected k and v to be (B, H_kv, N_k, d) with q's B "
+                         f"and d and {need}.")
+    if not allow_empty and min(B, H_q, N_q, N_k) < 1:
+        raise ValueError(f"{name}: empty input (B={B}, H={H_q}, N_q={N_q}, N_k={N_k}).")
+    if head_dims is not None and d not in head_dims:
+        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of "
+                         f"{tuple(head_dims)}.")
+    if d_max is not None and not 1 <= d <= d_max:
+        raise ValueError(f"{name}: head dimension d={d} is outside 1..{d_max}.")
+    return B, H_q, H_kv, N_q, N_k, d
+
+
+def validate_scale(scale, d: int, name: str = "attention") -> float:
+    """``scale`` as a positive float; None means 1/sqrt(d)."""
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not scale > 0 or math.isinf(scale):
+        raise ValueError(f"{name}: scale must be a positive finite number, got {scale}.")
+    return scale

@@ -1,0 +1,183 @@
+"""Chapter 3's graded checks: the online-softmax row kernel, the attention forward (one and two
+query tiles per program) and the merge of two partial states. Every launch runs under the
+out-of-bounds guard in CPU mode, with NaN padding around the inputs."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import torch
+
+from flashbook import oob, reference
+from flashbook.cases import AttnCase, seeded
+from flashbook.check import CheckFailure, assert_close, check_attention, no_nan, report, run_student
+from flashbook.device import current
+
+from .launch import Config, attention_forward, merge_states, softmax_rows
+
+
+def softmax_cases(hidden: bool = False):
+    inf = float("inf")
+    cases = [
+        ("random (4, 50), float32", seeded((4, 50), 0, torch.float32, 3.0)),
+        ("one column (3, 1)", seeded((3, 1), 1, torch.float32)),
+        ("large logits +-1e4 (2, 40)", torch.cat([seeded((1, 40), 2, torch.float32, 1e4),
+                                                  torch.full((1, 40), -1e4).to(current().device)])),
+        ("-inf entries (2, 37)", seeded((2, 37), 3, torch.float32).masked_fill(
+            torch.arange(37, device=current().device) % 3 == 0, -inf)),
+    ]
+    if hidden:
+        row = seeded((3, 70), 4, torch.float32, 5.0)
+        row[1] = -inf
+        cases += [
+            ("a row of only -inf (3, 70)", row),
+            ("3-d float16 (2, 3, 45)", seeded((2, 3, 45), 5, torch.float16, 4.0)),
+            ("long rows (2, 300), logits up to 1e3", seeded((2, 300), 6, torch.float32, 300.0)),
+            ("increasing row (1, 100): the max changes every block",
+             torch.linspace(-50, 50, 100, device=current().device)[None].float()),
+        ]
+    return cases
+
+
+def check_softmax_kernel(kernel, hidden: bool = False, blocks=(16, 32, 64)):
+    """Exercise 1: y = softmax(x) and lse = logsumexp(x) along the last axis, for every block size.
+
+    A row of only -inf must give y = 0 and lse = -inf. Results must not depend on BLOCK.
+    """
+    n = 0
+    for name, x in softmax_cases(hidden):
+        x = oob.embed(x.contiguous(), pad=256)
+        want_y = reference.softmax(x.double())
+        want_l = reference.logsumexp(x.double())
+        outs = []
+        for block in blocks:
+            what = f"softmax kernel, case {name}, BLOCK={block}"
+            y, lse = run_student(softmax_rows, kernel, x, block=block, what=what, guard=True)
+            if y.dtype != x.dtype:
+                raise CheckFailure(f"{what}: y has dtype {y.dtype}, expected {x.dtype}.")
+            no_nan(y, what + ", y")
+            no_nan(lse, what + ", lse")
+            dims = [f"axis{i}" for i in range(x.dim() - 2)] + ["row", "col"]
+            assert_close(y, want_y, what=what + ", y", dims=dims, dtype=x.dtype,
+                         atol=1e-3 if x.dtype == torch.float16 else None,
+                         hint="keep a running max m and a running sum l; when m grows, multiply l "
+                              "by exp(m_old - m_new) before adding the new block's terms.")
+            assert_close(lse, want_l, what=what + ", lse", dims=dims[:-1], dtype=torch.float32,
+                         atol=1e-4, rtol=1e-5,
+                         hint="lse = m + log(l) in natural log; a row of only -inf has lse = -inf.")
+            outs.append(y)
+            n += 1
+        for (b1, y1), (b2, y2) in itertools.combinations(zip(blocks, outs), 2):
+            diff = (y1.double() - y2.double()).abs().max().item()
+            if diff > (1e-3 if x.dtype == torch.float16 else 1e-5):
+                raise CheckFailure(f"softmax kernel, case {name}: BLOCK={b1} and BLOCK={b2} differ "
+                                   f"by {diff:.3g}; the online softmax is exact, so the block "
+                                   "size must not change the result.")
+    report("online softmax kernel", n)
+
+
+def attention_cases(hidden: bool = False) -> list[AttnCase]:
+    cases = [
+        AttnCase("one tile", B=1, H_q=2, N_q=16, N_k=16, d=16),
+        AttnCase("tails: N not a multiple of the tile", B=1, H_q=2, N_q=13, N_k=37, d=32),
+        AttnCase("float16, d=64", B=2, H_q=1, N_q=64, N_k=64, d=64, dtype=torch.float16),
+        AttnCase("N=1", B=1, H_q=1, N_q=1, N_k=1, d=16),
+        AttnCase("large logits", B=1, H_q=1, N_q=24, N_k=40, d=16, logit_boost=60.0),
+    ]
+    if hidden:
+        cases += [
+            AttnCase("d=128 float16, large logits", B=1, H_q=1, N_q=40, N_k=72, d=128,
+                     dtype=torch.float16, logit_boost=6.0),
+            AttnCase("d=128 float32", B=1, H_q=1, N_q=17, N_k=33, d=128),
+            AttnCase("more queries than keys", B=1, H_q=2, N_q=45, N_k=7, d=32, dtype=torch.float16),
+            AttnCase("explicit scale", B=1, H_q=1, N_q=20, N_k=50, d=16, scale=0.3),
+            AttnCase("strided inputs", B=2, H_q=2, N_q=19, N_k=19, d=16, layout="bnhd"),
+            AttnCase("float16, d=16, logits x8", B=1, H_q=3, N_q=33, N_k=65, d=16,
+                     dtype=torch.float16, logit_boost=8.0),
+        ]
+    return cases
+
+
+def _tiles(cfg: Config | None) -> str:
+    return f"{cfg.BLOCK_M}x{cfg.BLOCK_N} tiles" if cfg else "the GPU's default tiles"
+
+
+def check_attention_kernel(kernel, hidden: bool = False, configs=None, two_tiles: bool = False):
+    """Exercise 2: the forward kernel returns O and LSE (natural log) that match float64 attention.
+
+    Every case runs with several tile shapes (and must give the same result with each), with its
+    inputs surrounded by NaN so an unmasked tail load shows up; in CPU mode every address is
+    checked by the out-of-bounds guard. ``two_tiles``: ``kernel`` is ``attn_fwd_two_tiles``,
+    whose BLOCK_M holds two query tiles.
+    """
+    if configs is None:
+        configs = [None, Config(32, 32, 4, 2), Config(64, 16, 4, 2)] if current().gpu else \
+            [Config(16, 16, 4, 1), Config(32, 16, 4, 1), Config(16, 64, 4, 1)]
+        if two_tiles:
+            configs = [cfg and dataclasses.replace(cfg, BLOCK_M=2 * cfg.BLOCK_M) for cfg in configs]
+
+    def run(q, k, v, case, cfg):
+        return attention_forward(kernel, q, k, v, scale=case.scale, config=cfg, two_tiles=two_tiles)
+
+    check_attention(
+        run, attention_cases(hidden), title="attention forward kernel", configs=configs,
+        describe_config=_tiles, guard=True, pad=4096, seed=7 if hidden else 0, lse_tol=(2e-4, 1e-4),
+        hint="rescale acc and l by alpha = exp2(m_old - m_new) whenever the running max grows, "
+             "mask keys >= N_k to -inf in the last tile, and divide by l once after the loop.",
+        lse_hint="the kernel works in base 2: m and log2(l) are base-2 numbers, so LSE = "
+                 "(m + log2(l)) * ln(2) in natural log.")
+
+
+def merge_cases(hidden: bool = False):
+    cases = [("B=1, H=2, N=20, d=16, keys split 9 + 14", (1, 2, 20, 16), 9, 14, torch.float32),
+             ("B=2, H=1, N=7, d=32, keys split 30 + 3", (2, 1, 7, 32), 30, 3, torch.float32)]
+    if hidden:
+        cases += [("float16, N=33, d=64, keys split 5 + 50", (1, 2, 33, 64), 5, 50, torch.float16),
+                  ("one side empty (N_k=0) for every row", (1, 1, 11, 16), 0, 12, torch.float32),
+                  ("both sides empty", (1, 1, 5, 16), 0, 0, torch.float32)]
+    return cases
+
+
+def _partial(q, k, v):
+    B, H, N, d = q.shape
+    if k.shape[2] == 0:
+        return (torch.zeros_like(q),
+                torch.full((B, H, N), float("-inf"), dtype=torch.float32, device=q.device))
+    o, lse = reference.attention(q.double(), k.double(), v.double(), return_lse=True,
+                                 scale=1.0 / math.sqrt(d))
+    return o.to(q.dtype), lse.float()
+
+
+def check_merge_kernel(kernel, hidden: bool = False, blocks=(16, 8)):
+    """Exercise 3: merging the results for keys [0, s) and [s, N_k) gives attention over all keys.
+
+    Runs under the out-of-bounds guard: rows are not a multiple of BLOCK_R.
+    """
+    n = 0
+    for i, (name, (B, H, N, d), n_a, n_b, dtype) in enumerate(merge_cases(hidden)):
+        q = seeded((B, H, N, d), 300 + i, dtype, 2.0)
+        k = seeded((B, H, n_a + n_b, d), 400 + i, dtype)
+        v = seeded((B, H, n_a + n_b, d), 500 + i, dtype)
+        o_a, l_a = _partial(q, k[:, :, :n_a], v[:, :, :n_a])
+        o_b, l_b = _partial(q, k[:, :, n_a:], v[:, :, n_a:])
+        if n_a + n_b:
+            want_o, want_l = reference.attention(q.double(), k.double(), v.double(),
+                                                 return_lse=True)
+        else:
+            want_o, want_l = torch.zeros_like(q, dtype=torch.float64), torch.full(
+                (B, H, N), float("-inf"), dtype=torch.float64, device=q.device)
+        for block in blocks:
+            what = f"merge kernel, case '{name}', BLOCK_R={block}"
+            o, lse = run_student(merge_states, kernel, o_a, l_a, o_b, l_b, block_r=block, what=what,
+                                 guard=True)
+            no_nan(o, what + ", O")
+            no_nan(lse, what + ", LSE")
+            assert_close(o, want_o, what=what + ", O", dims=("b", "h", "row", "col"), dtype=dtype,
+                         hint="weights w_a = exp(lse_a - lse) and w_b = exp(lse_b - lse) with "
+                              "lse = log(exp(lse_a) + exp(lse_b)), computed from the larger one.")
+            assert_close(lse, want_l, what=what + ", LSE", dims=("b", "h", "row"),
+                         dtype=torch.float32, atol=1e-4, rtol=1e-5,
+                         hint="if both sides are empty (-inf), the result is O = 0, LSE = -inf.")
+            n += 1
+    report("merge of two partial states", n)

@@ -1,0 +1,143 @@
+"""Chapter 3 launch wrappers: they validate inputs (a clear ValueError, never a crashed kernel),
+pick the tile config for this GPU, and launch the student's Triton kernels with fixed
+signatures, so a check, a benchmark and the book all launch a kernel the same way."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from flashbook.cases import validate_qkv, validate_scale, validate_tensor
+from flashbook.device import current
+
+LOG2E = 1.4426950408889634      # log2(e): exp(x) = exp2(x * LOG2E)
+HEAD_DIMS = (16, 32, 64, 128)   # tl.arange needs a power of two, tl.dot at least 16
+DTYPES = (torch.float16, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Launch parameters of the attention kernel: tile sizes and the compiler's knobs."""
+    BLOCK_M: int      # query rows per program (the Q tile stays in registers)
+    BLOCK_N: int      # keys per step of the loop (K and V tiles stream through shared memory)
+    num_warps: int    # 4 warps = one Hopper warpgroup; 8 = two
+    num_stages: int   # how many K/V tiles the software pipeline keeps in flight
+
+
+def pick_config(d: int, dtype: torch.dtype, capability: tuple | None,
+                two_tiles: bool = False) -> Config:
+    """The tile config the chapter uses for head dim ``d`` and ``dtype`` on a GPU of this
+    compute capability (None: CPU interpreter, where small tiles exercise the tail masks).
+    ``two_tiles``: the config of ``attn_fwd_two_tiles``, whose BLOCK_M covers both query tiles.
+
+    Measured on an H200 (src/flashbook/data/bench/ch3); the sm_75/sm_80 entries are chosen to
+    fit those GPUs' shared memory (tests/test_ch3.py compiles every one ahead of time). Where the
+    two-tile kernel was not measured it takes the one-tile config: the same Q, K and V tiles in
+    shared memory, the same accumulator registers.
+    """
+    if capability is None:
+        return Config(32, 32, 4, 1)
+    cc = tuple(capability)
+    if two_tiles and cc >= (9, 0) and dtype != torch.float32:
+        return Config(256, 64, 8, 3) if d > 64 else Config(128, 64, 4, 3)
+    if dtype == torch.float32:                      # 4-byte tiles: half the tile area
+        return Config(64, 32, 4, 2) if cc >= (8, 0) and d <= 64 else Config(32, 32, 4, 2)
+    if cc >= (9, 0):
+        return Config(128, 64, 4, 3) if d <= 64 else Config(128, 64, 8, 3)
+    if cc == (8, 0) or cc == (8, 7):
+        return Config(128, 64, 4, 3) if d <= 64 else Config(128, 64, 8, 2)
+    if cc >= (8, 0):                                # sm_86 / sm_89: about 100 KB
+        return Config(128, 64, 4, 2) if d <= 64 else Config(64, 64, 4, 2)
+    return Config(64, 64, 4, 2) if d <= 64 else Config(64, 32, 4, 2)   # T4: 64 KB
+
+
+def softmax_rows(kernel, x: torch.Tensor, block: int = 32):
+    """Launch ``kernel`` (Exercise 1) on every row of ``x`` (..., n): returns (y, lse).
+
+    y has x's shape and dtype; lse (natural log, float32) has shape x.shape[:-1].
+    Kernel signature: kernel[(rows,)](X, Y, LSE, n_cols, stride_x, stride_y, BLOCK=block).
+    """
+    if isinstance(x, torch.Tensor) and x.dim() == 0:
+        raise ValueError("softmax_rows: x must have at least one dimension (the softmax axis).")
+    validate_tensor("x", x, dims=x.dim() if isinstance(x, torch.Tensor) else 2, dtypes=DTYPES,
+                    name="softmax_rows")
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"softmax_rows: block must be a power of two, got {block}.")
+    rows = x.reshape(-1, x.shape[-1]) if x.numel() else x.reshape(-1, max(x.shape[-1], 1))
+    n_rows, n_cols = rows.shape
+    y = torch.empty_like(rows)
+    lse = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if n_rows and n_cols:
+        kernel[(n_rows,)](rows, y, lse, n_cols, rows.stride(0), y.stride(0), BLOCK=block)
+    return y.reshape(x.shape), lse.reshape(x.shape[:-1])
+
+
+def attention_forward(kernel, q, k, v, scale: float | None = None, config: Config | None = None,
+                      two_tiles: bool = False):
+    """Launch ``kernel`` (Exercise 2, or ``attn_fwd_two_tiles`` with ``two_tiles``) on
+    q (B, H, N_q, d), k and v (B, H, N_k, d), any strides with a unit last one.
+
+    Returns O (B, H, N_q, d) in q's dtype and LSE (B, H, N_q) in natural log, float32.
+    ``config`` defaults to ``pick_config`` for this GPU (or the CPU interpreter).
+    Memory traffic: Q read once, K and V once per query tile, O and LSE written once.
+    """
+    B, H, _, N_q, N_k, d = validate_qkv(q, k, v, name="attention", dtypes=DTYPES,
+                                        head_dims=HEAD_DIMS)
+    scale = validate_scale(scale, d)
+    cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
+    rows = cfg.BLOCK_M // 2 if two_tiles else cfg.BLOCK_M          # rows of one query tile
+    if min(rows, cfg.BLOCK_N) < 16 or (two_tiles and cfg.BLOCK_M % 2):
+        raise ValueError(f"attention: query and key tiles must be at least 16 (tl.dot needs 16 "
+                         f"on a GPU), got BLOCK_M={cfg.BLOCK_M}"
+                         f"{' (two tiles)' if two_tiles else ''}, BLOCK_N={cfg.BLOCK_N}.")
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    if N_k == 0:                       # no key at all: every row is empty
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return o, lse
+    if B * H * N_q == 0:
+        return o, lse
+    grid = (triton.cdiv(N_q, cfg.BLOCK_M), B * H)
+    kernel[grid](q, k, v, o, lse,
+                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                 v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+                 H, N_q, N_k, scale * LOG2E,
+                 HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return o, lse
+
+
+def merge_states(kernel, o_a, lse_a, o_b, lse_b, block_r: int = 16):
+    """Launch ``kernel`` (Exercise 3): merge two partial attention results over disjoint key sets.
+
+    o_a, o_b: (..., d); lse_a, lse_b: (...) float32 natural log. Returns (o, lse).
+    Kernel signature: kernel[grid](O_a, LSE_a, O_b, LSE_b, O, LSE, n_rows, HEAD_DIM=d, BLOCK_R=block_r).
+    """
+    name = "merge_states"
+    validate_tensor("o_a", o_a, dims=o_a.dim() if isinstance(o_a, torch.Tensor) else 2,
+                    dtypes=DTYPES, name=name)
+    validate_tensor("o_b", o_b, dims=o_a.dim(), dtypes=DTYPES, name=name, device=o_a.device)
+    for label, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        validate_tensor(label, t, dims=o_a.dim() - 1, dtypes=(torch.float32,), name=name,
+                        device=o_a.device)
+        if tuple(t.shape) != tuple(o_a.shape[:-1]):
+            raise ValueError(f"{name}: {label} has shape {tuple(t.shape)}, expected "
+                             f"{tuple(o_a.shape[:-1])}.")
+    if o_a.shape != o_b.shape or o_a.dtype != o_b.dtype:
+        raise ValueError(f"{name}: o_a {tuple(o_a.shape)} {o_a.dtype} and o_b {tuple(o_b.shape)} "
+                         f"{o_b.dtype} must match.")
+    d = o_a.shape[-1]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of {HEAD_DIMS}.")
+    oa, ob = o_a.contiguous().reshape(-1, d), o_b.contiguous().reshape(-1, d)
+    la, lb = lse_a.contiguous().reshape(-1), lse_b.contiguous().reshape(-1)
+    n_rows = oa.shape[0]
+    o = torch.empty_like(oa)
+    lse = torch.empty_like(la)
+    if n_rows:
+        kernel[(triton.cdiv(n_rows, block_r),)](oa, la, ob, lb, o, lse, n_rows,
+                                               HEAD_DIM=d, BLOCK_R=block_r)
+    return o.reshape(o_a.shape), lse.reshape(lse_a.shape)

@@ -1,0 +1,98 @@
+"""Known-wrong answers to Chapter 3's exercises: each is the solution cell with one classic bug
+edited in, and each must lose points to that bug."""
+from flashbook.contract import Variant
+
+VARIANTS = (
+    Variant('softmax_no_rescale_of_l', 'ch3_softmax_kernel', (
+        ('l_vec = l_vec * tl.exp(m_vec - m_ref) + tl.exp(x - m_ref)',
+         'l_vec = l_vec + tl.exp(x - m_ref)'),
+    )),
+    Variant('softmax_unmasked_load', 'ch3_softmax_kernel', (
+        ('x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float("-inf"))\n',
+         'x = tl.load(x_row + start + cols)\n'),
+    ), expect='out-of-bounds load'),
+    Variant('softmax_nan_on_empty_rows', 'ch3_softmax_kernel', (
+        ('m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)',
+         'm_ref = m_new'),
+        ('m_safe = tl.where(m == float("-inf"), 0.0, m)',
+         'm_safe = m'),
+    ), expect='NaN'),
+    Variant('attn_missing_rescale_of_acc', 'ch3_attn_tile', (
+        ('acc = acc * alpha[:, None]',
+         'acc = acc'),
+    )),
+    Variant('attn_missing_rescale_of_l', 'ch3_attn_tile', (
+        ('l_i = l_i * alpha + tl.sum(p, 1)',
+         'l_i = l_i + tl.sum(p, 1)'),
+    )),
+    Variant('attn_no_score_mask_in_tail', 'ch3_attn_tile', (
+        ('s = tl.where(kv_ok[None, :], s, float("-inf"))',
+         's = s'),
+    )),
+    Variant('attn_unmasked_tail_loads', 'ch3_attn_tile', (
+        ('kT = tl.load(k_ptrs, mask=kv_ok[None, :], other=0.0)',
+         'kT = tl.load(k_ptrs)'),
+        ('v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)',
+         'v = tl.load(v_ptrs)'),
+    ), expect='out-of-bounds load'),
+    Variant('attn_scale_rounded_to_input_dtype', 'ch3_attn_kernel', (
+        ('                mask=row_ok[:, None], other=0.0)                      # read BLOCK_M*d, once\n',
+         '                mask=row_ok[:, None], other=0.0)\n    q = q * (qk_scale * tl.full([1, 1], 1.0, tl.float32)).to(q.dtype)\n'),
+        ('start_n, N_k, qk_scale, offs_n',
+         'start_n, N_k, 1.0, offs_n'),
+        ('n_full, N_k, qk_scale, offs_n',
+         'n_full, N_k, 1.0, offs_n'),
+    )),
+    Variant('attn_exp_instead_of_exp2', 'ch3_attn_tile', (
+        ('p = tl.math.exp2(s * qk_scale - m_new[:, None])',
+         'p = tl.exp(s * qk_scale - m_new[:, None])'),
+    )),
+    Variant('attn_no_final_normalisation', 'ch3_attn_kernel', (
+        ('o = acc / tl.where(has_key, l_i, 1.0)[:, None]',
+         'o = acc'),
+    )),
+    Variant('attn_lse_left_in_base_2', 'ch3_attn_kernel', (
+        ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453',
+         '(m_i + tl.math.log2(l_i))'),
+    )),
+    Variant('attn_forgets_the_tail_tile', 'ch3_attn_kernel', (
+        ('if n_full < N_k:',
+         'if n_full < 0:'),
+    )),
+    Variant('attn_unmasked_output_store', 'ch3_attn_kernel', (
+        ('o.to(O.dtype.element_ty), mask=row_ok[:, None])',
+         'o.to(O.dtype.element_ty))'),
+    ), expect='out-of-bounds store'),
+    Variant('two_tiles_b_repeats_a', 'ch3_two_tiles_kernel', (
+        ('rows_b = rows_a + HALF',
+         'rows_b = rows_a'),
+    )),
+    Variant('two_tiles_b_scores_with_q_a', 'ch3_two_tiles_kernel', (
+        ('acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs + start_n * stride_kn',
+         'acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_a, k_ptrs + start_n * stride_kn'),
+    )),
+    Variant('two_tiles_forgets_the_tail_tile', 'ch3_two_tiles_kernel', (
+        ('if n_full < N_k:',
+         'if n_full < 0:'),
+    )),
+    Variant('two_tiles_unmasked_output_store', 'ch3_two_tiles_kernel', (
+        ('o.to(O_bh.dtype.element_ty),\n             mask=ok[:, None])',
+         'o.to(O_bh.dtype.element_ty))'),
+    ), expect='out-of-bounds store'),
+    Variant('two_tiles_lse_left_in_base_2', 'ch3_two_tiles_kernel', (
+        ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453',
+         '(m_i + tl.math.log2(l_i))'),
+    )),
+    Variant('merge_unmasked_loads', 'ch3_merge_kernel', (
+        ('oa = tl.load(O_a + offs, mask=ok[:, None], other=0.0)',
+         'oa = tl.load(O_a + offs)'),
+    ), expect='out-of-bounds load'),
+    Variant('merge_nan_when_both_sides_empty', 'ch3_merge_kernel', (
+        ('m_safe = tl.where(m == float("-inf"), 0.0, m)',
+         'm_safe = m'),
+    ), expect='NaN'),
+    Variant('merge_plain_average', 'ch3_merge_kernel', (
+        ('o = (oa * (wa * inv)[:, None] + ob * (wb * inv)[:, None])',
+         'o = 0.5 * (oa + ob)'),
+    )),
+)

@@ -1,0 +1,372 @@
+"""Benchmark results: one ``Row`` per measurement, recorded with its provenance, drawn and printed
+one way (introduced in Chapter 1; every chapter's benchmark uses it).
+
+``flashbook bench <chapter>`` (``record``) runs a chapter's benchmark on a GPU and writes
+``src/flashbook/data/bench/<chapter>/<gpu>.csv`` (one ``Row`` a line) and ``<gpu>.json`` (its
+provenance: GPU, driver, versions, date, command, timer). ``recorded`` reads them back as
+``Row``s; ``plot`` draws rows (lines against N, or grouped bars) and ``table`` prints them.
+
+Figures about GPU speed in the book come only from these files: a CPU runtime's timings say
+nothing about a GPU.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import importlib
+import json
+import math
+import platform
+import re
+import subprocess
+import typing
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+
+from .contract import Chapter
+from .device import current
+
+DATA_DIR = Path(__file__).resolve().parent / "data" / "bench"
+ROLES = ("reference", "baseline", "variant")
+
+
+@dataclasses.dataclass
+class Row:
+    """One measurement: one kernel on one problem (one line of ``<chapter>/<gpu>.csv``).
+
+    ``ms`` and the rates derived from it are None when nothing was measured (``note`` says why,
+    e.g. "out of memory"); ``peak_mib`` is None when memory was not measured.
+    """
+    kernel: str
+    role: str                 # reference | baseline | variant
+    B: int
+    H_q: int
+    H_kv: int
+    N_q: int
+    N_k: int
+    d: int
+    dtype: str                # "float16", as torch names it without "torch."
+    causal: bool
+    ms: float | None          # median time of one forward
+    tflops: float | None      # 4 N_q N_k d per head (the two matmuls) / time
+    gbps: float | None        # compulsory traffic (read Q, K, V, write O) / time
+    pct_peak: float | None    # of the datasheet peak (tensor cores for fp16/bf16)
+    peak_mib: float | None = None   # peak extra memory of one call
+    note: str = ""
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"Row {self.kernel!r}: role must be one of {ROLES}, got {self.role!r}")
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(Row))
+
+
+def _parsers() -> dict:
+    """Column -> function of the CSV text, from Row's field types."""
+    def optional_float(text):
+        return None if text == "" else float(text)
+
+    def boolean(text):
+        if text not in ("True", "False"):
+            raise ValueError(f"expected True or False, got {text!r}")
+        return text == "True"
+
+    by_type = {int: int, str: str, bool: boolean, float | None: optional_float}
+    return {name: by_type[t] for name, t in typing.get_type_hints(Row).items()}
+
+
+_PARSE = _parsers()
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"     # 6 significant digits: far finer than run-to-run noise
+    return str(value)
+
+
+# --------------------------------------------------------------------- files and provenance
+
+# The GPU timing protocol (bench.time_ms times with it; provenance records it with the rows).
+# Warm up for 100 ms (clocks settle), then time for 300 ms and keep the median: shorter runs
+# (25/100 ms) left kernels of ~0.1 ms with +-30% run-to-run noise on an H200.
+GPU_TIMER = dict(warmup=100, rep=300, return_mode="median")
+# Replayed from a CUDA graph: a kernel of ~0.05 ms launched from Python can be bound by the
+# launch itself (argument checks, Triton's launcher), which then hides the kernel's speed.
+GRAPH_TIMER = dict(rep=300, return_mode="median")
+
+
+def timer(graph: bool = False) -> str:
+    """The GPU timer as a call, for provenance records."""
+    name, kw = ("do_bench_cudagraph", GRAPH_TIMER) if graph else ("do_bench", GPU_TIMER)
+    return f"triton.testing.{name}(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'Tesla T4' -> 't4'."""
+    name = re.sub(r"^(NVIDIA|Tesla)\s+", "", name.strip())
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-").split("-")[0] or "gpu"
+
+
+def provenance(command: str, graph_timer: bool = False) -> dict:
+    """Who measured what, where and how: enough to reproduce or distrust a number.
+    ``graph_timer``: the rows were timed replayed from CUDA graphs."""
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "timer": timer(graph_timer),
+    }
+    for mod in ("triton", "numba", "numba_cuda", "numpy"):
+        try:
+            info[mod] = importlib.import_module(mod).__version__
+        except (ImportError, AttributeError):
+            info[mod] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = props.name
+        info["compute_capability"] = f"{props.major}.{props.minor}"
+        info["multiprocessors"] = props.multi_processor_count
+        info["memory_gib"] = round(props.total_memory / 2**30, 1)
+        try:
+            info["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            info["driver"] = None
+    return info
+
+
+def write(rows: Sequence[Row], directory: Path, slug: str, provenance: dict) -> Path:
+    """Write ``<slug>.csv`` (one line per Row) and ``<slug>.json`` (``provenance``) under
+    ``directory``; return the CSV's path. Floats keep 6 significant digits."""
+    bad = [type(r).__name__ for r in rows if not isinstance(r, Row)]
+    if bad:
+        raise ValueError(f"write: rows must be results.Row, got {', '.join(sorted(set(bad)))}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{slug}.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow([_cell(getattr(r, c)) for c in COLUMNS])
+    (directory / f"{slug}.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    return path
+
+
+def read(path: Path) -> list[Row]:
+    """The Rows of a results CSV (empty cells are None); a file that is not one raises
+    ValueError naming the line and column."""
+    path = Path(path)
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or tuple(header) != COLUMNS:
+            raise ValueError(f"{path}: columns {header} are not the results columns "
+                             f"{list(COLUMNS)}")
+        rows = []
+        for line, cells in enumerate(reader, start=2):
+            if len(cells) != len(COLUMNS):
+                raise ValueError(f"{path}, line {line}: {len(cells)} cells, expected "
+                                 f"{len(COLUMNS)}")
+            values = {}
+            for name, text in zip(COLUMNS, cells):
+                try:
+                    values[name] = _PARSE[name](text)
+                except ValueError as e:
+                    raise ValueError(f"{path}, line {line}, column {name}: {e}") from None
+            rows.append(Row(**values))
+    return rows
+
+
+class Recorded(NamedTuple):
+    rows: list[Row]
+    provenance: dict
+
+
+def recorded(chapter: str, gpu: str = "h200") -> Recorded | None:
+    """The rows measured on a real GPU and shipped with the package, with their provenance
+    (``DATA_DIR/<chapter>/<gpu>.csv`` and ``.json``), or None if there are none."""
+    csv_path = DATA_DIR / chapter / f"{gpu}.csv"
+    if not csv_path.exists():
+        return None
+    meta_path = csv_path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return Recorded(read(csv_path), meta)
+
+
+def describe(provenance: dict) -> str:
+    """One line of provenance for a caption: 'gpu NVIDIA H200, driver ..., torch ..., date ...'."""
+    keys = ("gpu", "driver", "cuda", "torch", "triton", "date")
+    return ", ".join(f"{k} {provenance[k]}" for k in keys if provenance.get(k))
+
+
+def record(chapter: Chapter, out_root: Path, command: str) -> Path:
+    """Run a chapter's benchmark (its contract's ``benchmark``) on this GPU and write the rows
+    and their provenance under ``out_root/<chapter id>/<gpu>.{csv,json}``; return the CSV."""
+    backend = current()
+    if not backend.gpu:
+        raise RuntimeError(f"flashbook bench {chapter.id}: records GPU measurements and needs a "
+                           "CUDA GPU, but this runtime has none (or FLASHBOOK_FORCE_CPU=1 is set); "
+                           "CPU timings are not recorded.")
+    if chapter.benchmark is None:
+        raise ValueError(f"chapter {chapter.id} has no benchmark (its CHAPTER.benchmark is None)")
+    rows = chapter.benchmark()
+    return write(rows, Path(out_root) / chapter.id, gpu_slug(backend.name),
+                 provenance(command, chapter.graph_timer))
+
+
+# ------------------------------------------------------------------------------ output
+
+def table(rows: Sequence[Row]) -> str:
+    """A fixed-width text table for notebook output."""
+    head = f"{'kernel':<18}{'N':>7}{'ms':>10}{'TFLOP/s':>10}{'% peak':>8}{'MiB':>10}  note"
+    out = [head, "-" * len(head)]
+
+    def f(x, spec):
+        return format(x, spec) if x is not None else format("-", ">" + spec.split(".")[0])
+    for r in rows:
+        out.append(f"{r.kernel:<18}{r.N_q:>7}{f(r.ms, '10.3f')}{f(r.tflops, '10.2f')}"
+                   f"{f(r.pct_peak, '8.1f')}{f(r.peak_mib, '10.1f')}  {r.note}")
+    return "\n".join(out)
+
+
+LABELS = {"ms": "time (ms)", "tflops": "TFLOP/s", "gbps": "GB/s",
+          "pct_peak": "% of datasheet peak", "peak_mib": "peak extra memory (MiB)",
+          "N_q": "sequence length N", "N_k": "key length N_k", "d": "head dimension d",
+          "B": "batch B", "H_q": "heads H"}
+_SHORT = {"H_q": "H", "N_q": "N"}          # in tick and legend labels: "B=4 H=16 N=4096 d=64"
+_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+
+
+def _key(columns):
+    """A row's value of one column, or a tuple of values of several."""
+    if isinstance(columns, str):
+        return lambda r: getattr(r, columns)
+    return lambda r: tuple(getattr(r, c) for c in columns)
+
+
+def _label(columns, value) -> str:
+    """'sdpa_flash' for the kernel; 'N=4096'; 'B=4 H=16\\nN=4096 d=64' for several columns."""
+    if isinstance(columns, str):
+        return str(value) if columns in ("kernel", "role", "dtype", "note") \
+            else f"{_SHORT.get(columns, columns)}={value}"
+    parts = [f"{_SHORT.get(c, c)}={v}" for c, v in zip(columns, value)]
+    return "\n".join(" ".join(parts[i:i + 2]) for i in range(0, len(parts), 2))
+
+
+def _ylabel(y: str, rows) -> str:
+    dtypes = {r.dtype for r in rows}
+    if y in ("tflops", "gbps", "pct_peak") and len(dtypes) == 1:   # rates depend on the dtype
+        (dt,) = dtypes
+        return f"{LABELS[y]} ({_DTYPES.get(dt, dt)})"
+    return LABELS.get(y, y)
+
+
+def _check_columns(what: str, columns):
+    for c in ([columns] if isinstance(columns, str) else columns):
+        if c not in COLUMNS:
+            raise ValueError(f"plot: {what}={c!r} is not a column; columns: {', '.join(COLUMNS)}")
+
+
+def plot(rows: Sequence[Row], y: str | Sequence[str] = "tflops", x: str | Sequence[str] = "N_q", *,
+         by: str | Sequence[str] = "kernel", kind: str = "line", ax=None, title: str | None = None,
+         logx: bool = False, logy: bool = False, values: bool = False):
+    """Draw benchmark rows; return the Figure. One panel per column in ``y`` (a name or several).
+
+    ``kind="line"``: ``y`` against the numeric column ``x``, one line per value of ``by``; a
+    row that was not measured (``ms`` None, e.g. out of memory) marks its group's first such
+    ``x`` with a dashed line and its note.
+    ``kind="bar"``: one group of bars per value of ``x`` (a column or several, e.g.
+    ``("B", "H_q", "N_q", "d")`` for a shape), one bar per value of ``by`` in each group;
+    ``values`` writes each bar's value above it.
+    Groups and bars keep the rows' order. ``logx`` (base 2) and ``logy`` set log axes; ``ax``
+    draws into given Axes (one per ``y``) instead of a new figure.
+    """
+    rows = list(rows)
+    if not rows:
+        raise ValueError("plot: no rows to draw")
+    if kind not in ("line", "bar"):
+        raise ValueError(f"plot: kind must be 'line' or 'bar', got {kind!r}")
+    ys = [y] if isinstance(y, str) else list(y)
+    for what, cols in (("y", ys), ("x", x), ("by", by)):
+        _check_columns(what, cols)
+    if ax is None:
+        width = 5.0 * len(ys) if kind == "line" else 8.0
+        fig, axes = plt.subplots(1, len(ys), figsize=(width, 3.8), squeeze=False)
+        axes = list(axes[0])
+    else:
+        axes = [ax] if isinstance(ax, Axes) else list(np.ravel(ax))    # one, or plt.subplots
+        if len(axes) != len(ys):
+            raise ValueError(f"plot: {len(ys)} panels (y={ys}) need {len(ys)} Axes, "
+                             f"got {len(axes)}")
+        fig = axes[0].figure
+    group_of, x_of = _key(by), _key(x)
+    groups = list(dict.fromkeys(group_of(r) for r in rows))
+    for panel, col in zip(axes, ys):
+        if kind == "line":
+            _lines(panel, rows, col, x, groups, group_of, by, logy)
+        else:
+            _bars(panel, rows, col, x, x_of, groups, group_of, by, values)
+        if logx:
+            panel.set_xscale("log", base=2)
+        if logy:
+            panel.set_yscale("log")
+        panel.set_ylabel(_ylabel(col, rows))
+        panel.grid(True, axis="both" if kind == "line" else "y", which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        (fig.suptitle if len(axes) > 1 else axes[0].set_title)(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _lines(ax, rows, y, x, groups, group_of, by, logy):
+    if not isinstance(x, str):
+        raise ValueError("plot: a line plot's x is one numeric column, e.g. 'N_q'")
+    failed = []
+    for i, g in enumerate(groups):
+        mine = [r for r in rows if group_of(r) == g]
+        pts = sorted((getattr(r, x), getattr(r, y)) for r in mine
+                     if getattr(r, y) is not None and not (logy and getattr(r, y) <= 0))
+        if pts:
+            ax.plot(*zip(*pts), "o-", label=_label(by, g), color=f"C{i}")
+        lost = sorted((getattr(r, x), r.note) for r in mine if r.ms is None and r.note)
+        if lost:
+            failed.append((i, g, *lost[0]))
+    # after the lines, so the y limits are final; text at the top of the axes (axes fraction)
+    for i, g, at, note in failed:
+        ax.axvline(at, color=f"C{i}", ls="--", lw=1, gid="not measured")
+        ax.text(at, 0.98, f" {_label(by, g)}: {note}", color=f"C{i}", rotation=90, va="top",
+                fontsize=8, transform=ax.get_xaxis_transform())
+    ax.set_xlabel(LABELS.get(x, x))
+
+
+def _bars(ax, rows, y, x, x_of, groups, group_of, by, values):
+    cats = list(dict.fromkeys(x_of(r) for r in rows))
+    width = 0.8 / len(groups)
+    for i, g in enumerate(groups):
+        heights = []
+        for c in cats:
+            hit = [getattr(r, y) for r in rows if group_of(r) == g and x_of(r) == c
+                   and getattr(r, y) is not None]
+            heights.append(hit[0] if hit else math.nan)    # not measured: no bar
+        bars = ax.bar([j + i * width for j in range(len(cats))], heights, width,
+                      label=_label(by, g), color=f"C{i}")
+        if values:
+            ax.bar_label(bars, labels=["" if math.isnan(h) else f"{h:.3g}" for h in heights],
+                         fontsize=7, padding=2)
+    ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(cats))])
+    ax.set_xticklabels([_label(x, c) for c in cats], fontsize=8,
+                       rotation=15 if isinstance(x, str) else 0)

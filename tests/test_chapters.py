@@ -1,0 +1,225 @@
+"""Every chapter, checked the same way through its contract (``flashbook.contract.Chapter``):
+
+* the contract agrees with the notebook (every graded test cell is an exercise whose check the
+  cell calls, visibly and in its hidden tests);
+* the solution earns every point: its notebook runs top to bottom in-process, once per run
+  (``scored``), and every graded test cell passes (visible and hidden checks alike);
+* the student version (nbgrader's stubs) fails each exercise as "not implemented";
+* every known-wrong variant loses points at an exercise that grades its cell, for its bug
+  (not because the edited source stopped running);
+* the figures the prose quotes are the recorded ones;
+* the files a chapter must create or touch exist (CONTRIBUTING lists them).
+
+Adding a chapter adds a contract, not test code.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from flashbook import chapters, results, sources
+from flashbook.check import CheckFailure
+from flashbook.grade import cellmeta
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS = chapters.contracts()
+IDS = [c.id for c in CONTRACTS]
+# A failure that only says the edited source stopped running proves nothing about the check.
+CRASH = ("the kernel raised", "NameError", "SyntaxError", "IndentationError", "TypeError")
+
+
+def _source_nb(chapter_id: str):
+    return sources.read(sources.source(chapter_id, ROOT).path)
+
+
+def _name(check) -> str:
+    return (check.func if isinstance(check, functools.partial) else check).__name__
+
+
+# ------------------------------------------------------------------- the contract itself
+
+@pytest.mark.parametrize("ch", CONTRACTS, ids=IDS)
+def test_contract_agrees_with_the_notebook(ch):
+    nb = _source_nb(ch.id)
+    tests = [c for c in nb.cells if cellmeta.is_graded_test(c)]
+    solutions = [cellmeta.grade_id(c) for c in nb.cells if cellmeta.is_solution(c)]
+    assert {cellmeta.grade_id(c) for c in tests} == {ex.grade_id for ex in ch.exercises}, \
+        f"{ch.id}: the graded test cells and the contract's exercises differ"
+    order = {cellmeta.grade_id(c): i for i, c in enumerate(nb.cells) if cellmeta.grade_id(c)}
+    for ex in ch.exercises:
+        cell = nb.cells[order[ex.grade_id]]
+        visible, _, rest = cell.source.partition("### BEGIN HIDDEN TESTS")
+        hidden = rest.partition("### END HIDDEN TESTS")[0]
+        assert _name(ex.check) in visible and _name(ex.check) in hidden, \
+            f"{ex.grade_id} does not call {_name(ex.check)} visibly and in its hidden tests"
+        assert cellmeta.points(cell) > 0, ex.grade_id
+        for gid in ex.cells:
+            assert gid in solutions and order[gid] < order[ex.grade_id], (ex.grade_id, gid)
+    assert all(gid.startswith(ch.id + "_") for gid in order), f"{ch.id}: grade ids need the prefix"
+    assert len(order) == len([c for c in nb.cells if cellmeta.grade_id(c)]), "duplicate grade_id"
+
+
+@pytest.mark.parametrize("ch", CONTRACTS, ids=IDS)
+def test_every_solution_cell_has_two_known_wrong_variants_that_apply(ch):
+    cells = sources.cells_by_id(_source_nb(ch.id))
+    for v in ch.variants:
+        assert v.apply(cells[v.cell]) != cells[v.cell], v.name      # raises if an edit misses
+    per_cell = {gid: sum(v.cell == gid for v in ch.variants)
+                for gid in cells if cellmeta.is_solution(_cell(ch.id, gid))}
+    thin = {gid: n for gid, n in per_cell.items() if n < 2}
+    assert not thin, f"{ch.id}: solution cells with fewer than 2 known-wrong variants: {thin}"
+    assert len({v.name for v in ch.variants}) == len(ch.variants), "duplicate variant names"
+
+
+def _cell(chapter_id: str, grade_id: str):
+    return next(c for c in _source_nb(chapter_id).cells if cellmeta.grade_id(c) == grade_id)
+
+
+# ----------------------------------------------------------------------- the solution
+
+_UNIQUE = itertools.count()
+
+
+class Scored:
+    """A chapter's notebook run top to bottom in-process (demo cells skipped), once: the outcome
+    of every graded test cell, and the globals before each solution cell so that a variant
+    re-runs only the notebook from its own cell on."""
+
+    def __init__(self, ch):
+        self.ch = ch
+        self.cells = [c for c in _source_nb(ch.id).cells
+                      if c.cell_type == "code" and not sources.is_demo(c)]
+        self.snapshots, self.outcomes = {}, {}
+        ns = sources.fresh_module(f"scored_{ch.id}").__dict__
+        for cell in self.cells:
+            gid = cellmeta.grade_id(cell)
+            if cellmeta.is_solution(cell):
+                self.snapshots[gid] = dict(ns)
+            self.outcomes[gid] = self._run(cell.source, ns)
+
+    @staticmethod
+    def _run(source: str, ns: dict) -> str | None:
+        """None if the cell ran, else its error (every cell gets its own name: Triton reads a
+        kernel's source back lazily)."""
+        try:
+            sources.exec_cell(source, f"<cell {next(_UNIQUE)}>", ns)
+            return None
+        except Exception as e:  # noqa: BLE001 - a failing test cell is an outcome, not a crash
+            return f"{type(e).__name__}: {e}"
+
+    def first_loss(self, cell_id: str, source: str) -> tuple[str, str] | None:
+        """Re-run from solution cell ``cell_id`` (with ``source``) until a graded test cell
+        fails: (its grade_id, its error), or None if every later test passes."""
+        ns = dict(self.snapshots[cell_id])
+        start = next(i for i, c in enumerate(self.cells) if cellmeta.grade_id(c) == cell_id)
+        error = self._run(source, ns)
+        if error:
+            return cell_id, error
+        for cell in self.cells[start + 1:]:
+            error = self._run(cell.source, ns)
+            if error and cellmeta.is_graded_test(cell):
+                return cellmeta.grade_id(cell), error
+        return None
+
+
+@functools.cache
+def scored(chapter_id: str) -> Scored:
+    return Scored(chapters.contract(chapter_id))
+
+
+EXERCISES = [(ch, ex) for ch in CONTRACTS for ex in ch.exercises]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ch, ex", EXERCISES, ids=[ex.grade_id for _, ex in EXERCISES])
+def test_solution_earns_every_point(ch, ex):
+    s = scored(ch.id)
+    failed = {gid: err for gid, err in s.outcomes.items() if err}
+    assert not failed.get(ex.grade_id), f"{ex.grade_id} failed on the solution: {failed[ex.grade_id]}"
+    assert not failed, f"{ch.id}: cells of the solution notebook failed: {failed}"
+
+
+# -------------------------------------------------------------------- student version
+
+def _stubbed(source: str) -> str:
+    """What nbgrader makes of a solution cell: the region between the markers becomes a stub."""
+    return re.sub(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*\n?",
+                  r"\1# YOUR CODE HERE\n\1raise NotImplementedError()\n", source,
+                  flags=re.S | re.M)
+
+
+@pytest.mark.parametrize("ch", CONTRACTS, ids=IDS)
+def test_student_version_fails_each_exercise_as_not_implemented(ch):
+    cells = sources.cells_by_id(_source_nb(ch.id))
+    stubs = {gid: _stubbed(src) for gid, src in cells.items()
+             if cellmeta.is_solution(_cell(ch.id, gid))}
+    assert all("raise NotImplementedError()" in s and "BEGIN SOLUTION" not in s
+               for s in stubs.values())
+    ns = sources.solution_namespace(ch.id, ROOT, replace=stubs)
+    for ex in ch.exercises:
+        with pytest.raises(CheckFailure, match="not implemented"):
+            ex.check(*(ns[name] for name in ex.entry))
+
+
+# ---------------------------------------------------------------------- known-wrong
+
+VARIANTS = [(ch, v) for ch in CONTRACTS for v in ch.variants]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ch, v", VARIANTS, ids=[f"{ch.id}-{v.name}" for ch, v in VARIANTS])
+def test_known_wrong_variant_loses_points_to_its_bug(ch, v):
+    s = scored(ch.id)
+    assert not any(s.outcomes.values()), f"{ch.id}: the solution itself fails: {s.outcomes}"
+    src = sources.cells_by_id(_source_nb(ch.id))[v.cell]
+    lost = s.first_loss(v.cell, v.apply(src))
+    assert lost is not None, f"{ch.id} variant {v.name!r} kept every point"
+    grade_id, error = lost
+    graders = {ex.grade_id for ex in ch.exercises if v.cell in ex.cells}
+    assert grade_id in graders, f"{v.name}: lost points at {grade_id}, not at {graders}: {error}"
+    assert not any(c in error for c in CRASH), f"{v.name} only crashed: {error[:600]}"
+    assert error.startswith(("CheckFailure", "RaceError")), f"{v.name}: {error[:600]}"
+    assert v.expect in error, f"{v.name}: expected {v.expect!r} in the failure: {error[:600]}"
+
+
+# --------------------------------------------------------------- quoted figures and files
+
+@pytest.mark.parametrize("ch", [c for c in CONTRACTS if c.quotes], ids=lambda c: c.id)
+def test_prose_quotes_the_recorded_figures(ch):
+    found = results.recorded(ch.id, "h200")
+    assert found, f"{ch.id} quotes figures but has no recorded H200 data"
+    text = sources.source(ch.id, ROOT).path.read_text()
+    for quote in ch.quotes(found.rows):
+        assert quote in text, f"{ch.id}: the prose should say {quote!r} (the recorded data)"
+
+
+def test_chapter_registry_matches_the_sources():
+    assert IDS == [s.id for s in sources.sources(ROOT)]
+
+
+@pytest.mark.parametrize("ch", CONTRACTS, ids=IDS)
+def test_every_file_a_chapter_touches_exists(ch):
+    src = sources.source(ch.id, ROOT)
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    assert f"notebooks/{src.name}" in pages, f"{ch.id} is missing from _toc.yml"
+    assert (ROOT / "notebooks" / f"{src.name}.ipynb").exists(), "run `make release`"
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(rf"^\| {ch.id[2:]}\. {re.escape(ch.title)} \| \w+", readme, re.M), \
+        f"README's chapter table has no row '| {ch.id[2:]}. {ch.title} | <status> |'"
+    assert (ROOT / "tests" / f"test_{ch.id}.py").exists(), f"tests/test_{ch.id}.py is missing"
+    title = nbformat.reads(nbformat.writes(_source_nb(ch.id)), as_version=4).cells[0].source
+    assert title.startswith(f"# Chapter {ch.id[2:]}: "), f"{ch.id}: the first cell is the title"
+    if ch.benchmark is not None:
+        assert results.recorded(ch.id, "h200"), f"{ch.id} has a benchmark but no recorded data"
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    for path in ("solutions/chN_", "src/flashbook/chapters/chN/__init__.py", "variants.py",
+                 "benchmark.py", "tests/test_chN.py", "_toc.yml", "README.md", "IDS",
+                 "notebooks/chN_", "src/flashbook/data/bench/chN/"):
+        assert path in contributing, f"CONTRIBUTING.md does not list {path}"

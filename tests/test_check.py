@@ -1,0 +1,147 @@
+"""The toolkit's check harness and case type: ``cases.AttnCase`` / ``make_inputs`` /
+``validate_qkv`` and ``check.run_student`` / ``check.check_attention`` (tile configs, NaN padding,
+canaries, masks, GQA, varlen), on implementations that are right and ones that are wrong."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from flashbook import cases, check, reference
+from flashbook.cases import AttnCase
+from flashbook.check import CheckFailure
+
+GOOD = [AttnCase("square", B=2, H_q=2, N_q=9, d=8),
+        AttnCase("N_q != N_k, causal", H_q=1, N_q=5, N_k=9, d=8, causal=True),
+        AttnCase("more queries than keys, causal", H_q=1, N_q=6, N_k=3, d=8, causal=True),
+        AttnCase("window", H_q=2, N_q=7, N_k=11, d=8, window=(2, 1)),
+        AttnCase("GQA", B=1, H_q=4, H_kv=2, N_q=5, N_k=6, d=8),
+        AttnCase("strided", B=2, H_q=3, N_q=4, N_k=5, d=8, layout="bnhd"),
+        AttnCase("float16, scale", H_q=1, N_q=4, d=16, dtype=torch.float16, scale=0.3)]
+
+
+def reference_run(q, k, v, case, cfg):
+    o, lse = reference.attention(q, k, v, scale=case.scale, causal=case.causal,
+                                 window=case.window, return_lse=True, dtype=torch.float64)
+    return o, lse
+
+
+def test_reference_passes_every_case_with_padding_and_configs(capsys):
+    n = check.check_attention(reference_run, GOOD, title="ref", configs=(None, "a"), pad=64)
+    assert n == 2 * len(GOOD) and "PASSED ref: 14/14 cases" in capsys.readouterr().out
+
+
+def test_reference_masks_match_the_definition():
+    vis = reference.visible_mask(2, 5, causal=True)
+    assert vis.tolist() == [[True] * 4 + [False], [True] * 5]        # bottom-right alignment
+    win = reference.visible_mask(4, 4, window=(1, 0))
+    assert win.int().sum().item() == 7 and not win[3, 1] and win[3, 2]
+
+
+def test_a_top_left_causal_mask_fails_and_names_the_rows():
+    def top_left(q, k, v, case, cfg):
+        s = (q.double() @ k.double().transpose(-1, -2)) / q.shape[-1] ** 0.5
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        return (reference.softmax(s) @ v.double()).to(q.dtype), torch.logsumexp(s, -1).float()
+    with pytest.raises(CheckFailure, match="aligned bottom-right") as e:
+        check.check_attention(top_left, GOOD[1:2], title="causal")
+    assert "Wrong rows" in str(e.value)
+
+
+def test_gqa_heads_must_share_the_right_kv_head():
+    def wrong_group(q, k, v, case, cfg):      # head h reads K/V head h % H_kv, not h // G
+        rep = q.shape[1] // k.shape[1]
+        return reference_run(q, k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1), case, cfg)
+    with pytest.raises(CheckFailure, match=r"Wrong \(b, h\)"):
+        check.check_attention(wrong_group, GOOD[4:5], title="gqa")
+
+
+def test_config_dependent_results_and_broken_canaries_fail():
+    def depends(q, k, v, case, cfg):
+        o, lse = reference_run(q, k, v, case, cfg)
+        # within the float32 tolerance of the reference either way, but not of each other
+        return (o * (1.0 + 5e-5 if cfg == "b" else 1.0)).to(q.dtype), lse
+    with pytest.raises(CheckFailure, match="must not depend on the tile size"):
+        check.check_attention(depends, GOOD[:1], title="tiles", configs=("a", "b"))
+
+    def scribbles(q, k, v, case, cfg):
+        q._flashbook_canary[0][-1] = 0.0          # a store one element past the tensor
+        return reference_run(q, k, v, case, cfg)
+    with pytest.raises(CheckFailure, match="memory around q was overwritten"):
+        check.check_attention(scribbles, GOOD[:1], title="canary", pad=8)
+
+
+def test_varlen_cases_pack_sequences_and_mask_each():
+    case = AttnCase("varlen", H_q=2, d=8, seqlens=(3, 0, 5), seqlens_k=(4, 2, 5), causal=True)
+    q, k, v = cases.make_inputs(case, 0)
+    assert q.shape == (8, 2, 8) and k.shape == (11, 2, 8)
+    assert case.cu_seqlens().tolist() == [0, 3, 3, 8] and case.cu_seqlens(keys=True).dtype == torch.int32
+    o, lse = cases.expected(case, q, k, v)
+    assert lse.shape == (2, 8) and not torch.isnan(o).any()
+
+    def per_sequence_ignored(q, k, v, case, cfg):   # attends across sequence boundaries
+        full = AttnCase("dense", B=1, H_q=2, N_q=q.shape[0], N_k=k.shape[0], d=8, causal=True)
+        o, lse = reference_run(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                               v.transpose(0, 1)[None], full, cfg)
+        return o[0].transpose(0, 1), lse[0]
+    with pytest.raises(CheckFailure):
+        check.check_attention(per_sequence_ignored, [case], title="varlen")
+
+
+@pytest.mark.parametrize("exc, text", [
+    (NotImplementedError(), "not implemented yet"),
+    (ValueError("q must be 4-d"), "rejected with ValueError: q must be 4-d"),
+    (IndexError("index 9 is out of bounds"), "indexed past the end"),
+])
+def test_run_student_turns_failures_into_teaching_messages(exc, text):
+    def fail():
+        raise exc
+    with pytest.raises(CheckFailure, match=text):
+        check.run_student(fail, what="thing")
+    with pytest.raises(type(exc)):
+        check.run_student(fail, what="thing", passthrough=(type(exc),))
+
+
+def test_stub_detection():
+    def stub():
+        raise NotImplementedError()
+
+    def done():
+        return 1
+    assert check.is_stub(stub) and not check.is_stub(done)
+    with pytest.raises(CheckFailure, match="not implemented"):
+        check.require_implemented(stub, "stub")
+
+
+@pytest.mark.parametrize("args, kw, text", [
+    ((np.zeros((1, 1, 2, 4)),) * 3, {}, "must be a torch.Tensor"),
+    ((torch.zeros(1, 2, 4),) * 3, {}, "must have 4 dimensions"),
+    ((torch.zeros(1, 1, 2, 4, dtype=torch.bfloat16),) * 3, {}, "dtype"),
+    ((torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4).half(), torch.zeros(1, 1, 2, 4)), {}, "share a dtype"),
+    ((torch.zeros(1, 4, 2, 4), torch.zeros(1, 3, 2, 4), torch.zeros(1, 3, 2, 4)), {"gqa": True}, "multiple"),
+    ((torch.zeros(1, 2, 2, 4), torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4)), {}, "shapes do not match"),
+    ((torch.zeros(1, 1, 4, 2).transpose(-1, -2),) * 3, {}, "stride"),
+    ((torch.zeros(1, 3, 2, 4).transpose(1, 2),) * 3, {"contiguous": "all"}, "not contiguous"),
+    ((torch.zeros(1, 1, 2, 48),) * 3, {"head_dims": (16, 32)}, "head dimension d=48"),
+    ((torch.zeros(1, 1, 0, 4),) * 3, {"allow_empty": False}, "empty input"),
+])
+def test_validate_qkv_says_what_is_wrong(args, kw, text):
+    with pytest.raises(ValueError, match=text):
+        cases.validate_qkv(*args, **kw)
+
+
+def test_validate_qkv_accepts_gqa_and_returns_the_sizes():
+    q, k = torch.zeros(2, 4, 3, 8), torch.zeros(2, 2, 5, 8)
+    assert cases.validate_qkv(q, k, k, gqa=True) == (2, 4, 2, 3, 5, 8)
+    with pytest.raises(ValueError, match="scale"):
+        cases.validate_scale(-1.0, 8)
+    assert cases.validate_scale(None, 16) == 0.25
+
+
+def test_cases_describe_and_grid():
+    grid = cases.grid(GOOD[:2], dtype=(torch.float32, torch.float16), causal=(False, True))
+    assert len(grid) == 8 and {c.dtype for c in grid} == {torch.float32, torch.float16}
+    text = dataclasses.replace(GOOD[4], window=(2, 0), logit_boost=5.0).describe()
+    assert "H_q=4, H_kv=2" in text and "window=(2, 0)" in text and "logits x5" in text
+    with pytest.raises(ValueError, match="multiple"):
+        AttnCase("bad", H_q=3, H_kv=2)

@@ -1,0 +1,223 @@
+"""The results module: Row <-> CSV + provenance, the recorded GPU data, the one table formatter
+and the one plot function (drawn on each chapter's recorded data), and `flashbook bench`'s
+refusal to record without a GPU."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import matplotlib
+import pytest
+
+from flashbook import chapters, cli, results
+from flashbook.results import Row
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+CHAPTERS = sorted(p.name for p in results.DATA_DIR.glob("ch*") if (p / "h200.csv").exists())
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _rows():
+    return [Row("k", "reference", 1, 2, 2, 8, 8, 4, "float16", False, 1.5, 2.0, 3.0, 4.0, 5.0, ""),
+            Row("k", "variant", 1, 2, 1, 16, 32, 4, "float16", True, None, None, None, None,
+                note='out of memory, "twice"; at N=16')]
+
+
+# ------------------------------------------------------------------------ files
+
+def test_write_then_read_gives_equal_rows(tmp_path):
+    meta = {"command": "flashbook bench test", "gpu": "NVIDIA T4"}
+    path = results.write(_rows(), tmp_path / "chX", "t4", meta)
+    assert path == tmp_path / "chX" / "t4.csv"
+    back = results.read(path)
+    assert back == _rows()
+    assert all(isinstance(r, Row) for r in back)
+    assert back[1].causal is True and back[1].ms is None and isinstance(back[0].N_q, int)
+    assert json.loads((tmp_path / "chX" / "t4.json").read_text()) == meta
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_recorded_rows_survive_a_rewrite(tmp_path, chapter):
+    """The committed files keep 6 significant digits, as write does: nothing is lost."""
+    rec = results.recorded(chapter)
+    path = results.write(rec.rows, tmp_path, "h200", rec.provenance)
+    assert results.read(path) == rec.rows
+    assert path.read_text() == (results.DATA_DIR / chapter / "h200.csv").read_text()
+
+
+def test_read_rejects_files_that_are_not_results(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("kernel,ms\nk,1.0\n")
+    with pytest.raises(ValueError, match="not the results columns"):
+        results.read(bad)
+    path = results.write(_rows(), tmp_path, "t4", {})
+    path.write_text(path.read_text().replace(",False,", ",no,"))
+    with pytest.raises(ValueError, match="line 2, column causal"):
+        results.read(path)
+
+
+def test_write_takes_rows_only(tmp_path):
+    with pytest.raises(ValueError, match="must be results.Row, got dict"):
+        results.write([dataclasses.asdict(_rows()[0])], tmp_path, "t4", {})
+    assert not list(tmp_path.iterdir())
+
+
+def test_row_rejects_an_unknown_role():
+    with pytest.raises(ValueError, match="role must be one of"):
+        Row("k", "fastest", 1, 1, 1, 1, 1, 1, "float32", False, None, None, None, None)
+
+
+def test_provenance_records_the_timer_and_the_command():
+    p = results.provenance("flashbook bench ch9")
+    assert p["command"] == "flashbook bench ch9" and p["torch"] and p["date"]
+    assert p["timer"] == "triton.testing.do_bench(warmup=100, rep=300, return_mode='median')"
+    assert results.provenance("x", graph_timer=True)["timer"].startswith(
+        "triton.testing.do_bench_cudagraph(")
+
+
+def test_gpu_slug():
+    assert results.gpu_slug("NVIDIA H200") == "h200"
+    assert results.gpu_slug("Tesla T4") == "t4"
+    assert results.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+
+
+# ------------------------------------------------------------------ recorded data
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_recorded_data_are_rows_with_provenance(chapter):
+    rec = results.recorded(chapter, "h200")
+    rows, meta = rec                                   # a (rows, provenance) pair
+    assert rows is rec.rows and meta is rec.provenance
+    assert rows and all(isinstance(r, Row) for r in rows)
+    assert any(r.role == "reference" for r in rows)
+    for key in ("gpu", "driver", "cuda", "torch", "date", "command", "compute_capability"):
+        assert meta.get(key), f"{chapter}: provenance lacks {key}"
+    assert meta["command"].startswith("flashbook bench " + chapter)
+    line = results.describe(meta)
+    assert line.startswith(f"gpu {meta['gpu']}, driver {meta['driver']}") and meta["date"] in line
+
+
+def test_recorded_is_none_where_nothing_was_measured():
+    assert results.recorded("ch1", "no-such-gpu") is None
+    assert results.recorded("ch99") is None
+
+
+def test_data_dir_is_inside_the_package():
+    assert results.DATA_DIR.parts[-3:] == ("flashbook", "data", "bench")
+
+
+# ------------------------------------------------------------------------ table
+
+def test_table_format():
+    assert results.table(_rows()).splitlines() == [
+        "kernel                  N        ms   TFLOP/s  % peak       MiB  note",
+        "---------------------------------------------------------------------",
+        "k                       8     1.500      2.00     4.0       5.0  ",
+        'k                      16         -         -       -         -  out of memory, "twice"; at N=16',
+    ]
+
+
+# ------------------------------------------------------------------------- plot
+
+def _data_lines(ax):
+    return [ln for ln in ax.lines if ln.get_gid() != "not measured"]
+
+
+def test_plot_lines_two_panels_with_out_of_memory_markers():
+    """Chapter 1's figure: ms and peak MiB against N, log axes, where each kernel ran out."""
+    rows = results.recorded("ch1").rows
+    kernels = list(dict.fromkeys(r.kernel for r in rows))
+    fig = results.plot(rows, y=("ms", "peak_mib"), x="N_q", logx=True, logy=True, title="t")
+    assert len(fig.axes) == 2
+    for ax, col in zip(fig.axes, ("ms", "peak_mib")):
+        lines = _data_lines(ax)
+        assert [ln.get_label() for ln in lines] == kernels
+        for ln, k in zip(lines, kernels):
+            want = sorted((r.N_q, getattr(r, col)) for r in rows if r.kernel == k and r.ms)
+            assert list(zip(ln.get_xdata(), ln.get_ydata())) == want
+        markers = {ln.get_xdata()[0]: ln.get_color() for ln in ax.lines
+                   if ln.get_gid() == "not measured"}
+        first_oom = {k: min(r.N_q for r in rows if r.kernel == k and r.note == "out of memory")
+                     for k in kernels if any(r.kernel == k and r.ms is None for r in rows)}
+        assert sorted(markers) == sorted(first_oom.values()) and len(first_oom) == 2
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        assert any("naive_torch: out of memory" in t.get_text() for t in ax.texts)
+    assert fig._suptitle.get_text() == "t"
+
+
+def test_plot_ladder_bars_per_kernel_grouped_by_n():
+    """Chapter 2's ladder: TFLOP/s per kernel, one bar per N, log y, values written on top."""
+    rows = results.recorded("ch2").rows
+    fig = results.plot(rows, y="tflops", x="kernel", by="N_q", kind="bar", logy=True, values=True)
+    (ax,) = fig.axes
+    assert len(ax.patches) == len(rows) == 12
+    kernels = [t.get_text() for t in ax.get_xticklabels()]
+    assert kernels == list(dict.fromkeys(r.kernel for r in rows))
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["N=1024", "N=4096"]
+    heights = sorted(p.get_height() for p in ax.patches)
+    assert heights == sorted(r.tflops for r in rows)
+    assert len([t for t in ax.texts if t.get_text()]) == 12 and ax.get_yscale() == "log"
+    assert ax.get_ylabel() == "TFLOP/s (fp32)"
+
+
+def test_plot_grouped_bars_per_shape():
+    """Chapter 3's figure: one group per (B, H, N, d), one bar per kernel."""
+    rows = results.recorded("ch3").rows
+    fig = results.plot(rows, y="tflops", x=("B", "H_q", "N_q", "d"), kind="bar")
+    (ax,) = fig.axes
+    shapes = list(dict.fromkeys((r.B, r.H_q, r.N_q, r.d) for r in rows))
+    kernels = list(dict.fromkeys(r.kernel for r in rows))
+    assert len(ax.patches) == len(shapes) * len(kernels) == 16
+    assert [t.get_text() for t in ax.get_xticklabels()][0] == "B=1 H=16\nN=16384 d=128"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == kernels
+    assert ax.get_ylabel() == "TFLOP/s (fp16)" and ax.get_yscale() == "linear"
+
+
+def test_plot_throughput_against_n_per_kernel_into_given_axes():
+    rows = results.recorded("ch1").rows
+    fig, ax = plt.subplots()
+    assert results.plot(rows, y="gbps", ax=ax) is fig
+    assert len(_data_lines(ax)) == 5 and ax.get_ylabel() == "GB/s (fp16)"
+
+
+def test_plot_rejects_bad_arguments():
+    rows = results.recorded("ch1").rows
+    with pytest.raises(ValueError, match="no rows"):
+        results.plot([])
+    with pytest.raises(ValueError, match="'TFLOPS' is not a column"):
+        results.plot(rows, y="TFLOPS")
+    with pytest.raises(ValueError, match="kind must be"):
+        results.plot(rows, kind="pie")
+    with pytest.raises(ValueError, match="one numeric column"):
+        results.plot(rows, x=("B", "N_q"))
+    fig, ax = plt.subplots()
+    with pytest.raises(ValueError, match="2 panels"):
+        results.plot(rows, y=("ms", "peak_mib"), ax=ax)
+
+
+def test_plot_draws_into_the_axes_of_subplots():
+    rows = results.recorded("ch1").rows
+    fig, axes = plt.subplots(1, 2)          # a numpy array of Axes
+    assert results.plot(rows, y=("ms", "peak_mib"), ax=axes) is fig
+    assert all(len(_data_lines(ax)) == 5 for ax in axes)
+
+
+# ----------------------------------------------------------------------- record
+
+def test_record_refuses_without_a_gpu(tmp_path):
+    """The suite runs in CPU mode (FLASHBOOK_FORCE_CPU=1): nothing may be recorded."""
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        results.record(chapters.contract("ch1"), tmp_path, "flashbook bench ch1")
+    assert not list(tmp_path.iterdir())
+
+
+def test_bench_rejects_an_unknown_chapter():
+    with pytest.raises(ValueError, match="no chapter 'ch99'"):
+        cli.main(["bench", "ch99"])
