@@ -262,7 +262,8 @@ else:
     rows = ch1.benchmark.sweep([128, 256, 512, 1024], B=1, H=4, d=32, dtype=torch.float32,
                                device="cpu", baselines=(None,))
 print(fb.results.table(rows))
-ch1.plot_time_and_memory(rows, f"this runtime ({backend.name}): naive vs SDPA")
+fb.results.plot(rows, y=("ms", "peak_mib"), logx=True, logy=True,
+                title=f"this runtime ({backend.name}): naive vs SDPA")
 plt.show()
 
 # %% [markdown]
@@ -275,7 +276,8 @@ recorded = fb.results.recorded("ch1", "h200")
 if recorded is None:
     print("No recorded GPU data in this installation.")
 else:
-    ch1.plot_time_and_memory(recorded.rows, "H200: " + fb.results.describe(recorded.provenance))
+    fb.results.plot(recorded.rows, y=("ms", "peak_mib"), logx=True, logy=True,
+                    title="H200: " + fb.results.describe(recorded.provenance))
     plt.show()
     big = max(r.N_q for r in recorded.rows if r.kernel == "naive_torch" and r.ms)
     for r in recorded.rows:

@@ -7,6 +7,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import collections  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -89,3 +91,25 @@ def built_book(executed_dir) -> Path:
     """Build the student edition of the book once per session; returns index.html."""
     from flashbook import book
     return book.build(ROOT)
+
+
+# --------------------------------------------------------------- the per-chapter budget
+
+_CHAPTER_IN_NODEID = re.compile(r"(?<![a-z0-9])(ch\d+)(?![0-9])")
+_seconds_by_chapter: dict = collections.defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    """Add each test phase's time to the chapter its id names (``test_ch3.py``, ``[ch3-...]``,
+    ``[ch3_attn_test]``); tests that name no chapter are the shared part."""
+    m = _CHAPTER_IN_NODEID.search(report.nodeid)
+    _seconds_by_chapter[m.group(1) if m else "shared"] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the suite's cost per chapter (the budget in CONTRIBUTING.md is per chapter)."""
+    if not _seconds_by_chapter:
+        return
+    terminalreporter.section("test time by chapter (summed over workers)")
+    for name in sorted(_seconds_by_chapter, key=lambda n: (n == "shared", n)):
+        terminalreporter.write_line(f"{name:>8}: {_seconds_by_chapter[name]:7.1f} s")

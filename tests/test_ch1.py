@@ -185,7 +185,7 @@ def test_contract_runs_the_chapter_benchmark():
 
 def test_time_and_memory_figure_draws_the_recorded_h200_data():
     rows = results.recorded("ch1", "h200").rows
-    fig = ch1.plot_time_and_memory(rows, "H200")
+    fig = results.plot(rows, y=("ms", "peak_mib"), logx=True, logy=True, title="H200")
     try:
         assert [ax.get_ylabel() for ax in fig.axes] == ["time (ms)", "peak extra memory (MiB)"]
         for ax in fig.axes:

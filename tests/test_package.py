@@ -99,6 +99,7 @@ def test_measure_attention_on_cpu():
     assert r.ms > 0 and r.tflops > 0 and r.pct_peak is None and r.peak_mib >= 0
 
 
+@pytest.mark.slow
 def test_execute_passes_env_to_the_kernel_and_leaves_os_environ_alone(monkeypatch):
     import os
     import threading

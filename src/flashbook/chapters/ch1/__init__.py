@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 
-from flashbook import results
 from flashbook.contract import Chapter, Exercise
 
 from . import benchmark
@@ -17,14 +16,7 @@ from .checks import attention_cases, check_attention, check_softmax, check_traff
 from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "check_softmax", "check_attention", "check_traffic", "softmax_cases",
-           "attention_cases", "expected_traffic", "plot_time_and_memory", "benchmark"]
-
-
-def plot_time_and_memory(rows, title: str):
-    """Two panels: time (ms) and peak extra memory (MiB) against N, one line per kernel, log
-    axes; a dashed line marks where a kernel ran out of memory. (The notebook draws this
-    figure twice: this runtime's sweep and the recorded H200 one.)"""
-    return results.plot(rows, y=("ms", "peak_mib"), x="N_q", logx=True, logy=True, title=title)
+           "attention_cases", "expected_traffic", "benchmark"]
 
 
 CHAPTER = Chapter(
