@@ -60,3 +60,54 @@ def test_benchmark_appendix_lists_every_recorded_measurement(built_book):
             assert f"{chapter_dir.name}: {meta['gpu']}" in html
             assert all(f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{r.kernel}</span>"
                        in html for r in rows)
+
+
+def test_file_names_are_not_turned_into_web_links(built_book):
+    html_root = built_book.parent
+    ch2 = _page(built_book, sources.source("ch2"))
+    for page in (ch2, html_root / "book" / "preface.html"):
+        html = page.read_text()
+        assert "flash.cu" in html
+        assert 'href="http://flash.cu"' not in html, f"{page.name}: flash.cu became a web link"
+    # real links still are links
+    assert 'href="https://nvidia.github.io/numba-cuda/"' in ch2.read_text()
+
+
+def test_linkify_still_links_bare_urls_but_not_domain_like_names(root):
+    """The book's MyST settings (from _config.yml): bare http(s) URLs are links, file names not."""
+    import yaml
+    from markdown_it.renderer import RendererHTML
+    from myst_parser.config.main import MdParserConfig
+    from myst_parser.parsers.mdit import create_md_parser
+    sphinx_config = yaml.safe_load((root / "_config.yml").read_text())["sphinx"]["config"]
+    config = MdParserConfig(enable_extensions={"linkify"},
+                            linkify_fuzzy_links=sphinx_config["myst_linkify_fuzzy_links"])
+    html = create_md_parser(config, RendererHTML).render(
+        "See flash.cu and https://example.org/page and http://example.com.")
+    assert 'href="http://flash.cu"' not in html
+    assert 'href="https://example.org/page"' in html and 'href="http://example.com"' in html
+
+
+def test_references_render_math_free_titles(built_book):
+    html = (built_book.parent / "book" / "references.html").read_text()
+    assert "$O(n^2)$" not in html and "O(n^2)" not in html
+    assert "O(n²)" in html
+
+
+@pytest.mark.parametrize("ch", sources.sources(), ids=[c.id for c in sources.sources()])
+def test_chapter_page_shows_the_title_before_the_colab_cells(built_book, ch):
+    html = _page(built_book, ch).read_text()
+    body = html[html.index('<article class="bd-article"'):] if '<article class="bd-article"' in html else html
+    h1 = body.index("<h1")
+    badge = body.index("open-in-colab.svg")
+    install = body.index("Setup: on Colab")
+    assert h1 < badge and h1 < install, f"{ch.id}: the Colab cells come before the title"
+
+
+@pytest.mark.parametrize("ch", sources.sources(), ids=[c.id for c in sources.sources()])
+def test_student_notebook_still_starts_with_the_colab_cells(root, ch):
+    import nbformat
+    nb = nbformat.read(root / "notebooks" / f"{ch.name}.ipynb", as_version=4)
+    assert "Open In Colab" in nb.cells[0].source
+    assert "Setup: on Colab" in nb.cells[1].source
+    assert nb.cells[2].source.startswith("# Chapter")

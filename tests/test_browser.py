@@ -70,3 +70,14 @@ def test_chapter_page_in_a_real_browser(site, browser, ch):
     assert notebooks.colab_url(ch, sources.repo_root()) in hrefs
     assert not problems, "\n".join(problems)
     page.close()
+
+
+@pytest.mark.parametrize("ch", sources.sources(), ids=[c.id for c in sources.sources()])
+def test_reader_sees_the_chapter_title_above_the_colab_cells(site, browser, ch):
+    page = browser.new_page()
+    page.goto(f"{site}/notebooks/{ch.name}.html", wait_until="load")
+    title = page.locator("article h1").first.bounding_box()
+    badge = page.locator('article img[src*="open-in-colab"]').first.bounding_box()
+    setup = page.locator("article div.cell", has_text="Setup: on Colab").first.bounding_box()
+    assert title["y"] < badge["y"] and title["y"] < setup["y"], f"{ch.id}: title below the Colab cells"
+    page.close()

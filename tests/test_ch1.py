@@ -27,19 +27,21 @@ def _good_attention(q, k, v, scale=None, causal=False):
 
 def test_check_attention_accepts_the_reference(capsys):
     ch1.check_attention(_good_attention, hidden=True)
-    assert capsys.readouterr().out == "PASSED attention: 36/36 cases\n"   # 9 shapes x 2 dtypes x 2
+    assert capsys.readouterr().out == ""          # hidden runs print nothing when they pass
+    ch1.check_attention(_good_attention)
+    assert capsys.readouterr().out == "PASSED attention: 14/14 cases\n"   # 7 shapes x 2 masks
 
 
 def test_attention_cases_keep_the_chapter_shapes():
     visible = ch1.attention_cases(causal=False)
     assert [(c.B, c.H_q, c.N_q, c.n_k, c.d) for c in visible] == [
         (1, 2, 16, 16, 16), (1, 1, 1, 1, 8), (2, 3, 13, 13, 16), (1, 2, 8, 8, 16),
-        (1, 2, 5, 9, 16), (1, 1, 7, 7, 32)]
+        (1, 2, 5, 9, 16), (1, 1, 7, 7, 32), (1, 1, 6, 3, 8)]
     assert visible[3].logit_boost == 300.0 and visible[5].scale == 0.5
     both = ch1.attention_cases(hidden=True, dtypes=(torch.float32, torch.float16))
-    assert len(both) == 9 * 2 * 2
-    # the hidden cases include rows that see no key under the causal mask (N_q > N_k)
-    assert any(c.causal and c.N_q > c.n_k for c in both)
+    assert len(both) == 10 * 2 * 2
+    # the visible cases include rows that see no key under the causal mask (N_q > N_k)
+    assert any(c.causal and c.N_q > c.n_k for c in ch1.attention_cases(causal=True))
 
 
 def test_check_attention_points_at_wrong_rows_and_heads():
@@ -95,21 +97,20 @@ def _unguarded(x):
     return e / e.sum(-1, keepdim=True)
 
 
-def test_check_softmax_hidden_cases_catch_unguarded_masked_rows():
-    ch1.check_softmax(_unguarded)   # the visible cases have no fully masked row
+def test_check_softmax_visible_cases_catch_unguarded_masked_rows():
     with pytest.raises(CheckFailure, match="a row of only -inf"):
-        ch1.check_softmax(_unguarded, hidden=True)
+        ch1.check_softmax(_unguarded)   # the visible cases have a fully masked row
 
 
-def test_hidden_softmax_check_forbids_the_library_and_restores_it():
+def test_softmax_check_forbids_the_library_and_restores_it():
     originals = (torch.softmax, torch.log_softmax, torch.Tensor.softmax, F.softmax, F.log_softmax)
 
     def library(x):
         w = x.float() if x.dtype == torch.float16 else x
         return torch.nan_to_num(torch.softmax(w, dim=-1), nan=0.0).to(x.dtype)
-    ch1.check_softmax(library)                  # visible: allowed (as before the refactor)
-    with pytest.raises(CheckFailure, match="written by hand"):
-        ch1.check_softmax(library, hidden=True)
+    for hidden in (False, True):                # visible and hidden: forbidden
+        with pytest.raises(CheckFailure, match="written by hand"):
+            ch1.check_softmax(library, hidden=hidden)
     assert (torch.softmax, torch.log_softmax, torch.Tensor.softmax, F.softmax,
             F.log_softmax) == originals
     assert torch.allclose(torch.softmax(torch.zeros(2), 0), torch.full((2,), 0.5))
@@ -133,7 +134,10 @@ def test_traffic_model_matches_the_chapter_table():
 def test_check_traffic_accepts_any_exact_form(capsys):
     ch1.check_traffic(lambda B, H, N, d, e: {"flops": 2 * 2 * B * H * N * N * d,
                                              "bytes": 4 * e * B * H * N * (d + N)}, hidden=True)
-    assert "PASSED naive_traffic: 6/6 cases" in capsys.readouterr().out
+    assert capsys.readouterr().out == ""
+    ch1.check_traffic(lambda B, H, N, d, e: {"flops": 2 * 2 * B * H * N * N * d,
+                                             "bytes": 4 * e * B * H * N * (d + N)})
+    assert "PASSED naive_traffic: 3/3 cases" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("wrong, message", [

@@ -61,6 +61,18 @@ def benchmarks_page() -> str:
     return "\n".join(lines)
 
 
+def title_first(nb):
+    """Book pages open with the chapter title: move the header cells (Colab badge and install
+    cell, tagged "header") to just after the first other markdown cell. The notebooks keep them
+    first (Colab needs them there); only the staged book page is reordered."""
+    nb = nbformat.from_dict(nb)
+    header = [c for c in nb.cells if "header" in c.metadata.get("tags", [])]
+    rest = [c for c in nb.cells if "header" not in c.metadata.get("tags", [])]
+    i = next((k for k, c in enumerate(rest) if c.cell_type == "markdown"), -1)
+    nb.cells = rest[:i + 1] + header + rest[i + 1:]
+    return nb
+
+
 def stage(root: Path, build: Path, instructor: bool = False) -> Path:
     """Assemble the Sphinx source tree under build/src and return it."""
     src = build / "src"
@@ -77,7 +89,7 @@ def stage(root: Path, build: Path, instructor: bool = False) -> Path:
     (src / "notebooks").mkdir()
     for ch in sources.sources(root):
         nb = notebooks.executed_source(ch, root, build / "executed")
-        page = nb if instructor else notebooks.student_view(nb)
+        page = title_first(nb if instructor else notebooks.student_view(nb))
         nbformat.write(page, src / "notebooks" / f"{ch.name}.ipynb")
     return src
 

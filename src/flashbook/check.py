@@ -88,9 +88,11 @@ def no_nan(t: torch.Tensor, what: str):
                            "or 0/0 when a row's sum is 0.")
 
 
-def report(title: str, n: int, extra: str = ""):
-    """The line a passing check prints."""
-    print(f"PASSED {title}: {n}/{n} cases{extra}")
+def report(title: str, n: int, extra: str = "", hidden: bool = False):
+    """The line a passing check prints; silent for ``hidden`` runs (the book shows the visible
+    checks' results only; a failing hidden check still raises)."""
+    if not hidden:
+        print(f"PASSED {title}: {n}/{n} cases{extra}")
 
 
 # ------------------------------------------------------------------------- attention

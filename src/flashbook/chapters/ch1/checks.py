@@ -18,7 +18,8 @@ from flashbook.check import CheckFailure, assert_close, run_student
 
 
 def softmax_cases(hidden: bool = False) -> list[tuple[str, torch.Tensor]]:
-    """(name, x) pairs; hidden adds a fully masked row, a 3-d input and a float16 input."""
+    """(name, x) pairs, a fully masked row among the visible ones; hidden adds a 3-d input and a
+    float16 input."""
     g = torch.Generator().manual_seed(1 if hidden else 0)
     cases = [
         ("random rows (4, 7)", torch.randn(4, 7, generator=g, dtype=torch.float64)),
@@ -29,11 +30,11 @@ def softmax_cases(hidden: bool = False) -> list[tuple[str, torch.Tensor]]:
         ("some -inf entries (2, 4)", torch.tensor([[0.5, float("-inf"), 1.0, float("-inf")],
                                                    [float("-inf"), 2.0, 2.0, 2.0]],
                                                   dtype=torch.float64)),
+        ("a row of only -inf (masked) (2, 3)",
+         torch.tensor([[float("-inf")] * 3, [1.0, 2.0, 3.0]], dtype=torch.float64)),
     ]
     if hidden:
         cases += [
-            ("a row of only -inf (masked) (2, 3)",
-             torch.tensor([[float("-inf")] * 3, [1.0, 2.0, 3.0]], dtype=torch.float64)),
             ("3-d input (2, 3, 33), float32", torch.randn(2, 3, 33, generator=g) * 30),
             ("float16 input (5, 64)", (torch.randn(5, 64, generator=g) * 8).half()),
         ]
@@ -66,14 +67,13 @@ def _without_library_softmax(fn, what: str):
 def check_softmax(fn, hidden: bool = False):
     """Check a row softmax over the last axis against the float64 reference.
 
-    Hidden cases add fully masked rows (must give zeros, not NaN), 3-d and float16 inputs, and
-    run ``fn`` with torch's own softmax disabled.
+    Every run has torch's own softmax disabled, and a row of only -inf must give zeros, not NaN;
+    hidden cases add 3-d and float16 inputs.
     """
     cases = softmax_cases(hidden)
     for name, x in cases:
         what = f"softmax, case {name}"
-        run = _without_library_softmax(fn, what) if hidden else fn
-        got = run_student(run, x.clone(), what=what)
+        got = run_student(_without_library_softmax(fn, what), x.clone(), what=what)
         want = reference.softmax(x.to(torch.float64))
         dims = [f"axis{i}" for i in range(x.dim() - 2)] + ["row", "col"]
         assert_close(got, want, what=what, dims=dims, dtype=x.dtype,
@@ -82,7 +82,7 @@ def check_softmax(fn, hidden: bool = False):
                           "whose maximum is -inf must not produce -inf - (-inf) = NaN.")
         if got.dtype != x.dtype:
             raise CheckFailure(f"{what}: returned {got.dtype}, expected the input's dtype {x.dtype}.")
-    check.report("softmax", len(cases))
+    check.report("softmax", len(cases), hidden=hidden)
 
 
 # ---------------------------------------------------------------------------- attention
@@ -94,10 +94,11 @@ _ATTENTION = [   # q, k, v: (B, H, N_q, d) and (B, H, N_k, d)
     AttnCase("large logits", B=1, H_q=2, N_q=8, N_k=8, d=16, logit_boost=300.0),
     AttnCase("N_q != N_k", B=1, H_q=2, N_q=5, N_k=9, d=16),
     AttnCase("explicit scale", B=1, H_q=1, N_q=7, N_k=7, d=32, scale=0.5),
+    AttnCase("more queries than keys", B=1, H_q=1, N_q=6, N_k=3, d=8),   # causal: 3 rows see no key
 ]
 _ATTENTION_HIDDEN = [
     AttnCase("long rows", B=1, H_q=2, N_q=33, N_k=100, d=64),
-    AttnCase("more queries than keys", B=2, H_q=1, N_q=9, N_k=5, d=16),   # 4 rows see no key
+    AttnCase("more queries than keys, batch of two", B=2, H_q=1, N_q=9, N_k=5, d=16),
     AttnCase("d=128", B=1, H_q=1, N_q=10, N_k=10, d=128),
 ]
 # The hidden test cells' seeds and dtypes (distinct seeds: the hidden inputs differ from the
@@ -132,7 +133,7 @@ def check_attention(fn, hidden: bool = False, causal: bool | None = None, seed: 
         return fn(q, k, v, scale=case.scale, causal=case.causal)
     return check.check_attention(run, attention_cases(hidden, causal, dtypes),
                                  title="attention" + (" (causal)" if causal else ""),
-                                 returns_lse=returns_lse, seed=seed)
+                                 returns_lse=returns_lse, seed=seed, quiet=hidden)
 
 
 # ------------------------------------------------------------------------ traffic model
@@ -170,4 +171,4 @@ def check_traffic(fn, hidden: bool = False):
                 f"{what}: bytes = {got['bytes']:,} but the three kernels move {nbytes:,}.\n  Hint: "
                 "S and P are each written once and read once (N*N elements per head each way); "
                 "Q, K, V are read once and O written once (N*d elements each).")
-    check.report("naive_traffic", len(cases))
+    check.report("naive_traffic", len(cases), hidden=hidden)

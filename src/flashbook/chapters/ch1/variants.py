@@ -15,10 +15,10 @@ VARIANTS = (
         ("    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))   # all -inf row: avoid "
          "-inf - -inf\n", ""),
         (_NORMALISE, "    p = e / total\n"),
-    ), expect="a row of only -inf"),   # hidden case: -inf - (-inf) = NaN
+    ), expect="a row of only -inf"),   # visible case: -inf - (-inf) = NaN
     Variant("softmax_calls_the_library", "ch1_softmax", (
         (_EXP + _SUM + _NORMALISE, "    p = torch.nan_to_num(torch.softmax(work, dim=-1), nan=0.0)\n"),
-    ), expect="written by hand"),
+    ), expect="written by hand"),    # visible: the library is off in every run
     Variant("softmax_over_the_wrong_axis", "ch1_softmax", (
         ("m = work.amax(dim=-1, keepdim=True)", "m = work.amax(dim=0, keepdim=True)"),
         ("total = e.sum(dim=-1, keepdim=True)", "total = e.sum(dim=0, keepdim=True)"),
@@ -43,7 +43,7 @@ VARIANTS = (
     Variant("attention_nan_for_rows_without_keys", "ch1_attention", (
         ("    p = softmax(s)\n",
          "    p = torch.exp(s - s.amax(dim=-1, keepdim=True))\n    p = p / p.sum(dim=-1, keepdim=True)\n"),
-    ), expect="NaN"),                  # hidden causal case with N_q > N_k: rows that see no key
+    ), expect="NaN"),                  # visible causal case with N_q > N_k: rows that see no key
     # ---------------------------------------------------------------- ch1_traffic
     Variant("traffic_forgets_reading_p", "ch1_traffic", (
         ("elements = B * H * (4 * N * d + 4 * N * N)", "elements = B * H * (4 * N * d + 3 * N * N)"),

@@ -85,7 +85,7 @@ def check_fa1_literal(kernel, hidden: bool = False):
     pairs = LITERAL + (LITERAL_HIDDEN + (LITERAL_GPU if current().gpu else []) if hidden else [])
     n = _outputs(_fa1(kernel), pairs, title=title, hint=_HINT_FA1, seed=10)
     raced()
-    check.report(title, n, " + race check")
+    check.report(title, n, " + race check", hidden=hidden)
 
 
 _HINT_BOUNDS = ("a tail tile has fewer than Bc valid keys and Br valid queries: load 0 for rows >= N, "
@@ -117,7 +117,7 @@ def check_fa1_bounded(kernel, hidden: bool = False):
     for case, tiles in canaries:
         probes.canary(_fa1(kernel), case, tiles, title, with_lm=True)
     raced()
-    check.report(title, n, _extra(canaries))
+    check.report(title, n, _extra(canaries), hidden=hidden)
 
 
 # ------------------------------------------------------------- Exercise 3: launch config
@@ -182,10 +182,11 @@ def check_launch_config(smem_bytes: Callable, launch_config: Callable, hidden: b
                            f"more than {lim} B, so the launch would fail (and flash.cu would "
                            "silently return zeros). Raise ValueError.")
     # Arguments that make no sense must raise ValueError too.
-    nonsense = [dict(B=0, H=1, N=16, d=16), dict(B=1, H=1, N=16, d=16, Bc=0, Br=0)]
+    nonsense = [dict(B=0, H=1, N=16, d=16), dict(B=1, H=1, N=16, d=16, Bc=0, Br=0),
+                dict(B=1, H=1, N=16, d=16, Bc=16, Br=8),                          # Bc != Br
+                dict(B=1, H=1, N=16, d=16, Bc=2048, Br=2048, max_smem=10**9)]     # > 1024 threads
     if hidden:
-        nonsense += [dict(B=1, H=1, N=-3, d=16), dict(B=1, H=1, N=16, d=16, Bc=16, Br=8),
-                     dict(B=1, H=1, N=16, d=16, Bc=2048, Br=2048, max_smem=10**9)]
+        nonsense += [dict(B=1, H=1, N=-3, d=16)]
     for kw in nonsense:
         try:
             call(**kw)
@@ -194,7 +195,7 @@ def check_launch_config(smem_bytes: Callable, launch_config: Callable, hidden: b
         raise CheckFailure(f"launch_config({', '.join(f'{a}={b}' for a, b in kw.items())}) did not "
                            "raise ValueError: check the arguments (positive sizes, Bc == Br as the "
                            "kernel assumes, at most 1024 threads per block).")
-    check.report("smem_bytes + launch_config", len(table) + len(fits) + len(too_big) + len(nonsense))
+    check.report("smem_bytes + launch_config", len(table) + len(fits) + len(too_big) + len(nonsense), hidden=hidden)
 
 
 # ----------------------------------------------------------- Exercises 4 and 5: FA2 order
@@ -243,7 +244,7 @@ def check_fa2_rows(factory, hidden: bool = False):
     for case, tiles in canaries:
         probes.canary(_rows(factory), case, tiles, title, with_lm=False)
     raced()
-    check.report(title, n, _extra(canaries))
+    check.report(title, n, _extra(canaries), hidden=hidden)
 
 
 _HINT_TILED = ("check each thread's rows/columns mapping, the row max across the threads that "
@@ -273,4 +274,4 @@ def check_fa2_tiled(factory, hidden: bool = False):
     for case, cfg in canaries:
         probes.canary(_tiled(factory), case, cfg, title, with_lm=False)
     raced()
-    check.report(title, n, _extra(canaries))
+    check.report(title, n, _extra(canaries), hidden=hidden)

@@ -62,6 +62,10 @@ VARIANTS = (
     Variant("launch_config_no_argument_checks", _CFG, (
         ("        if not isinstance(value, int) or value < 1:", "        if False:"),
         ("    if Bc != Br:", "    if False:")), expect="did not raise ValueError"),
+    Variant("launch_config_allows_bc_not_br", _CFG, (
+        ("    if Bc != Br:", "    if False:"),), expect="Bc=16, Br=8) did not raise ValueError"),
+    Variant("launch_config_allows_over_1024_threads", _CFG, (
+        ("    if Bc > 1024:", "    if False:"),), expect="Bc=2048, Br=2048"),
     # ------------------------------------------------------------ Exercise 4: FA2 order
     Variant("rows_m_l_in_global_memory", _ROWS, (
         ("    def kernel(Q, K, V, N, scale, O):", "    def kernel(Q, K, V, N, scale, l, m, O):"),),

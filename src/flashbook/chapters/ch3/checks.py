@@ -26,12 +26,11 @@ def softmax_cases(hidden: bool = False):
                                                   torch.full((1, 40), -1e4).to(current().device)])),
         ("-inf entries (2, 37)", seeded((2, 37), 3, torch.float32).masked_fill(
             torch.arange(37, device=current().device) % 3 == 0, -inf)),
+        ("a row of only -inf (2, 20)", torch.cat([torch.full((1, 20), -inf).to(current().device),
+                                                 seeded((1, 20), 4, torch.float32, 5.0)])),
     ]
     if hidden:
-        row = seeded((3, 70), 4, torch.float32, 5.0)
-        row[1] = -inf
         cases += [
-            ("a row of only -inf (3, 70)", row),
             ("3-d float16 (2, 3, 45)", seeded((2, 3, 45), 5, torch.float16, 4.0)),
             ("long rows (2, 300), logits up to 1e3", seeded((2, 300), 6, torch.float32, 300.0)),
             ("increasing row (1, 100): the max changes every block",
@@ -74,7 +73,7 @@ def check_softmax_kernel(kernel, hidden: bool = False, blocks=(16, 32, 64)):
                 raise CheckFailure(f"softmax kernel, case {name}: BLOCK={b1} and BLOCK={b2} differ "
                                    f"by {diff:.3g}; the online softmax is exact, so the block "
                                    "size must not change the result.")
-    report("online softmax kernel", n)
+    report("online softmax kernel", n, hidden=hidden)
 
 
 def attention_cases(hidden: bool = False) -> list[AttnCase]:
@@ -84,6 +83,9 @@ def attention_cases(hidden: bool = False) -> list[AttnCase]:
         AttnCase("float16, d=64", B=2, H_q=1, N_q=64, N_k=64, d=64, dtype=torch.float16),
         AttnCase("N=1", B=1, H_q=1, N_q=1, N_k=1, d=16),
         AttnCase("large logits", B=1, H_q=1, N_q=24, N_k=40, d=16, logit_boost=60.0),
+        AttnCase("strided inputs, explicit scale, B=2, H=3", B=2, H_q=3, N_q=19, N_k=21, d=16,
+                 layout="bnhd", scale=0.3),
+        AttnCase("long rows, float32", B=1, H_q=1, N_q=16, N_k=300, d=16, logit_boost=2.0),
     ]
     if hidden:
         cases += [
@@ -91,8 +93,8 @@ def attention_cases(hidden: bool = False) -> list[AttnCase]:
                      dtype=torch.float16, logit_boost=6.0),
             AttnCase("d=128 float32", B=1, H_q=1, N_q=17, N_k=33, d=128),
             AttnCase("more queries than keys", B=1, H_q=2, N_q=45, N_k=7, d=32, dtype=torch.float16),
-            AttnCase("explicit scale", B=1, H_q=1, N_q=20, N_k=50, d=16, scale=0.3),
-            AttnCase("strided inputs", B=2, H_q=2, N_q=19, N_k=19, d=16, layout="bnhd"),
+            AttnCase("strided inputs, float16", B=2, H_q=2, N_q=19, N_k=19, d=16, layout="bnhd",
+                     dtype=torch.float16),
             AttnCase("float16, d=16, logits x8", B=1, H_q=3, N_q=33, N_k=65, d=16,
                      dtype=torch.float16, logit_boost=8.0),
         ]
@@ -101,6 +103,44 @@ def attention_cases(hidden: bool = False) -> list[AttnCase]:
 
 def _tiles(cfg: Config | None) -> str:
     return f"{cfg.BLOCK_M}x{cfg.BLOCK_N} tiles" if cfg else "the GPU's default tiles"
+
+
+def _edge_rows(run, configs):
+    """Rows the random cases cannot make: every score of a row near -1e5 (a running max started
+    at a finite value instead of -inf is wrong there), and no key at all (N_k = 0: O = 0,
+    LSE = -inf). Equal scores within a row keep the float32 reference exact."""
+    dev = current().device
+    B, H, N_q, N_k, d = 1, 2, 5, 20, 16
+    q = oob.embed(torch.full((B, H, N_q, d), -1.0, device=dev), pad=256)
+    k = oob.embed(torch.full((B, H, N_k, d), 1.0, device=dev), pad=256)
+    v = oob.embed(seeded((B, H, N_k, d), 11, torch.float32), pad=256)
+    scale = 6000.0                                   # every score: -16 * 6000 = -96000
+    want_o = v.double().mean(dim=2, keepdim=True).expand(B, H, N_q, d)
+    want_l = torch.full((B, H, N_q), -16 * scale + math.log(N_k), dtype=torch.float64, device=dev)
+    empty = oob.embed(torch.zeros((B, H, 0, d), device=dev), pad=256)
+    problems = [
+        (f"every score of a row is -96000 (B={B}, H={H}, N_q={N_q}, N_k={N_k}, d={d}, float32, "
+         f"scale={scale:g})", (q, k, v, scale), want_o, want_l),
+        (f"no key at all: every row is empty (B={B}, H={H}, N_q={N_q}, N_k=0, d={d}, float32)",
+         (q, empty, empty, None), torch.zeros((B, H, N_q, d), dtype=torch.float64, device=dev),
+         torch.full((B, H, N_q), -math.inf, dtype=torch.float64, device=dev))]
+    n = 0
+    for name, args, want_o, want_l in problems:
+        for cfg in configs:
+            what = f"attention forward kernel, case '{name}', {_tiles(cfg)}"
+            o, lse = run_student(run, *args, cfg, what=what, guard=True)
+            no_nan(o, what + ", O")
+            no_nan(lse, what + ", LSE")
+            assert_close(o, want_o, what=what + ", output O", dims=("b", "h", "row", "col"),
+                         dtype=torch.float32,
+                         hint="start the running max at -inf (any finite start is wrong for a row "
+                              "whose scores are all below it); a row with no key has l = 0: "
+                              "O = 0 and LSE = -inf, with no division 0/0.")
+            assert_close(lse, want_l, what=what + ", LSE", dims=("b", "h", "row"),
+                         dtype=torch.float32, atol=2e-4, rtol=1e-4,
+                         hint="a row has a key exactly when l > 0; LSE = -inf when it has none.")
+            n += 1
+    return n
 
 
 def check_attention_kernel(kernel, hidden: bool = False, configs=None, two_tiles: bool = False):
@@ -120,22 +160,32 @@ def check_attention_kernel(kernel, hidden: bool = False, configs=None, two_tiles
     def run(q, k, v, case, cfg):
         return attention_forward(kernel, q, k, v, scale=case.scale, config=cfg, two_tiles=two_tiles)
 
-    check_attention(
+    n = check_attention(
         run, attention_cases(hidden), title="attention forward kernel", configs=configs,
         describe_config=_tiles, guard=True, pad=4096, seed=7 if hidden else 0, lse_tol=(2e-4, 1e-4),
         hint="rescale acc and l by alpha = exp2(m_old - m_new) whenever the running max grows, "
              "mask keys >= N_k to -inf in the last tile, and divide by l once after the loop.",
         lse_hint="the kernel works in base 2: m and log2(l) are base-2 numbers, so LSE = "
-                 "(m + log2(l)) * ln(2) in natural log.")
+                 "(m + log2(l)) * ln(2) in natural log.",
+        quiet=True)
+    n += _edge_rows(lambda q, k, v, scale, cfg: attention_forward(
+        kernel, q, k, v, scale=scale, config=cfg, two_tiles=two_tiles), configs)
+    report("attention forward kernel", n, hidden=hidden)
 
 
 def merge_cases(hidden: bool = False):
-    cases = [("B=1, H=2, N=20, d=16, keys split 9 + 14", (1, 2, 20, 16), 9, 14, torch.float32),
-             ("B=2, H=1, N=7, d=32, keys split 30 + 3", (2, 1, 7, 32), 30, 3, torch.float32)]
+    """(name, (B, H, N, d), keys in a, keys in b, dtype, shift): ``shift`` is added to both
+    LSEs (the scores' scale: lse ~ 1000 overflows a naive log(exp(a) + exp(b)))."""
+    cases = [("B=1, H=2, N=20, d=16, keys split 9 + 14", (1, 2, 20, 16), 9, 14, torch.float32, 0.0),
+             ("B=2, H=1, N=7, d=32, keys split 30 + 3", (2, 1, 7, 32), 30, 3, torch.float32, 0.0),
+             ("large LSE (about 1000), N=6, keys split 4 + 5", (1, 1, 6, 16), 4, 5, torch.float32,
+              1000.0),
+             ("both sides empty", (1, 1, 5, 16), 0, 0, torch.float32, 0.0)]
     if hidden:
-        cases += [("float16, N=33, d=64, keys split 5 + 50", (1, 2, 33, 64), 5, 50, torch.float16),
-                  ("one side empty (N_k=0) for every row", (1, 1, 11, 16), 0, 12, torch.float32),
-                  ("both sides empty", (1, 1, 5, 16), 0, 0, torch.float32)]
+        cases += [("float16, N=33, d=64, keys split 5 + 50", (1, 2, 33, 64), 5, 50, torch.float16,
+                   0.0),
+                  ("one side empty (N_k=0) for every row", (1, 1, 11, 16), 0, 12, torch.float32,
+                   0.0)]
     return cases
 
 
@@ -155,7 +205,7 @@ def check_merge_kernel(kernel, hidden: bool = False, blocks=(16, 8)):
     Runs under the out-of-bounds guard: rows are not a multiple of BLOCK_R.
     """
     n = 0
-    for i, (name, (B, H, N, d), n_a, n_b, dtype) in enumerate(merge_cases(hidden)):
+    for i, (name, (B, H, N, d), n_a, n_b, dtype, shift) in enumerate(merge_cases(hidden)):
         q = seeded((B, H, N, d), 300 + i, dtype, 2.0)
         k = seeded((B, H, n_a + n_b, d), 400 + i, dtype)
         v = seeded((B, H, n_a + n_b, d), 500 + i, dtype)
@@ -167,6 +217,7 @@ def check_merge_kernel(kernel, hidden: bool = False, blocks=(16, 8)):
         else:
             want_o, want_l = torch.zeros_like(q, dtype=torch.float64), torch.full(
                 (B, H, N), float("-inf"), dtype=torch.float64, device=q.device)
+        l_a, l_b, want_l = l_a + shift, l_b + shift, want_l + shift
         for block in blocks:
             what = f"merge kernel, case '{name}', BLOCK_R={block}"
             o, lse = run_student(merge_states, kernel, o_a, l_a, o_b, l_b, block_r=block, what=what,
@@ -178,6 +229,8 @@ def check_merge_kernel(kernel, hidden: bool = False, blocks=(16, 8)):
                               "lse = log(exp(lse_a) + exp(lse_b)), computed from the larger one.")
             assert_close(lse, want_l, what=what + ", LSE", dims=("b", "h", "row"),
                          dtype=torch.float32, atol=1e-4, rtol=1e-5,
-                         hint="if both sides are empty (-inf), the result is O = 0, LSE = -inf.")
+                         hint="lse = m + log(exp(lse_a - m) + exp(lse_b - m)) with m the larger one "
+                              "(exp(1000) overflows); if both sides are empty (-inf), the result is "
+                              "O = 0, LSE = -inf.")
             n += 1
-    report("merge of two partial states", n)
+    report("merge of two partial states", n, hidden=hidden)

@@ -91,6 +91,23 @@ VARIANTS = (
         ('m_safe = tl.where(m == float("-inf"), 0.0, m)',
          'm_safe = m'),
     ), expect='NaN'),
+    Variant('attn_max_starts_at_minus_1e4', 'ch3_attn_kernel', (
+        ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+         'm_i = tl.full([BLOCK_M], -1e4, tl.float32)'),
+    ), expect='-96000'),
+    Variant('attn_has_key_when_l_is_zero', 'ch3_attn_kernel', (
+        ('has_key = l_i > 0.0', 'has_key = l_i >= 0.0'),
+    ), expect='no key at all'),
+    Variant('attn_batch_and_head_offsets_swapped', 'ch3_attn_kernel', (
+        ('q = tl.load(Q + b * stride_qb + h * stride_qh', 'q = tl.load(Q + h * stride_qb + b * stride_qh'),
+    ), expect='out-of-bounds load'),
+    Variant('attn_q_assumed_contiguous', 'ch3_attn_kernel', (
+        ('offs_m[:, None] * stride_qn + offs_d[None, :],\n                mask=row_ok',
+         'offs_m[:, None] * HEAD_DIM + offs_d[None, :],\n                mask=row_ok'),
+    ), expect='strided'),
+    Variant('merge_naive_logsumexp', 'ch3_merge_kernel', (
+        ('lse = m_safe + tl.log(total)', 'lse = tl.log(tl.exp(la) + tl.exp(lb))'),
+    ), expect='large LSE'),
     Variant('merge_plain_average', 'ch3_merge_kernel', (
         ('o = (oa * (wa * inv)[:, None] + ob * (wb * inv)[:, None])',
          'o = 0.5 * (oa + ob)'),
