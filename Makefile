@@ -8,13 +8,14 @@ STAMP  := $(VENV)/.installed
 WORKERS ?= 2
 PYTEST  := $(BIN)/python -m pytest -q -n $(WORKERS)
 
-.PHONY: help env chromium test test-fast book book-instructor release bench clean
+.PHONY: help env chromium test test-fast book book-instructor pdf release bench clean
 
 help:
 	@echo "make test             create $(VENV) (pinned toolchain), install chromium if it can, and"
 	@echo "                      run the whole test suite in parallel (WORKERS=$(WORKERS))"
 	@echo "make book             build the book in CPU mode -> _build/html/index.html"
 	@echo "make book-instructor  the same, with solutions shown (do not publish)"
+	@echo "make pdf              the book as one PDF (printed by chromium) -> _build/pdf/flashbook.pdf"
 	@echo "make release          regenerate notebooks/ from solutions/ (nbgrader)"
 	@echo "make test-fast        the suite without notebook execution, book build and browser"
 
@@ -56,6 +57,11 @@ book: $(STAMP)
 
 book-instructor: $(STAMP)
 	$(BIN)/flashbook book --instructor
+
+# The printable edition: the book as one HTML page (Sphinx's singlehtml builder), printed by
+# Debian's chromium through Playwright.
+pdf: $(STAMP) chromium
+	$(BIN)/flashbook pdf
 
 release: $(STAMP)
 	$(BIN)/flashbook release

@@ -56,7 +56,8 @@ from flashbook.chapters import ch1
 # Counting work: $QK^\top$ is $N_q N_k$ dot products of length $d$ ($2 N_q N_k d$ FLOPs), and
 # $PV$ is the same again, so one head costs $4 N_q N_k d$ FLOPs
 # (`fb.reference.attention_flops`). The softmax's exponentials are $O(N_q N_k)$: negligible
-# next to the matmuls in FLOPs, but not free, as Chapter 6 will show.
+# next to the matmuls in FLOPs, but not free, as Chapter 3 (Section 6) and Chapter 6 (Hopper)
+# will show.
 
 # %% [markdown]
 # ## 2. Softmax overflows
@@ -118,7 +119,7 @@ ch1.check_softmax(softmax, hidden=True)   # more cases, and torch's own softmax 
 # \mathrm{LSE}_i = \log \sum_j e^{S_{ij}} = m_i + \log \sum_j e^{S_{ij} - m_i},
 # $$
 #
-# is what the backward pass needs to recompute $P_{ij} = e^{S_{ij} - \mathrm{LSE}_i}$ without
+# is what the backward pass (Chapter 9) needs to recompute $P_{ij} = e^{S_{ij} - \mathrm{LSE}_i}$ without
 # storing $P$, and what lets two partial attention results be merged exactly (Chapters 3 and 8).
 # Every attention function in this book returns it. The conventions, kept by every chapter
 # (the kernels this book starts from, listed in the preface, disagree on each of them; their
@@ -251,8 +252,16 @@ except NotImplementedError:
 #
 # The cell below times the naive three-kernel version (`ch1.benchmark.naive_attention`)
 # against `torch.nn.functional.scaled_dot_product_attention` (SDPA), which on a GPU dispatches
-# to fused kernels, and records the peak extra memory each needs. On a CPU runtime it uses small
-# sizes; the trend is the same: naive memory grows as $N^2$, fused memory as $N$.
+# to fused kernels, and records the peak extra memory each needs.
+#
+# On a GPU the memory column is exact (the caching allocator's peak counter), and both panels
+# are log-log: naive memory grows as $N^2$, fused memory as $N$. On a CPU runtime it is only an
+# estimate: the rise of the process's resident memory during the call, counted in whole 4 KiB
+# pages, and **0 whenever the allocator reuses memory the process already holds**. SDPA's few
+# small buffers usually are reused, so its CPU numbers are noise around 0 (a few tenths of a
+# MiB, or exactly 0, changing from run to run), and a log axis could not even draw a 0. So on a
+# CPU the memory panel has a linear axis, with the size of $S$ and $P$ ($2 B H N^2$ floats,
+# dotted) for scale: only the naive version's growth toward that line is a real trend there.
 
 # %% tags=["demo"]
 if backend.gpu:
@@ -262,8 +271,21 @@ else:
     rows = ch1.benchmark.sweep([128, 256, 512, 1024], B=1, H=4, d=32, dtype=torch.float32,
                                device="cpu", baselines=(None,))
 print(fb.results.table(rows))
-fb.results.plot(rows, y=("ms", "peak_mib"), logx=True, logy=True,
-                title=f"this runtime ({backend.name}): naive vs SDPA")
+title = f"this runtime ({backend.name}): naive vs SDPA"
+if backend.gpu:
+    fb.results.plot(rows, y=("ms", "peak_mib"), logx=True, logy=True, title=title)
+else:
+    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fb.results.plot(rows, y="ms", ax=ax_time, logx=True, logy=True)
+    r0 = rows[0]
+    Ns = sorted({r.N_q for r in rows})
+    ax_mem.plot(Ns, [2 * r0.B * r0.H_q * n * n * 4 / 2**20 for n in Ns], ":", color="grey",
+                label="S and P (model)")
+    fb.results.plot(rows, y="peak_mib", ax=ax_mem, logx=True)   # linear y: a 0 stays visible
+    ax_mem.legend(fontsize=8)
+    ax_mem.set_title("CPU: page-granular estimate, 0 when memory is reused", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -290,6 +312,60 @@ else:
                   f"{r.peak_mib:10.0f} MiB")
 
 # %% [markdown]
+# ### The traffic model against the measurement
+# If naive attention is memory-bound, its time should be about its bytes divided by the HBM
+# bandwidth. The cell below takes your `naive_traffic` for each recorded H200 size, divides by
+# the datasheet's 4.8 TB/s (`fb.bench.PEAKS`), and sets the prediction beside the measured time.
+# The benchmark's version (`ch1.benchmark.naive_attention`) is written as `(q @ k^T) * scale`,
+# so it runs **four** kernels: the multiply by the scale is a separate pass that reads and writes
+# $S$ once more, $2N^2$ elements per head. The column `+ scale pass` adds it to your model.
+
+# %% tags=["demo"]
+if recorded is not None:
+    bandwidth = fb.bench.PEAKS["H200"][2] * 1e9                       # bytes per second
+    try:
+        print(f"{'N':>6} {'model GB':>9} {'predicted ms':>13} {'+ scale pass':>13} "
+              f"{'measured ms':>12} {'measured / predicted':>21}")
+        for r in recorded.rows:
+            if r.kernel != "naive_torch" or r.ms is None:
+                continue
+            e = torch.empty((), dtype=getattr(torch, r.dtype)).element_size()
+            nbytes = naive_traffic(r.B, r.H_q, r.N_q, r.d, e)["bytes"]
+            predicted = nbytes / bandwidth * 1e3
+            with_scale = (nbytes + 2 * r.B * r.H_q * r.N_q**2 * e) / bandwidth * 1e3
+            print(f"{r.N_q:>6} {nbytes / 1e9:9.3f} {predicted:13.4f} {with_scale:13.4f} "
+                  f"{r.ms:12.4f} {r.ms / predicted:12.2f} ({r.ms / with_scale:.2f})")
+    except NotImplementedError:
+        print("Finish Exercise 3 to compare your traffic model with the measurement.")
+
+# %% [markdown]
+# The model gets the growth right: from $N = 1024$ to $N = 32768$ the bytes grow by a factor of
+# 1024 ($N^2$) and the measured time by a factor of 847. It is too optimistic everywhere:
+# the measurement is 2.3x to 3.8x the three-kernel prediction,
+# and still 1.5x to 2.6x the prediction with the scale pass counted.
+# A bandwidth model is a lower bound, and this one leaves out:
+#
+# - **kernel launches**: at $N = 512$ the model predicts 8 microseconds, less than the fixed cost
+#   of launching four kernels from Python one after the other, a few microseconds each (this
+#   chapter's benchmark times each call as Python makes it, launches included);
+# - **the bandwidth a kernel really reaches**: 4.8 TB/s is the datasheet's peak; streaming
+#   kernels get a fraction of it, and a kernel that moves its bytes in several short passes
+#   gets less;
+# - **the softmax's own passes**: a row softmax needs the row's maximum and sum before it can
+#   write anything; a kernel that cannot keep a whole row on chip reads it more than once, and
+#   our model counts one read;
+# - **the matmuls' compute**: $4N^2d$ FLOPs are not free even on tensor cores, and the time of
+#   the two matmul kernels adds to the time of the memory-bound passes rather than overlapping
+#   with them;
+# - **caching**: the model sends every byte to HBM. At small $N$ the $S$ of all heads
+#   ($16 \cdot 512^2$ fp16 values, 8 MiB at $N = 512$) fits in the H200's L2 cache, so the next
+#   kernel may read it from there.
+#
+# We did not measure which of these costs the most (a profiler's per-kernel times and DRAM
+# counters would). What the model does predict, and what holds, is the scaling: the bytes, and
+# so the time, grow as $N^2$, and no tuning of the three kernels changes that.
+
+# %% [markdown]
 # ### Benchmark your kernel
 # On a GPU this times *your* `naive_attention` against SDPA at one size and prints TFLOP/s and
 # the share of the GPU's datasheet peak. Your version computes in float32, so expect it to be
@@ -314,6 +390,8 @@ if fb.bench.needs_gpu("timing your kernel"):
 #
 # - Naive attention is correct but stores two $N \times N$ matrices per head: its memory grows as
 #   $N^2$ and runs out long before SDPA's does, and its arithmetic intensity is stuck at $d/e$.
+# - Its time follows the traffic model's $N^2$ growth, but the model's bandwidth bound is a floor,
+#   not a prediction: the four library kernels spend more than their bytes at 4.8 TB/s would.
 # - The fused kernels behind SDPA never write $S$ or $P$ to HBM. Doing that needs the softmax to
 #   be computed **in pieces**, a tile of keys at a time, which is the online softmax of
 #   Chapter 3. Chapter 2 starts from the first published kernel that did it, FlashAttention-1

@@ -19,7 +19,7 @@
 # - The Triton programming model: programs, blocks, masks, `tl.dot`, fp32 accumulators.
 # - The FlashAttention-2 forward: a Q tile stays on chip while K/V tiles stream past it, with
 #   `exp2` and `log2(e)` folded into the scale, deferred normalisation, and the log-sum-exp (LSE)
-#   returned for the backward pass.
+#   returned for the backward pass (Chapter 9).
 # - How to read and tune a Triton kernel on a GPU (tile sizes, `num_warps`, `num_stages`,
 #   autotuning) and how to pick configs that also fit a T4's 64 KB of shared memory.
 # - Why that loop leaves an H200's tensor cores idle about half the time, and how giving each
@@ -30,11 +30,13 @@
 # the kernels run in the Triton interpreter at small sizes; a GPU (Colab T4 or better) adds the
 # benchmark. About 2 hours.
 #
-# **Exercises**: (1) a one-pass online-softmax row kernel, (2) the FlashAttention forward kernel
-# returning O and LSE, (3) a kernel that merges two partial attention results, (4) the forward
-# kernel with two query tiles per program. Every check runs
-# your kernel with several tile sizes, with NaN written around the inputs, and (on CPU) with an
-# out-of-bounds guard that names any load or store that leaves its tensor.
+# **Exercises** (15 points): (1) a one-pass online-softmax row kernel (3); a warm-up that copies
+# a 2-D tile with a mask (1); (2) the FlashAttention forward, in two cells: the loop body's two
+# functions, checked on one tile (2), and the kernel returning O and LSE (4); (3) a kernel that
+# merges two partial attention results (3); (4) the forward kernel with two query tiles per
+# program (2). Every check runs your kernel with several tile sizes, with NaN written around the
+# inputs, and (on CPU) with an out-of-bounds guard that names any load or store that leaves its
+# tensor.
 
 # %%
 import flashbook as fb
@@ -113,8 +115,11 @@ fig = ch3.plot_online_softmax(x[:64])
 #   garbage or fault; in the CPU interpreter they silently corrupt memory, so this book's checks
 #   run your kernels under a guard (`flashbook.oob`) that stops the kernel and names the access.
 # * `tl.max`, `tl.sum` reduce a block along an axis; `tl.exp`, `tl.math.exp2`, `tl.where` work
-#   element by element; `tl.dot(a, b)` multiplies two tiles on the tensor cores (each side at
-#   least 16, in fp16/bf16 or fp32), accumulating in fp32.
+#   element by element; `tl.dot(a, b)` multiplies two tiles (each side at least 16), accumulating
+#   in fp32. fp16/bf16 tiles run on the tensor cores; fp32 tiles run there too as TF32
+#   (`input_precision="tf32"`, the default on a GPU, which rounds the inputs to 10 mantissa bits),
+#   while `input_precision="ieee"` (what this chapter uses for fp32 inputs, so the checks can
+#   be exact) multiplies in full fp32 on the FMA units of the CUDA cores, not on the tensor cores.
 #
 # **Exercise 1 (3 points).** Write `softmax_kernel`: program `row` computes the softmax of row `row`
 # of `X` (`n_cols` values, any length, not a multiple of `BLOCK` in general) into `Y`, and its
@@ -165,6 +170,46 @@ ch3.check_softmax_kernel(softmax_kernel, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# **Warm-up (1 point): a 2-D pointer block.** The attention kernel moves *tiles*, not rows. A
+# tile of `BLOCK_R` rows and `BLOCK_C` columns is addressed by broadcasting a column of row
+# offsets against a row of column offsets:
+#
+# ```
+# rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)          # (BLOCK_R,)
+# cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)          # (BLOCK_C,)
+# ptrs = X + rows[:, None] * stride_r + cols[None, :] * stride_c     # (BLOCK_R, BLOCK_C)
+# ok   = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)         # the same shape
+# ```
+#
+# Strides are in elements and say how far apart two neighbouring rows (or columns) are in
+# memory: a contiguous `(R, C)` tensor has strides `(C, 1)`, its transpose `(1, C)`. Tiles at the
+# bottom and the right edge stick out of the tensor, so both conditions go into the mask.
+# Write `copy_tile_kernel`: program `(pid_r, pid_c)` loads its tile of `X` with a mask and
+# stores it at the same place in `Y`. The check runs it on shapes that are not multiples of the
+# tile and on a transposed view. About 5 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch3_tile_load", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def copy_tile_kernel(X, Y, n_rows, n_cols, stride_xr, stride_xc, stride_yr, stride_yc,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (pid_r, pid_c) copies rows pid_r*BLOCK_R ... and columns pid_c*BLOCK_C ... of
+    X (n_rows, n_cols) into Y at the same place; strides in elements.
+    Grid: (cdiv(n_rows, BLOCK_R), cdiv(n_cols, BLOCK_C))."""
+    ### BEGIN SOLUTION
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    tile = tl.load(X + rows[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ok, other=0.0)
+    tl.store(Y + rows[:, None] * stride_yr + cols[None, :] * stride_yc, tile, mask=ok)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch3_tile_load_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch3.check_tile_load(copy_tile_kernel)
+### BEGIN HIDDEN TESTS
+ch3.check_tile_load(copy_tile_kernel, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
 # ## 3. The FlashAttention forward
 #
 # Attention for one (batch, head) is a softmax per query row $i$ over the scores
@@ -210,17 +255,21 @@ ch3.check_softmax_kernel(softmax_kernel, hidden=True)
 #   not stored: do **not** set whole padded rows to `-inf` as that kernel does, or their $(m, l)$ goes
 #   through $-\infty - (-\infty)$ = NaN.
 #
-# The picture shows the tiles one program visits; the hatched lanes are masked.
+# The picture shows the tiles one program visits, for N_k = 150 keys in tiles of 32: the first
+# four K/V tiles are full and loaded without masks; only the tail tile (keys 128-159) is masked,
+# and its hatched lanes (keys 150-159) are the ones past the end.
 
 # %% tags=["demo"]
-fig = ch3.plot_tiles(N_q=100, N_k=150, block_m=32, block_n=32, program=3)
+fig = ch3.plot_tiles(N_q=128, N_k=150, block_m=32, block_n=32, program=1)
 
 # %% [markdown]
-# **Exercise 2 (6 points)**, in two cells. First the loop body above, split in two functions:
+# **Exercise 2 (2 + 4 points)**, in two cells, each with its own check. First the loop body above, split in two functions:
 # `attn_scores` loads one K tile and computes the raw scores `S = Q K^T`; `attn_update` does
 # the online-softmax update for those scores, loads the V tile and adds `P V`. With `MASKED` true
 # both mask keys `>= N_k` (in the loads and, in `attn_scores`, by setting their scores to
-# `-inf`). `attn_tile` (given) chains the two. Then `attn_fwd_kernel`, which sets up the
+# `-inf`). `attn_tile` (given) chains the two. The first check (2 points) launches each function
+# on one tile, from small test kernels that call it the way `attn_fwd_kernel` will, and says which
+# of the two is wrong. Then `attn_fwd_kernel`, which sets up the
 # pointers, runs the unmasked full tiles and the one masked tail tile, and writes O and LSE
 # (masked to rows `< N_q`). Program `(pid_m, pid_bh)` handles query rows `pid_m*BLOCK_M ...` of
 # batch `pid_bh // H`, head `pid_bh % H`. Strides are in elements; the last dimension of every
@@ -279,6 +328,12 @@ def attn_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, N_k, qk_scale, offs_n,
     return attn_update(acc, l_i, m_i, s, v_ptrs, start_n, N_k, qk_scale, offs_n, MASKED,
                        DOT_PRECISION)
 
+# %% nbgrader={"grade": true, "grade_id": "ch3_attn_tile_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch3.check_attn_tile_step(attn_scores, attn_update)
+### BEGIN HIDDEN TESTS
+ch3.check_attn_tile_step(attn_scores, attn_update, hidden=True)
+### END HIDDEN TESTS
+
 # %% nbgrader={"grade": false, "grade_id": "ch3_attn_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, LSE,
@@ -328,7 +383,7 @@ def attention(q, k, v, scale=None, config=None):
     devices and strides, picks the tile config for this GPU, and launches the grid."""
     return ch3.attention_forward(attn_fwd_kernel, q, k, v, scale=scale, config=config)
 
-# %% nbgrader={"grade": true, "grade_id": "ch3_attn_test", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "ch3_attn_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 ch3.check_attention_kernel(attn_fwd_kernel)
 ### BEGIN HIDDEN TESTS
 ch3.check_attention_kernel(attn_fwd_kernel, hidden=True)
@@ -417,7 +472,9 @@ ch3.check_merge_kernel(merge_kernel, hidden=True)
 #
 # * **`BLOCK_M`** (query rows per program): larger tiles reuse each K/V tile for more rows, so
 #   fewer bytes per FLOP, but need more registers for `acc` (`BLOCK_M * d` fp32 values) and give
-#   fewer programs to fill the GPU.
+#   fewer programs to fill the GPU. How many programs an SM runs at once is its **occupancy**:
+#   it is capped by the registers and shared memory each program needs, and more resident
+#   programs give the SM other work while one waits on memory.
 # * **`BLOCK_N`** (keys per step): larger tiles mean fewer loop iterations and bigger `tl.dot`s,
 #   but `S` and `P` (`BLOCK_M * BLOCK_N` fp32) must fit in registers next to `acc`.
 # * **`num_warps`**: threads per program, in groups of 32. On Hopper 4 warps form one warpgroup,
@@ -426,12 +483,15 @@ ch3.check_merge_kernel(merge_kernel, hidden=True)
 #   (asynchronous copies into shared memory while the current tile computes). Each stage costs
 #   `2 * BLOCK_N * d * bytes` of shared memory.
 #
-# Shared memory is what breaks kernels across GPUs: a T4 (sm_75) gives a block at most 64 KB, an
-# A100 164 KB, an H100/H200 227 KB. A config that is fast on an H200 may not even compile for a
+# Shared memory is what breaks kernels across GPUs. NVIDIA's table of limits per compute
+# capability {cite}`nvidia2025cudaguide` gives a block at most 64 KB on a T4 (sm_75), 163 KB
+# (166,912 bytes) on an A100 (sm_80), whose SM has 164 KB, and 227 KB on an H100/H200 (sm_90),
+# whose SM has 228 KB: from sm_80 on, 1 KB per block is reserved, and what a kernel can use is
+# the per-block limit (`ch3.SHARED_MEMORY_PER_BLOCK`). A config that is fast on an H200 may not even compile for a
 # T4, so `ch3.pick_config` holds one config per GPU family. The test suite compiles the kernel
 # ahead of time for sm_75, sm_80 and sm_90 with these configs (no GPU needed:
 # `triton.compile(ASTSource(...), target=GPUTarget("cuda", 75, 32))`) and checks
-# `kernel.metadata.shared` against each limit. To read what the compiler produced, look at a
+# `kernel.metadata.shared` against each per-block limit. To read what the compiler produced, look at a
 # compiled kernel's `.asm["ttgir"]` (the tiled IR: layouts, pipelining), `.asm["ptx"]` (look for
 # `mma`/`wgmma` and `ex2.approx`) and `.n_regs` / `.n_spills` (spills mean the tiles are too big).
 #
@@ -473,7 +533,8 @@ else:
 # Where does the time of one loop step go? Count it for one H200 SM, a `128 x 64` tile and
 # d = 128. The datasheet's 989 TFLOP/s of dense fp16 over 132 SMs at 1.83 GHz is 2048
 # multiply-adds per SM per clock on the tensor cores; the special-function units compute 16
-# `ex2` per SM per clock (CUDA programming guide, arithmetic throughput table); the CUDA cores do
+# `ex2` per SM per clock (CUDA programming guide, arithmetic throughput table
+# {cite}`nvidia2025cudaguide`); the CUDA cores do
 # 128 fp32 operations per SM per clock.
 #
 # | work in one step | amount | SM clocks |
@@ -621,7 +682,12 @@ ch3.check_attention_kernel(attn_fwd_two_tiles, hidden=True, two_tiles=True)
 # % of the GPU's datasheet peak. `flashbook bench ch3` runs the same comparison with the
 # chapter's solution on the book's shapes and records it in `src/flashbook/data/bench/ch3/`;
 # the plot after it shows that record (`ch3_two_tiles` is the chapter's reference kernel,
-# `ch3_one_tile` the kernel of Exercise 2).
+# `ch3_one_tile` the kernel of Exercise 2). Read the FlashAttention-2 column with care on an
+# H200: torch's `FLASH_ATTENTION` backend is the FlashAttention-2 kernel
+# {cite}`dao2023flashattention2`, written for Ampere (sm_80 `mma.sync` tensor-core instructions
+# and `cp.async` copies), and on Hopper it runs that same Ampere-generation code, without
+# `wgmma` or TMA. cuDNN's kernel is the Hopper-native baseline; FlashAttention-3
+# {cite}`shah2024flashattention3`, the Hopper version of FlashAttention, is Chapter 6's subject.
 
 # %% tags=["demo"]
 from flashbook import bench, results
@@ -668,21 +734,37 @@ else:
 # The numbers above come from one run of `flashbook bench ch3` on an H200 (provenance in
 # `src/flashbook/data/bench/ch3/h200.json`). Every kernel was timed replayed from a CUDA graph,
 # so the 0.05 ms forwards at N = 1024 measure the GPU rather than Python's launch overhead.
-# The two-tile kernel reaches 0.91x cuDNN at `(1, 16, 16384, 128)` (529 against 580 TFLOP/s),
-# 0.90x at `(4, 16, 4096, 128)` and 0.94x and 0.97x at d = 64, and beats torch's
-# FlashAttention-2 backend at every shape, by 1.37x to 1.56x. Reordering the loop body is worth
-# 3 % to 8 % over the one-tile kernel of Exercise 2. The rest of cuDNN's lead comes from what
-# plain Triton does not express: a producer warp that only issues TMA copies, and two consumer
-# warpgroups that take turns on the tensor cores under explicit barriers (FlashAttention-3,
-# Chapter 6). Things measured along the way that did *not* help (same GPU, noise about 4 %): a
+# The two-tile kernel reaches 0.91x cuDNN at `(1, 16, 16384, 128)` (522 against 576 TFLOP/s),
+# 0.90x at `(4, 16, 4096, 128)` and 0.94x and 0.95x at d = 64, and beats torch's
+# FlashAttention-2 backend at every shape, by 1.35x to 1.53x. Where does its gain over the
+# one-tile kernel come from? The benchmark also runs the ablation of Section 6: the same
+# two-tile program (same tiles, same warps) with its step ordered A then B, as two `attn_tile`
+# calls would order it. The interleaved order is faster than
+# A-then-B by 1.03x and 1.04x at d = 128 and by 1.07x and 1.08x at d = 64; the larger
+# program alone (A-then-B against the one-tile kernel)
+# gives 1.04x and 1.05x at d = 128, and at d = 64, where both kernels have 128
+# rows per program, 0.95x and 0.96x. So the reordering is worth 3 % to 8 %, far from the 1.9x
+# that the cost model's headroom allows. The compiled kernels say why: at d = 128 the two-tile
+# kernel uses 255 registers per thread and spills 2 (the A-then-B order 255 with no spills, the
+# one-tile kernel 180). 255 is the most a thread may have; the two fp32 accumulators alone take
+# 2 x 128 x 128 / 256 threads = 128 of them and the two score tiles 64 more, so the compiler
+# cannot keep everything a softmax needs live while the other tile's matmul is in flight, and
+# part of the overlap the order allows is lost to waits. The rest of cuDNN's lead comes from
+# what plain Triton does not express: a producer warp that only issues TMA copies, and two
+# consumer warpgroups that take turns on the tensor cores under explicit barriers
+# (FlashAttention-3, Chapter 6). Things measured along the way that did *not* help (same GPU, noise about 4 %): a
 # lazy rescale that skips `acc * alpha` unless the maximum grows by more than 8 (the block-wide
 # branch costs more than the multiply it saves); packed fp16 `ex2.approx.f16x2`; tensor
 # descriptors (TMA) instead of pointer blocks; `BLOCK_M = 256` with 16 warps and one query
 # tile; and triton 3.6's automatic warp specialisation (`tl.range(..., warp_specialize=True)`),
 # which compiled only with 8 warps and was not faster.
 #
-# * Milakov and Gimelshein, *Online normalizer calculation for softmax* (2018): the (m, l) update.
-# * Dao et al., *FlashAttention* (2022) and Dao, *FlashAttention-2* (2023): tiling, deferred
-#   normalisation, the loop order used here.
-# * The Triton tutorials `02-fused-softmax` and `06-fused-attention`.
-# * Shah et al., *FlashAttention-3* (2024): what Hopper adds (Chapter 6).
+# **Further reading**
+# * The online softmax's (m, l) update {cite}`milakov2018online`.
+# * FlashAttention {cite}`dao2022flashattention` and FlashAttention-2 {cite}`dao2023flashattention2`:
+#   tiling, deferred normalisation, the loop order used here.
+# * Triton {cite}`tillet2019triton` and its tutorials `02-fused-softmax` and `06-fused-attention`
+#   {cite}`triton2025tutorials`.
+# * NVIDIA's CUDA programming guide {cite}`nvidia2025cudaguide`: the arithmetic throughput and
+#   shared-memory tables used in Sections 5 and 6.
+# * FlashAttention-3 {cite}`shah2024flashattention3`: what Hopper adds (Chapter 6).

@@ -4,6 +4,7 @@ time/memory figure on the recorded H200 data. (The solution, stubs and known-wro
 checked through the contract in tests/test_chapters.py.)"""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import matplotlib
@@ -196,5 +197,31 @@ def test_time_and_memory_figure_draws_the_recorded_h200_data():
             assert len([ln for ln in ax.lines if ln.get_gid() != "not measured"]) == 5
             oom = sorted(ln.get_xdata()[0] for ln in ax.lines if ln.get_gid() == "not measured")
             assert oom == [32768, 65536]     # sdpa_math, then naive_torch, ran out of memory
+    finally:
+        plt.close(fig)
+
+
+def test_traffic_model_is_a_lower_bound_on_the_recorded_h200_times():
+    """Section 5 sets the model's bytes / 4.8 TB/s beside the measured naive_torch times: the
+    model must stay below every measurement, and the scale pass only adds bytes."""
+    table = ch1.traffic_vs_measured(results.recorded("ch1", "h200").rows)
+    assert [n for n, *_ in table] == [512, 1024, 2048, 4096, 8192, 16384, 32768]
+    for n, predicted, with_scale, measured in table:
+        assert predicted < with_scale < measured, n
+    n, predicted, _, _ = table[0]
+    assert predicted == pytest.approx(2 * 16 * (4 * n * 64 + 4 * n * n) / 4.8e12 * 1e3)
+
+
+def test_cpu_memory_panel_keeps_zero_points_on_a_linear_axis():
+    """On CPU, SDPA's memory often measures 0: the chapter draws that panel on a linear axis,
+    where a 0 is a visible point (a log axis drops it)."""
+    rows = ch1.benchmark.sweep([16, 32], B=1, H=1, d=8, dtype=torch.float32, device="cpu",
+                               baselines=(None,))
+    rows = [dataclasses.replace(r, peak_mib=0.0) if r.kernel == "sdpa" else r for r in rows]
+    fig, ax = plt.subplots()
+    try:
+        results.plot(rows, y="peak_mib", ax=ax, logx=True)
+        sdpa = next(ln for ln in ax.lines if ln.get_label() == "sdpa")
+        assert list(sdpa.get_ydata()) == [0.0, 0.0] and ax.get_yscale() == "linear"
     finally:
         plt.close(fig)

@@ -80,6 +80,70 @@ def test_traffic_model():
         ch2.hbm_traffic(64, 16, 16, 16, "fa3")
 
 
+def test_tile_copy_launcher(solution):
+    x = torch.arange(13 * 3, dtype=torch.float32).reshape(13, 3)
+    assert torch.equal(ch2.launch_tile_copy(solution["tile_copy_kernel"], x, 4), x)
+    with pytest.raises(ValueError, match="float32"):
+        ch2.launch_tile_copy(solution["tile_copy_kernel"], x.double(), 4)
+    with pytest.raises(ValueError, match="1024 threads"):
+        ch2.launch_tile_copy(solution["tile_copy_kernel"], x, 2048)
+
+
+def _variant_of_cell(solution, name):
+    """A known-wrong variant's cell, executed with the solution's globals (cuda, float32, ...)."""
+    from flashbook.chapters.ch2.variants import VARIANTS
+    v = next(v for v in VARIANTS if v.name == name)
+    src = v.apply(sources.cells_by_id(sources.read(sources.source("ch2", ROOT).path))[v.cell])
+    ns = dict(solution)
+    sources.exec_cell(src, f"<{name}>", ns)
+    return ns
+
+
+@pytest.mark.parametrize("name, message", [("copy_without_barrier", "shared-memory race"),
+                                           ("copy_without_bounds_guard", "past the end"),
+                                           ("copy_barrier_inside_the_guard", "syncthreads")])
+def test_tile_copy_check_names_the_bug(solution, name, message):
+    ch2.check_tile_copy(solution["tile_copy_kernel"])
+    with pytest.raises(CheckFailure, match=message):
+        ch2.check_tile_copy(_variant_of_cell(solution, name)["tile_copy_kernel"])
+
+
+def test_traffic_model_against_the_recorded_times():
+    from flashbook import results
+    rows = results.recorded("ch2", "h200").rows
+    pred = {(p.kernel, p.N): p for p in ch2.predicted_vs_measured(rows)}
+    assert {k for k, _ in pred} == {"fa1_literal", "fa1_bounded", "fa2_rows", "fa2_tiled",
+                                    "sdpa_efficient"}
+    fa1 = pred[("fa1_literal", 4096)]
+    assert fa1.bytes == ch2.hbm_traffic(4096, 64, 32, 32, "fa1", B=1, H=8)["total"]
+    assert fa1.predicted_ms == pytest.approx(fa1.bytes / 4.8e12 * 1e3)       # H200: 4.8 TB/s
+    assert fa1.ms == 3934.3 and fa1.ratio > 5000
+    assert pred[("sdpa_efficient", 1024)].bytes == 16 * 1024 * 64 * 8         # compulsory only
+    assert all(p.ratio > 1 for p in pred.values())    # nothing here runs at the HBM bound
+    table = ch2.prediction_table(rows)
+    assert "4.8 TB/s" in table and table.count("\n") == len(pred) + 1
+
+
+def test_quoted_figures_follow_the_data():
+    from flashbook import results
+    rows = results.recorded("ch2", "h200").rows
+    quotes = ch2.quoted_figures(rows)
+    assert "3.8x slower at N = 1024 and 2.3x at N = 4096" in quotes
+    faster = [r if r.kernel != "sdpa_efficient" else
+              results.Row(**{**r.__dict__, "ms": r.ms / 2}) for r in rows]
+    assert ch2.quoted_figures(faster) != quotes       # the quotes move with the data
+
+
+def test_benchmarks_page_marks_fp32_on_tensor_cores():
+    from flashbook import book
+    page = book.benchmarks_page()
+    ch2_part = page[page.index("## ch2"):page.index("## ch3")]
+    marked = [line for line in ch2_part.splitlines() if " † |" in line]
+    assert len(marked) == 2 and all(line.startswith("| `sdpa_efficient`") for line in marked)
+    assert "3xTF32" in ch2_part
+    assert not any(" † |" in line for line in ch2_part.splitlines() if "`fa2_tiled`" in line)
+
+
 def test_tiled_configs_fit_48k():
     for d in (16, 32, 64, 128):
         for gpu in (False, True):
@@ -88,12 +152,24 @@ def test_tiled_configs_fit_48k():
         ch2.TiledConfig(128, 64, 4, 4).validate(128)
 
 
+def _orange(ax):
+    from matplotlib.colors import to_rgba
+    return [p for p in ax.patches if p.get_facecolor()[:3] == to_rgba("tab:orange")[:3]]
+
+
 def test_diagrams_draw():
     import matplotlib.pyplot as plt
-    for order in ("fa1", "fa2"):
-        fig = ch2.draw_schedule(order, N=8, Bc=2, Br=2, steps=6)
-        assert len(fig.axes) == 6
-        plt.close(fig)
+    fig = ch2.draw_schedule("fa1", N=8, Bc=2, Br=2, steps=6)
+    assert len(fig.axes) == 6
+    assert all(len(_orange(ax)) == 1 for ax in fig.axes)    # one block: one tile at a time
+    plt.close(fig)
+    # FA2: one panel per time step (at most Tc), every Q tile's block in flight in each
+    fig = ch2.draw_schedule("fa2", N=8, Bc=2, Br=2, steps=6)
+    assert len(fig.axes) == 4
+    for j, ax in enumerate(fig.axes):
+        tiles = sorted((p.get_y(), p.get_x()) for p in _orange(ax))
+        assert tiles == [(2.0 * i, 2.0 * j) for i in range(4)], tiles
+    plt.close(fig)
     fig = ch2.draw_smem_layout()
     assert len(fig.axes[0].patches) == 8        # Qi, Kj, Vj, S at d and at 2d
     plt.close(fig)

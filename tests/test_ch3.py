@@ -67,6 +67,70 @@ def test_unmasked_tail_loads_are_named_by_the_guard():
     assert "out-of-bounds load" in msg and "kT = tl.load(k_ptrs)" in msg and "`K`" in msg, msg
 
 
+# --------------------------------------------------- the warm-up and the tile-step check
+
+def test_copy_tiles_wrapper_and_check(solution, capsys):
+    kernel = solution["copy_tile_kernel"]
+    x = torch.randn(20, 37).t()                      # strided: (37, 20), strides (1, 37)
+    torch.testing.assert_close(ch3.copy_tiles(kernel, x, 16, 8), x, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="power of two"):
+        ch3.copy_tiles(kernel, x, 12, 8)
+    with pytest.raises(ValueError, match="2 dimensions"):
+        ch3.copy_tiles(kernel, torch.randn(3, 4, 5))
+    ch3.check_tile_load(kernel, hidden=True)
+    assert capsys.readouterr().out == ""
+    ch3.check_tile_load(kernel)
+    assert capsys.readouterr().out == "PASSED tile copy kernel: 6/6 cases\n"
+    assert any(not x.is_contiguous() for _, x in ch3.tile_cases())
+
+
+@pytest.mark.parametrize("variant, text", [
+    ("tile_load_without_mask", "out-of-bounds load"),
+    ("tile_load_swapped_strides", "values are wrong"),
+])
+def test_check_tile_load_rejects_known_wrong_kernels(variant, text):
+    with pytest.raises(CheckFailure, match=text):
+        ch3.check_tile_load(namespace(variant)["copy_tile_kernel"])
+
+
+@pytest.mark.parametrize("variant, which", [
+    ("attn_no_score_mask_in_tail", "attn_scores"),
+    ("attn_missing_rescale_of_l", "attn_update"),
+    ("attn_missing_rescale_of_acc", "attn_update"),
+    ("attn_update_unmasked_v_load", "attn_update"),
+])
+def test_tile_step_check_names_the_wrong_function(variant, which):
+    ns = namespace(variant)
+    with pytest.raises(CheckFailure) as e:
+        ch3.check_attn_tile_step(ns["attn_scores"], ns["attn_update"])
+    assert str(e.value).startswith(which + ", case"), str(e.value)[:300]
+
+
+def test_tile_step_check_passes_the_solution_and_reports_stubs(solution, capsys):
+    ch3.check_attn_tile_step(solution["attn_scores"], solution["attn_update"], hidden=True)
+    assert capsys.readouterr().out == ""
+    ch3.check_attn_tile_step(solution["attn_scores"], solution["attn_update"])
+    assert "PASSED attention tile step" in capsys.readouterr().out
+    cases = ch3.tile_step_cases()
+    assert any(n_k < start + bn for _, _, bn, _, n_k, start, _, _ in cases)    # a masked tail
+    assert any(state == "running" for *_, state in cases)
+
+
+def test_tile_figure_shows_full_tiles_and_one_masked_tail():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = ch3.plot_tiles(N_q=128, N_k=150, block_m=32, block_n=32, program=1)
+    try:
+        patches = fig.axes[0].patches
+        hatched = [p for p in patches if p.get_hatch()]
+        tiles = [p for p in patches if not p.get_hatch() and p.get_fill() and p.get_width() > 0]
+        assert len(hatched) == 1 and hatched[0].get_x() == 150     # only keys past N_k
+        assert [p.get_width() for p in tiles] == [32, 32, 32, 32, 22]
+    finally:
+        plt.close(fig)
+
+
 # ---------------------------------------------------------------------------- wrappers
 
 @pytest.mark.parametrize("make, text", [
@@ -149,7 +213,16 @@ AOT_SCRIPT = textwrap.dedent(r'''
     print("RESULT" + json.dumps(res))
 ''')
 
-LIMITS = {75: 64 * 1024, 80: 163 * 1024, 90: 227 * 1024}
+# Shared memory per block, the limit a kernel can use (NVIDIA's table; one value, in launch.py).
+LIMITS = {cc[0] * 10 + cc[1]: b for cc, b in ch3.SHARED_MEMORY_PER_BLOCK.items()}
+
+
+def test_shared_memory_limits_are_the_per_block_values():
+    assert ch3.SHARED_MEMORY_PER_BLOCK[(8, 0)] == 163 * 1024 == 166912       # A100 (SM: 164 KB)
+    assert ch3.SHARED_MEMORY_PER_BLOCK[(7, 5)] == 64 * 1024
+    assert ch3.SHARED_MEMORY_PER_BLOCK[(9, 0)] == 227 * 1024                 # H100/H200 (SM: 228 KB)
+    text = sources.source("ch3", ROOT).path.read_text()
+    assert "163 KB" in text and "164 KB" not in text.replace("SM has 164 KB", "")
 
 
 @pytest.mark.slow

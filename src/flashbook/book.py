@@ -32,6 +32,23 @@ def mathjax_dir() -> Path:
     return path
 
 
+#: fp32 rows whose kernel does not run on the FMA units: their "% peak" is taken against the fp32
+#: FMA peak, like every fp32 row, which is not their ceiling. kernel -> (from which compute
+#: capability, what it runs on). The page marks their % peak and says why under the table.
+FP32_ON_TENSOR_CORES = {
+    "sdpa_efficient": ((8, 0), "PyTorch's memory-efficient backend (the CUTLASS kernels of xFormers) "
+                               "computes fp32 matrix products on the tensor cores with 3xTF32 (three "
+                               "TF32 products per fp32 product) on compute capability 8.0 and later"),
+}
+
+
+def _capability(meta: dict) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in str(meta["compute_capability"]).split("."))
+    except (KeyError, ValueError):
+        return None
+
+
 def benchmarks_page() -> str:
     """The appendix of measured results, generated from src/flashbook/data/bench (MyST markdown)."""
     lines = ["# Measured benchmarks", "",
@@ -39,7 +56,9 @@ def benchmarks_page() -> str:
              "`flashbook bench <chapter>` on a real GPU. This page is generated from them at build "
              "time. TFLOP/s counts the two matmuls ($4 N_q N_k d$ per head); GB/s counts the "
              "compulsory traffic (read Q, K, V, write O); % of peak is against the GPU's datasheet "
-             "peak (tensor cores for fp16, FMA units for fp32).", ""]
+             "peak (tensor cores for fp16, FMA units for fp32). An fp32 row marked † is of a kernel "
+             "that runs fp32 on the tensor cores: its % of the FMA peak compares it with a ceiling "
+             "it is not bound by (the note under its table says why).", ""]
 
     def f(x, spec):
         return format(x, spec) if x is not None else "–"
@@ -52,12 +71,21 @@ def benchmarks_page() -> str:
                       + ".", "",
                       "| kernel | role | B | H | N | d | dtype | ms | TFLOP/s | % peak | note |",
                       "|---|---|---|---|---|---|---|---|---|---|---|"]
+            cc, marked = _capability(meta), {}
             for r in rows:
                 note = r.note.replace("|", r"\|")    # e.g. "max|O-cuDNN|": a bare | ends the cell
+                pct = f(r.pct_peak, '.1f')
+                on_tc = FP32_ON_TENSOR_CORES.get(r.kernel)
+                if on_tc and r.dtype == "float32" and r.pct_peak is not None and cc and cc >= on_tc[0]:
+                    pct, marked[r.kernel] = f"{pct} †", on_tc[1]
                 lines.append(f"| `{r.kernel}` | {r.role} | {r.B} | {r.H_q} | {r.N_q} | {r.d} | "
                              f"{r.dtype} | {f(r.ms, '.3f')} | {f(r.tflops, '.2f')} | "
-                             f"{f(r.pct_peak, '.1f')} | {note} |")
+                             f"{pct} | {note} |")
             lines.append("")
+            for kernel, why in marked.items():
+                lines += [f"† `{kernel}`: {why}, so its % of the fp32 FMA peak is not a fraction of "
+                          "what the hardware it runs on can do; it only places it next to the FMA "
+                          "kernels of the same table.", ""]
     return "\n".join(lines)
 
 
@@ -109,3 +137,178 @@ def build(root: Path | None = None, instructor: bool = False, strict: bool = Tru
     if proc.returncode != 0:
         raise RuntimeError(f"jupyter-book build failed (exit {proc.returncode})")
     return out / "_build" / "html" / "index.html"
+
+
+# ------------------------------------------------------------------ the printable edition
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"   # Debian's (never a downloaded build)
+
+# Print styles added to the single page before it is printed: no navigation chrome, each top-level
+# page of the book (a chapter, an appendix) on a new sheet, figures and code kept readable.
+PRINT_CSS = """
+@page { size: A4; margin: 16mm 14mm 18mm 14mm; }
+.bd-header, .bd-sidebar-primary, .bd-sidebar-secondary, .bd-header-article, .bd-footer,
+.bd-footer-article, .bd-footer-content, .prev-next-area, .header-article-items, .bd-search,
+.search-button-field, .skip-link, #pst-back-to-top, a.headerlink, .theme-switch-button { display: none !important; }
+#jb-print-docs-body { display: none !important; }   /* the theme's print title and contents: ours replace it */
+.bd-main, .bd-content, .bd-article-container, .bd-article, .bd-container, .bd-container__inner,
+.bd-page-width { display: block !important; max-width: none !important; width: auto !important;
+                 min-width: 0 !important; padding: 0 !important; margin: 0 !important; }
+table { font-size: 0.8em; } table td, table th { word-break: break-word; }
+div.toctree-wrapper > section, #flashbook-contents { break-before: page; }
+.bd-main .bd-content .bd-article h1:first-of-type {   /* the theme hides the title in print */
+  display: block !important; font-size: 2.6em; text-align: center; margin-top: 35vh; }
+h1, h2, h3 { break-after: avoid; }
+img, figure, .cell_output .output { break-inside: avoid; max-width: 100% !important; }
+pre { white-space: pre-wrap !important; word-break: break-word; overflow: visible !important; }
+#flashbook-contents ol { list-style: none; padding-left: 0; }
+#flashbook-contents ol ol { padding-left: 1.5em; }
+#flashbook-contents .part { font-weight: bold; margin-top: 0.8em; }
+"""
+
+# Adds the "Contents" section at the start of the book (after its title): every top-level page in
+# the order of _toc.yml under its part caption, with the page's sections below it. Then waits for
+# MathJax 3 (startup.promise resolves once the first typesetting pass is done), the fonts and every
+# image; returns the images that did not load.
+PREPARE_JS = """
+async ({captions, css}) => {
+  const style = document.createElement('style'); style.textContent = css;
+  document.head.appendChild(style);
+  const article = document.querySelector('article.bd-article') || document.body;
+  const nav = document.createElement('nav'); nav.id = 'flashbook-contents';
+  nav.innerHTML = '<h2>Contents</h2>';
+  const top = document.createElement('ol'); nav.appendChild(top);
+  const title = h => Array.from(h.childNodes).filter(n => !(n.classList && n.classList.contains('headerlink')))
+                       .map(n => n.textContent).join('').trim();
+  let part = null;
+  for (const anchor of document.querySelectorAll('span[id^="document-"]')) {
+    const section = anchor.nextElementSibling;
+    if (!section || section.tagName !== 'SECTION') continue;
+    const docname = anchor.id.slice('document-'.length);
+    if (captions[docname] && captions[docname] !== part) {
+      part = captions[docname];
+      const li = document.createElement('li'); li.className = 'part'; li.textContent = part; top.appendChild(li);
+    }
+    const heading = section.querySelector('h1, h2');
+    const li = document.createElement('li');
+    li.innerHTML = `<a href="#${section.id}"></a>`; li.firstChild.textContent = title(heading);
+    const subs = section.querySelectorAll(':scope > section');
+    if (subs.length) {
+      const ol = document.createElement('ol');
+      for (const s of subs) {
+        const h = s.querySelector('h1, h2, h3, h4'); if (!h) continue;
+        const sub = document.createElement('li');
+        sub.innerHTML = `<a href="#${s.id}"></a>`; sub.firstChild.textContent = title(h);
+        ol.appendChild(sub);
+      }
+      li.appendChild(ol);
+    }
+    top.appendChild(li);
+  }
+  const h1 = article.querySelector('h1');
+  h1.closest('section').insertBefore(nav, h1.nextSibling);
+  for (const img of document.images) img.loading = 'eager';
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  else throw new Error('MathJax did not start');
+  await document.fonts.ready;
+  await Promise.all(Array.from(document.images).map(img => img.complete ? null :
+    new Promise(r => { img.addEventListener('load', r); img.addEventListener('error', r); })));
+  return Array.from(document.images).filter(i => !(i.naturalWidth > 0)).map(i => i.src);
+}
+"""
+
+
+def _toc_captions(root: Path) -> dict:
+    """docname -> the caption of its part in _toc.yml (the preface, the root, has none)."""
+    import yaml
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    return {c["file"]: part.get("caption", "") for part in toc.get("parts", [])
+            for c in part.get("chapters", [])}
+
+
+def print_pdf(html: Path, pdf: Path, captions: dict | None = None) -> int:
+    """Print one HTML page (served from its directory over a local HTTP server, so MathJax's
+    fonts load as they do on the web) to ``pdf`` with Chromium; returns the number of images.
+    Raises if an image did not load, MathJax did not finish or the page asked for the network."""
+    import functools
+    import http.server
+    import threading
+
+    from playwright.sync_api import sync_playwright
+    if not Path(CHROMIUM).exists():
+        raise FileNotFoundError(f"{CHROMIUM} not found: sudo apt-get install -y chromium")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Quiet, directory=str(html.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    site = f"http://127.0.0.1:{server.server_address[1]}"
+    problems = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            try:
+                page = browser.new_page()
+                page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+                page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
+                        if r.status >= 400 else None)
+                # the book reads offline: nothing may leave this machine
+                page.route("**/*", lambda route: route.continue_()
+                           if route.request.url.startswith(site)
+                           else (problems.append(f"external request: {route.request.url}"),
+                                 route.abort()))
+                # the theme loads the search index, which the singlehtml builder does not write
+                # (a printed book has no search box)
+                page.route(f"{site}/searchindex.js", lambda route: route.fulfill(
+                    body="", content_type="text/javascript"))
+                page.goto(f"{site}/{html.name}", wait_until="load", timeout=120_000)
+                page.set_default_timeout(300_000)
+                broken = page.evaluate(PREPARE_JS, {"captions": captions or {}, "css": PRINT_CSS})
+                if broken:
+                    raise RuntimeError(f"images that did not load: {broken}")
+                if problems:
+                    raise RuntimeError("printing the book:\n" + "\n".join(problems))
+                n_images = page.evaluate("() => document.images.length")
+                page.emulate_media(media="print")
+                pdf.parent.mkdir(parents=True, exist_ok=True)
+                page.pdf(path=str(pdf), format="A4", print_background=True, outline=True,
+                         tagged=True, prefer_css_page_size=True, display_header_footer=True,
+                         header_template="<span></span>",
+                         footer_template='<div style="font-size:8px;width:100%;text-align:center">'
+                                         '<span class="pageNumber"></span> / '
+                                         '<span class="totalPages"></span></div>')
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    return n_images
+
+
+def build_pdf(root: Path | None = None, strict: bool = True) -> Path:
+    """Build the printable edition: the student book as one HTML page (Sphinx's singlehtml
+    builder, MathJax included), printed by Chromium to _build/pdf/flashbook.pdf; returns its path."""
+    import yaml
+    root = root or sources.repo_root()
+    build_dir = root / "_build"
+    src = stage(root, build_dir)
+    out = build_dir / "pdf"
+    jb = Path(sys.executable).parent / "jupyter-book"
+    cmd = [str(jb), "build", str(src), "--path-output", str(out), "--builder", "singlehtml"]
+    if strict:
+        cmd += ["--warningiserror", "--keep-going"]
+    proc = subprocess.run(cmd, cwd=root)
+    if proc.returncode != 0:
+        raise RuntimeError(f"jupyter-book build --builder singlehtml failed (exit {proc.returncode})")
+    site = out / "_build" / "singlehtml"
+    # the singlehtml builder writes the whole book to <root doc>.html (book/preface.html) but makes
+    # its links relative to the output's top directory: put the page there
+    root_doc = yaml.safe_load((root / "_toc.yml").read_text())["root"]
+    page = site / "flashbook.html"
+    shutil.copy2(site / f"{root_doc}.html", page)
+    pdf = out / "flashbook.pdf"
+    print_pdf(page, pdf, _toc_captions(root))
+    return pdf

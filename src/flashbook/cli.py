@@ -20,6 +20,11 @@ def _book(args):
     print(f"Book built: {index}")
 
 
+def _pdf(args):
+    pdf = book.build_pdf(strict=not args.no_strict)
+    print(f"PDF built: {pdf}")
+
+
 def _bench(args):
     out = Path(args.out) if args.out else results.DATA_DIR
     command = "flashbook " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -39,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--instructor", action="store_true", help="show solutions (instructor edition)")
     b.add_argument("--no-strict", action="store_true", help="do not treat warnings as errors")
     b.set_defaults(func=_book)
+
+    d = sub.add_parser("pdf", help="build the book as one printable PDF (needs chromium)")
+    d.add_argument("--no-strict", action="store_true", help="do not treat warnings as errors")
+    d.set_defaults(func=_pdf)
 
     c = sub.add_parser("bench", help="benchmark a chapter's kernels on this GPU, record the data")
     c.add_argument("chapter")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+from flashbook.bench import PEAKS
 from flashbook.contract import Chapter, Exercise
 
 from . import benchmark
@@ -16,7 +17,36 @@ from .checks import attention_cases, check_attention, check_softmax, check_traff
 from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "check_softmax", "check_attention", "check_traffic", "softmax_cases",
-           "attention_cases", "expected_traffic", "benchmark"]
+           "attention_cases", "expected_traffic", "traffic_vs_measured", "benchmark"]
+
+
+def traffic_vs_measured(rows) -> list[tuple[int, float, float, float]]:
+    """(N, predicted ms, predicted ms with the scale pass, measured ms) for the recorded
+    ``naive_torch`` rows: the three-kernel model's bytes at the H200's datasheet bandwidth, and
+    the same plus the separate ``* scale`` pass of ``benchmark.naive_attention`` (read and write
+    S once more)."""
+    bandwidth = PEAKS["H200"][2] * 1e9
+    out = {}
+    for r in rows:
+        if r.kernel == "naive_torch" and r.ms is not None:
+            e = 2 if r.dtype in ("float16", "bfloat16") else 4
+            nbytes = expected_traffic(r.B, r.H_q, r.N_q, r.d, e)[1]
+            extra = 2 * r.B * r.H_q * r.N_q ** 2 * e
+            out[r.N_q] = (r.N_q, nbytes / bandwidth * 1e3, (nbytes + extra) / bandwidth * 1e3, r.ms)
+    return [out[n] for n in sorted(out)]
+
+
+def quoted_figures(rows) -> list[str]:
+    """The sentences of Section 5 that quote the recorded H200 data against the traffic model."""
+    table = traffic_vs_measured(rows)
+    plain = sorted(ms / p for _, p, _, ms in table)
+    scaled = sorted(ms / p for _, _, p, ms in table)
+    by_n = {n: (p, ms) for n, p, _, ms in table}
+    growth = by_n[32768][1] / by_n[1024][1]
+    return [f"the measured time by a factor of {growth:.0f}",
+            f"the measurement is {plain[0]:.1f}x to {plain[-1]:.1f}x the three-kernel prediction",
+            f"still {scaled[0]:.1f}x to {scaled[-1]:.1f}x the prediction with the scale pass",
+            f"the model predicts {by_n[512][0] * 1e3:.0f} microseconds"]
 
 
 CHAPTER = Chapter(
@@ -33,4 +63,5 @@ CHAPTER = Chapter(
     ),
     variants=VARIANTS,
     benchmark=benchmark.run,
+    quotes=quoted_figures,
 )

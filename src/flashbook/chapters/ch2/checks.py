@@ -14,13 +14,18 @@ import io
 import math
 from typing import Callable
 
+import numpy as np
+import torch
+
 from flashbook import check
 from flashbook.cases import AttnCase
-from flashbook.check import CheckFailure
+from flashbook.check import CheckFailure, assert_close
 from flashbook.device import current
+from flashbook.race import race_check
 
 from . import probes
-from .launch import TiledConfig, Tiles, launch_fa1, launch_fa2_rows, launch_fa2_tiled
+from .launch import (TiledConfig, Tiles, as_flat, launch_fa1, launch_fa2_rows, launch_fa2_tiled,
+                     launch_tile_copy)
 
 
 def _pair(name: str, B: int, H: int, N: int, d: int, tiles) -> tuple[AttnCase, object]:
@@ -58,6 +63,66 @@ def _rows(factory):
 def _tiled(factory):
     return lambda q, k, v, cfg, buffers=None: launch_fa2_tiled(factory, q, k, v, cfg,
                                                                buffers=buffers)
+
+
+# --------------------------------------------------- warm-up: a tile through shared memory
+
+_HINT_COPY = ("thread tx loads elements tx, tx + T, tx + 2T, ... of the block's T*d-element tile "
+              "(zeros past row N), all threads wait at cuda.syncthreads(), then thread tx writes "
+              "row b*T + tx of Y (if it is < N) from row tx of the tile.")
+
+# (N, d, T): rows, columns, threads per block (= rows per tile)
+COPY = [(8, 4, 4), (13, 3, 4), (3, 5, 8)]
+COPY_HIDDEN = [(1, 1, 4), (33, 8, 16), (20, 6, 32)]
+COPY_GPU = [(1000, 64, 128), (4099, 32, 64)]
+
+
+def _copy_race(kernel, title: str):
+    """One launch (two blocks, a tail of 2 rows) in the race checker, on exact-size buffers."""
+    N, d, T = 6, 3, 4
+    X = np.arange(N * d, dtype=np.float32)
+    Y = np.full(N * d, np.nan, np.float32)
+    what = f"{title}, N={N}, d={d}, T={T}, race check"
+    check.run_student(race_check, kernel, (math.ceil(N / T),), (T,), (X, Y, N, d), 4 * T * d,
+                      what=what, index_hint=probes.INDEX_HINT)
+    assert_close(torch.from_numpy(Y).reshape(N, d), torch.from_numpy(X).reshape(N, d),
+                 what=f"{what} (threads run one after another)", dims=("row", "col"),
+                 dtype=torch.float32, hint=_HINT_COPY)
+
+
+def check_tile_copy(kernel, hidden: bool = False):
+    """The warm-up ``tile_copy_kernel(X, Y, N, d)``: Y = X through one shared T x d tile per
+    block, a barrier between the loads and the stores, every row of any N copied, nothing past
+    the end touched."""
+    check.require_implemented(kernel, "tile_copy_kernel")
+    title = "tile_copy_kernel"
+    _copy_race(kernel, title)
+    cases = COPY + (COPY_HIDDEN + (COPY_GPU if current().gpu else []) if hidden else [])
+    dev = current().device
+    for k, (N, d, T) in enumerate(cases):
+        what = f"{title}, N={N}, d={d}, T={T}"
+        x = torch.randn(N, d, generator=torch.Generator().manual_seed(50 + k)).to(dev)
+        y = check.run_student(launch_tile_copy, kernel, x, T, what=what,
+                              index_hint=probes.INDEX_HINT)
+        assert_close(y, x.double(), what=what, dims=("row", "col"), dtype=torch.float32,
+                     hint=_HINT_COPY)
+    # the canary run: one tile of canaries behind the last row; a store to rows >= N hits them
+    N, d, T = 5, 4, 4
+    x = torch.randn(N, d, generator=torch.Generator().manual_seed(59)).to(dev)
+    X = torch.cat([x.reshape(-1), torch.full((T * d,), 1.0e4, device=dev)])
+    Y = torch.cat([torch.zeros(N * d, device=dev), torch.full((T * d,), 777.0, device=dev)])
+    what = f"{title}, N={N}, d={d}, T={T}, canary"
+    check.run_student(launch_tile_copy, kernel, x, T, buffers=dict(X=as_flat(X), Y=as_flat(Y)),
+                      what=what, index_hint=probes.INDEX_HINT)
+    if current().gpu:
+        torch.cuda.synchronize()
+    hit = sorted({int(i) // d + N for i in torch.nonzero(Y[N * d:] != 777.0).flatten()})
+    if hit:
+        raise CheckFailure(f"{what}: the kernel wrote rows {hit[:8]}, past the end of Y (it has "
+                           f"{N} rows; they held the canary 777.0). Store only rows < N.")
+    assert_close(Y[:N * d].reshape(N, d), x.double(), what=what, dims=("row", "col"),
+                 dtype=torch.float32, hint=_HINT_COPY)
+    check.report(title, len(cases), " + canary check + race check", hidden=hidden)
 
 
 # ------------------------------------------------------------------ Exercises 1 and 2: FA1

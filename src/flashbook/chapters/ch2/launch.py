@@ -69,6 +69,32 @@ class Tiles:
         return f"Bc={self.Bc}" + (f", Br={self.Br}" if self.Br is not None else "")
 
 
+# ------------------------------------------------------------ warm-up: a tile copy
+
+def launch_tile_copy(kernel, x: torch.Tensor, T: int = 32, *, buffers: dict | None = None):
+    """Run the warm-up kernel ``kernel(X, Y, N, d)`` on a contiguous float32 ``x`` of shape (N, d).
+
+    Grid ceil(N / T): block b copies rows b*T ... b*T + T - 1; T threads per block; dynamic
+    shared memory for one T x d tile (4 * T * d bytes). Returns Y, a (N, d) tensor (None when
+    ``buffers`` supplies the flat X and Y, e.g. one tile longer for the canary run).
+    """
+    _refuse_stub(kernel, "tile_copy_kernel")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.float32 \
+            or not x.is_contiguous() or x.numel() == 0:
+        raise ValueError("launch_tile_copy: x must be a non-empty contiguous float32 (N, d) tensor.")
+    if not 1 <= T <= 1024 or 4 * T * x.shape[1] > DEFAULT_SMEM_LIMIT:
+        raise ValueError(f"launch_tile_copy: T={T} threads and a {T} x {x.shape[1]} tile do not fit "
+                         f"one block (at most 1024 threads, {DEFAULT_SMEM_LIMIT} B of shared memory).")
+    N, d = x.shape
+    if buffers is None:
+        y = torch.full_like(x, math.nan)
+        bufs = dict(X=as_flat(x), Y=as_flat(y))
+    else:
+        y, bufs = None, buffers
+    kernel[math.ceil(N / T), T, 0, 4 * T * d](bufs["X"], bufs["Y"], N, d)
+    return y
+
+
 # ---------------------------------------------------------------------- FA1 (flash.cu)
 
 def fa1_smem_bytes(Bc: int, Br: int, d: int) -> int:

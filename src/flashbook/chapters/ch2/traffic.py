@@ -1,7 +1,14 @@
-"""The HBM traffic model of the two loop orders (Section 8 counts the bytes with it)."""
+"""The HBM traffic model of the two loop orders (Section 8 counts the bytes with it), and what
+it predicts for the recorded H200 runs (Section 11 sets that against the measured times)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
+
+from flashbook import bench
+
+from . import benchmark
+from .launch import tiled_config
 
 
 def hbm_traffic(N: int, d: int, Bc: int, Br: int, order: str, *, B: int = 1, H: int = 1,
@@ -42,4 +49,65 @@ def traffic_table(N: int, d: int, Bc: int, Br: int, B: int = 1, H: int = 1) -> s
     for key in ("reads", "writes", "total"):
         lines.append(f"{key.upper():12}{a[key] / 1e6:13.1f} MB{b[key] / 1e6:11.1f} MB")
     lines.append(f"compulsory (read Q, K, V, write O once): {4 * 4 * N * d * B * H / 1e6:.1f} MB")
+    return "\n".join(lines)
+
+
+class Prediction(NamedTuple):
+    """One recorded row against the traffic model: bytes / datasheet bandwidth vs measured."""
+    kernel: str
+    N: int
+    model: str              # which count: "fa1 Bc=Br=32", "fa2 Bc=32 Br=64", "compulsory"
+    bytes: int
+    predicted_ms: float     # bytes / bandwidth: the time if HBM bandwidth were the only limit
+    ms: float               # measured
+
+    @property
+    def ratio(self) -> float:
+        return self.ms / self.predicted_ms
+
+
+def predicted_vs_measured(rows, gpu: str = "NVIDIA H200") -> list[Prediction]:
+    """For each recorded row of the ladder (and sdpa_efficient), the time its HBM traffic takes
+    at the GPU's datasheet bandwidth (``bench.gpu_peak``), next to the measured time.
+
+    The four rungs are counted with ``hbm_traffic`` for the tiles ``flashbook bench ch2`` ran
+    them with (``benchmark``); PyTorch's kernel with the compulsory traffic only (read Q, K, V,
+    write O once), a lower bound. Rows not measured, or of other kernels, are left out.
+    """
+    peak = bench.gpu_peak(gpu)
+    if peak is None:
+        raise ValueError(f"no datasheet bandwidth for {gpu!r} in bench.PEAKS")
+    out = []
+    for r in rows:
+        if r.ms is None:
+            continue
+        N, d, shape = r.N_q, r.d, dict(B=r.B, H=r.H_q)
+        if r.kernel in ("fa1_literal", "fa1_bounded"):
+            bc = benchmark.FA1_BC
+            model, nbytes = f"fa1 Bc=Br={bc}", hbm_traffic(N, d, bc, bc, "fa1", **shape)["total"]
+        elif r.kernel == "fa2_rows":
+            bc, br = benchmark.ROWS_BC, benchmark.ROWS_BR
+            model, nbytes = f"fa2 Bc={bc} Br={br}", hbm_traffic(N, d, bc, br, "fa2", **shape)["total"]
+        elif r.kernel == "fa2_tiled":
+            cfg = tiled_config(d, gpu=True)
+            model = f"fa2 Bc={cfg.BN} Br={cfg.BM}"
+            nbytes = hbm_traffic(N, d, cfg.BN, cfg.BM, "fa2", **shape)["total"]
+        elif r.kernel == "sdpa_efficient":
+            model, nbytes = "compulsory", 4 * 4 * N * d * r.B * r.H_q
+        else:
+            continue
+        out.append(Prediction(r.kernel, N, model, nbytes, nbytes / (peak.hbm_gbps * 1e9) * 1e3, r.ms))
+    return out
+
+
+def prediction_table(rows, gpu: str = "NVIDIA H200") -> str:
+    """``predicted_vs_measured`` as a text table (MB = 1e6 bytes)."""
+    peak = bench.gpu_peak(gpu)
+    lines = [f"HBM traffic at the {peak.name} datasheet bandwidth ({peak.hbm_gbps / 1000:g} TB/s) "
+             "against the measured time",
+             f"{'kernel':15}{'N':>6}  {'traffic model':17}{'MB':>9}{'predicted ms':>14}"
+             f"{'measured ms':>13}{'measured/pred.':>16}"]
+    for p in predicted_vs_measured(rows, gpu):
+        lines.append(f"{p.kernel:15}{p.N:6d}  {p.model:17}{p.bytes / 1e6:9.1f}{p.predicted_ms:14.3f}"
+                     f"{p.ms:13.3f}{p.ratio:15.0f}x")
     return "\n".join(lines)

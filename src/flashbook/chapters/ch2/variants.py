@@ -4,10 +4,25 @@ from __future__ import annotations
 
 from flashbook.contract import Variant
 
-_LIT, _BND, _CFG, _ROWS, _TILED = ("ch2_fa1_literal", "ch2_fa1_bounded", "ch2_launch_config",
-                                   "ch2_fa2_rows", "ch2_fa2_tiled")
+_COPY, _LIT, _BND, _CFG, _ROWS, _TILED = ("ch2_tile_copy", "ch2_fa1_literal", "ch2_fa1_bounded",
+                                          "ch2_launch_config", "ch2_fa2_rows", "ch2_fa2_tiled")
 
 VARIANTS = (
+    # -------------------------------------------------- warm-up: a tile through shared memory
+    Variant("copy_without_barrier", _COPY, (
+        ("    cuda.syncthreads()                  # every element of the tile is loaded\n", ""),),
+        expect="race"),
+    Variant("copy_without_bounds_guard", _COPY, (
+        ("        if start + e < N * d:\n", "        if True:\n"),
+        ("    if row < N:\n", "    if True:\n")), expect="past the end"),
+    Variant("copy_barrier_inside_the_guard", _COPY, (
+        ("    cuda.syncthreads()                  # every element of the tile is loaded\n"
+         "    row = cuda.blockIdx.x * T + tx\n    if row < N:\n",
+         "    row = cuda.blockIdx.x * T + tx\n    if row < N:\n        cuda.syncthreads()\n"),),
+        expect="syncthreads"),
+    Variant("copy_stores_the_first_row_of_the_tile", _COPY, (
+        ("            Y[row * d + x] = tile[tx * d + x]", "            Y[row * d + x] = tile[x]"),),
+        expect="values are wrong"),
     # ---------------------------------------------------------------- Exercise 1: the port
     Variant("literal_missing_rescale_of_old_output", _LIT, (
         ("O[o] = (row_l_prev * alpha * O[o] + beta * pv) / row_l_new",

@@ -45,8 +45,10 @@ def plot_online_softmax(x, blocks=(4, 8, 16)):
 
 
 def plot_tiles(N_q: int, N_k: int, block_m: int, block_n: int, program: int = 0):
-    """Which tiles one program visits: its Q tile (row band) and every K/V tile, the last masked."""
-    fig, ax = plt.subplots(figsize=(5, 4))
+    """Which tiles one program visits: its Q tile (row band) and every K/V tile. Only the tail
+    tile (when ``N_k`` is not a multiple of ``block_n``) is masked; its lanes past ``N_k`` are
+    hatched, as are the Q tile's rows past ``N_q`` if the program is the last one."""
+    fig, ax = plt.subplots(figsize=(6, 4))
     ax.add_patch(Rectangle((0, 0), N_k, N_q, fill=False, lw=1.5))
     r0 = program * block_m
     for j, c0 in enumerate(range(0, N_k, block_n)):
@@ -56,13 +58,14 @@ def plot_tiles(N_q: int, N_k: int, block_m: int, block_n: int, program: int = 0)
         if tail:
             ax.add_patch(Rectangle((N_k, r0), c0 + block_n - N_k, block_m, hatch="//",
                                    fill=False, ec="C3"))
-    if r0 + block_m > N_q:
+    rows_past_end = r0 + block_m > N_q
+    if rows_past_end:
         ax.add_patch(Rectangle((0, N_q), N_k, r0 + block_m - N_q, hatch="\\\\", fill=False, ec="grey"))
     ax.set_xlim(-1, N_k + block_n)
-    ax.set_ylim(N_q + block_m, -1)
+    ax.set_ylim(max(N_q, r0 + block_m) + 2, -1)
     ax.set_xlabel("key j (K/V tiles stream left to right)")
     ax.set_ylabel("query i")
     ax.set_title(f"program {program}: one {block_m}-row Q tile, {block_n}-key K/V tiles\n"
-                 "red: the one masked tail tile; hatched: lanes past the end (masked)")
+                 "red: the one masked tail tile; hatched: lanes past the end (masked)", fontsize=9)
     fig.tight_layout()
     return fig

@@ -15,6 +15,18 @@ LOG2E = 1.4426950408889634      # log2(e): exp(x) = exp2(x * LOG2E)
 HEAD_DIMS = (16, 32, 64, 128)   # tl.arange needs a power of two, tl.dot at least 16
 DTYPES = (torch.float16, torch.float32)
 
+# Shared memory one block may use (the opt-in maximum per block), by compute capability, from
+# NVIDIA's table (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability").
+# An SM holds 64 KB (T4), 164 KB (A100), 100 KB (sm_86/sm_89) or 228 KB (H100/H200); from sm_80
+# on, 1 KB of it is reserved per block, so a kernel can use at most these values.
+SHARED_MEMORY_PER_BLOCK = {
+    (7, 5): 64 * 1024,      # T4:         64 KB = 65536 B
+    (8, 0): 163 * 1024,     # A100:      163 KB = 166912 B (of the SM's 164 KB)
+    (8, 6): 99 * 1024,      # A10G, RTX 30: 99 KB (of 100 KB)
+    (8, 9): 99 * 1024,      # L4, RTX 40:   99 KB (of 100 KB)
+    (9, 0): 227 * 1024,     # H100/H200: 227 KB = 232448 B (of the SM's 228 KB)
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -32,7 +44,8 @@ def pick_config(d: int, dtype: torch.dtype, capability: tuple | None,
     ``two_tiles``: the config of ``attn_fwd_two_tiles``, whose BLOCK_M covers both query tiles.
 
     Measured on an H200 (src/flashbook/data/bench/ch3); the sm_75/sm_80 entries are chosen to
-    fit those GPUs' shared memory (tests/test_ch3.py compiles every one ahead of time). Where the
+    fit those GPUs' shared memory per block (``SHARED_MEMORY_PER_BLOCK``: 64 KB on a T4, 163 KB
+    on an A100; tests/test_ch3.py compiles every one ahead of time and checks it against them). Where the
     two-tile kernel was not measured it takes the one-tile config: the same Q, K and V tiles in
     shared memory, the same accumulator registers.
     """
@@ -47,9 +60,28 @@ def pick_config(d: int, dtype: torch.dtype, capability: tuple | None,
         return Config(128, 64, 4, 3) if d <= 64 else Config(128, 64, 8, 3)
     if cc == (8, 0) or cc == (8, 7):
         return Config(128, 64, 4, 3) if d <= 64 else Config(128, 64, 8, 2)
-    if cc >= (8, 0):                                # sm_86 / sm_89: about 100 KB
+    if cc >= (8, 0):                                # sm_86 / sm_89: 99 KB per block
         return Config(128, 64, 4, 2) if d <= 64 else Config(64, 64, 4, 2)
-    return Config(64, 64, 4, 2) if d <= 64 else Config(64, 32, 4, 2)   # T4: 64 KB
+    return Config(64, 64, 4, 2) if d <= 64 else Config(64, 32, 4, 2)   # T4: 64 KB per block
+
+
+def copy_tiles(kernel, x: torch.Tensor, block_r: int = 16, block_c: int = 16):
+    """Launch ``kernel`` (the warm-up) to copy ``x`` (n_rows, n_cols), any strides, into a new
+    contiguous tensor, one (block_r x block_c) tile per program.
+    Kernel signature: kernel[(cdiv(n_rows, block_r), cdiv(n_cols, block_c))](X, Y, n_rows,
+    n_cols, stride_xr, stride_xc, stride_yr, stride_yc, BLOCK_R=block_r, BLOCK_C=block_c).
+    """
+    validate_tensor("x", x, dims=2, dtypes=DTYPES, name="copy_tiles", contiguous="any")
+    for label, b in (("block_r", block_r), ("block_c", block_c)):
+        if b < 1 or b & (b - 1):
+            raise ValueError(f"copy_tiles: {label} must be a power of two, got {b}.")
+    n_rows, n_cols = x.shape
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    if n_rows and n_cols:
+        grid = (triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
+        kernel[grid](x, y, n_rows, n_cols, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+                     BLOCK_R=block_r, BLOCK_C=block_c)
+    return y
 
 
 def softmax_rows(kernel, x: torch.Tensor, block: int = 32):

@@ -17,18 +17,36 @@ VARIANTS = (
         ('m_safe = tl.where(m == float("-inf"), 0.0, m)',
          'm_safe = m'),
     ), expect='NaN'),
+    # ----------------------------------------------------------------- ch3_tile_load
+    Variant('tile_load_without_mask', 'ch3_tile_load', (
+        ('tile = tl.load(X + rows[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ok, other=0.0)',
+         'tile = tl.load(X + rows[:, None] * stride_xr + cols[None, :] * stride_xc)'),
+    ), expect='out-of-bounds load'),     # the tiles at the bottom and right edges stick out
+    Variant('tile_load_swapped_strides', 'ch3_tile_load', (
+        ('X + rows[:, None] * stride_xr + cols[None, :] * stride_xc',
+         'X + rows[:, None] * stride_xc + cols[None, :] * stride_xr'),
+    ), expect='values are wrong'),       # in bounds for (37, 20), but the wrong elements
+    Variant('tile_load_masks_rows_only', 'ch3_tile_load', (
+        ('ok = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)',
+         'ok = rows[:, None] < n_rows'),
+    ), expect='out-of-bounds'),          # columns past n_cols run into the next row, then off the end
+    # ----------------------------------------------------------------- ch3_attn_tile
     Variant('attn_missing_rescale_of_acc', 'ch3_attn_tile', (
         ('acc = acc * alpha[:, None]',
          'acc = acc'),
-    )),
+    ), expect='accumulator acc'),        # named by the tile check: attn_update, its acc
     Variant('attn_missing_rescale_of_l', 'ch3_attn_tile', (
         ('l_i = l_i * alpha + tl.sum(p, 1)',
          'l_i = l_i + tl.sum(p, 1)'),
-    )),
+    ), expect='running sum l'),
     Variant('attn_no_score_mask_in_tail', 'ch3_attn_tile', (
         ('s = tl.where(kv_ok[None, :], s, float("-inf"))',
          's = s'),
-    )),
+    ), expect='must be -inf'),           # attn_scores: keys past N_k keep score 0
+    Variant('attn_update_unmasked_v_load', 'ch3_attn_tile', (
+        ('v = tl.load(v_ptrs, mask=kv_ok[:, None], other=0.0)',
+         'v = tl.load(v_ptrs)'),
+    ), expect='of `attn_update`), program id'),   # the guard names the V load in attn_update
     Variant('attn_unmasked_tail_loads', 'ch3_attn_tile', (
         ('kT = tl.load(k_ptrs, mask=kv_ok[None, :], other=0.0)',
          'kT = tl.load(k_ptrs)'),
@@ -46,7 +64,7 @@ VARIANTS = (
     Variant('attn_exp_instead_of_exp2', 'ch3_attn_tile', (
         ('p = tl.math.exp2(s * qk_scale - m_new[:, None])',
          'p = tl.exp(s * qk_scale - m_new[:, None])'),
-    )),
+    ), expect='attn_update'),
     Variant('attn_no_final_normalisation', 'ch3_attn_kernel', (
         ('o = acc / tl.where(has_key, l_i, 1.0)[:, None]',
          'o = acc'),
@@ -112,4 +130,27 @@ VARIANTS = (
         ('o = (oa * (wa * inv)[:, None] + ob * (wb * inv)[:, None])',
          'o = 0.5 * (oa + ob)'),
     )),
+    # A float16 running state (cast back after every K/V tile, as `.to(q.dtype)` would do): its
+    # error grows with N_k and the logits' range; the fp32 long-row case and the -96000 row see it.
+    Variant('attn_accumulator_in_float16', 'ch3_attn_kernel', (
+        ('acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)',
+         'acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float16)'),
+        ('                                  False, DOT_PRECISION)\n',
+         '                                  False, DOT_PRECISION)\n        acc = acc.to(tl.float16)\n'),
+    )),
+    Variant('two_tiles_accumulator_a_in_float16', 'ch3_two_tiles_kernel', (
+        ('acc_a = tl.zeros([HALF, HEAD_DIM], tl.float32)', 'acc_a = tl.zeros([HALF, HEAD_DIM], tl.float16)'),
+        ('offs_n, False, DOT_PRECISION)\n', 'offs_n, False, DOT_PRECISION)\n        acc_a = acc_a.to(tl.float16)\n'),
+    )),
+    Variant('two_tiles_running_max_a_in_float16', 'ch3_two_tiles_kernel', (
+        ('m_a = tl.full([HALF], float("-inf"), tl.float32)', 'm_a = tl.full([HALF], float("-inf"), tl.float16)'),
+        ('offs_n, False, DOT_PRECISION)\n', 'offs_n, False, DOT_PRECISION)\n        m_a = m_a.to(tl.float16)\n'),
+    )),
+    Variant('two_tiles_running_sum_b_in_float16', 'ch3_two_tiles_kernel', (   # rounded to fp16
+        ('offs_n, False, DOT_PRECISION)\n',
+         'offs_n, False, DOT_PRECISION)\n        l_b = l_b.to(tl.float16).to(tl.float32)\n'),
+    )),
+    Variant('two_tiles_max_starts_at_minus_1e4', 'ch3_two_tiles_kernel', (
+        ('m_b = tl.full([HALF], float("-inf"), tl.float32)', 'm_b = tl.full([HALF], -1e4, tl.float32)'),
+    ), expect='-96000'),
 )

@@ -1,0 +1,103 @@
+"""The printable edition (`make pdf`): one PDF of the whole book, printed by Debian's chromium."""
+import os
+import re
+import unicodedata
+
+import pytest
+
+from flashbook import book, sources
+
+CHROMIUM = book.CHROMIUM
+# Same group as tests/test_book.py and tests/test_browser.py: build_pdf stages the book under
+# _build/ from the executed-notebook cache, which it may have to fill first.
+BOOK_TIMEOUT = 900 * (len(sources.sources()) + 1)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("book"),
+    pytest.mark.timeout(BOOK_TIMEOUT),
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                       reason="chromium is not installed: sudo apt-get install -y chromium"),
+]
+
+# what a page shows when MathJax did not typeset it
+RAW_TEX = ["$$", "$O(", "\\frac", "\\(", "\\)", "\\[", "\\]", "\\begin{", "\\sum", "\\sqrt",
+           "\\mathrm", "\\exp", "\\le", "\\cdot"]
+
+
+@pytest.fixture(scope="module")
+def pdf(executed_dir, root):
+    return book.build_pdf(root)
+
+
+@pytest.fixture(scope="module")
+def reader(pdf):
+    import pypdf
+    return pypdf.PdfReader(pdf)
+
+
+@pytest.fixture(scope="module")
+def page_texts(reader):
+    # NFKC: the PDF's text keeps typographic ligatures ("ﬂash" for "flash")
+    return [unicodedata.normalize("NFKC", p.extract_text() or "") for p in reader.pages]
+
+
+def _chapter_titles(root):
+    """The title (first "# " heading) of every page in _toc.yml: chapter sources and book pages."""
+    import yaml
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    docs = [toc["root"]] + [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    by_name = {f"notebooks/{ch.name}": ch for ch in sources.sources(root)}
+    titles = []
+    for doc in docs:
+        if doc in by_name:
+            text = "\n".join(c.source for c in sources.read(by_name[doc].path).cells
+                             if c.cell_type == "markdown")
+        elif (root / f"{doc}.md").exists():
+            text = (root / f"{doc}.md").read_text()
+        else:   # generated at build time (book/benchmarks.md)
+            continue
+        m = re.search(r"^# +(.+)$", text, re.M)
+        assert m, f"{doc} has no title"
+        titles.append(" ".join(m.group(1).replace("`", "").split()))
+    assert len(titles) >= len(by_name)
+    return titles
+
+
+def test_pdf_has_pages_and_contents(pdf, page_texts):
+    assert pdf == sources.repo_root() / "_build" / "pdf" / "flashbook.pdf"
+    assert len(page_texts) >= max(20, 2 * len(sources.sources())), len(page_texts)
+    # the table of contents comes first: the title page, then "Contents"
+    assert any(t.lstrip().startswith("Contents") for t in page_texts[:3])
+
+
+def test_pdf_contains_every_chapter_title(page_texts, root):
+    text = " ".join(" ".join(t.split()) for t in page_texts)
+    for title in _chapter_titles(root):
+        assert title in text, f"chapter missing from the PDF: {title!r}"
+    contents = " ".join(" ".join(t.split()) for t in page_texts[:4])
+    for title in _chapter_titles(root)[1:]:   # [0]: the book's title, above the contents
+        assert title in contents, f"chapter missing from the contents: {title!r}"
+
+
+def test_no_page_shows_raw_tex(page_texts):
+    bad = [(i + 1, tex) for i, t in enumerate(page_texts) for tex in RAW_TEX if tex in t]
+    assert not bad, f"raw TeX on (page, text): {bad[:20]}"
+
+
+def test_every_figure_is_in_the_pdf(reader, pdf):
+    # build_pdf raised if any <img> had not loaded (naturalWidth 0); here: every raster figure
+    # of the single page is an image in the PDF
+    html = (pdf.parent / "_build" / "singlehtml" / "flashbook.html").read_text()
+    figures = re.findall(r"<img [^>]*src=\"[^\"]+\.(?:png|jpe?g|gif)\"", html)
+    assert figures
+    assert sum(len(p.images) for p in reader.pages) >= len(figures)
+
+
+def test_a_missing_image_stops_the_print(tmp_path):
+    (tmp_path / "mathjax").symlink_to(book.mathjax_dir(), target_is_directory=True)
+    page = tmp_path / "page.html"
+    page.write_text('<html><head><script src="mathjax/tex-chtml.js"></script></head><body>'
+                    '<section><h1>t</h1><p>\\(x^2\\)</p><img src="missing.png"></section>'
+                    '</body></html>')
+    with pytest.raises(RuntimeError, match="missing.png"):
+        book.print_pdf(page, tmp_path / "out.pdf")
