@@ -14,8 +14,10 @@ Adding a chapter adds a contract, not test code.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import itertools
+import linecache
 import re
 from pathlib import Path
 
@@ -105,13 +107,21 @@ class Scored:
 
     @staticmethod
     def _run(source: str, ns: dict) -> str | None:
-        """None if the cell ran, else its error (every cell gets its own name: Triton reads a
-        kernel's source back lazily)."""
+        """None if the cell ran, else its error. A cell whose last expression is a number fails
+        too: nbgrader would read that number as partial credit. (Every cell gets its own name
+        in linecache: Triton reads a kernel's source back lazily.)"""
+        name = f"<cell {next(_UNIQUE)}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        tree = ast.parse(source)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         try:
-            sources.exec_cell(source, f"<cell {next(_UNIQUE)}>", ns)
-            return None
+            exec(compile(tree, name, "exec"), ns)
+            value = eval(compile(ast.Expression(last.value), name, "eval"), ns) if last else None
         except Exception as e:  # noqa: BLE001 - a failing test cell is an outcome, not a crash
             return f"{type(e).__name__}: {e}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return f"PartialCredit: the cell's last value is the number {value}"
+        return None
 
     def first_loss(self, cell_id: str, source: str) -> tuple[str, str] | None:
         """Re-run from solution cell ``cell_id`` (with ``source``) until a graded test cell

@@ -369,14 +369,34 @@ def add(a, b):
     return a + b
 '''
 
+# Implements add only, and hides every error from IPython (its error display, a custom exception
+# handler), print and the display hook: without the guard's completion token it scored 6 of 6.
+SILENCER = '''\
+import builtins, sys
+shell = get_ipython()
+shell.showtraceback = lambda *a, **k: None
+shell._showtraceback = lambda *a, **k: None
+type(shell).showtraceback = lambda *a, **k: None
+shell.set_custom_exc((BaseException,), lambda *a, **k: None)
+builtins.print = lambda *a, **k: None
+sys.displayhook = lambda value: None
+def forget(result):                   # the kernel then reports success
+    result.error_in_exec = None
+shell.events.register("post_run_cell", forget)
+def add(a, b):
+    return a + b
+'''
+
 # student -> (expected score, expected reason fragment or None)
 EXPECTED = {
     "alice": (6, None), "untouched": (0, None), "partial": (4, None), "addonly": (1, None),
     "dup": (6, None), "stripped": (6, None), "deleted": (6, None), "edited": (4, None),
     "old": (3, None), "malformed": (0, "could not be read"), "syntax": (5, "SyntaxError"),
     "loop": (3, "did not stop within the time limit"), "crash": (1, "kernel died"), "thief": (6, None),
-    "10015": (6, None),
+    "10015": (6, None), "silencer": (1, None),
 }
+# the students whose code the tampering scan flags (every other one raises no flag)
+FLAGGED = {"thief", "silencer"}
 # the students graded twice more in two shards, and compared with the single run
 SHARD_SUBSET = ["alice", "untouched", "partial", "dup", "malformed", "thief", "10015"]
 
@@ -419,6 +439,7 @@ def make_class(course: Course, rel, old_rel, src: Path):
                                 "            pass"))       # ignores the interrupt: a real hang
     put("crash", solved(rel, norm="import os\ndef norm(xs):\n    os._exit(3)"))
     put("thief", solved(rel, add=STEAL.format(course=course.root)))
+    put("silencer", solved(rel, add=SILENCER, norm=None, rev=None))
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr(f"submission/{NB}.ipynb", nbformat.writes(solved(rel)))
@@ -477,6 +498,48 @@ def test_class_every_grade_exact_and_every_problem_explained(graded_class):
                      .read_text())
     assert res["cells"]["fx1_rev_test"]["status"] == "not run"
     assert "exit code 3" in res["cells"]["fx1_norm_test"]["message"]
+
+
+@in_class
+def test_class_tampering_is_flagged_and_earns_nothing(graded_class):
+    """A submission that hides its errors from IPython gets what its real answers earn, with the
+    reason; the scan flags it (cell, line, what) in the record, the CSV and the feedback page."""
+    rows = _rows(graded_class["export"]["csv"])
+    flagged = {s for s, row in rows.items() if row["fx1/flags"]}
+    assert flagged == FLAGGED, {s: rows[s]["fx1/flags"] for s in flagged ^ FLAGGED}
+    s = rows["silencer"]
+    assert [s[f"fx1/{g}"] for g in ("fx1_add_test", "fx1_norm_test", "fx1_rev_test")] == \
+        ["1", "0", "0"]
+    assert "fx1_add:3 calls get_ipython()" in s["fx1/flags"], s["fx1/flags"]
+    assert "rebinds 'print'" not in s["fx1/flags"]           # builtins.print: an attribute
+    assert "rebinds an attribute of a module: builtins.print" in s["fx1/flags"]
+    assert "fx1_add:" in rows["thief"]["fx1/flags"] and "_getframe" in rows["thief"]["fx1/flags"]
+    res = read_results(graded_class["course"].root / "results" / A)["silencer"]
+    assert res.cells["fx1_norm_test"].message == worker.guard.NOT_CONFIRMED or \
+        "NotImplementedError" in res.cells["fx1_norm_test"].message
+    assert res.notebooks[0].flags and res.notebooks[0].flags[0].cell == "fx1_add"
+    page = next(p for p in graded_class["pages"] if p.parts[-3] == "silencer").read_text()
+    assert "Flagged for the instructor" in page and "get_ipython()" in page
+    alice = next(p for p in graded_class["pages"] if p.parts[-3] == "alice").read_text()
+    assert "Flagged for the instructor" not in alice
+    md = graded_class["export"]["md"].read_text()
+    assert "fx1 / silencer: fx1_add:" in md
+
+
+@in_class
+def test_class_graded_notebooks_show_no_guard(graded_class):
+    """The guard's setup cell, wrappers and tokens are gone from the graded notebooks: the test
+    cells read as the instructor wrote them, and their PASSED lines are kept."""
+    course = graded_class["course"]
+    src = course.source_notebook(A, NB)
+    want = {gid(c): c.source for c in src.cells if gid(c)}
+    graded = nbformat.read(course.root / "results" / A / "alice" / f"{NB}.ipynb", as_version=4)
+    assert len(graded.cells) == len(src.cells)
+    text = nbformat.writes(graded)
+    assert "flashbook-ok-" not in text and "_flashbook_guard" not in text
+    for c in graded.cells:
+        if gid(c) in want and not cellmeta.is_solution(c):
+            assert c.source == want[gid(c)]
 
 
 @in_class

@@ -11,6 +11,10 @@ Modules (one job each):
     repair     repair a submitted notebook against the release (metadata, duplicates, deletions)
     collect    LMS downloads / zips / nbgrader layout -> submitted/<student>/<assignment>/
     sandbox    scrubbed environment, resource limits and the sandboxed kernel launcher
+    scan       flag tampering: a static scan of the student's own cells (cell, line, what)
+    guard      checks out of the student's reach: setup cell, guarded test cells, per-cell tokens
+    kernel_guard  the guard's half that runs inside the kernel (loaded there by path, never
+               imported by the grader)
     worker     grades one submission (runs in its own process)
     autograde  the batch: shards, workers, time limits, progress bar, resumable results
     merge      combine the results of several shards

@@ -135,7 +135,8 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
               results_root: Path | None = None, memory_mb: int | None = 4096,
               user: str | None = None, students: list[str] | None = None,
               progress: bool = True) -> dict:
-    """Grade assignment ``a``; returns {"graded": [...], "skipped": [...], "problems": {...}}."""
+    """Grade assignment ``a``; returns {"graded": [...], "skipped": [...], "problems": {...},
+    "flagged": {student: [flag, ...]}} (``flagged``: possible tampering, for review)."""
     course = course or Course()
     names = course.notebook_names(a)
     for n in names:
@@ -161,7 +162,7 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
     keep = bool(os.environ.get("FLASHBOOK_KEEP_SCRATCH"))   # debugging the grader itself
     scratch = Path(tempfile.mkdtemp(prefix="flashbook-grade-"))
     os.chmod(scratch, 0o711)
-    summary = {"graded": [], "skipped": skipped, "problems": {}}
+    summary = {"graded": [], "skipped": skipped, "problems": {}, "flagged": {}}
 
     def task(student):
         gpu = slots.get()
@@ -190,6 +191,8 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
                 summary["graded"].append(student)
                 if result.reasons:
                     summary["problems"][student] = result.reasons
+                if result.flags:
+                    summary["flagged"][student] = result.flags
                 bar.update(1)
     finally:
         if not keep:

@@ -62,8 +62,11 @@ def _autograde(args):
                   user=args.sandbox_user, students=args.student or None)
     for s, reasons in sorted(r["problems"].items()):
         print(f"{s}: " + "; ".join(reasons))
+    for s, flags in sorted(r["flagged"].items()):
+        print(f"{s}: FLAGGED for review: " + "; ".join(flags))
     print(f"graded {len(r['graded'])}, skipped {len(r['skipped'])} already graded "
-          f"(--force regrades), {len(r['problems'])} with problems (see above)")
+          f"(--force regrades), {len(r['problems'])} with problems, {len(r['flagged'])} flagged "
+          "for review (see above)")
     return 0
 
 

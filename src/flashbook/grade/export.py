@@ -1,5 +1,7 @@
-"""``flashbook export``: the grades CSV (one row per student, one column per graded cell) and
-the class summary: per-exercise score histograms (PNG) and a short Markdown report."""
+"""``flashbook export``: the grades CSV (one row per student, one column per graded cell, plus
+per assignment ``total``, ``max``, ``notes`` and ``flags``: what the tampering scan found, as
+``cell:line what``) and the class summary: per-exercise score histograms (PNG) and a short
+Markdown report."""
 from __future__ import annotations
 
 import csv
@@ -38,7 +40,8 @@ def export(out: Path, course: Course | None = None, assignments: list[str] | Non
     students = sorted({s for a in assignments for s in data[a]})
     header = ["student_id"]
     for a in assignments:
-        header += [f"{a}/{g}" for g in cols[a]] + [f"{a}/total", f"{a}/max", f"{a}/notes"]
+        header += [f"{a}/{g}" for g in cols[a]] + [f"{a}/total", f"{a}/max", f"{a}/notes",
+                                                   f"{a}/flags"]
     header.append("total")
     rows = []
     for s in students:
@@ -54,6 +57,7 @@ def export(out: Path, course: Course | None = None, assignments: list[str] | Non
                 row[f"{a}/{g}"] = "" if c is None or c.score is None else f"{c.score:g}"
             row[f"{a}/total"], row[f"{a}/max"] = f"{r.score:g}", f"{r.max_score:g}"
             row[f"{a}/notes"] = "; ".join(r.reasons)
+            row[f"{a}/flags"] = "; ".join(r.flags)        # possible tampering: review these
             total += r.score
         row["total"] = f"{total:g}"
         rows.append(row)
@@ -105,6 +109,11 @@ def class_summary(out: Path, assignments, cols, data) -> dict:
         for s, r in sorted(data[a].items()):
             if r.reasons:
                 lines.append(f"- {a} / {s}: {'; '.join(r.reasons)}")
+    lines += ["", "## Submissions flagged for review (possible tampering; graded as usual)", ""]
+    for a in assignments:
+        for s, r in sorted(data[a].items()):
+            if r.flags:
+                lines.append(f"- {a} / {s}: {'; '.join(r.flags)}")
     md = out.with_name(out.stem + "_summary.md")
     md.write_text("\n".join(lines) + "\n")
     return {"png": png, "md": md}

@@ -37,6 +37,12 @@ def summary_html(result: SubmissionResult, nb_result: NotebookResult, repairs: l
     if nb_result.notes:
         parts.append("<p><b>What went wrong while grading:</b></p><ul>" + "".join(
             f"<li>{html.escape(n)}</li>" for n in nb_result.notes) + "</ul>")
+    if nb_result.flags:
+        parts.append("<p><b>Flagged for the instructor's review</b> (code that an answer has no "
+                     "use for: it was graded as usual, and the checks ran out of its reach):</p>"
+                     "<ul>" + "".join(
+                         f"<li><code>{html.escape(f.cell)}</code>, line {f.line}: "
+                         f"{html.escape(f.what)}</li>" for f in nb_result.flags) + "</ul>")
     parts.append("<table><tr><th>check</th><th>points</th><th>result</th><th>message</th></tr>"
                  + "".join(rows) + "</table>")
     parts.append("<p>Each check cell runs the visible checks you saw and hidden tests with more "

@@ -41,11 +41,31 @@ def zeroed(max_scores: dict[str, float], reason: str) -> dict[str, CellResult]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Flag:
+    """Something in the student's own code that an honest answer has no use for (``scan``):
+    graded as usual, listed for the instructor to review."""
+    cell: str                    # the cell's grade id, or "cell N" (1-based) for other cells
+    line: int                    # 1-based line in that cell's source (0: unknown)
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.cell}:{self.line} {self.what}"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Flag:
+        return cls(data["cell"], int(data.get("line") or 0), data["what"])
+
+
+@dataclasses.dataclass(frozen=True)
 class NotebookResult:
     name: str                                   # the notebook's file name without .ipynb
     cells: dict[str, CellResult]                # by grade id, in notebook order
     repairs: tuple[str, ...] = ()               # what repair changed before grading
     notes: tuple[str, ...] = ()                 # what went wrong while grading it
+    flags: tuple[Flag, ...] = ()                # possible tampering found in its code (scan)
 
     @property
     def score(self) -> float:
@@ -57,12 +77,14 @@ class NotebookResult:
 
     def to_json(self) -> dict:
         return {"name": self.name, "cells": {g: c.to_json() for g, c in self.cells.items()},
-                "repairs": list(self.repairs), "notes": list(self.notes)}
+                "repairs": list(self.repairs), "notes": list(self.notes),
+                "flags": [f.to_json() for f in self.flags]}
 
     @classmethod
     def from_json(cls, data: dict) -> NotebookResult:
         return cls(data["name"], {g: CellResult.from_json(c) for g, c in data["cells"].items()},
-                   tuple(data.get("repairs", ())), tuple(data.get("notes", ())))
+                   tuple(data.get("repairs", ())), tuple(data.get("notes", ())),
+                   tuple(Flag.from_json(f) for f in data.get("flags", ())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +110,12 @@ class SubmissionResult:
         return list(dict.fromkeys(n for nb in self.notebooks for n in nb.notes))
 
     @property
+    def flags(self) -> list[str]:
+        """Every flag of the submission, as "notebook: cell:line what"."""
+        many = len(self.notebooks) > 1
+        return [f"{nb.name}: {f}" if many else str(f) for nb in self.notebooks for f in nb.flags]
+
+    @property
     def score(self) -> float:
         return sum(nb.score for nb in self.notebooks)
 
@@ -105,7 +133,8 @@ class SubmissionResult:
                 "seconds": self.seconds, "worker_log": self.worker_log, "device": self.device,
                 "graded_at": self.graded_at, "submitted_sha256": dict(self.submitted_sha256),
                 "cells": {g: c.to_json() for g, c in self.cells.items()},
-                "reasons": self.reasons, "score": self.score, "max_score": self.max_score}
+                "reasons": self.reasons, "flags": self.flags, "score": self.score,
+                "max_score": self.max_score}
 
     @classmethod
     def from_json(cls, data: dict) -> SubmissionResult:

@@ -3,7 +3,9 @@ by ``autograde`` with a scrubbed environment and a wall-clock limit; reads its j
 stdin and writes ``result.json`` and the graded notebooks to the job's private output folder.
 
 Per notebook: repair against the release, put back the instructor's test cells (with the hidden
-tests), run it cell by cell in the sandboxed kernel, score every graded cell. A cell that loops
+tests), scan the student's code for tampering (``scan``: flags for the instructor), guard the
+test cells (``guard``: checks loaded afresh, pristine state, a per-cell completion token), run it
+cell by cell in the sandboxed kernel, score every graded cell. A cell that loops
 is interrupted after ``cell_timeout``; a dead kernel or the submission's deadline leaves the
 remaining cells unrun (0 points, with the reason) while the cells that ran keep their points.
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import cellmeta, hidden, repair
+from . import cellmeta, guard, hidden, repair, scan
 from .record import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, CellResult, NotebookResult, \
     Status, SubmissionResult, zeroed
 
@@ -40,16 +42,19 @@ def instructor_version(student, source):
     return nb
 
 
-def cell_score(cell, points: float) -> tuple[float, Status, str]:
+def cell_score(cell, points: float, confirmed: bool = True) -> tuple[float, Status, str]:
     """(score, status, message) of an executed graded code cell.
 
     Like nbgrader: an error output means 0, a numeric result is partial credit, anything
     else full points. Unlike nbgrader, output on stderr (a warning) costs nothing.
+    ``confirmed``: whether the guarded cell printed its completion token (no token, no points).
     """
     for out in cell.get("outputs", []):
         if out.output_type == "error":
             msg = f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip().rstrip(":")
             return 0.0, FAILED, msg
+    if not confirmed:
+        return 0.0, FAILED, guard.NOT_CONFIRMED
     results = [o for o in cell.get("outputs", []) if o.output_type == "execute_result"]
     if results:
         try:
@@ -75,8 +80,9 @@ def _kernel_exit(client) -> str:
 
 
 def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: float,
-            kernel_log: Path) -> tuple[dict, str]:
-    """Run ``nb`` in place, cell by cell. Returns ({cell index: reason not run}, note)."""
+            kernel_log: Path, hidden_cells: int = 0) -> tuple[dict, str]:
+    """Run ``nb`` in place, cell by cell. Returns ({cell index: reason not run}, note).
+    ``hidden_cells``: leading cells the grader added (messages count cells after them)."""
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from nbgrader.preprocessors import Execute
 
@@ -99,12 +105,13 @@ def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: fl
                     try:
                         client.execute_cell(nb.cells[i], i)
                     except DeadKernelError:
-                        note = f"the kernel died while running cell {i + 1}{_kernel_exit(client)}"
+                        note = (f"the kernel died while running cell {i + 1 - hidden_cells}"
+                                f"{_kernel_exit(client)}")
                         not_run.update({j: note for j in code_cells[n:]})
                         break
                     except CellTimeoutError:
-                        note = (f"cell {i + 1} did not stop within the time limit of "
-                                f"{client.timeout} s, even when interrupted")
+                        note = (f"cell {i + 1 - hidden_cells} did not stop within the time limit "
+                                f"of {client.timeout} s, even when interrupted")
                         not_run.update({j: note for j in code_cells[n:]})
                         break
         except RuntimeError as e:       # kernel did not start
@@ -136,10 +143,18 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); fix or resubmit it")
     fixed, repairs = repair.repair(student, release)
     nb = instructor_version(fixed, source)
+    flags = scan.scan(fixed, release, set(guard.imports(source)), guard.PACKAGE)
+    plan = guard.apply(nb, source)
     not_run, note = execute(nb, kernel=job["kernel"], workdir=workdir,
                             cell_timeout=job["cell_timeout"], deadline=deadline,
-                            kernel_log=out / f"{name}.kernel.log")
+                            kernel_log=out / f"{name}.kernel.log", hidden_cells=1)
+    setup_error = "" if 0 in not_run else guard.setup_error(nb)
+    not_run = {i - 1: why for i, why in not_run.items() if i > 0}
+    confirmed = guard.undo(nb, plan)
     notes = [note] if note else []
+    if setup_error:
+        notes.append(f"the grader's guard did not start ({setup_error[:300]}); the test cells "
+                     "could not run")
     cells: dict[str, CellResult] = {}
     for i, cell in enumerate(nb.cells):
         gid = cellmeta.grade_id(cell)
@@ -154,13 +169,13 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
         elif i in not_run:
             cells[gid] = CellResult(0.0, points[gid], NOT_RUN, not_run[i])
         else:
-            score, status, msg = cell_score(cell, points[gid])
+            score, status, msg = cell_score(cell, points[gid], confirmed.get(i, True))
             cells[gid] = CellResult(score, points[gid], status,
                                     hidden.redact(hidden.strip_ansi(msg), secret)[:2000])
     # every graded cell gets a result (repair re-inserts missing cells: belt and braces)
     cells = {**zeroed(points, "cell missing"), **cells}
     nbformat.write(nb, out / f"{name}.ipynb")
-    return NotebookResult(name, cells, tuple(repairs), tuple(notes))
+    return NotebookResult(name, cells, tuple(repairs), tuple(notes), flags)
 
 
 def run(job: dict) -> SubmissionResult:

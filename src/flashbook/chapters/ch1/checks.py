@@ -131,9 +131,10 @@ def check_attention(fn, hidden: bool = False, causal: bool | None = None, seed: 
 
     def run(q, k, v, case, config):
         return fn(q, k, v, scale=case.scale, causal=case.causal)
-    return check.check_attention(run, attention_cases(hidden, causal, dtypes),
-                                 title="attention" + (" (causal)" if causal else ""),
-                                 returns_lse=returns_lse, seed=seed, quiet=hidden)
+    # no return value: a test cell's last value would be read as partial credit by nbgrader
+    check.check_attention(run, attention_cases(hidden, causal, dtypes),
+                          title="attention" + (" (causal)" if causal else ""),
+                          returns_lse=returns_lse, seed=seed, quiet=hidden)
 
 
 # ------------------------------------------------------------------------ traffic model
