@@ -618,3 +618,9 @@ def test_class_resume_and_shards_merge_to_the_same_grades(graded_class):
     one = _rows(graded_class["export"]["csv"])
     two = _rows(EX.export(tmp / "merged.csv", course, [A], merged, summary=False)["csv"])
     assert two == {s: one[s] for s in SHARD_SUBSET}
+
+
+def test_gpu_probe_reports_an_unusable_gpu():
+    """On this CPU-only machine the probe's CUDA call fails: the reason is given, not a crash."""
+    why = AG.gpu_problem("0", attempts=2, wait_s=0.0)
+    assert why is not None and why.startswith("GPU 0 is not healthy (") and why.endswith(")"), why

@@ -19,17 +19,22 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
 
-from . import cellmeta, sandbox
+from . import cellmeta, guard, sandbox
 from .layout import META_DIR, RESULT_FILE, Course, write_json
 from .record import NotebookResult, SubmissionResult, zeroed
 
 GRACE_S = 30     # the worker enforces the limit itself; past limit + grace it is killed
+
+
+class GpuUnhealthy(RuntimeError):
+    """The GPU a submission would get failed its health probe: the submission waits."""
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
@@ -64,6 +69,39 @@ def gpu_ids() -> list[str]:
     return ids
 
 
+# Run in a fresh process on the GPU a submission is about to get: a CUDA call must complete and
+# (almost) all the memory must be free, so a previous submission's fault or leftover process
+# cannot cost the next one points.
+_GPU_PROBE = (
+    "import sys, torch\n"
+    "x = torch.ones(1 << 20, device='cuda'); assert float(x.sum()) == 1 << 20\n"
+    "free, total = torch.cuda.mem_get_info()\n"
+    "need = float(sys.argv[1]) * total\n"
+    "assert free >= need, f'only {free / 2**30:.1f} of {total / 2**30:.1f} GiB free'\n")
+
+
+def gpu_problem(gpu: str, share: float = 1.0, attempts: int = 5,
+                wait_s: float = 3.0) -> str | None:
+    """None when GPU ``gpu`` is healthy: a CUDA call completes and 90 % of this worker's
+    ``share`` of the memory is free. Otherwise why not, after ``attempts`` tries (a killed
+    process can take a few seconds to give its memory back)."""
+    why = ""
+    for i in range(attempts):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        try:
+            proc = subprocess.run([sys.executable, "-c", _GPU_PROBE, str(0.9 * share)], env=env,
+                                  timeout=120,
+                                  capture_output=True, text=True)
+            if proc.returncode == 0:
+                return None
+            why = (proc.stderr.strip().splitlines() or ["probe failed"])[-1]
+        except subprocess.TimeoutExpired:
+            why = "a CUDA call did not complete within 120 s"
+        if i + 1 < attempts:
+            time.sleep(wait_s)
+    return f"GPU {gpu} is not healthy ({why})"
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
 
@@ -83,7 +121,7 @@ def _points(course: Course, a: str, names: list[str]) -> dict[str, dict[str, flo
 
 def grade_one(course: Course, a: str, student: str, names: list[str], *, scratch: Path,
               device: str, gpu: str | None, timeout: float, cell_timeout: float,
-              memory_mb: int | None, user: str | None,
+              memory_mb: int | None, user: str | None, gpu_share: float = 1.0,
               points: dict[str, dict[str, float]]) -> tuple[SubmissionResult, Path]:
     """Grade one student in a worker process; returns (result, folder with graded notebooks)."""
     sub = course.submission_dir(a, student)
@@ -100,8 +138,10 @@ def grade_one(course: Course, a: str, student: str, names: list[str], *, scratch
            "notebooks": [{"name": n, "source": str(course.source_dir(a) / f"{n}.ipynb"),
                           "release": str(course.release_dir(a) / f"{n}.ipynb"),
                           "submitted": str(sub / f"{n}.ipynb")} for n in names]}
-    env = sandbox.scrubbed_env(work, device, gpu, {"JUPYTER_PATH": str(jup),
-                                                   "JUPYTER_RUNTIME_DIR": str(private / "rt")})
+    extra = {"JUPYTER_PATH": str(jup), "JUPYTER_RUNTIME_DIR": str(private / "rt")}
+    if gpu is not None and gpu_share < 1.0:
+        extra[guard.GPU_SHARE_ENV] = f"{gpu_share:.4f}"
+    env = sandbox.scrubbed_env(work, device, gpu, extra)
     log = open(private / "worker.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "flashbook.grade.worker"], cwd=private,
                             env=env, stdin=subprocess.PIPE, stdout=log, stderr=log,
@@ -158,6 +198,9 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
     slots: queue.Queue = queue.Queue()
     for k in range(max(1, workers)):
         slots.put(gpus[k % len(gpus)])
+    # Workers that share a GPU each get an equal share of its memory (the kernel caps itself at
+    # start-up), so one submission that allocates everything cannot fail its neighbours.
+    share = 1.0 / -(-max(1, workers) // len(gpus)) if device == "gpu" else 1.0
     cell_timeout = min(cell_timeout or timeout, timeout)
     keep = bool(os.environ.get("FLASHBOOK_KEEP_SCRATCH"))   # debugging the grader itself
     scratch = Path(tempfile.mkdtemp(prefix="flashbook-grade-"))
@@ -167,8 +210,11 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
     def task(student):
         gpu = slots.get()
         try:
+            problem = gpu_problem(gpu, share) if gpu is not None else None
+            if problem:               # not graded now, not lost: a later run grades it
+                raise GpuUnhealthy(problem)
             return grade_one(course, a, student, names, scratch=scratch, device=device,
-                             gpu=gpu, timeout=timeout, cell_timeout=cell_timeout,
+                             gpu=gpu, gpu_share=share, timeout=timeout, cell_timeout=cell_timeout,
                              memory_mb=memory_mb, user=user, points=points)
         finally:
             slots.put(gpu)
@@ -182,6 +228,10 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
                 student = futures[fut]
                 try:
                     result, private = fut.result()
+                except GpuUnhealthy as e:
+                    summary["problems"][student] = [f"not graded: {e}; run autograde again"]
+                    bar.update(1)
+                    continue
                 except Exception as e:          # never let one student stop the batch
                     result, private = _failed(student, a, points,
                                               f"grading crashed: {e!r}"), None

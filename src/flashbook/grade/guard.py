@@ -88,6 +88,19 @@ class Plan:
     sources: dict[int, str]                   # cell index -> the instructor's source
 
 
+GPU_SHARE_ENV = "FLASHBOOK_GPU_MEMORY_SHARE"   # set by autograde when workers share a GPU
+
+# Workers that share a GPU cap their kernel's CUDA memory to their share before student code runs.
+_GPU_SHARE = f"""\
+        import os as _os
+        if _os.environ.get({GPU_SHARE_ENV!r}):
+            import torch as _torch
+            _torch.cuda.set_per_process_memory_fraction(float(_os.environ[{GPU_SHARE_ENV!r}]))
+            del _torch
+        del _os
+"""
+
+
 def setup_source(module: str, bindings: dict) -> str:
     """The setup cell: load the kernel guard by path, snapshot the pristine state."""
     tops = {m.split(".")[0] for m, _ in bindings.values()}
@@ -108,7 +121,7 @@ def setup_source(module: str, bindings: dict) -> str:
                        modules={tuple(mods)!r}, classes={tuple(classes)!r})
         _flashbook_guard_setup()
         del _flashbook_guard_setup
-        """)
+        """) + textwrap.dedent(_GPU_SHARE)
 
 
 def guarded_source(source: str, module: str, token: str, bindings: dict) -> str:
