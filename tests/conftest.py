@@ -14,7 +14,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from flashbook import notebooks  # noqa: E402
+from flashbook import book, notebooks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,6 @@ def fresh_release(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def built_book(executed_dir) -> Path:
     """Build the student edition of the book once per session; returns index.html."""
-    from flashbook import book
     return book.build(ROOT)
 
 
@@ -115,3 +114,15 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("test time by chapter (summed over workers)")
     for name in sorted(_seconds_by_chapter, key=lambda n: (n == "shared", n)):
         terminalreporter.write_line(f"{name:>8}: {_seconds_by_chapter[name]:7.1f} s")
+
+
+# ------------------------------------------------------- marks of the tests on the built book
+
+# Tests that read the book built into _build/ (the first to ask may build it: the whole book,
+# every chapter executed) run on one worker, in the "book" group, with a limit that grows with
+# the chapters; the browser and PDF tests also need Debian's chromium.
+BOOK_MARKS = [pytest.mark.slow, pytest.mark.xdist_group("book"),
+              pytest.mark.timeout(900 * (len(notebooks.sources(ROOT)) + 1))]
+CHROMIUM = book.CHROMIUM
+NEEDS_CHROMIUM = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                                    reason="chromium is not installed: sudo apt-get install -y chromium")

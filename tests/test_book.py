@@ -4,13 +4,10 @@ import re
 
 import pytest
 
+from conftest import BOOK_MARKS
 from flashbook import notebooks, results, sources
 
-# One worker builds the book into _build/ (see tests/conftest.py). The first test here that asks
-# for `built_book` pays, in its setup, for executing every chapter (up to ~5 minutes each on 2
-# cores) and building the book: a longer limit than pyproject.toml's 900 s per test.
-BOOK_TIMEOUT = 900 * (len(sources.sources()) + 1)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book"), pytest.mark.timeout(BOOK_TIMEOUT)]
+pytestmark = BOOK_MARKS
 
 
 def _page(index, ch):

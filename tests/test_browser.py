@@ -1,26 +1,14 @@
 """A real browser (Debian's chromium driven by Playwright) opens the built chapter pages."""
 import functools
 import http.server
-import os
-import shutil
 import threading
 
 import pytest
 
+from conftest import BOOK_MARKS, CHROMIUM, NEEDS_CHROMIUM
 from flashbook import notebooks, sources
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Same group and limit as tests/test_book.py: these pages are the book built into _build/, and the
-# first test to ask for it may build it. Without chromium the tests skip before that (`make test`
-# installs it when it can, else prints the command below).
-BOOK_TIMEOUT = 900 * (len(sources.sources()) + 1)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.xdist_group("book"),
-    pytest.mark.timeout(BOOK_TIMEOUT),
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                       reason="chromium is not installed: sudo apt-get install -y chromium"),
-]
+pytestmark = BOOK_MARKS + [NEEDS_CHROMIUM]
 
 
 @pytest.fixture(scope="module")

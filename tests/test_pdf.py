@@ -1,23 +1,13 @@
 """The printable edition (`make pdf`): one PDF of the whole book, printed by Debian's chromium."""
-import os
 import re
 import unicodedata
 
 import pytest
 
+from conftest import BOOK_MARKS, NEEDS_CHROMIUM
 from flashbook import book, sources
 
-CHROMIUM = book.CHROMIUM
-# Same group as tests/test_book.py and tests/test_browser.py: build_pdf stages the book under
-# _build/ from the executed-notebook cache, which it may have to fill first.
-BOOK_TIMEOUT = 900 * (len(sources.sources()) + 1)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.xdist_group("book"),
-    pytest.mark.timeout(BOOK_TIMEOUT),
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                       reason="chromium is not installed: sudo apt-get install -y chromium"),
-]
+pytestmark = BOOK_MARKS + [NEEDS_CHROMIUM]
 
 # what a page shows when MathJax did not typeset it
 RAW_TEX = ["$$", "$O(", "\\frac", "\\(", "\\)", "\\[", "\\]", "\\begin{", "\\sum", "\\sqrt",
