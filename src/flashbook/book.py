@@ -129,14 +129,20 @@ def build(root: Path | None = None, instructor: bool = False, strict: bool = Tru
     src = stage(root, build_dir, instructor)
     # the student edition lands in _build/html; the instructor edition in _build/instructor/
     out = build_dir / "instructor" if instructor else root
+    _jupyter_book(root, src, out, "html", strict)
+    return out / "_build" / "html" / "index.html"
+
+
+def _jupyter_book(root: Path, src: Path, out: Path, builder: str, strict: bool) -> None:
+    """``jupyter-book build`` of the staged sources with one Sphinx builder (warnings as errors
+    when ``strict``)."""
     jb = Path(sys.executable).parent / "jupyter-book"   # the console script of this environment
-    cmd = [str(jb), "build", str(src), "--path-output", str(out), "--builder", "html"]
+    cmd = [str(jb), "build", str(src), "--path-output", str(out), "--builder", builder]
     if strict:
         cmd += ["--warningiserror", "--keep-going"]
     proc = subprocess.run(cmd, cwd=root)
     if proc.returncode != 0:
-        raise RuntimeError(f"jupyter-book build failed (exit {proc.returncode})")
-    return out / "_build" / "html" / "index.html"
+        raise RuntimeError(f"jupyter-book build --builder {builder} failed (exit {proc.returncode})")
 
 
 # ------------------------------------------------------------------ the printable edition
@@ -296,13 +302,7 @@ def build_pdf(root: Path | None = None, strict: bool = True) -> Path:
     build_dir = root / "_build"
     src = stage(root, build_dir)
     out = build_dir / "pdf"
-    jb = Path(sys.executable).parent / "jupyter-book"
-    cmd = [str(jb), "build", str(src), "--path-output", str(out), "--builder", "singlehtml"]
-    if strict:
-        cmd += ["--warningiserror", "--keep-going"]
-    proc = subprocess.run(cmd, cwd=root)
-    if proc.returncode != 0:
-        raise RuntimeError(f"jupyter-book build --builder singlehtml failed (exit {proc.returncode})")
+    _jupyter_book(root, src, out, "singlehtml", strict)
     site = out / "_build" / "singlehtml"
     # the singlehtml builder writes the whole book to <root doc>.html (book/preface.html) but makes
     # its links relative to the output's top directory: put the page there
