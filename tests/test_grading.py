@@ -371,18 +371,7 @@ def add(a, b):
 
 # Implements add only, and hides every error from IPython (its error display, a custom exception
 # handler), print and the display hook: without the guard's completion token it scored 6 of 6.
-SILENCER = '''\
-import builtins, sys
-shell = get_ipython()
-shell.showtraceback = lambda *a, **k: None
-shell._showtraceback = lambda *a, **k: None
-type(shell).showtraceback = lambda *a, **k: None
-shell.set_custom_exc((BaseException,), lambda *a, **k: None)
-builtins.print = lambda *a, **k: None
-sys.displayhook = lambda value: None
-def forget(result):                   # the kernel then reports success
-    result.error_in_exec = None
-shell.events.register("post_run_cell", forget)
+SILENCER = C.SILENCE_ERRORS + '''\
 def add(a, b):
     return a + b
 '''

@@ -22,6 +22,8 @@ from flashbook.grade import export as EX
 from flashbook.grade.layout import Course
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "fixtures" / "grading"))
+import course as C  # noqa: E402  (the grading fixtures' shared attacks)
 
 # Tampering, each in an answer cell (the issue's exploit first). Each must earn exactly what its
 # real answers earn, and be flagged. Without the guard each of them scored more (10, 10, 8, 10).
@@ -44,18 +46,7 @@ numpy.testing.assert_allclose = lambda *a, **k: None
 def naive_attention(q, k, v, scale=None, causal=False):
     return torch.zeros_like(q), torch.zeros(q.shape[:-1])
 """
-DISPLAY = """
-import builtins, sys
-shell = get_ipython()
-shell.showtraceback = shell._showtraceback = lambda *a, **k: None
-type(shell).showtraceback = type(shell)._showtraceback = lambda *a, **k: None
-shell.set_custom_exc((BaseException,), lambda *a, **k: None)
-builtins.print = lambda *a, **k: None
-sys.displayhook = lambda value: None
-def forget(result):                   # the kernel then reports success
-    result.error_in_exec = None
-shell.events.register("post_run_cell", forget)
-"""
+DISPLAY = C.SILENCE_ERRORS
 # student -> (total, {test cell: points} for the cells checked, flag that must be among theirs)
 TAMPERING = {
     "rebind": (0, {}, "ch1_softmax:"),

@@ -90,6 +90,13 @@ def _copy_race(kernel, title: str):
                  dtype=torch.float32, hint=_HINT_COPY)
 
 
+def _grown(visible: list, hidden_extra: list, gpu_extra: list, hidden: bool) -> list:
+    """The visible cases, plus the hidden ones when ``hidden`` (and GPU-sized ones on a GPU)."""
+    if not hidden:
+        return list(visible)
+    return visible + hidden_extra + (gpu_extra if current().gpu else [])
+
+
 def check_tile_copy(kernel, hidden: bool = False):
     """The warm-up ``tile_copy_kernel(X, Y, N, d)``: Y = X through one shared T x d tile per
     block, a barrier between the loads and the stores, every row of any N copied, nothing past
@@ -97,7 +104,7 @@ def check_tile_copy(kernel, hidden: bool = False):
     check.require_implemented(kernel, "tile_copy_kernel")
     title = "tile_copy_kernel"
     _copy_race(kernel, title)
-    cases = COPY + (COPY_HIDDEN + (COPY_GPU if current().gpu else []) if hidden else [])
+    cases = _grown(COPY, COPY_HIDDEN, COPY_GPU, hidden)
     dev = current().device
     for k, (N, d, T) in enumerate(cases):
         what = f"{title}, N={N}, d={d}, T={T}"
@@ -147,7 +154,7 @@ def check_fa1_literal(kernel, hidden: bool = False):
     check.require_implemented(kernel, "fa1_literal_kernel")
     title = "fa1_literal_kernel"
     raced = probes.race("fa1", kernel, *_pair("race, two tiles", 1, 1, 16, 4, Tiles(8)), title)
-    pairs = LITERAL + (LITERAL_HIDDEN + (LITERAL_GPU if current().gpu else []) if hidden else [])
+    pairs = _grown(LITERAL, LITERAL_HIDDEN, LITERAL_GPU, hidden)
     n = _outputs(_fa1(kernel), pairs, title=title, hint=_HINT_FA1, seed=10)
     raced()
     check.report(title, n, " + race check", hidden=hidden)
@@ -176,7 +183,7 @@ def check_fa1_bounded(kernel, hidden: bool = False):
     check.require_implemented(kernel, "fa1_bounded_kernel")
     title = "fa1_bounded_kernel"
     raced = probes.race("fa1", kernel, *_pair("race, tail of 3", 1, 1, 11, 4, Tiles(8)), title)
-    pairs = BOUNDED + (BOUNDED_HIDDEN + (BOUNDED_GPU if current().gpu else []) if hidden else [])
+    pairs = _grown(BOUNDED, BOUNDED_HIDDEN, BOUNDED_GPU, hidden)
     n = _outputs(_fa1(kernel), pairs, title=title, hint=_HINT_BOUNDS, seed=20)
     canaries = BOUNDED_CANARIES + (BOUNDED_CANARIES_HIDDEN if hidden else [])
     for case, tiles in canaries:
@@ -301,7 +308,7 @@ def check_fa2_rows(factory, hidden: bool = False):
     _check_params(factory, (8, 8), "make_fa2_rows")
     title = "make_fa2_rows"
     raced = probes.race("rows", factory, *_pair("race, tail of 4", 1, 1, 12, 4, Tiles(8, 4)), title)
-    pairs = ROWS + (ROWS_HIDDEN + (ROWS_GPU if current().gpu else []) if hidden else [])
+    pairs = _grown(ROWS, ROWS_HIDDEN, ROWS_GPU, hidden)
     n = _outputs(_rows(factory), pairs, title=title, hint=_HINT_ROWS, seed=30)
     canaries = [_pair("tail of 5", 1, 2, 13, 4, Tiles(8, 8))]
     if hidden:
@@ -333,7 +340,7 @@ def check_fa2_tiled(factory, hidden: bool = False):
     title = "fa2_tiled"
     raced = probes.race("tiled", factory,
                         *_pair("race, tail of 2", 1, 1, 10, 8, TiledConfig(8, 8, 2, 2)), title)
-    pairs = TILED + (TILED_HIDDEN + (TILED_GPU if current().gpu else []) if hidden else [])
+    pairs = _grown(TILED, TILED_HIDDEN, TILED_GPU, hidden)
     n = _outputs(_tiled(factory), pairs, title=title, hint=_HINT_TILED, seed=40)
     canaries = [_pair("tail of 3", 1, 2, 11, 8, TiledConfig(8, 8, 2, 2))]
     for case, cfg in canaries:
