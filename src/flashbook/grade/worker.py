@@ -5,9 +5,17 @@ stdin and writes ``result.json`` and the graded notebooks to the job's private o
 Per notebook: repair against the release, put back the instructor's test cells (with the hidden
 tests), scan the student's code for tampering (``scan``: flags for the instructor), guard the
 test cells (``guard``: checks loaded afresh, pristine state, a per-cell completion token), run it
-cell by cell in the sandboxed kernel, score every graded cell. A cell that loops
-is interrupted after ``cell_timeout``; a dead kernel or the submission's deadline leaves the
-remaining cells unrun (0 points, with the reason) while the cells that ran keep their points.
+cell by cell in the sandboxed kernel, score every graded cell.
+
+A cell that loops is interrupted after ``cell_timeout`` and fails. If the kernel then does not
+answer a trivial probe cell (code blocked where SIGINT cannot reach it, e.g. inside a CUDA call
+waiting for a GPU kernel that never ends), or if the kernel died, the cell fails with that reason,
+the kernel is killed and restarted, the code cells before it that are not graded tests (the
+grader's setup, the student's answers) are run again on throwaway copies, and grading goes on
+with the next cell (if a graded cell is left); the graded cells that ran keep their scores. At most
+``MAX_RESTARTS`` restarts per notebook: a further hang or death, a cell that hangs or kills the
+kernel again when run again, or the submission's deadline leaves the remaining cells unrun
+(0 points, with the reason) while the cells that ran keep their points.
 """
 from __future__ import annotations
 
@@ -25,6 +33,9 @@ import nbformat
 from . import cellmeta, guard, hidden, repair, scan
 from .record import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, CellResult, NotebookResult, \
     Status, SubmissionResult, zeroed
+
+PROBE_TIMEOUT = 10   # s: a kernel that cannot run `pass` in this long after an interrupt is stuck
+MAX_RESTARTS = 2     # per notebook: one that keeps hanging or killing its kernel gets no more
 
 
 def instructor_version(student, source):
@@ -79,45 +90,161 @@ def _kernel_exit(client) -> str:
     return f", exit code {code}"
 
 
-def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: float,
-            kernel_log: Path, hidden_cells: int = 0) -> tuple[dict, str]:
-    """Run ``nb`` in place, cell by cell. Returns ({cell index: reason not run}, note).
-    ``hidden_cells``: leading cells the grader added (messages count cells after them)."""
+def _errors(cell) -> list:
+    return [o for o in cell.get("outputs", []) if o.output_type == "error"]
+
+
+def _fail(cell, ename: str, evalue: str) -> None:
+    """Record an error in ``cell`` (it then scores 0), as the kernel would have."""
+    cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue,
+                                               traceback=[f"{ename}: {evalue}"]))
+
+
+def _run(client, nb, i: int, cell, timeout: float) -> str:
+    """Run ``cell`` as cell ``i`` of ``nb``. Returns "" when it ended (an error included),
+    "timeout" when it ran into ``timeout`` s, "died" when the kernel died."""
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    client.timeout = int(max(1, timeout))
+    keep, start = nb.cells[i], time.monotonic()
+    try:
+        client.execute_cell(cell, i)
+    except DeadKernelError:
+        return "died"
+    except CellTimeoutError:        # interrupted, and no sign of life within nbclient's iopub wait
+        return "timeout"
+    finally:
+        nb.cells[i] = keep          # nbclient stores the cell it ran there (a probe, a copy)
+    # nbgrader's executor (error_on_timeout) interrupts at the timeout and records the error in
+    # the cell instead of raising; the wall time catches any other way of giving up on it
+    if time.monotonic() - start >= client.timeout or \
+            any(o.get("ename") == "CellTimeoutError" for o in _errors(cell)):
+        return "timeout"
+    return ""
+
+
+def _trouble(client, nb, i: int, cell, timeout: float) -> str:
+    """Run ``cell`` as cell ``i`` of ``nb``: "" when the kernel can go on (the cell may have failed
+    or been interrupted), "stuck" when it timed out and the kernel does not answer a probe cell
+    after it (SIGINT did not take effect), "died" when the kernel died."""
+    outcome = _run(client, nb, i, cell, timeout)
+    if outcome != "timeout":
+        return outcome
+    # the probe asks only whether the kernel answers: when it does not, waiting for its output
+    # after the interrupt (nbclient's iopub_timeout) only loses time
+    client.iopub_timeout, iopub = 1, client.iopub_timeout
+    try:
+        probe = _run(client, nb, i, nbformat.v4.new_code_cell("pass"),
+                     min(PROBE_TIMEOUT, timeout))
+    finally:
+        client.iopub_timeout = iopub
+    if probe:
+        return "died" if probe == "died" else "stuck"
+    if not _errors(cell):           # the interrupted cell's own error was not received
+        _fail(cell, "CellTimeoutError", f"the cell did not stop within the time limit of "
+                                        f"{int(max(1, timeout))} s and was interrupted")
+    return ""
+
+
+def _restart(client, timeout: float) -> str:
+    """Kill the kernel (the only cure for one blocked where SIGINT cannot reach it: it also ends
+    its CUDA context and GPU work) and connect to a fresh one. Returns why it failed, or ""."""
+    from nbclient.util import run_sync
+    km = client.km
+    try:
+        client.kc.stop_channels()   # a fresh client: no stale messages of the old kernel
+        # same launch arguments (sandbox, cwd, log); new ports, in case the dying one holds its
+        run_sync(km.restart_kernel)(now=True, newports=True)
+        client.startup_timeout = int(max(1, timeout))
+        client.start_new_kernel_client()
+    except Exception as e:
+        client.km = km              # nbclient drops it when the client fails: keep it to clean up
+        return f"the kernel could not be restarted ({type(e).__name__}: {e})"
+    return ""
+
+
+def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: float,
+            kernel_log: Path, hidden_cells: int = 0) -> tuple[dict, list[str]]:
+    """Run ``nb`` in place, cell by cell. Returns ({cell index: reason not run}, notes).
+    ``hidden_cells``: leading cells the grader added (messages count cells after them)."""
     from nbgrader.preprocessors import Execute
 
-    # nbgrader's executor: interrupts a cell at its timeout and records the error in the cell
+    # nbgrader's executor: interrupts a cell at its timeout and records the error in the cell.
+    # At the end the kernel is killed: a stuck one would not answer a shutdown request.
     client = Execute(kernel_name=kernel, timeout=int(cell_timeout), interrupt_on_timeout=True,
-                     allow_errors=True, startup_timeout=120)
+                     allow_errors=True, startup_timeout=120, shutdown_kernel="immediate")
     client.nb, client.resources = nb, {"metadata": {"path": str(workdir)}}
-    not_run, note = {}, ""
+    not_run, notes, restarts = {}, [], 0
+    broke = set()                   # cells that hung or killed the kernel: never run again
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    time_up = "the submission's time limit was reached"
+
+    def restart(upto: int) -> str:
+        """Restart the kernel, then run the code cells before cell ``upto`` that are not graded
+        tests again, on throwaway copies: the state that the later cells need. The graded tests
+        are not run again: their checks already ran, and they keep their outputs and scores.
+        Nor are the cells in ``broke``. Returns why that failed, or ""."""
+        left = deadline - time.monotonic()
+        if left < 1:
+            return time_up
+        if why := _restart(client, left):
+            return why
+        for j in code_cells:
+            if j >= upto:
+                break
+            if j in broke or cellmeta.is_graded_test(nb.cells[j]):
+                continue
+            left = deadline - time.monotonic()
+            if left < 1:
+                return time_up
+            trouble = _trouble(client, nb, j, copy.deepcopy(nb.cells[j]), min(cell_timeout, left))
+            if trouble:
+                return (f"after the restart, cell {j + 1 - hidden_cells} "
+                        f"{'killed the kernel' if trouble == 'died' else 'hung'} when run again")
+        return ""
+
     with open(kernel_log, "wb") as err:
         try:
             with client.setup_kernel(stdout=err, stderr=err):
                 for n, i in enumerate(code_cells):
+                    rest = code_cells[n + 1:]
                     left = deadline - time.monotonic()
                     if left < 1:
-                        note = "the submission's time limit was reached"
-                        not_run.update({j: note for j in code_cells[n:]})
+                        notes.append(time_up)
+                        not_run.update({j: time_up for j in [i, *rest]})
                         break
-                    client.timeout = int(max(1, min(cell_timeout, left)))
-                    try:
-                        client.execute_cell(nb.cells[i], i)
-                    except DeadKernelError:
-                        note = (f"the kernel died while running cell {i + 1 - hidden_cells}"
-                                f"{_kernel_exit(client)}")
-                        not_run.update({j: note for j in code_cells[n:]})
-                        break
-                    except CellTimeoutError:
-                        note = (f"cell {i + 1 - hidden_cells} did not stop within the time limit "
-                                f"of {client.timeout} s, even when interrupted")
-                        not_run.update({j: note for j in code_cells[n:]})
+                    limit = int(max(1, min(cell_timeout, left)))
+                    trouble = _trouble(client, nb, i, nb.cells[i], limit)
+                    if not trouble:
+                        continue
+                    # the kernel is dead, or stuck in this cell: the cell fails, and only a new
+                    # kernel can run the cells after it
+                    broke.add(i)
+                    what = (f"the kernel died while running cell {i + 1 - hidden_cells}"
+                            f"{_kernel_exit(client)}" if trouble == "died" else
+                            f"cell {i + 1 - hidden_cells} did not stop within the time limit "
+                            f"of {limit} s, even when interrupted")
+                    graded_left = any(cellmeta.is_graded(nb.cells[j]) for j in rest)
+                    why = ""
+                    if graded_left and restarts == MAX_RESTARTS:
+                        why = f"the kernel was restarted {MAX_RESTARTS} times already"
+                    elif graded_left:       # else no new kernel is worth its time
+                        restarts += 1
+                        why = restart(i)
+                        if not why:
+                            what += ("; the kernel was restarted and the code before it, except "
+                                     "the tests, was run again")
+                    if why:
+                        what += f"; {why}: the cells after it were not run"
+                    _fail(nb.cells[i], "DeadKernelError" if trouble == "died"
+                          else "CellTimeoutError", what)
+                    notes.append(what)
+                    if why or not graded_left:
+                        not_run.update({j: what for j in rest})
                         break
         except RuntimeError as e:       # kernel did not start
-            note = f"the kernel did not start: {e}"
-            not_run.update({j: note for j in code_cells if j not in not_run})
-    return not_run, note
+            notes.append(f"the kernel did not start: {e}")
+            not_run.update({j: notes[-1] for j in code_cells if j not in not_run})
+    return not_run, notes
 
 
 def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
@@ -145,13 +272,12 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
     nb = instructor_version(fixed, source)
     flags = scan.scan(fixed, release, set(guard.imports(source)), guard.PACKAGE)
     plan = guard.apply(nb, source)
-    not_run, note = execute(nb, kernel=job["kernel"], workdir=workdir,
-                            cell_timeout=job["cell_timeout"], deadline=deadline,
-                            kernel_log=out / f"{name}.kernel.log", hidden_cells=1)
+    not_run, notes = execute(nb, kernel=job["kernel"], workdir=workdir,
+                             cell_timeout=job["cell_timeout"], deadline=deadline,
+                             kernel_log=out / f"{name}.kernel.log", hidden_cells=1)
     setup_error = "" if 0 in not_run else guard.setup_error(nb)
     not_run = {i - 1: why for i, why in not_run.items() if i > 0}
     confirmed = guard.undo(nb, plan)
-    notes = [note] if note else []
     if setup_error:
         notes.append(f"the grader's guard did not start ({setup_error[:300]}); the test cells "
                      "could not run")
@@ -160,7 +286,8 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
         gid = cellmeta.grade_id(cell)
         if gid not in points:
             for o in cell.get("outputs", []):    # e.g. a SyntaxError in the student's code
-                if o.output_type == "error" and i not in not_run:
+                # (a hang or a dead kernel: execute's note already says so)
+                if o.output_type == "error" and i not in not_run and o.evalue not in notes:
                     msg = hidden.redact(f"{o.ename}: {o.evalue}", secret)[:300]
                     notes.append(f"cell {i + 1} ({gid or 'not graded'}) raised {msg}")
             continue
