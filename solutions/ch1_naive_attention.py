@@ -134,7 +134,9 @@ ch1.check_softmax(softmax, hidden=True)   # more cases, and torch's own softmax 
 # | empty rows | a query that sees no key gets $O = 0$ and $\mathrm{LSE} = -\infty$, never NaN |
 #
 # Bottom-right alignment is what decoding needs: the last query is the newest token and sees
-# every key. With $N_q > N_k$ the first $N_q - N_k$ queries see nothing at all:
+# every key. With $N_q > N_k$ the first $N_q - N_k$ queries see nothing at all.
+# [Chapter 4](ch4_masks_varlen.ipynb) builds this mask into a kernel, with sliding windows and
+# packed batches of sequences, and skips the tiles it hides:
 
 # %% tags=["demo"]
 fig, axes = plt.subplots(1, 3, figsize=(9, 3))

@@ -257,7 +257,9 @@ ch3.check_tile_load(copy_tile_kernel, hidden=True)
 #
 # The picture shows the tiles one program visits, for N_k = 150 keys in tiles of 32: the first
 # four K/V tiles are full and loaded without masks; only the tail tile (keys 128-159) is masked,
-# and its hatched lanes (keys 150-159) are the ones past the end.
+# and its hatched lanes (keys 150-159) are the ones past the end. This chapter's kernels take no
+# causal mask: [Chapter 4](ch4_masks_varlen.ipynb) adds causal and sliding-window masks to this
+# loop, with packed batches of sequences, and skips the tiles a mask hides entirely.
 
 # %% tags=["demo"]
 fig = ch3.plot_tiles(N_q=128, N_k=150, block_m=32, block_n=32, program=1)

@@ -27,6 +27,7 @@ Usage (any chapter)::
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import linecache
 import os
@@ -115,12 +116,16 @@ class Guard:
     ``Guard(name=tensor, ...)`` registers extra tensors besides each launch's arguments (for
     kernels that receive raw addresses). ``guard.checked`` counts the operations checked.
     Does nothing (and checks nothing) when the interpreter is not active.
+
+    ``guard.loads`` counts, per (program id, tensor name), the loads that had at least one
+    active lane: how a check proves that a kernel skipped tiles it did not need (Chapter 4).
     """
 
     def __init__(self, **tensors: torch.Tensor):
         self.explicit = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
         self.launch_regions: list[Region] = []
         self.checked = 0
+        self.loads: collections.Counter = collections.Counter()
         self._saved: list = []
         self.active = False
 
@@ -177,6 +182,8 @@ class Guard:
         home = int(np.argmax(counts)) if counts.size and counts.max() > 0 else -1
         bad = active & (owner != home) if home >= 0 else active
         if not bad.any():
+            if op == "load" and home >= 0:
+                self.loads[tuple(getattr(builder, "grid_idx", None) or ()), regs[home].name] += 1
             return
         self._fail(op, a, bad, active, owner, regs, home, itemsize, builder)
 

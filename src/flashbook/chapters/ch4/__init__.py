@@ -1,0 +1,47 @@
+"""Chapter 4: varlen (packed) batches, causal and sliding-window masks, block skipping.
+
+The student writes Triton kernels with fixed signatures and the public wrapper's argument
+checks; ``launch`` launches the kernels on a packed batch, ``checks`` grades them (with canary
+sequences and, in CPU mode, counted tile loads), ``figures`` draws the chapter's pictures and
+``benchmark`` times the solution on a GPU (``flashbook bench ch4``).
+"""
+from __future__ import annotations
+
+from flashbook.contract import Chapter, Exercise
+
+from . import benchmark
+from .checks import check_mask_helpers, check_masked_kernel, check_validate_varlen, \
+    check_varlen_kernel, expected_loads, mask_cases, validate_cases
+from .figures import lognormal_lengths, padding_stats, plot_padding, plot_tile_visits, \
+    plot_varlen_tiles, tile_classes
+from .launch import DTYPES, HEAD_DIMS, Config, heads_per_section, launch_varlen, pick_config, \
+    window_bounds
+from .recorded import plot_recorded, quoted_figures, summary
+from .variants import VARIANTS
+
+__all__ = ["CHAPTER", "Config", "pick_config", "launch_varlen", "window_bounds",
+           "heads_per_section", "summary", "plot_recorded", "DTYPES",
+           "HEAD_DIMS", "check_varlen_kernel", "check_mask_helpers", "check_masked_kernel",
+           "check_validate_varlen", "expected_loads", "mask_cases", "validate_cases",
+           "lognormal_lengths", "padding_stats", "plot_padding", "plot_tile_visits",
+           "plot_varlen_tiles", "tile_classes"]
+
+
+CHAPTER = Chapter(
+    id="ch4",
+    title="Varlen and causal masking",
+    exercises=(
+        Exercise("ch4_varlen_test", ("ch4_varlen_kernel",), ("attn_varlen_kernel",),
+                 check_varlen_kernel),
+        Exercise("ch4_masks_test", ("ch4_masks",), ("visible_pairs", "key_tiles"),
+                 check_mask_helpers),
+        Exercise("ch4_masked_test", ("ch4_varlen_kernel", "ch4_masks", "ch4_masked_kernel"),
+                 ("attn_masked_kernel",), check_masked_kernel),
+        Exercise("ch4_validate_test", ("ch4_validate",), ("validate_varlen",),
+                 check_validate_varlen),
+    ),
+    variants=VARIANTS,
+    benchmark=benchmark.run,
+    graph_timer=benchmark.GRAPH_TIMER,
+    quotes=quoted_figures,
+)

@@ -1,0 +1,451 @@
+"""Chapter 4's graded checks: the varlen forward, the mask and tile-range helpers, the masked
+kernel (whose K-tile loads are counted in CPU mode) and the wrapper's argument checks.
+
+Every packed batch the kernels see has a *canary* sequence of NaN after each real one: a
+kernel that reads one key or query past its own sequence reads NaN, and the check names the
+sequence that leaked. O and LSE are pre-filled with NaN, so a row the kernel never writes is
+caught too. In CPU mode every launch runs under the out-of-bounds guard.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flashbook import oob, reference
+from flashbook.cases import AttnCase, make_inputs, seeded
+from flashbook.check import CheckFailure, check_attention, report, require_implemented, \
+    run_student
+from flashbook.device import current
+
+from .launch import DTYPES, Config, launch_varlen, window_bounds
+
+CANARY = (3, 40)       # (queries, keys) of the NaN sequence after every real one (keys >
+                       # BLOCK_N: a tile that runs past its sequence lands in NaN)
+
+
+def _configs():
+    return [None, Config(64, 32, 4, 2)] if current().gpu else \
+        [Config(16, 16, 4, 1), Config(32, 16, 4, 1)]
+
+
+def _tiles(cfg: Config | None) -> str:
+    return f"{cfg.BLOCK_M}x{cfg.BLOCK_N} tiles" if cfg else "the GPU's default tiles"
+
+
+# ----------------------------------------------------------------- packed batches, canaries
+
+def _with_canaries(case: AttnCase, q, k, v):
+    """The packed batch with a NaN canary sequence after each real sequence:
+    (q, k, v, cu_q, cu_k, real query rows of the augmented batch, index of each real sequence)."""
+    lens_q, lens_k = case.seqlens, case.seqlens_k or case.seqlens
+    cu_q, cu_k = case.cu_seqlens().tolist(), case.cu_seqlens(keys=True).tolist()
+    parts = {"q": [], "k": [], "v": []}
+    rows, new_q, new_k, seq_index = [], [0], [0], []
+    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        seq_index.append(len(new_q) - 1)
+        rows.append(torch.arange(new_q[-1], new_q[-1] + nq))
+        for name, t, a, n in (("q", q, cu_q[b], nq), ("k", k, cu_k[b], nk), ("v", v, cu_k[b], nk)):
+            parts[name].append(t[a:a + n])
+        new_q.append(new_q[-1] + nq)
+        new_k.append(new_k[-1] + nk)
+        for name, t, n in (("q", q, CANARY[0]), ("k", k, CANARY[1]), ("v", v, CANARY[1])):
+            parts[name].append(torch.full((n, *t.shape[1:]), math.nan, dtype=t.dtype,
+                                          device=t.device))
+        new_q.append(new_q[-1] + CANARY[0])
+        new_k.append(new_k[-1] + CANARY[1])
+    for name, t in (("q", q), ("k", k), ("v", v)):     # NaN rows that belong to no sequence,
+        parts[name].append(torch.full((CANARY[1], *t.shape[1:]), math.nan, dtype=t.dtype,
+                                      device=t.device))  # so the last canary has one after it too
+    packed = [oob.embed(torch.cat(parts[n]), pad=256) for n in ("q", "k", "v")]
+    dev = q.device
+    cu = [torch.tensor(c, dtype=torch.int32, device=dev) for c in (new_q, new_k)]
+    return (*packed, *cu, torch.cat(rows).to(dev), seq_index)
+
+
+def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles=False,
+                counter: oob.Guard | None = None, sections: int | None = None):
+    """Launch ``kernel`` on the case's batch with canaries; return the real rows' (O, LSE)."""
+    qc, kc, vc, cu_q, cu_k, rows, seq_index = _with_canaries(case, q, k, v)
+    max_q = max(max(case.seqlens), CANARY[0])
+    max_k = max(max(case.seqlens_k or case.seqlens), CANARY[1])
+    window = window_bounds(case.window or (-1, -1), case.causal, max_q, max_k) if masked else None
+    o = torch.full(qc.shape, math.nan, dtype=qc.dtype, device=qc.device)
+    lse = torch.full((qc.shape[1], qc.shape[0]), math.nan, dtype=torch.float32, device=qc.device)
+    launch_varlen(kernel, qc, kc, vc, cu_q, cu_k, max_q, max_k, window=window, scale=case.scale,
+                  config=cfg, two_tiles=two_tiles, out=(o, lse), sections=sections)
+    o, lse = o[rows], lse[:, rows]
+    _name_leaks(case, o)
+    if counter is not None:
+        counter.layout = (cu_q.tolist(), cu_k.tolist(), max_q, seq_index, window, sections or 1)
+    return o, lse
+
+
+def _name_leaks(case: AttnCase, o):
+    """NaN in a real sequence that has keys came from a canary: say which sequence leaked."""
+    lens_q, lens_k = case.seqlens, case.seqlens_k or case.seqlens
+    start = 0
+    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        bad = torch.isnan(o[start:start + nq].float()).flatten(1).any(1)
+        if nk and bad.any():
+            first = int(bad.nonzero()[0])
+            raise CheckFailure(
+                f"case {case.describe()}: rows of sequence {b} (lengths q={nq}, k={nk}) contain "
+                f"NaN, first at row {first} of the sequence. A sequence of NaN (a canary) follows "
+                "every sequence in this batch: the kernel read keys or queries past its own "
+                f"sequence, or never wrote some of its rows (O is pre-filled with NaN).\n"
+                "  Hint: offsets come from CU_Q[seq] and CU_K[seq]; lengths are "
+                "CU[seq + 1] - CU[seq]; every load and store is masked to the sequence's length.")
+        start += nq
+
+
+def _varlen_cases(hidden: bool, masked: bool) -> list[AttnCase]:
+    v = dict(H_q=2, d=16)
+    if not masked:
+        cases = [
+            AttnCase("lengths 0, 1, a tile, not a tile, N_q != N_k", seqlens=(5, 0, 1, 16, 21),
+                     seqlens_k=(7, 3, 1, 16, 40), **v),
+            AttnCase("a sequence with queries but no keys", seqlens=(6, 9), seqlens_k=(0, 12), **v),
+            AttnCase("float16, d=32, strided heads", seqlens=(33, 10), seqlens_k=(20, 50), H_q=3,
+                     d=32, dtype=torch.float16),
+        ]
+        if hidden:
+            cases += [AttnCase("8 sequences, float16, large logits", seqlens=(1, 2, 17, 31, 0, 5,
+                                                                            16, 40),
+                               seqlens_k=(3, 1, 17, 9, 4, 0, 33, 40), H_q=2, d=16,
+                               dtype=torch.float16, logit_boost=8.0),
+                      AttnCase("d=64, explicit scale", seqlens=(20, 37), H_q=1, d=64, scale=0.2)]
+        return cases
+    cases = [
+        AttnCase("causal, N_q = N_k", seqlens=(40, 17), causal=True, **v),
+        AttnCase("causal, N_q < N_k (bottom-right)", seqlens=(2, 9), seqlens_k=(5, 37),
+                 causal=True, **v),
+        AttnCase("causal, N_q > N_k: the first rows see no key", seqlens=(30,), seqlens_k=(11,),
+                 causal=True, **v),
+        AttnCase("window (5, 0)", seqlens=(50,), window=(5, 0), **v),
+        AttnCase("window (3, 7), N_q != N_k, lengths 0 and 1", seqlens=(0, 1, 33),
+                 seqlens_k=(4, 1, 45), window=(3, 7), **v),
+    ]
+    if hidden:
+        cases += [
+            AttnCase("causal, 8 sequences, float16", seqlens=(1, 16, 17, 0, 33, 5, 2, 40),
+                     seqlens_k=(1, 16, 20, 3, 33, 9, 0, 64), causal=True, H_q=2, d=32,
+                     dtype=torch.float16, logit_boost=4.0),
+            AttnCase("window (0, 0): each row sees one key", seqlens=(23,), window=(0, 0), **v),
+            AttnCase("window (16, -1): unlimited right", seqlens=(35,), seqlens_k=(20,),
+                     window=(16, -1), **v),
+            AttnCase("causal window (20, 0), d=64", seqlens=(70,), window=(20, 0), causal=True,
+                     H_q=1, d=64),
+        ]
+    return cases
+
+
+def _check_packed(kernel, hidden: bool, masked: bool, title: str, hint: str,
+                  counter=None, cases=None, configs=None) -> int:
+    def run(q, k, v, case, cfg):
+        return _run_packed(kernel, case, cfg, q, k, v, masked=masked, counter=counter)
+    return check_attention(run, cases or _varlen_cases(hidden, masked), title=title,
+                           configs=configs or _configs(), describe_config=_tiles, guard=True,
+                           seed=11 if hidden else 0, lse_tol=(2e-4, 1e-4), hint=hint, quiet=True)
+
+
+def check_varlen_kernel(kernel, hidden: bool = False):
+    """Exercise 1: the packed forward (no mask) matches float64 attention per sequence."""
+    require_implemented(kernel, "attn_varlen_kernel")
+    n = _check_packed(kernel, hidden, False, "varlen forward kernel",
+                      "each program takes its sequence's start and length from CU_Q / CU_K "
+                      "(pid_bh // H) and masks every load and store to that length; a sequence "
+                      "without keys gives O = 0 and LSE = -inf.")
+    report("varlen forward kernel", n, hidden=hidden)
+
+
+# ------------------------------------------------------------- Exercise 2a: the two helpers
+
+def _visible_probe(OUT, rows0, cols0, seqlen_q, seqlen_k, window_left, window_right,
+                   VISIBLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = rows0 + tl.arange(0, BLOCK_M)
+    cols = cols0 + tl.arange(0, BLOCK_N)
+    vis = VISIBLE(rows, cols, seqlen_q, seqlen_k, window_left, window_right)
+    tl.store(OUT + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
+             vis.to(tl.int32))
+
+
+def _tiles_probe(OUT, seqlen_q, seqlen_k, window_left, window_right, KEY_TILES: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    lo, full_lo, full_hi, hi = KEY_TILES(pid * BLOCK_M, seqlen_q, seqlen_k, window_left,
+                                         window_right, BLOCK_M, BLOCK_N)
+    tl.store(OUT + pid * 4 + tl.arange(0, 4),
+             tl.where(tl.arange(0, 4) == 0, lo, tl.where(tl.arange(0, 4) == 1, full_lo,
+                      tl.where(tl.arange(0, 4) == 2, full_hi, hi))))
+
+
+@functools.cache
+def _probes():
+    """The probe kernels, compiled (or interpreted) on first use, after ``flashbook.setup()``."""
+    return triton.jit(_visible_probe), triton.jit(_tiles_probe)
+
+
+def mask_cases(hidden: bool = False):
+    """(name, seqlen_q, seqlen_k, causal, window, BLOCK_M, BLOCK_N)."""
+    cases = [("causal, N_q = N_k = 40", 40, 40, True, None, 16, 16),
+             ("causal, N_q = 2, N_k = 5 (bottom-right)", 2, 5, True, None, 16, 16),
+             ("causal, N_q = 37, N_k = 11", 37, 11, True, None, 16, 16),
+             ("window (5, 2), N = 48", 48, 48, False, (5, 2), 16, 16),
+             ("window (3, 0), N_q = 20, N_k = 45", 20, 45, False, (3, 0), 16, 16),
+             ("no mask, N_q = 18, N_k = 35", 18, 35, False, None, 16, 16)]
+    if hidden:
+        cases += [("causal, 64x16 tiles, N_q = 100, N_k = 130", 100, 130, True, None, 64, 16),
+                  ("window (0, 0), 16x32 tiles", 50, 50, False, (0, 0), 16, 32),
+                  ("window (40, -1), N_q = 33, N_k = 17", 33, 17, False, (40, -1), 16, 16),
+                  ("causal window (7, 0), 32x16 tiles, N = 90", 90, 90, True, (7, 0), 32, 16)]
+    return cases
+
+
+def _tile_sets(vis, m0, BM, BN, seqlen_q, seqlen_k):
+    """(tiles with a visible pair, fully visible tiles) of rows m0..m0+BM-1 (real rows only)."""
+    band = vis[m0:min(m0 + BM, seqlen_q)]
+    seen, full = set(), set()
+    for n0 in range(0, seqlen_k, BN):
+        block = band[:, n0:n0 + BN]
+        if block.any():
+            seen.add(n0)
+        if block.numel() and block.all() and n0 + BN <= seqlen_k:
+            full.add(n0)
+    return seen, full
+
+
+def check_mask_helpers(visible_pairs, key_tiles, hidden: bool = False):
+    """Exercise 2a: ``visible_pairs`` against the reference mask, then ``key_tiles`` program by
+    program: the tiles it visits must be exactly those with a visible pair, its full range may
+    hold only fully visible tiles, and (for a tile of real rows) every fully visible tile."""
+    require_implemented(visible_pairs, "visible_pairs")
+    require_implemented(key_tiles, "key_tiles")
+    vis_probe, tiles_probe = _probes()
+    dev = current().device
+    n = 0
+    for name, sq, sk, causal, window, BM, BN in mask_cases(hidden):
+        left, right = window_bounds(window or (-1, -1), causal, sq, sk)
+        want = reference.visible_mask(sq, sk, causal=causal, window=window, device="cpu")
+        spec = f"case '{name}' (window_left={left}, window_right={right})"
+        # ---- visible_pairs on a grid of tiles that covers the matrix and sticks out of it
+        got = torch.zeros((triton.cdiv(sq, BM) * BM, triton.cdiv(sk, BN) * BN + BN),
+                          dtype=torch.int32, device=dev)
+        for r0 in range(0, got.shape[0], BM):
+            for c0 in range(0, got.shape[1], BN):
+                out = torch.empty((BM, BN), dtype=torch.int32, device=dev)
+                run_student(lambda: vis_probe[(1,)](out, r0, c0, sq, sk, left, right,
+                                                    VISIBLE=visible_pairs, BLOCK_M=BM, BLOCK_N=BN),
+                            what=f"visible_pairs, {spec}", guard=True)
+                got[r0:r0 + BM, c0:c0 + BN] = out
+        got = got.cpu().bool()
+        expect_full = torch.zeros_like(got)
+        expect_full[:sq, :sk] = want
+        wrong = (got[:sq] != expect_full[:sq]).nonzero()
+        if len(wrong):
+            i, j = (int(x) for x in wrong[0])
+            raise CheckFailure(
+                f"visible_pairs, {spec}: {len(wrong)} (row, key) pairs are wrong, the first at "
+                f"row {i}, key {j}: got {bool(got[i, j])}, expected {bool(expect_full[i, j])}.\n"
+                "  Hint: row i sits at position i + (seqlen_k - seqlen_q) (bottom-right) and sees "
+                "key j iff pos - window_left <= j <= pos + window_right and j < seqlen_k.")
+        # ---- key_tiles, one program per query tile
+        n_prog = triton.cdiv(sq, BM)
+        out = torch.zeros((n_prog, 4), dtype=torch.int32, device=dev)
+        run_student(lambda: tiles_probe[(n_prog,)](out, sq, sk, left, right, KEY_TILES=key_tiles,
+                                                    BLOCK_M=BM, BLOCK_N=BN),
+                    what=f"key_tiles, {spec}", guard=True)
+        for p, (lo, full_lo, full_hi, hi) in enumerate(out.cpu().tolist()):
+            m0 = p * BM
+            what = (f"key_tiles, {spec}, {BM}x{BN} tiles, rows {m0}-{m0 + BM - 1}: returned "
+                    f"(lo, full_lo, full_hi, hi) = ({lo}, {full_lo}, {full_hi}, {hi})")
+            seen, full = _tile_sets(want, m0, BM, BN, sq, sk)
+            if any(x % BN for x in (lo, full_lo, full_hi)) or not lo <= full_lo <= full_hi \
+                    or full_hi > max(lo, hi):
+                raise CheckFailure(f"{what}: lo, full_lo and full_hi must be multiples of BLOCK_N "
+                                   f"with lo <= full_lo <= full_hi <= max(lo, hi).")
+            visited = set(range(lo, hi, BN))
+            if visited != seen:
+                extra, missing = sorted(visited - seen), sorted(seen - visited)
+                raise CheckFailure(
+                    f"{what}: the tiles visited start at {sorted(visited) or 'none'}, but the "
+                    f"tiles holding visible pairs start at {sorted(seen) or 'none'}"
+                    + (f"; {missing} hold visible pairs and would be skipped (wrong output)"
+                       if missing else "")
+                    + (f"; {extra} are wholly masked and would be loaded for nothing"
+                       if extra else "") + ".\n  Hint: lo comes from the first row's left edge "
+                    "(rounded down to a tile), hi from the last row's right edge + 1 (clamped "
+                    "to seqlen_k).")
+            marked = set(range(full_lo, full_hi, BN))
+            if not marked <= full:
+                raise CheckFailure(f"{what}: tiles {sorted(marked - full)} are in [full_lo, "
+                                   "full_hi) but not every pair in them is visible: they would "
+                                   "run without a mask.\n  Hint: a tile is full when its first "
+                                   "key is visible to the last row and its last key to the first "
+                                   "row (and it ends inside seqlen_k).")
+            if m0 + BM <= sq and marked != full:
+                raise CheckFailure(f"{what}: tiles {sorted(full - marked)} are fully visible "
+                                   "but not in [full_lo, full_hi): they would pay for a mask "
+                                   "they do not need.")
+        n += 1
+    report("mask helpers (visible_pairs, key_tiles)", n, hidden=hidden)
+
+
+# --------------------------------------------------- Exercise 2b: the masked kernel, counted
+
+def expected_loads(layout, H: int, BM: int, BN: int) -> dict:
+    """{program id: K tiles with a visible pair} for the launch ``layout`` (from _run_packed),
+    with program ids as ``program_tile`` assigns them (G pairs per section, last tile first)."""
+    cu_q, cu_k, max_q, _, (left, right), G = layout
+    n_m = triton.cdiv(max_q, BM)
+    want = {}
+    for seq in range(len(cu_q) - 1):
+        sq, sk = cu_q[seq + 1] - cu_q[seq], cu_k[seq + 1] - cu_k[seq]
+        i = torch.arange(sq)[:, None] + (sk - sq)
+        j = torch.arange(sk)[None, :]
+        vis = (j >= i - left) & (j <= i + right)
+        for m_block in range(triton.cdiv(sq, BM)):
+            tiles = len(_tile_sets(vis, m_block * BM, BM, BN, sq, sk)[0])
+            for h in range(H):
+                bh = seq * H + h
+                want[((n_m - 1 - m_block) * G + bh % G, bh // G)] = tiles, bh
+    return want
+
+
+def _check_counts(kernel, hidden: bool) -> str:
+    """Run one long causal and one windowed sequence under a load counter (CPU mode only)."""
+    if current().gpu:
+        return " (tile loads are counted in CPU mode only)"
+    cfg = Config(16, 16, 4, 1)
+    lines = []
+    for case in (AttnCase("causal, N = 128", seqlens=(128,), causal=True, H_q=1, d=16),
+                 AttnCase("window (16, 0), N = 112", seqlens=(112,), window=(16, 0), H_q=1,
+                          d=16)) + ((AttnCase("causal, two sequences, N_q != N_k",
+                                              seqlens=(40, 64), seqlens_k=(70, 64), causal=True,
+                                              H_q=2, d=16),) if hidden else ()):
+        q, k, v = make_inputs(case, 5)
+        counter = oob.Guard()
+        what = f"masked kernel, case {case.describe()}, {_tiles(cfg)}"
+        with counter:
+            run_student(_run_packed, kernel, case, cfg, q, k, v, masked=True, counter=counter,
+                        sections=2 if case.H_q == 2 else None, what=what, guard=True)
+        want = expected_loads(counter.layout, case.H_q, cfg.BLOCK_M, cfg.BLOCK_N)
+        seq_index, cu_k = counter.layout[3], counter.layout[1]
+        got = {tuple(pid[:2]): c for (pid, name), c in counter.loads.items() if name == "K"}
+        for pid, (tiles, bh) in sorted(want.items()):
+            if got.get(pid, 0) != tiles:
+                raise CheckFailure(
+                    f"{what}: program {pid} (sequence {bh // case.H_q}, head {bh % case.H_q}) "
+                    f"loaded {got.get(pid, 0)} K tiles; {tiles} hold a visible pair. "
+                    + ("It loaded tiles that are wholly masked: the mask is applied but "
+                       "nothing is skipped. Loop over key_tiles' ranges only."
+                       if got.get(pid, 0) > tiles else
+                       "It skipped tiles with visible pairs (or loaded K outside attn_step)."))
+        real = [bh for _, bh in want.values() if bh // case.H_q in seq_index]
+        loaded = sum(tiles for tiles, bh in want.values() if bh // case.H_q in seq_index)
+        sweep = sum(triton.cdiv(cu_k[bh // case.H_q + 1] - cu_k[bh // case.H_q], cfg.BLOCK_N)
+                    for bh in real)
+        lines.append(f"{case.name}: {loaded} of {sweep} K tiles loaded")
+    return " (" + "; ".join(lines) + ")"
+
+
+def check_masked_kernel(kernel, hidden: bool = False):
+    """Exercise 2b: causal and windowed varlen attention matches float64, and (CPU mode) each
+    program loads exactly the K tiles that hold a visible pair."""
+    require_implemented(kernel, "attn_masked_kernel")
+    n = _check_packed(kernel, hidden, True, "masked kernel",
+                      "masks are aligned bottom-right: row i sees key j iff i + N_k - N_q - left "
+                      "<= j <= i + N_k - N_q + right; partial tiles need visible_pairs, full "
+                      "tiles none; a row that sees no key gives O = 0 and LSE = -inf.")
+    counts = _check_counts(kernel, hidden)
+    report("masked kernel", n, extra=counts, hidden=hidden)
+
+
+# ------------------------------------------------------------ Exercise 3: argument checks
+
+def _valid_call(dtype=torch.float16):
+    dev = current().device
+    lens_q, lens_k = (3, 0, 5), (4, 2, 5)
+    q = seeded((sum(lens_q), 2, 16), 1, dtype)
+    k = seeded((sum(lens_k), 2, 16), 2, dtype)
+    v = seeded((sum(lens_k), 2, 16), 3, dtype)
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],  # noqa: E731
+                                   dtype=torch.int32, device=dev)
+    return dict(q=q, k=k, v=v, cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k),
+                max_seqlen_q=5, max_seqlen_k=5, window_size=(-1, -1))
+
+
+def validate_cases(hidden: bool = False):
+    """(what is wrong, changes to a valid call, the argument the message must name)."""
+    base = _valid_call()
+    dev = current().device
+    i32 = dict(dtype=torch.int32, device=dev)
+    cases = [
+        ("cu_seqlens_q decreases", dict(cu_seqlens_q=torch.tensor([0, 5, 3, 8], **i32)),
+         "cu_seqlens_q"),
+        ("cu_seqlens_k ends before the keys do", dict(cu_seqlens_k=torch.tensor([0, 4, 6, 10],
+                                                                                **i32)),
+         "cu_seqlens_k"),
+        ("cu_seqlens_q is int64", dict(cu_seqlens_q=base["cu_seqlens_q"].long()), "cu_seqlens_q"),
+        ("cu_seqlens_q does not start at 0", dict(cu_seqlens_q=torch.tensor([1, 3, 3, 8], **i32)),
+         "cu_seqlens_q"),
+        ("max_seqlen_q shorter than the longest sequence", dict(max_seqlen_q=4), "max_seqlen_q"),
+        ("window_size (-2, 0)", dict(window_size=(-2, 0)), "window_size"),
+        ("k has another head dimension than q", dict(k=base["k"][..., :8].contiguous(),
+                                                     v=base["v"][..., :8].contiguous()), "k"),
+        ("q is 4-d", dict(q=base["q"][None]), "q"),
+    ]
+    if hidden:
+        cases += [
+            ("cu_seqlens_k describes another batch size", dict(
+                cu_seqlens_k=torch.tensor([0, 4, 11], **i32)), "cu_seqlens_k"),
+            ("cu_seqlens_q is a list", dict(cu_seqlens_q=[0, 3, 3, 8]), "cu_seqlens_q"),
+            ("max_seqlen_k is a float", dict(max_seqlen_k=5.0), "max_seqlen_k"),
+            ("window_size has three entries", dict(window_size=(1, 2, 3)), "window_size"),
+            ("v is float32, q and k float16", dict(v=base["v"].float()), "v"),
+            ("q's last dimension is strided", dict(q=base["q"].repeat(1, 1, 2)[..., ::2]), "q"),
+            ("cu_seqlens_q has one entry", dict(cu_seqlens_q=torch.tensor([0], **i32),
+                                                q=base["q"][:0]), "cu_seqlens_q"),
+        ]
+    return cases
+
+
+def check_validate_varlen(validate, hidden: bool = False):
+    """Exercise 3: every bad call raises a ValueError that names the argument; valid calls
+    (lengths 0, N_q != N_k, windows, float32) pass."""
+    require_implemented(validate, "validate_varlen")
+    valid = [("a valid call", {}), ("window (0, 0), float32", dict(
+        window_size=(0, 0), **{n: t.float() for n, t in _valid_call().items()
+                               if n in ("q", "k", "v")})),
+             ("max_seqlen larger than needed, window (3, -1)", dict(max_seqlen_q=64,
+                                                                    window_size=(3, -1)))]
+    n = 0
+    for name, change in valid:
+        call = {**_valid_call(), **change}
+        try:
+            validate(**call)
+        except ValueError as e:
+            raise CheckFailure(f"validate_varlen, {name}: raised ValueError({e}) for a valid "
+                               "call (lengths 0 are allowed, and N_q may differ from N_k).") \
+                from None
+        n += 1
+    for name, change, arg in validate_cases(hidden):
+        call = {**_valid_call(), **change}
+        what = f"validate_varlen, bad call: {name}"
+        try:
+            validate(**call)
+        except ValueError as e:
+            if arg not in str(e):
+                raise CheckFailure(f"{what}: the ValueError's message should name `{arg}`, got: "
+                                   f"{e}") from None
+        except Exception as e:  # noqa: BLE001 - any other exception is the wrong answer
+            raise CheckFailure(f"{what}: raised {type(e).__name__}({e}) instead of a ValueError "
+                               f"naming `{arg}`.") from None
+        else:
+            raise CheckFailure(f"{what}: no ValueError. The kernel would run on it and return "
+                               "wrong numbers or read out of bounds.")
+        n += 1
+    report("validate_varlen", n, hidden=hidden)

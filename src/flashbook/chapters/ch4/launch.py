@@ -1,0 +1,107 @@
+"""Chapter 4 launch: one low-level launcher for the packed ("varlen") attention kernels.
+
+Layout (flash-attn's ``flash_attn_varlen_func``): q ``(total_q, H, d)``, k and v ``(total_k, H, d)``,
+any token and head strides with a unit last one; sequence ``b`` owns rows
+``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q (and likewise of k and v through ``cu_seqlens_k``),
+int32 offsets of length batch + 1. Outputs: O ``(total_q, H, d)`` in q's dtype, LSE ``(H, total_q)``
+float32, natural log. A dense batch ``(B, N, H, d)`` is the packed batch ``q.view(B * N, H, d)``
+with ``cu_seqlens = arange(B + 1) * N``.
+
+``launch_varlen`` checks only what the launch itself needs (tensor types, devices, tile sizes);
+whether ``cu_seqlens`` and the maximum lengths describe the tensors is the public wrapper's job
+(the chapter's Exercise 3): call the kernels through a wrapper that validates them.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from flashbook.cases import validate_scale, validate_tensor
+from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E, Config, pick_config
+from flashbook.device import current
+
+__all__ = ["launch_varlen", "window_bounds", "heads_per_section", "Config", "pick_config", "HEAD_DIMS", "DTYPES"]
+
+
+def window_bounds(window: tuple[int, int], causal: bool, max_seqlen_q: int,
+                  max_seqlen_k: int) -> tuple[int, int]:
+    """``(left, right)`` as the kernels take them: non-negative key counts, an unlimited side
+    (negative in flash-attn's ``window_size``) replaced by a bound no sequence reaches
+    (``max_seqlen_q + max_seqlen_k``), and ``causal`` making the right side 0."""
+    unlimited = max_seqlen_q + max_seqlen_k
+    left, right = window
+    left = unlimited if left < 0 else left
+    right = 0 if causal else (unlimited if right < 0 else right)
+    return int(left), int(right)
+
+
+def heads_per_section(n_bh: int, kv_bytes: int, device: torch.device | str) -> int:
+    """How many (sequence, head) pairs the grid walks together: the largest divisor of ``n_bh``
+    whose K and V (``kv_bytes`` each pair) fit in half of the GPU's L2 cache; 1 on a CPU.
+
+    The programs in flight then read the K and V of a few pairs, which stay in L2, while each
+    section's tiles still start with the longest rows (``program_tile`` in the chapter)."""
+    if torch.device(device).type != "cuda":
+        return 1
+    budget = torch.cuda.get_device_properties(torch.device(device)).L2_cache_size // 2
+    fits = max(1, budget // max(kv_bytes, 1))
+    return max(g for g in range(1, min(fits, n_bh) + 1) if n_bh % g == 0)
+
+
+def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                  max_seqlen_k: int, *, window: tuple[int, int] | None = None,
+                  scale: float | None = None, config: Config | None = None,
+                  two_tiles: bool = False, out: tuple | None = None,
+                  sections: int | None = None):
+    """Launch a varlen kernel; returns (O, LSE).
+
+    Grid: ``(cdiv(max_seqlen_q, BLOCK_M) * G, batch * H // G)`` with ``G`` (``sections``,
+    default ``heads_per_section``) (sequence, head) pairs per section: the first axis, the one
+    that varies fastest in launch order, walks the query tiles of G pairs, the longest rows
+    first, so the programs in flight share a few pairs' K and V (they stay in L2) and each
+    section ends with its shortest programs. ``program_tile`` in the chapter decodes it.
+    Programs whose tile starts past their sequence's end return at once.
+
+    ``window``: None launches a kernel without mask arguments (Exercise 1); else ``(left,
+    right)`` as ``window_bounds`` returns them (non-negative) for the masked kernels. ``out``: an
+    (O, LSE) pair to write into (the checks pre-fill it with canaries).
+    """
+    name = "launch_varlen"
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        validate_tensor(label, t, dims=3, dtypes=DTYPES, name=name, device=q.device
+                        if isinstance(q, torch.Tensor) and label != "q" else None)
+    for label, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        validate_tensor(label, t, dims=1, dtypes=(torch.int32,), name=name, device=q.device,
+                        contiguous="all")
+    total_q, H, d = q.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of {HEAD_DIMS}.")
+    scale = validate_scale(scale, d, name)
+    cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
+    rows = cfg.BLOCK_M // 2 if two_tiles else cfg.BLOCK_M
+    if min(rows, cfg.BLOCK_N) < 16:
+        raise ValueError(f"{name}: query and key tiles must be at least 16 (tl.dot needs 16 on a "
+                         f"GPU), got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}.")
+    if out is None:
+        o = torch.empty((total_q, H, d), dtype=q.dtype, device=q.device)
+        lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
+    else:
+        o, lse = out
+    batch = cu_seqlens_q.numel() - 1
+    if batch < 1 or H == 0 or max_seqlen_q == 0:
+        return o, lse
+    n_bh = batch * H
+    G = sections or heads_per_section(n_bh, 2 * max(max_seqlen_k, 1) * d * k.element_size(),
+                                      q.device)
+    if n_bh % G:
+        raise ValueError(f"{name}: sections={G} must divide batch * H = {n_bh}.")
+    grid = (triton.cdiv(max_seqlen_q, cfg.BLOCK_M) * G, n_bh // G)
+    masks = {} if window is None else dict(window_left=window[0], window_right=window[1])
+    kernel[grid](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                 o.stride(0), o.stride(1), H, total_q, scale * LOG2E, **masks,
+                 heads_per_section=G,
+                 HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return o, lse

@@ -1,0 +1,60 @@
+"""Known-wrong answers to Chapter 4's exercises: each is the solution cell with one classic bug
+edited in, and each must lose points to that bug."""
+from flashbook.contract import Variant
+
+VARIANTS = (
+    # ----------------------------------------------------------------- ch4_varlen_kernel
+    Variant('varlen_off_by_one_cu_seqlens', 'ch4_varlen_kernel', (
+        ('seqlen_k = tl.load(CU_K + seq + 1) - k_start\n    rows',
+         'seqlen_k = tl.load(CU_K + seq + 1) - k_start + 1\n    rows'),
+    ), expect='canary'),                 # one key too many: the canary's first
+    Variant('varlen_tail_leaks_into_next_sequence', 'ch4_varlen_kernel', (
+        ('kv_ok = n_full + offs_n < seqlen_k\n',
+         'kv_ok = n_full + offs_n < n_full + BLOCK_N\n'),
+    ), expect='canary'),                 # the tail tile reads the neighbour's keys
+    Variant('varlen_nan_on_empty_row', 'ch4_varlen_kernel', (
+        ('o = acc / tl.where(has_key, l_i, 1.0)[:, None]',
+         'o = acc / l_i[:, None]'),
+    ), expect='NaN'),                    # 0 / 0 for a sequence without keys
+    Variant('varlen_lse_in_base_2', 'ch4_varlen_kernel', (
+        ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453', 'm_i + tl.math.log2(l_i)'),
+    ), expect='LSE'),
+    # ----------------------------------------------------------------- ch4_masks
+    Variant('mask_top_left_alignment', 'ch4_masks', (
+        ('diag = rows[:, None] + (seqlen_k - seqlen_q)', 'diag = rows[:, None]'),
+    ), expect='visible_pairs'),
+    Variant('mask_window_edge_off_by_one', 'ch4_masks', (
+        ('(cols[None, :] >= diag - window_left)', '(cols[None, :] > diag - window_left)'),
+    ), expect='visible_pairs'),
+    Variant('tiles_skip_one_too_many_at_the_diagonal', 'ch4_masks', (
+        ('hi = tl.minimum(m0 + BLOCK_M + diag + window_right, seqlen_k)',
+         'hi = tl.minimum(m0 + BLOCK_M + diag + window_right, seqlen_k) - BLOCK_N'),
+    ), expect='would be skipped'),
+    Variant('tiles_full_range_too_wide', 'ch4_masks', (
+        ('end_full = tl.minimum(m0 + diag + window_right + 1, seqlen_k)',
+         'end_full = tl.minimum(m0 + BLOCK_M + diag + window_right, seqlen_k)'),
+    ), expect='would run without a mask'),
+    # ----------------------------------------------------------------- ch4_masked_kernel
+    Variant('masked_but_no_skipping', 'ch4_masked_kernel', (
+        ('for start_n in range(full_hi, hi, BLOCK_N):',
+         'for start_n in range(full_hi, seqlen_k, BLOCK_N):'),
+    ), expect='nothing is skipped'),     # right, but loads every future tile
+    Variant('masked_band_without_mask', 'ch4_masked_kernel', (
+        ('visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left,\n'
+         '                                                window_right), qk_scale, True, '
+         'DOT_PRECISION)\n    attn_store_rows',
+         'visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left,\n'
+         '                                                window_right), qk_scale, False, '
+         'DOT_PRECISION)\n    attn_store_rows'),
+    ), expect='canary'),                 # the band runs as a full tile: unmasked loads
+    # ----------------------------------------------------------------- ch4_validate
+    Variant('validate_accepts_decreasing_cu_seqlens', 'ch4_validate', (
+        ('if min(steps) < 0:', 'if False:'),
+    ), expect='decreases'),
+    Variant('validate_accepts_int64_cu_seqlens', 'ch4_validate', (
+        ('cu.dim() != 1 or cu.dtype != torch.int32', 'cu.dim() != 1'),
+    ), expect='int64'),
+    Variant('validate_trusts_max_seqlen', 'ch4_validate', (
+        ('or value < max(steps)', 'or value < 0'),
+    ), expect='max_seqlen_q'),
+)
