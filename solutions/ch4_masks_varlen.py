@@ -711,9 +711,12 @@ else:
 # runs at 1.00x (non-causal) and 0.94x (causal) the throughput of the same kernel on four
 # sequences of 16384, counted on real pairs; FlexAttention with a document mask reaches 399 and
 # 374 TFLOP/s, SDPA on jagged nested tensors 343, and cuDNN on the batch padded to the longest
-# sequence 40 and 58 on real pairs, because it computes 11.5 times as many pairs as there are.
-# **Windows.** At N = 65536, a causal window of 2048, 4096 and 8192 keys takes 3.01, 5.03 and
-# 8.90 ms against 34.61 ms without one: the time follows the window, not N.
+# sequence 40 and 58 on real pairs, because it computes 11.5 times as many pairs as there are:
+# against that padded batch (padding ratio 7.2) the
+# packed kernel is 12.7x faster non-causal and 7.9x causal. **Windows.** At N = 65536, a
+# causal window of 2048, 4096 and 8192 keys
+# takes 3.01, 5.03 and 8.90 ms against 34.61 ms without one: the time follows the window, not
+# N: a window of 4096 keys costs 0.15 of the causal attention over all 65536 keys.
 #
 # **Further reading**
 # * FlashAttention-2 {cite}`dao2023flashattention2`: the varlen interface and the causal
