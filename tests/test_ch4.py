@@ -73,7 +73,7 @@ def test_two_tile_kernel_inherits_a_wrong_mask():
 def test_canaries_sit_between_sequences_and_after_the_last():
     case = AttnCase("t", seqlens=(2, 0), seqlens_k=(3, 1), H_q=1, d=16)
     q, k, v = make_inputs(case, 0)
-    qc, kc, vc, cu_q, cu_k, rows, seq_index = checks._with_canaries(case, q, k, v)
+    qc, kc, vc, cu_q, cu_k, rows, seq_index = checks.with_canaries(case, q, k, v)
     nq, nk = checks.CANARY
     assert cu_q.tolist() == [0, 2, 2 + nq, 2 + nq, 2 + 2 * nq]
     assert cu_k.tolist() == [0, 3, 3 + nk, 4 + nk, 4 + 2 * nk]

@@ -68,6 +68,7 @@ CH1_MODULES = {"fb", "math", "plt", "torch", "ch1"}
     ("import importlib; importlib.reload(ch1)", "imports importlib"),
     ("m = __import__('flashbook')", "calls __import__()"),
     ("import ctypes", "uses ctypes"),
+    ("from flashbook.kernels import key_tiles", "imports the book's solved kernels"),
     ("setattr(ch1, 'check_softmax', None)", "calls setattr()"),
     ("from flashbook.chapters.ch1 import checks\nchecks.assert_close = print",
      "rebinds an attribute of a module: checks.assert_close"),

@@ -99,6 +99,8 @@ def _module_flag(name: str, package: str) -> str | None:
         return _MODULES[parts[0]]
     if parts[0] == package and parts[1:2] == ["grade"]:
         return f"imports the grader ({name})"
+    if parts[0] == package and parts[1:2] == ["kernels"]:
+        return f"imports the book's solved kernels ({name}): answers to Chapters 3-4"
     return None
 
 

@@ -32,15 +32,17 @@ def _configs():
         [Config(16, 16, 4, 1), Config(32, 16, 4, 1)]
 
 
-def _tiles(cfg: Config | None) -> str:
+def tiles(cfg: Config | None) -> str:
     return f"{cfg.BLOCK_M}x{cfg.BLOCK_N} tiles" if cfg else "the GPU's default tiles"
 
 
 # ----------------------------------------------------------------- packed batches, canaries
 
-def _with_canaries(case: AttnCase, q, k, v):
+def with_canaries(case: AttnCase, q, k, v, trailing: bool = True):
     """The packed batch with a NaN canary sequence after each real sequence:
-    (q, k, v, cu_q, cu_k, real query rows of the augmented batch, index of each real sequence)."""
+    (q, k, v, cu_q, cu_k, real query rows of the augmented batch, index of each real sequence).
+    ``trailing``: NaN rows after the last canary that belong to no sequence (a wrapper that
+    checks ``cu_seqlens[-1]`` against the token count refuses them)."""
     lens_q, lens_k = case.seqlens, case.seqlens_k or case.seqlens
     cu_q, cu_k = case.cu_seqlens().tolist(), case.cu_seqlens(keys=True).tolist()
     parts = {"q": [], "k": [], "v": []}
@@ -57,9 +59,9 @@ def _with_canaries(case: AttnCase, q, k, v):
                                           device=t.device))
         new_q.append(new_q[-1] + CANARY[0])
         new_k.append(new_k[-1] + CANARY[1])
-    for name, t in (("q", q), ("k", k), ("v", v)):     # NaN rows that belong to no sequence,
+    for name, t in (("q", q), ("k", k), ("v", v)) if trailing else ():
         parts[name].append(torch.full((CANARY[1], *t.shape[1:]), math.nan, dtype=t.dtype,
-                                      device=t.device))  # so the last canary has one after it too
+                                      device=t.device))  # the last canary has NaN after it too
     packed = [oob.embed(torch.cat(parts[n]), pad=256) for n in ("q", "k", "v")]
     dev = q.device
     cu = [torch.tensor(c, dtype=torch.int32, device=dev) for c in (new_q, new_k)]
@@ -69,7 +71,7 @@ def _with_canaries(case: AttnCase, q, k, v):
 def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles=False,
                 counter: oob.Guard | None = None, sections: int | None = None):
     """Launch ``kernel`` on the case's batch with canaries; return the real rows' (O, LSE)."""
-    qc, kc, vc, cu_q, cu_k, rows, seq_index = _with_canaries(case, q, k, v)
+    qc, kc, vc, cu_q, cu_k, rows, seq_index = with_canaries(case, q, k, v)
     max_q = max(max(case.seqlens), CANARY[0])
     max_k = max(max(case.seqlens_k or case.seqlens), CANARY[1])
     window = window_bounds(case.window or (-1, -1), case.causal, max_q, max_k) if masked else None
@@ -78,13 +80,13 @@ def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles
     launch_varlen(kernel, qc, kc, vc, cu_q, cu_k, max_q, max_k, window=window, scale=case.scale,
                   config=cfg, two_tiles=two_tiles, out=(o, lse), sections=sections)
     o, lse = o[rows], lse[:, rows]
-    _name_leaks(case, o)
+    name_leaks(case, o)
     if counter is not None:
         counter.layout = (cu_q.tolist(), cu_k.tolist(), max_q, seq_index, window, sections or 1)
     return o, lse
 
 
-def _name_leaks(case: AttnCase, o):
+def name_leaks(case: AttnCase, o):
     """NaN in a real sequence that has keys came from a canary: say which sequence leaked."""
     lens_q, lens_k = case.seqlens, case.seqlens_k or case.seqlens
     start = 0
@@ -148,7 +150,7 @@ def _check_packed(kernel, hidden: bool, masked: bool, title: str, hint: str,
     def run(q, k, v, case, cfg):
         return _run_packed(kernel, case, cfg, q, k, v, masked=masked, counter=counter)
     return check_attention(run, cases or _varlen_cases(hidden, masked), title=title,
-                           configs=configs or _configs(), describe_config=_tiles, guard=True,
+                           configs=configs or _configs(), describe_config=tiles, guard=True,
                            seed=11 if hidden else 0, lse_tol=(2e-4, 1e-4), hint=hint, quiet=True)
 
 
@@ -328,7 +330,7 @@ def _check_counts(kernel, hidden: bool) -> str:
                                               H_q=2, d=16),) if hidden else ()):
         q, k, v = make_inputs(case, 5)
         counter = oob.Guard()
-        what = f"masked kernel, case {case.describe()}, {_tiles(cfg)}"
+        what = f"masked kernel, case {case.describe()}, {tiles(cfg)}"
         with counter:
             run_student(_run_packed, kernel, case, cfg, q, k, v, masked=True, counter=counter,
                         sections=2 if case.H_q == 2 else None, what=what, guard=True)

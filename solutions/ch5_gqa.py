@@ -1,0 +1,490 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 5: Grouped-query attention
+#
+# **What you will learn**
+# - MHA, GQA and MQA: $h_q = G \cdot h_{kv}$ query heads share $h_{kv}$ K/V heads, and what that
+#   saves in KV-cache memory and bandwidth for real models.
+# - Prefill with the **M-fold**: the G query heads that share a K/V head fill the rows of one
+#   tile, so every K/V tile is loaded once for all of them, and why materialising the repeated
+#   K/V (`repeat_interleave`) is the mistake to avoid.
+# - Decode against a KV cache: why it is memory-bound (its arithmetic intensity on the
+#   roofline), and a kernel that reads the cache exactly once, with per-sequence lengths.
+# - Paged KV caches as serving systems keep them: a `block_table` of pages and `cache_seqlens`,
+#   as flash-attn's `flash_attn_with_kvcache` defines them; what paging buys and what it costs.
+#
+# **What you need**: Chapter 4 (packed batches, masks, `key_tiles`). Any runtime: on a CPU the
+# kernels run in the Triton interpreter at small sizes, and the checks count the K/V tiles your
+# kernels load; a GPU adds the benchmark. About 2 hours.
+#
+# **Exercises** (10 points): (1) the M-fold prefill kernel (3); (2) the row lookup of a
+# contiguous and a paged cache (2); (3) the decode kernel, on both caches (3); (4) the decode
+# wrapper's argument checks (2).
+
+# %%
+import flashbook as fb
+backend = fb.setup()          # before triton is imported: on CPU it switches on the interpreter
+import torch
+import triton
+import triton.language as tl
+from flashbook import reference
+from flashbook.cases import validate_tensor
+from flashbook.chapters import ch4, ch5
+from flashbook.kernels import attn_step, key_tiles, program_tile, visible_pairs
+
+# %% [markdown]
+# ## 1. Fewer K/V heads
+#
+# Multi-head attention (MHA) gives every query head its own K and V heads. At inference time the
+# K and V of every past token are kept in a **KV cache**, and its size, not the FLOPs, limits the
+# batch a GPU can serve: `2 (K and V) x layers x h_kv x d x tokens x 2 bytes` per sequence.
+# Grouped-query attention (GQA) {cite}`ainslie2023gqa` lets $G$ query heads share one K/V head,
+# $h_q = G \cdot h_{kv}$; multi-query attention (MQA) {cite}`shazeer2019mqa` is the extreme
+# $h_{kv} = 1$. Query head $h$ reads K/V head $h \,//\, G$. The table gives the cache of a batch
+# of 32 sequences of 8192 tokens for a few open models (their published configurations), beside
+# what MHA with the same query heads would need.
+
+# %% tags=["demo"]
+print(ch5.kv_table_markdown(tokens=8192, batch=32))
+
+# %% [markdown]
+# GQA cuts the cache, and so the bytes a decode step reads, by $G$. The kernel must keep that
+# saving: "repeat each K/V head G times and run MHA" (`k.repeat_interleave(G, dim=1)`) gives the
+# right numbers but writes and reads G copies of K and V.
+#
+# ## 2. Prefill: the M-fold
+#
+# One program per query head would load every K/V tile G times (from L2 if lucky). Instead, one
+# program takes one K/V head of one sequence and **folds** the G query heads that share it into
+# the rows of its tile: with `BLOCK_M` rows, row $r$ is query head `kv_head * G + r % G` at
+# position `m0 + r // G`, so a tile covers `BLOCK_M // G` positions of all G heads. The scores
+# `tl.dot(q, kT)` then use each K tile for G heads at once, and everything of Chapter 4 carries
+# over: `key_tiles` takes the `BLOCK_M // G` positions, `visible_pairs` the row positions.
+
+# %% tags=["demo"]
+fig = ch5.plot_mfold(G=4, rows_per_head=4, block_m=16)
+
+# %% [markdown]
+# The public wrapper checks its arguments first: `validate_gqa` is Chapter 4's `validate_varlen`
+# (your Exercise 3 there) with `h_q` a multiple of `h_kv`.
+
+# %%
+def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 window_size=(-1, -1)):
+    """Chapter 4's argument checks for a packed batch, with h_q a multiple of h_kv."""
+    ch5.validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        window_size, name="attention_gqa")
+
+# %% [markdown]
+# **Exercise 1 (3 points).** Write `attn_gqa_kernel`, Chapter 4's masked kernel with the M-fold
+# (Chapter 4's pieces are imported from `flashbook.kernels`):
+#
+# 1. `m_block, pid_bh = program_tile(heads_per_section)`; sequence `pid_bh // H_KV`, K/V head
+#    `pid_bh % H_KV`, positions from `m0 = m_block * POS` with `POS = BLOCK_M // GROUP`.
+# 2. Row `r` of the Q tile: position `m0 + r // GROUP`, query head `kv_head * GROUP + r % GROUP`.
+#    Load Q with those, K and V from the K/V head (token `t` of head `h` of K is at
+#    `K + t * stride_kt + h * stride_kh`).
+# 3. Chapter 4's three loops over `key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right,
+#    POS, BLOCK_N)`, the partial tiles masked with `visible_pairs` of the row positions.
+# 4. Store O at (token, query head) and the LSE at `LSE + head * total_q + token`
+#    (`(h_q, total_q)`, natural log), rows inside the sequence only; rows without a visible key
+#    give O = 0, LSE = -inf.
+#
+# Then `attention_gqa`, the wrapper, launches it with `ch5.launch_gqa`. The check runs
+# G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, and counts the K
+# tiles loaded in CPU mode: each K/V head's tiles exactly once. About 40 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch5_mfold_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def attn_gqa_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_ot, stride_oh, H_KV, total_q, qk_scale, window_left, window_right,
+                    heads_per_section, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """GQA forward with the M-fold. Q, O: (total_q, H_KV * GROUP, HEAD_DIM); K, V: (total_k,
+    H_KV, HEAD_DIM); CU_Q, CU_K: int32 (batch + 1,); LSE: (H_KV * GROUP, total_q) float32."""
+    POS: tl.constexpr = BLOCK_M // GROUP                  # query positions per program
+    ### BEGIN SOLUTION
+    m_block, pid_bh = program_tile(heads_per_section)
+    seq = pid_bh // H_KV
+    kv_head = pid_bh % H_KV
+    m0 = m_block * POS
+    q_start = tl.load(CU_Q + seq)
+    seqlen_q = tl.load(CU_Q + seq + 1) - q_start
+    if m0 >= seqlen_q:
+        return
+    k_start = tl.load(CU_K + seq)
+    seqlen_k = tl.load(CU_K + seq + 1) - k_start
+    r = tl.arange(0, BLOCK_M)
+    rows = m0 + r // GROUP                                # each row's position
+    heads = kv_head * GROUP + r % GROUP                   # each row's query head
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + heads[:, None] * stride_qh
+                + offs_d[None, :], mask=(rows < seqlen_q)[:, None], other=0.0)
+    k_ptrs = K + (k_start + offs_n)[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
+    v_ptrs = V + (k_start + offs_n)[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    lo, full_lo, full_hi, hi = key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right,
+                                         POS, BLOCK_N)
+    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)
+        cols = start_n + offs_n
+        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,
+                                  v_ptrs + start_n * stride_vt, cols < seqlen_k,
+                                  visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left,
+                                                window_right), qk_scale, True, DOT_PRECISION)
+    all_keys = offs_n < BLOCK_N
+    for start_n in range(full_lo, full_hi, BLOCK_N):                  # full tiles: no masks
+        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,
+                                  v_ptrs + start_n * stride_vt, all_keys, all_keys[None, :],
+                                  qk_scale, False, DOT_PRECISION)
+    for start_n in range(full_hi, hi, BLOCK_N):                       # diagonal band and tail
+        cols = start_n + offs_n
+        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,
+                                  v_ptrs + start_n * stride_vt, cols < seqlen_k,
+                                  visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left,
+                                                window_right), qk_scale, True, DOT_PRECISION)
+    ok = rows < seqlen_q
+    has_key = l_i > 0.0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = tl.where(has_key, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    tokens = q_start + rows
+    tl.store(O + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             o.to(O.dtype.element_ty), mask=ok[:, None])              # write BLOCK_M*d
+    tl.store(LSE + heads * total_q + tokens, lse, mask=ok)
+    ### END SOLUTION
+
+
+def attention_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  causal=False, window_size=(-1, -1), softmax_scale=None, config=None,
+                  sections=None):
+    """Packed GQA forward: q (total_q, h_q, d), k and v (total_k, h_kv, d), h_q = G * h_kv.
+    Returns O (total_q, h_q, d) and LSE (h_q, total_q)."""
+    ### BEGIN SOLUTION
+    validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
+    window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
+    return ch5.launch_gqa(attn_gqa_kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, window=window, scale=softmax_scale, config=config,
+                          sections=sections)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch5_mfold_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+ch5.check_gqa_prefill(attention_gqa)
+### BEGIN HIDDEN TESTS
+ch5.check_gqa_prefill(attention_gqa, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# For comparison (the benchmark measures it), `attention_gqa_per_head` does what the M-fold
+# avoids: it materialises G copies of each K/V head and runs the same kernel with G = 1.
+
+# %%
+def attention_gqa_per_head(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal=False, window_size=(-1, -1), softmax_scale=None):
+    """The same attention with K and V repeated per query head (G times the K/V traffic)."""
+    G = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(G, dim=1) for t in (k, v))
+    return attention_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal=causal, window_size=window_size, softmax_scale=softmax_scale)
+
+# %% [markdown]
+# ## 3. Decode: one new token against the cache
+#
+# At every step of generation each sequence adds one token (or a few, with speculative
+# decoding) and attends to its whole cache. Count a decode step for one K/V head: `G x n_new`
+# query rows, `context` keys: $4 \cdot G \cdot n_{new} \cdot \text{context} \cdot d$ FLOPs for
+# $2 \cdot \text{context} \cdot d \cdot 2$ bytes of K and V. Its arithmetic intensity is
+# $G \cdot n_{new}$ FLOPs per byte: 1 for MHA, 4 for G = 4, far left of the ridge point of an
+# H200 (about 206 FLOP/byte), so the time is the bytes of the cache over the memory bandwidth.
+# The best a decode kernel can do is read the cache once, at the GPU's read bandwidth.
+
+# %% tags=["demo"]
+peak = fb.bench.PEAKS["H200"]
+fig = ch5.plot_roofline(peak[0], peak[2], ch5.example_points(), gpu="H200 (datasheet)")
+
+# %% [markdown]
+# The M-fold is what makes decode work on tensor cores at all: with one new token per query
+# head, a program's tile would have one row, and `tl.dot` needs 16. Folding the G heads (times
+# the new tokens) gives `G x n_new` rows, padded to 16 (`ch5.decode_block_m`). One program
+# takes one (sequence, K/V head) and walks its cache from key 0 to `cache_seqlens[b]`; new
+# tokens sit at the end of the cache, so the causal mask is Chapter 4's bottom-right one with
+# `N_q = n_new`, `N_k = cache_seqlens[b]`.
+#
+# **Paged caches.** A serving system does not keep one contiguous `(max_len, h_kv, d)` buffer
+# per sequence: it would reserve memory for the longest possible output of every request. It
+# keeps a pool of fixed-size **pages** (16 to 256 tokens) and, per sequence, a row of the
+# `block_table` `(B, max_pages)` that lists its pages in order {cite}`kwon2023vllm`: no
+# fragmentation, memory grows a page at a time, and sequences with a common prefix can share its
+# pages. The kernel pays one indirection per K/V tile: page `block_table[b, key // page_size]`,
+# row `key % page_size` inside it. A tile never crosses a page when `page_size` is a multiple of
+# `BLOCK_N`.
+
+# %% tags=["demo"]
+table = torch.tensor([[5, 2, 7], [0, 6, -1], [3, 1, 4]], dtype=torch.int32)
+fig = ch5.plot_paged_cache(table, torch.tensor([40, 20, 33]), page_size=16, num_pages=8)
+
+# %% [markdown]
+# **Exercise 2 (2 points).** Write `cache_rows`: the rows of the cache, viewed as
+# `(rows, h_kv, d)`, that hold keys `start_n + offs_n` of sequence `b`. A contiguous cache
+# `(B, max_len, h_kv, d)` has `rows_per_seq = max_len` rows per sequence; a paged cache
+# `(num_pages, page_size, h_kv, d)` has `rows_per_seq = page_size`, and the keys' page comes from
+# `BLOCK_TABLE` (int32, row stride `stride_bt`). `start_n` is a multiple of `BLOCK_N`, and the
+# whole tile lies in one page. About 6 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch5_cache_rows", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def cache_rows(BLOCK_TABLE, b, start_n, offs_n, rows_per_seq, stride_bt, PAGED: tl.constexpr):
+    """(BLOCK_N,) rows of the cache holding keys start_n + offs_n of sequence b."""
+    ### BEGIN SOLUTION
+    if PAGED:
+        page = tl.load(BLOCK_TABLE + b * stride_bt + start_n // rows_per_seq)  # one lookup
+        return page * rows_per_seq + start_n % rows_per_seq + offs_n
+    else:
+        return b * rows_per_seq + start_n + offs_n
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch5_cache_rows_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch5.check_cache_rows(cache_rows)
+### BEGIN HIDDEN TESTS
+ch5.check_cache_rows(cache_rows, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Exercise 3 (3 points).** Write `decode_kernel`: program `pid` takes sequence
+# `pid // H_KV`, K/V head `pid % H_KV`; row `r` of its tile is query head
+# `kv_head * GROUP + r % GROUP` of new token `t = r // GROUP` (rows with `t >= n_new` are
+# padding). Q is `(B, n_new, h_q, d)` with strides `stride_qb, stride_qt, stride_qh`; O likewise;
+# LSE is `(B, h_q, n_new)`. The cache length is `CACHE_SEQLENS[b]`; run Chapter 4's full and
+# partial loops over `key_tiles(0, n_new, cache_len, window_left, window_right, BLOCK_M // GROUP,
+# BLOCK_N)` (the left band is empty: decode has no left window here), with the K and V pointers
+# from `cache_rows` (`K + rows[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]`).
+# The check runs a contiguous cache and paged caches with shuffled page tables, pages of 16 to
+# 64 keys, and NaN in every cache slot past a sequence's length. About 40 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch5_decode_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def decode_kernel(Q, K, V, O, LSE, CACHE_SEQLENS, BLOCK_TABLE,
+                  stride_qb, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                  stride_ob, stride_ot, stride_oh, stride_bt, rows_per_seq, H_KV, n_new,
+                  qk_scale, window_left, window_right, GROUP: tl.constexpr,
+                  PAGED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Decode with the M-fold: one program per (sequence, K/V head). K, V: the cache as rows
+    (rows, H_KV, HEAD_DIM); grid (B * H_KV,)."""
+    ### BEGIN SOLUTION
+    pid = tl.program_id(0)
+    b = pid // H_KV
+    kv_head = pid % H_KV
+    cache_len = tl.load(CACHE_SEQLENS + b)
+    r = tl.arange(0, BLOCK_M)
+    t = r // GROUP                                        # new token of each row
+    heads = kv_head * GROUP + r % GROUP
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + t[:, None] * stride_qt + heads[:, None] * stride_qh
+                + offs_d[None, :], mask=(t < n_new)[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    lo, full_lo, full_hi, hi = key_tiles(0, n_new, cache_len, window_left, window_right,
+                                         BLOCK_M // GROUP, BLOCK_N)
+    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)
+        rows = cache_rows(BLOCK_TABLE, b, start_n, offs_n, rows_per_seq, stride_bt, PAGED)
+        cols = start_n + offs_n
+        acc, l_i, m_i = attn_step(
+            acc, l_i, m_i, q, K + rows[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+            V + rows[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+            cols < cache_len, visible_pairs(t, cols, n_new, cache_len, window_left, window_right),
+            qk_scale, True, DOT_PRECISION)
+    all_keys = offs_n < BLOCK_N
+    for start_n in range(full_lo, full_hi, BLOCK_N):                  # read the cache once
+        rows = cache_rows(BLOCK_TABLE, b, start_n, offs_n, rows_per_seq, stride_bt, PAGED)
+        acc, l_i, m_i = attn_step(
+            acc, l_i, m_i, q, K + rows[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+            V + rows[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+            all_keys, all_keys[None, :], qk_scale, False, DOT_PRECISION)
+    for start_n in range(full_hi, hi, BLOCK_N):                       # the new tokens' band
+        rows = cache_rows(BLOCK_TABLE, b, start_n, offs_n, rows_per_seq, stride_bt, PAGED)
+        cols = start_n + offs_n
+        acc, l_i, m_i = attn_step(
+            acc, l_i, m_i, q, K + rows[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+            V + rows[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+            cols < cache_len, visible_pairs(t, cols, n_new, cache_len, window_left, window_right),
+            qk_scale, True, DOT_PRECISION)
+    ok = t < n_new
+    has_key = l_i > 0.0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = tl.where(has_key, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    tl.store(O + b * stride_ob + t[:, None] * stride_ot + heads[:, None] * stride_oh
+             + offs_d[None, :], o.to(O.dtype.element_ty), mask=ok[:, None])
+    tl.store(LSE + (b * H_KV * GROUP + heads) * n_new + t, lse, mask=ok)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch5_decode_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+ch5.check_decode_kernel(decode_kernel)
+### BEGIN HIDDEN TESTS
+ch5.check_decode_kernel(decode_kernel, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Exercise 4 (2 points).** Write `validate_decode(q, k_cache, v_cache, cache_seqlens,
+# block_table=None)`, the checks of the public `decode` wrapper: return `None` for a valid call
+# and raise a `ValueError` that names the offending argument (`q`, `k_cache`, `v_cache`,
+# `cache_seqlens` or `block_table`) for: q not a 4-d `(B, n_new, h_q, d)` tensor, or a cache not
+# 4-d, of another dtype or device, or with a contiguous last dimension missing (use
+# `validate_tensor(label, t, dims=4, dtypes=ch5.DTYPES, name="decode")` for each); `h_q` not a
+# multiple of the cache's `h_kv`, or another head dimension, or one not in `ch5.HEAD_DIMS`;
+# `cache_seqlens` not a 1-d int32 tensor of B lengths on q's device, or a length below
+# `n_new` or above what the cache holds (`max_len`, or `max_pages * page_size`); for a
+# contiguous cache, another batch size; for a paged cache, a `block_table` that is not a 2-d
+# int32 `(B, max_pages)` tensor, a page size that is not a multiple of 16, or an entry a
+# sequence uses (its first `cdiv(length, page_size)` pages) outside `[0, num_pages)`. About 30
+# lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch5_validate", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def validate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None):
+    """Raise a ValueError naming the argument if these do not describe a decode step."""
+    ### BEGIN SOLUTION
+    name = "decode"
+    for label, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        validate_tensor(label, t, dims=4, dtypes=ch5.DTYPES, name=name)
+    if not q.dtype == k_cache.dtype == v_cache.dtype or \
+            not q.device == k_cache.device == v_cache.device:
+        raise ValueError(f"{name}: q, k_cache and v_cache must share a dtype and a device.")
+    B, n_new, h_q, d = q.shape
+    rows_per_seq, h_kv = k_cache.shape[1], k_cache.shape[2]
+    if v_cache.shape != k_cache.shape or k_cache.shape[3] != d or h_q % h_kv or \
+            d not in ch5.HEAD_DIMS:
+        raise ValueError(f"{name}: k_cache {tuple(k_cache.shape)} and v_cache "
+                         f"{tuple(v_cache.shape)} must match, with q's head dimension d={d} (one "
+                         f"of {ch5.HEAD_DIMS}) and h_kv dividing h_q={h_q}.")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or \
+            tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
+        raise ValueError(f"{name}: cache_seqlens must be a ({B},) torch.int32 tensor on "
+                         f"{q.device}.")
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"{name}: k_cache holds {k_cache.shape[0]} sequences, q {B}.")
+        capacity = rows_per_seq
+    else:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or \
+                block_table.dim() != 2 or block_table.shape[0] != B or \
+                block_table.device != q.device:
+            raise ValueError(f"{name}: block_table must be a 2-d torch.int32 (B={B}, max_pages) "
+                             f"tensor on {q.device}.")
+        if rows_per_seq % 16:
+            raise ValueError(f"{name}: the page size (k_cache.shape[1] = {rows_per_seq}) must be "
+                             "a multiple of 16.")
+        capacity = block_table.shape[1] * rows_per_seq
+    lengths = cache_seqlens.tolist()
+    if min(lengths, default=n_new) < n_new or max(lengths, default=0) > capacity:
+        raise ValueError(f"{name}: cache_seqlens must lie in [n_new={n_new}, {capacity}] (the "
+                         f"cache's capacity), got {lengths[:8]}.")
+    if block_table is not None:
+        for b, (row, n) in enumerate(zip(block_table.tolist(), lengths)):
+            used = row[:-(-n // rows_per_seq)]
+            if any(not 0 <= p < k_cache.shape[0] for p in used):
+                raise ValueError(f"{name}: block_table row {b} uses pages {used}, outside "
+                                 f"[0, {k_cache.shape[0]}).")
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch5_validate_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch5.check_validate_decode(validate_decode)
+### BEGIN HIDDEN TESTS
+ch5.check_validate_decode(validate_decode, hidden=True)
+### END HIDDEN TESTS
+
+# %%
+def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None,
+           causal=True):
+    """flash-attn's flash_attn_with_kvcache, forward: the new tokens q (B, n_new, h_q, d)
+    against a contiguous or paged cache. Returns O (B, n_new, h_q, d) and LSE (B, h_q, n_new)."""
+    validate_decode(q, k_cache, v_cache, cache_seqlens, block_table)
+    return ch5.launch_decode(decode_kernel, q, k_cache, v_cache, cache_seqlens, block_table,
+                             causal=causal, scale=softmax_scale)
+
+# %% tags=["demo"]
+# Paged and contiguous caches give the same answer; a page table entry out of range is refused.
+B, n_new, h_q, h_kv, d, page = 3, 2, 8, 2, 32, 16
+lengths = torch.tensor([40, 2, 33], dtype=torch.int32, device=backend.device)
+q = torch.randn(B, n_new, h_q, d, device=backend.device)
+k_cache, v_cache = (torch.randn(B, 48, h_kv, d, device=backend.device) for _ in range(2))
+try:
+    o, _ = decode(q, k_cache, v_cache, lengths)
+    k_pages, v_pages, table = ch5.paged_cache(k_cache, v_cache, page)
+    o_paged, _ = decode(q, k_pages, v_pages, lengths, table.to(backend.device))
+    print(f"max |O_paged - O_contiguous| = {(o_paged - o).abs().max().item():.1e}")
+    decode(q, k_pages, v_pages, lengths, table.to(backend.device) + 100)
+except ValueError as e:
+    print(f"ValueError: {e}")
+except NotImplementedError:
+    print("Finish Exercises 2-4 to run the decode wrapper.")
+
+# %% [markdown]
+# **Batch 1.** One program per (sequence, K/V head) gives a batch of one long sequence only
+# `h_kv` programs, 8 of an H200's 132 SMs: a decode step then uses a few percent of the GPU's
+# bandwidth. The cure is to split each sequence's keys across programs and merge the partial
+# softmax states (Chapter 3's merge), which is Chapter 8's split-KV.
+
+# %% [markdown]
+# ## 4. Benchmark
+#
+# `flashbook bench ch5` measures the chapter's solution on an H200: the prefill at
+# `(1, h_q=32, h_kv=8, N=16384, d=128)` against SDPA with `enable_gqa=True` on every backend that
+# takes it, cuDNN on K/V expanded to 32 heads and FlexAttention with GQA; and the decode step of
+# 32 sequences of 8192 cached tokens against cuDNN, FlashAttention-2 and FlexAttention, with the
+# GPU's read ceiling (`hbm_read`, a large `x.sum()`) and a device-to-device copy measured in the
+# same run. Decode rows report the bytes of K and V read per second.
+
+# %% tags=["demo"]
+from flashbook import results
+recorded = results.recorded("ch5", "h200")
+if recorded:
+    print(ch5.summary(recorded.rows))
+    fig = ch5.plot_recorded(recorded.rows)
+else:
+    print("No recorded H200 benchmark found.")
+
+# %% [markdown]
+# ## What was measured, and what is left
+#
+# One run of `flashbook bench ch5` on an H200 (provenance in
+# `src/flashbook/data/bench/ch5/h200.json`), every row timed from a CUDA graph unless its note
+# says otherwise. **Decode** is where GQA pays, and the kernel of Exercise 3
+# reads K and V at 4392 GB/s, 0.99x cuDNN (4430)
+# for 32 sequences of 8192 keys, 91 % of the H200's 4.8 TB/s datasheet figure; for comparison,
+# `x.sum()` over 4 GiB reaches 4212 GB/s
+# in the same run, so a reduction is not the ceiling it was meant to be: an attention decode
+# that streams K and V through shared memory reads faster. Paged caches with
+# pages of 256 and 64 keys read at 4009 and 3978 GB/s, 0.91x
+# the contiguous cache: the page lookup sits in front of every tile's address, and the kernel
+# waits for it; prefetching the next tile's page entry is the known cure, not yet done here.
+# **Prefill**: the M-fold kernel reaches 469 TFLOP/s causal and 472 non-causal, 0.86x and 0.81x cuDNN
+# with `enable_gqa` (or on expanded K/V), well ahead of the
+# FlashAttention-2 backend (327 causal) and FlexAttention (400)
+# but short of the 0.90x this book aims for: it is the one-tile kernel of Chapter 4, without
+# the two query tiles per program that gave Chapter 4 its last 5 %. Against the same kernel on
+# K/V repeated per query head, the M-fold's saving in time is modest (the repeated heads are
+# read G times, but neighbouring programs read the same copy, most likely from L2):
+# materialising the repeated K/V costs 1.09x
+# in time here, and G times the memory. **Batch 1**: one program per (sequence, K/V head) is
+# 8 programs for a single sequence, and
+# one sequence of 131072 keys reads at 316 GB/s, where cuDNN reaches 4213
+# by splitting the keys across programs: Chapter 8's split-KV.
+#
+# **Further reading**
+# * GQA {cite}`ainslie2023gqa` and MQA {cite}`shazeer2019mqa`.
+# * PagedAttention and vLLM {cite}`kwon2023vllm`: the paged KV cache.
+# * FlashAttention-2 {cite}`dao2023flashattention2`: `flash_attn_with_kvcache`, the decode
+#   interface this chapter follows.

@@ -1,0 +1,297 @@
+"""Chapter 5's graded checks: the M-fold prefill (with Chapter 4's canary sequences, and the K
+tiles it loads counted in CPU mode), the cache row lookup (contiguous and paged), the decode
+kernel on contiguous and shuffled paged caches whose unused slots hold NaN, and the decode
+wrapper's argument checks."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flashbook import oob, reference
+from flashbook.cases import AttnCase, make_inputs, seeded
+from flashbook.check import CheckFailure, assert_close, check_attention, no_nan, report, \
+    require_implemented, run_student
+from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, tiles, \
+    with_canaries
+from flashbook.device import current
+
+from .launch import Config, decode_block_m, launch_decode, paged_cache
+
+_HINT = ("row r of the tile is query head kv_head * GROUP + r % GROUP at position m0 + r // GROUP; "
+         "K and V come from head kv_head = pid_bh % H_KV; masks and tile ranges as in Chapter 4.")
+
+
+def gqa_cases(hidden: bool = False) -> list[AttnCase]:
+    cases = [
+        AttnCase("G=4, causal, packed, N_q != N_k", seqlens=(5, 0, 33), seqlens_k=(9, 4, 40),
+                 H_q=8, H_kv=2, d=16, causal=True),
+        AttnCase("MQA (h_kv=1), G=4", seqlens=(20, 7), H_q=4, H_kv=1, d=16),
+        AttnCase("G=2, window (5, 0)", seqlens=(30,), H_q=4, H_kv=2, d=16, window=(5, 0)),
+        AttnCase("G=1 (MHA)", seqlens=(17, 1), H_q=2, H_kv=2, d=16, causal=True),
+    ]
+    if hidden:
+        cases += [AttnCase("G=8, causal, float16", seqlens=(3, 25), seqlens_k=(3, 30), H_q=8,
+                           H_kv=1, d=32, causal=True, dtype=torch.float16, logit_boost=4.0),
+                  AttnCase("G=2, h_kv=3, d=64, scale 0.2", seqlens=(19,), H_q=6, H_kv=3, d=64,
+                           scale=0.2)]
+    return cases
+
+
+def _configs():
+    return [None, Config(64, 32, 4, 2)] if current().gpu else \
+        [Config(16, 16, 4, 1), Config(32, 16, 4, 1)]
+
+
+def _run_prefill(wrapper, case: AttnCase, cfg, q, k, v, counter=None):
+    """The wrapper on the case's batch with canary sequences; the real rows' (O, LSE)."""
+    qc, kc, vc, cu_q, cu_k, rows, seq_index = with_canaries(case, q, k, v, trailing=False)
+    max_q = max(max(case.seqlens), CANARY[0])
+    max_k = max(max(case.seqlens_k or case.seqlens), CANARY[1])
+    o, lse = wrapper(qc, kc, vc, cu_q, cu_k, max_q, max_k, causal=case.causal,
+                     window_size=case.window or (-1, -1), softmax_scale=case.scale, config=cfg)
+    if counter is not None:
+        counter.layout = (cu_q.tolist(), cu_k.tolist(), max_q, seq_index)
+    o, lse = o[rows], lse[:, rows]
+    name_leaks(case, o)
+    return o, lse
+
+
+def _count_loads(wrapper, hidden: bool) -> str:
+    """CPU mode: the K tiles loaded in all must be each K/V head's visible tiles once."""
+    if current().gpu:
+        return " (K tile loads are counted in CPU mode only)"
+    cfg = Config(32, 16, 4, 1)
+    case = AttnCase("G=4, causal, N=64", seqlens=(64,), H_q=8, H_kv=2, d=16, causal=True)
+    q, k, v = make_inputs(case, 3)
+    counter = oob.Guard()
+    what = f"GQA prefill, case {case.describe()}, {tiles(cfg)}"
+    with counter:
+        run_student(_run_prefill, wrapper, case, cfg, q, k, v, counter=counter, what=what,
+                    guard=True)
+    cu_q, cu_k, max_q, seq_index = counter.layout
+    G = case.H_q // case.h_kv
+    window = (max_q + max(cu_k[i + 1] - cu_k[i] for i in range(len(cu_k) - 1)), 0)
+    want = expected_loads((cu_q, cu_k, max_q, seq_index, window, 1), case.h_kv,
+                          cfg.BLOCK_M // G, cfg.BLOCK_N)
+    need = sum(t for t, _ in want.values())
+    got = sum(c for (_, name), c in counter.loads.items() if name == "K")
+    if got != need:
+        raise CheckFailure(
+            f"{what}: the kernel loaded {got} K tiles in all; each K/V head's visible tiles "
+            f"once is {need}." + (f" That is {got / need:.1f}x: K and V are read once per query "
+                                  "head (a repeat_interleave, or one program per query head), "
+                                  "not once per group of G heads." if got > need else ""))
+    return f" (K tiles loaded: {got}, each K/V head's once for its {G} query heads)"
+
+
+def check_gqa_prefill(attention_gqa, hidden: bool = False):
+    """Exercise 1: the M-fold GQA forward matches float64 attention per query head, with
+    Chapter 4's masks and packed batches, and loads each K/V tile once per group."""
+    require_implemented(attention_gqa, "attention_gqa")
+    n = check_attention(lambda q, k, v, case, cfg: _run_prefill(attention_gqa, case, cfg, q, k, v),
+                        gqa_cases(hidden), title="GQA prefill", configs=_configs(),
+                        describe_config=tiles, guard=True, seed=21 if hidden else 0,
+                        lse_tol=(2e-4, 1e-4), hint=_HINT, quiet=True)
+    report("GQA prefill (M-fold)", n, extra=_count_loads(attention_gqa, hidden), hidden=hidden)
+
+
+# ------------------------------------------------------------- Exercise 2: the row lookup
+
+def _rows_probe(OUT, BLOCK_TABLE, b, start_n, rows_per_seq, stride_bt, CACHE_ROWS: tl.constexpr,
+                PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    tl.store(OUT + offs_n, CACHE_ROWS(BLOCK_TABLE, b, start_n, offs_n, rows_per_seq, stride_bt,
+                                      PAGED))
+
+
+@functools.cache
+def _rows_probe_kernel():
+    return triton.jit(_rows_probe)
+
+
+def check_cache_rows(cache_rows, hidden: bool = False):
+    """Exercise 2: the rows of a contiguous cache (b * max_len + key) and of a paged one
+    (block_table[b, key // page] * page + key % page), tile by tile."""
+    require_implemented(cache_rows, "cache_rows")
+    probe = _rows_probe_kernel()
+    dev = current().device
+    g = torch.Generator().manual_seed(5)
+    layouts = [("contiguous, max_len=64", 3, 64, None, 16),
+               ("paged, pages of 16, shuffled", 3, 16, 4, 16),
+               ("paged, pages of 32, tiles of 16", 2, 32, 3, 16)]
+    if hidden:
+        layouts += [("paged, pages of 64, tiles of 32", 4, 64, 2, 32)]
+    n = 0
+    for name, B, rows_per_seq, pages, BN in layouts:
+        table = torch.randperm(B * (pages or 1), generator=g).view(B, -1).to(torch.int32)
+        table = table.to(dev) if pages else torch.zeros((B, 1), dtype=torch.int32, device=dev)
+        keys = rows_per_seq * (pages or 1)
+        for b in range(B):
+            for start_n in range(0, keys, BN):
+                out = torch.empty(BN, dtype=torch.int32, device=dev)
+                what = f"cache_rows, {name}, sequence {b}, keys {start_n}-{start_n + BN - 1}"
+                run_student(lambda: probe[(1,)](out, table, b, start_n, rows_per_seq,
+                                                table.stride(0), CACHE_ROWS=cache_rows,
+                                                PAGED=pages is not None, BLOCK_N=BN),
+                            what=what, guard=True)
+                key = torch.arange(start_n, start_n + BN)
+                want = (table[b, key // rows_per_seq].cpu() * rows_per_seq + key % rows_per_seq
+                        if pages else b * rows_per_seq + key)
+                if not torch.equal(out.cpu().long(), want.long()):
+                    raise CheckFailure(
+                        f"{what}: rows {out.cpu().tolist()[:6]}..., expected "
+                        f"{want.tolist()[:6]}...\n  Hint: " + (
+                            "the page is block_table[b, start_n // page_size] (one load per "
+                            "tile), the row page * page_size + start_n % page_size + offs_n."
+                            if pages else "sequence b's keys start at row b * rows_per_seq."))
+                n += 1
+    report("cache_rows (contiguous and paged)", n, hidden=hidden)
+
+
+# ---------------------------------------------------------------- Exercise 3: decode
+
+def decode_cases(hidden: bool = False):
+    """(name, B, n_new, h_q, h_kv, d, lengths, max_len, page_size or None, dtype)."""
+    cases = [("contiguous, G=4, one new token", 3, 1, 8, 2, 16, (40, 1, 64), 64, None,
+              torch.float32),
+             ("paged (16), G=4, two new tokens", 3, 2, 8, 2, 16, (40, 2, 33), 48, 16,
+              torch.float32),
+             ("MQA, paged (32), float16", 2, 1, 4, 1, 32, (64, 17), 64, 32, torch.float16)]
+    if hidden:
+        cases += [("contiguous, G=8, 3 new tokens, d=64", 2, 3, 8, 1, 64, (19, 3), 32, None,
+                   torch.float32),
+                  ("paged (16), G=1, lengths at page edges", 3, 1, 2, 2, 16, (16, 32, 17), 48,
+                   16, torch.float32)]
+    return cases
+
+
+def _cache(B, max_len, h_kv, d, lengths, dtype, seed):
+    """A contiguous cache with NaN in every slot past a sequence's length (canaries)."""
+    k = seeded((B, max_len, h_kv, d), seed, dtype)
+    v = seeded((B, max_len, h_kv, d), seed + 1, dtype)
+    for b, n in enumerate(lengths):
+        k[b, n:], v[b, n:] = math.nan, math.nan
+    return k, v
+
+
+def _decode_reference(q, k, v, lengths):
+    o = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float64)
+    for b, n in enumerate(lengths):
+        ob, lb = reference.attention(q[b].transpose(0, 1)[None].double().cpu(),
+                                     k[b, :n].transpose(0, 1)[None].double().cpu(),
+                                     v[b, :n].transpose(0, 1)[None].double().cpu(), causal=True,
+                                     return_lse=True)
+        o[b], lse[b] = ob[0].transpose(0, 1), lb[0]
+    return o, lse
+
+
+def check_decode_kernel(kernel, hidden: bool = False):
+    """Exercise 3: decode with the M-fold against contiguous and shuffled paged caches; slots
+    past a sequence's length hold NaN, so reading one poisons the output."""
+    require_implemented(kernel, "decode_kernel")
+    n = 0
+    for i, (name, B, n_new, h_q, h_kv, d, lengths, max_len, page, dtype) in \
+            enumerate(decode_cases(hidden)):
+        q = seeded((B, n_new, h_q, d), 40 + i, dtype)
+        k, v = _cache(B, max_len, h_kv, d, lengths, dtype, 50 + 2 * i)
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device=q.device)
+        want_o, want_lse = _decode_reference(q, k, v, lengths)
+        table = None
+        if page:
+            k, v, table = paged_cache(k, v, page, seed=i, spare=2)
+            table = table.to(q.device)
+        rows = decode_block_m(h_q // h_kv, n_new)
+        what = (f"decode kernel, case '{name}' (B={B}, n_new={n_new}, h_q={h_q}, h_kv={h_kv}, "
+                f"d={d}, lengths {list(lengths)}, {str(dtype)[6:]}; {rows} rows per tile)")
+        o, lse = run_student(launch_decode, kernel, q, k, v, seqlens, table, what=what,
+                             guard=True)
+        no_nan(o, what + ", O (NaN: a slot past cache_seqlens was read, or a wrong page)")
+        assert_close(o, want_o.to(o.device), what=what + ", O", dims=("b", "new", "head", "col"),
+                     dtype=dtype, hint=_HINT.replace("m0 + r // GROUP", "new token r // GROUP")
+                     + " Keys: cache_seqlens[b] of them, through cache_rows.")
+        assert_close(lse, want_lse.to(lse.device), what=what + ", LSE",
+                     dims=("b", "head", "new"), dtype=torch.float32, atol=2e-4, rtol=1e-4,
+                     hint="LSE (B, h_q, n_new) at (b * h_q + head) * n_new + t, natural log.")
+        n += 1
+    report("decode kernel (contiguous and paged caches)", n, hidden=hidden)
+
+
+# ------------------------------------------------------------ Exercise 4: argument checks
+
+def _valid_decode(dtype=torch.float32, paged=False):
+    dev = current().device
+    q = seeded((2, 1, 4, 16), 1, dtype)
+    k, v = seeded((2, 32, 2, 16), 2, dtype), seeded((2, 32, 2, 16), 3, dtype)
+    seqlens = torch.tensor([32, 5], dtype=torch.int32, device=dev)
+    call = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=seqlens, block_table=None)
+    if paged:
+        k, v, table = paged_cache(k, v, 16, seed=0)
+        call.update(k_cache=k, v_cache=v, block_table=table.to(dev))
+    return call
+
+
+def validate_decode_cases(hidden: bool = False):
+    """(what is wrong, paged?, changes to a valid call, the argument the message must name)."""
+    dev = current().device
+    i32 = dict(dtype=torch.int32, device=dev)
+    base, paged = _valid_decode(), _valid_decode(paged=True)
+    cases = [
+        ("h_q=3 is not a multiple of h_kv=2", False, dict(q=base["q"][:, :, :3]), "k_cache"),
+        ("a cache length beyond the cache", False,
+         dict(cache_seqlens=torch.tensor([33, 5], **i32)), "cache_seqlens"),
+        ("cache_seqlens is int64", False, dict(cache_seqlens=base["cache_seqlens"].long()),
+         "cache_seqlens"),
+        ("a page table entry out of range", True,
+         dict(block_table=paged["block_table"] + 10), "block_table"),
+        ("k_cache is float16, q float32", False, dict(k_cache=base["k_cache"].half()), "k_cache"),
+        ("q is 3-d", False, dict(q=base["q"][:, 0]), "q"),
+    ]
+    if hidden:
+        cases += [
+            ("block_table is int64", True, dict(block_table=paged["block_table"].long()),
+             "block_table"),
+            ("a length shorter than the new tokens", False,
+             dict(cache_seqlens=torch.tensor([32, 0], **i32)), "cache_seqlens"),
+            ("a cache for another batch size", False,
+             dict(k_cache=base["k_cache"][:1], v_cache=base["v_cache"][:1]), "k_cache"),
+            ("the cache's last dimension is strided", False,
+             dict(k_cache=base["k_cache"].repeat(1, 1, 1, 2)[..., ::2]), "k_cache"),
+        ]
+    return cases
+
+
+def check_validate_decode(validate, hidden: bool = False):
+    """Exercise 4: every bad call raises a ValueError naming the argument; valid calls pass."""
+    require_implemented(validate, "validate_decode")
+    n = 0
+    for name, call in (("a valid contiguous call", _valid_decode()),
+                       ("a valid paged call", _valid_decode(paged=True)),
+                       ("float16, paged", _valid_decode(torch.float16, paged=True))):
+        try:
+            validate(**call)
+        except ValueError as e:
+            raise CheckFailure(f"validate_decode, {name}: raised ValueError({e}) for a valid "
+                               "call.") from None
+        n += 1
+    for name, paged, change, arg in validate_decode_cases(hidden):
+        call = {**_valid_decode(paged=paged), **change}
+        what = f"validate_decode, bad call: {name}"
+        try:
+            validate(**call)
+        except ValueError as e:
+            if arg not in str(e):
+                raise CheckFailure(f"{what}: the ValueError's message should name `{arg}`, got: "
+                                   f"{e}") from None
+        except Exception as e:  # noqa: BLE001 - any other exception is the wrong answer
+            raise CheckFailure(f"{what}: raised {type(e).__name__}({e}) instead of a ValueError "
+                               f"naming `{arg}`.") from None
+        else:
+            raise CheckFailure(f"{what}: no ValueError. The kernel would read outside the cache "
+                               "or return wrong numbers.")
+        n += 1
+    report("validate_decode", n, hidden=hidden)

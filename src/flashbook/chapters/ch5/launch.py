@@ -1,0 +1,168 @@
+"""Chapter 5 launch: grouped-query prefill (the M-fold) and decode against a KV cache.
+
+Prefill takes Chapter 4's packed layout with fewer K/V heads: q ``(total_q, h_q, d)``, k and v
+``(total_k, h_kv, d)``, ``h_q = G * h_kv``. One program takes one K/V head of one sequence and
+the G query heads that share it, folded into the rows of its tile (row r: query head
+``kv_head * G + r % G`` at position ``m0 + r // G``), so every K/V tile is loaded once for G
+heads. Decode follows flash-attn's ``flash_attn_with_kvcache``: q ``(B, n_new, h_q, d)``, a
+contiguous cache ``(B, max_len, h_kv, d)`` or a paged one ``(num_pages, page_size, h_kv, d)``
+with ``block_table (B, max_pages)`` int32, and ``cache_seqlens (B,)`` int32, the valid length of
+each sequence's cache (the new tokens included). O ``(B, n_new, h_q, d)``, LSE
+``(B, h_q, n_new)`` float32.
+
+Like Chapter 4's ``launch_varlen`` these check only what the launch needs; the public wrappers
+(the chapter's last exercise) validate the arguments.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from flashbook.cases import validate_scale, validate_tensor
+from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E, Config, pick_config
+from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
+from flashbook.device import current
+
+__all__ = ["launch_gqa", "launch_decode", "decode_block_m", "paged_cache", "validate_packed",
+           "DTYPES", "HEAD_DIMS"]
+
+
+def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+               max_seqlen_k: int, *, window: tuple[int, int], scale: float | None = None,
+               config: Config | None = None, sections: int | None = None, out=None):
+    """Launch the M-fold prefill kernel; returns (O, LSE (h_q, total_q)).
+
+    Grid: ``(cdiv(max_seqlen_q, BLOCK_M // G) * S, batch * h_kv // S)``: Chapter 4's sections,
+    over (sequence, K/V head) pairs. ``window``: non-negative ``(left, right)``
+    (``window_bounds``)."""
+    name = "launch_gqa"
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        validate_tensor(label, t, dims=3, dtypes=DTYPES, name=name)
+    total_q, h_q, d = q.shape
+    h_kv = k.shape[1]
+    if d not in HEAD_DIMS or h_q % h_kv:
+        raise ValueError(f"{name}: need d in {HEAD_DIMS} and h_q a multiple of h_kv, got d={d}, "
+                         f"h_q={h_q}, h_kv={h_kv}.")
+    G = h_q // h_kv
+    cfg = config or pick_config(d, q.dtype, current().capability)
+    if cfg.BLOCK_M % G or cfg.BLOCK_M < 16:
+        raise ValueError(f"{name}: BLOCK_M={cfg.BLOCK_M} must be a multiple of G={G} (and >= 16).")
+    scale = validate_scale(scale, d, name)
+    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
+                     torch.empty((h_q, total_q), dtype=torch.float32, device=q.device))
+    n_bkv = (cu_seqlens_q.numel() - 1) * h_kv
+    if n_bkv == 0 or max_seqlen_q == 0:
+        return o, lse
+    S = sections or heads_per_section(n_bkv, 2 * max(max_seqlen_k, 1) * d * k.element_size(),
+                                      q.device)
+    grid = (triton.cdiv(max_seqlen_q, cfg.BLOCK_M // G) * S, n_bkv // S)
+    kernel[grid](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1),
+                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
+                 h_kv, total_q, scale * LOG2E, window[0], window[1], S,
+                 GROUP=G, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return o, lse
+
+
+def decode_block_m(G: int, n_new: int) -> int:
+    """Rows of a decode tile: the G heads x n_new new tokens, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, triton.next_power_of_2(G * n_new))
+
+
+def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, *,
+                  causal: bool = True, scale: float | None = None, block_n: int | None = None,
+                  num_warps: int = 4, num_stages: int = 3, out=None):
+    """Launch the decode kernel, one program per (sequence, K/V head); returns (O, LSE).
+
+    The cache is passed as rows ``(rows, h_kv, d)``: a contiguous cache's ``B * max_len`` rows
+    (``rows_per_seq = max_len``) or a paged cache's ``num_pages * page_size`` rows
+    (``rows_per_seq = page_size``, and a key tile never crosses a page: ``page_size`` is a
+    multiple of ``BLOCK_N``)."""
+    B, n_new, h_q, d = q.shape
+    h_kv = k_cache.shape[2]
+    G = h_q // h_kv
+    paged = block_table is not None
+    rows_per_seq = k_cache.shape[1]
+    BN = block_n or (16 if not current().gpu else min(64, rows_per_seq))
+    if paged and rows_per_seq % BN:
+        raise ValueError(f"launch_decode: page_size={rows_per_seq} must be a multiple of "
+                         f"BLOCK_N={BN}.")
+    k_rows, v_rows = k_cache.reshape(-1, h_kv, d), v_cache.reshape(-1, h_kv, d)
+    max_keys = rows_per_seq * (block_table.shape[1] if paged else 1)
+    BM = decode_block_m(G, n_new)
+    window = window_bounds((-1, -1), causal, BM, max_keys)   # padding rows count as queries
+    scale = validate_scale(scale, d, "launch_decode")
+    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
+                     torch.empty((B, h_q, n_new), dtype=torch.float32, device=q.device))
+    if B * h_kv * n_new == 0:
+        return o, lse
+    table = block_table if paged else cache_seqlens          # any int32 tensor when not paged
+    kernel[(B * h_kv,)](q, k_rows, v_rows, o, lse, cache_seqlens, table,
+                        q.stride(0), q.stride(1), q.stride(2), k_rows.stride(0), k_rows.stride(1),
+                        v_rows.stride(0), v_rows.stride(1), o.stride(0), o.stride(1), o.stride(2),
+                        table.stride(0) if paged else 0, rows_per_seq, h_kv, n_new,
+                        scale * LOG2E, window[0], window[1], GROUP=G, PAGED=paged, HEAD_DIM=d,
+                        BLOCK_M=BM, BLOCK_N=BN,
+                        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                        num_warps=num_warps, num_stages=num_stages)
+    return o, lse
+
+
+def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    window_size=(-1, -1), *, name: str = "attention_gqa"):
+    """Chapter 4's argument checks of a packed batch (its Exercise 3), with h_q a multiple of
+    h_kv: a ValueError that names the argument. Reads cu_seqlens on the host (one small copy)."""
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        validate_tensor(label, t, dims=3, dtypes=DTYPES, name=name)
+    if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
+        raise ValueError(f"{name}: q, k, v must share a dtype and a device.")
+    if k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1] or \
+            q.shape[2] not in HEAD_DIMS:
+        raise ValueError(f"{name}: k {tuple(k.shape)} and v {tuple(v.shape)} must be (total_k, "
+                         f"h_kv, d) with q's d (one of {HEAD_DIMS}) and h_kv dividing q's "
+                         f"{q.shape[1]} heads.")
+    lengths = []
+    for label, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
+                             ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or \
+                cu.device != q.device:
+            raise ValueError(f"{name}: {label} must be a 1-d torch.int32 tensor on {q.device}.")
+        offsets = cu.tolist()
+        steps = [b - a for a, b in zip(offsets, offsets[1:])]
+        if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != total or min(steps) < 0:
+            raise ValueError(f"{name}: {label} must rise from 0 to the token count {total} "
+                             f"(batch + 1 >= 2 entries), got {offsets[:4]}...{offsets[-2:]}.")
+        lengths.append(steps)
+    if len(lengths[0]) != len(lengths[1]):
+        raise ValueError(f"{name}: cu_seqlens_q and cu_seqlens_k describe different batch sizes.")
+    for label, value, steps in (("max_seqlen_q", max_seqlen_q, lengths[0]),
+                                ("max_seqlen_k", max_seqlen_k, lengths[1])):
+        if isinstance(value, bool) or not isinstance(value, int) or value < max(steps):
+            raise ValueError(f"{name}: {label} must be an int >= the longest sequence "
+                             f"({max(steps)}), got {value!r}.")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size):
+        raise ValueError(f"{name}: window_size must be two ints >= -1, got {window_size!r}.")
+
+
+def paged_cache(k_cache, v_cache, page_size: int, seed: int = 0, spare: int = 0):
+    """(k_pages, v_pages, block_table): contiguous caches (B, max_len, h_kv, d) cut into pages of
+    ``page_size`` tokens, stored at shuffled places (``torch.randperm``, fixed seed) of pools of
+    ``B * max_len / page_size + spare`` pages (the spare ones filled with NaN); ``block_table``
+    (B, max_len / page_size) int32 maps page j of sequence b to its place:
+    ``k_pages[block_table[b, j]]`` is ``k_cache[b, j * page_size:(j + 1) * page_size]``."""
+    B, n, h, d = k_cache.shape
+    if n % page_size:
+        raise ValueError(f"paged_cache: max_len={n} is not a multiple of page_size={page_size}")
+    per_seq = n // page_size
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randperm(B * per_seq + spare, generator=g)[:B * per_seq].view(B, per_seq)
+    table = table.to(k_cache.device)
+
+    def scatter(c):
+        pool = torch.full((B * per_seq + spare, page_size, h, d), float("nan"), dtype=c.dtype,
+                          device=c.device)
+        pool[table.flatten()] = c.reshape(B * per_seq, page_size, h, d)
+        return pool
+    return scatter(k_cache), scatter(v_cache), table.to(torch.int32)

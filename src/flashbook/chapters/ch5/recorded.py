@@ -1,0 +1,97 @@
+"""Chapter 5's recorded H200 benchmark, read back: prefill (TFLOP/s) and decode (GB/s of K/V
+read) against their baselines and the GPU's read ceiling, one figure of each, and the sentences
+of the chapter that quote them."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+
+def _row(rows, kernel, *, causal=None, decode=False, B=None, note=""):
+    for r in rows:
+        if r.kernel == kernel and (causal is None or r.causal == causal) and \
+                (r.N_q == 1) == decode and (B is None or r.B == B) and note in (r.note or "") \
+                and r.ms is not None:
+            return r
+    return None
+
+
+def prefill(rows, causal: bool) -> dict:
+    """{kernel: TFLOP/s} of the prefill rows (the expanded-K/V cuDNN row as sdpa_cudnn_expanded)."""
+    out = {}
+    for r in rows:
+        if r.N_q > 1 and r.causal == causal and r.tflops:
+            name = r.kernel + ("_expanded" if "expanded" in (r.note or "") else "")
+            out[name] = r.tflops
+    return out
+
+
+def decode(rows) -> dict:
+    """{kernel (and page size): GB/s} of the batched decode rows and the ceilings."""
+    out = {}
+    for r in rows:
+        if r.N_q == 1 and r.B > 1 and r.gbps:
+            page = (r.note or "").split("page_size=")[1].split(";")[0] if "page_size=" in \
+                (r.note or "") else ""
+            out[r.kernel + (f"_{page}" if page else "")] = r.gbps
+    return out
+
+
+def summary(rows) -> str:
+    lines = []
+    for causal in (True, False):
+        p = prefill(rows, causal)
+        best = max(v for k, v in p.items() if not k.startswith("ch5"))
+        lines.append(f"prefill {'causal' if causal else 'non-causal'}: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in p.items()) + f" TFLOP/s; M-fold {p['ch5_mfold'] / best:.2f}x "
+            "the fastest baseline")
+    d = decode(rows)
+    lines.append("decode (B=32, context 8192): " + ", ".join(f"{k} {v:.0f}" for k, v in d.items())
+                 + " GB/s")
+    return "\n".join(lines)
+
+
+def plot_recorded(rows):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    ax = axes[0]
+    for i, causal in enumerate((False, True)):
+        p = prefill(rows, causal)
+        ax.bar([x + 0.4 * i for x in range(len(p))], list(p.values()), 0.4,
+               label="causal" if causal else "non-causal")
+        ax.set_xticks([x + 0.2 for x in range(len(p))], list(p), rotation=30, ha="right",
+                      fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title("prefill, (1, h_q=32, h_kv=8, N=16384, d=128)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    d = decode(rows)
+    ax.barh(list(d), list(d.values()), color=["C0" if k.startswith("ch5") else "C7" for k in d])
+    ax.set_xlabel("GB/s of K/V read (copy: read + written)")
+    ax.set_title("decode, B=32, context 8192")
+    for a in axes:
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def quoted_figures(rows) -> list[str]:
+    pc, pn = prefill(rows, True), prefill(rows, False)
+    d = decode(rows)
+    ours_c, ours_n = pc["ch5_mfold"], pn["ch5_mfold"]
+    best_c = max(v for k, v in pc.items() if not k.startswith("ch5"))
+    best_n = max(v for k, v in pn.items() if not k.startswith("ch5"))
+    one = _row(rows, "ch5_decode", decode=True, B=1)
+    cudnn1 = _row(rows, "sdpa_cudnn", decode=True, B=1)
+    return [
+        f"the M-fold kernel reaches {ours_c:.0f} TFLOP/s causal and {ours_n:.0f} non-causal, "
+        f"{ours_c / best_c:.2f}x and {ours_n / best_n:.2f}x cuDNN",
+        f"materialising the repeated K/V costs {pc['ch5_mfold'] / pc['ch5_per_head']:.2f}x",
+        f"FlashAttention-2 backend ({pc['sdpa_flash']:.0f} causal) and FlexAttention "
+        f"({pc['flex_attention']:.0f})",
+        f"reads K and V at {d['ch5_decode']:.0f} GB/s, {d['ch5_decode'] / d['sdpa_cudnn']:.2f}x "
+        f"cuDNN ({d['sdpa_cudnn']:.0f})",
+        f"`x.sum()` over 4 GiB reaches {d['hbm_read']:.0f} GB/s",
+        f"pages of 256 and 64 keys read at {d['ch5_decode_paged_256']:.0f} and "
+        f"{d['ch5_decode_paged_64']:.0f} GB/s, {d['ch5_decode_paged_256'] / d['ch5_decode']:.2f}x",
+        f"one sequence of 131072 keys reads at {one.gbps:.0f} GB/s, where cuDNN reaches "
+        f"{cudnn1.gbps:.0f}",
+    ]

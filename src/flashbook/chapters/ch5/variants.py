@@ -1,0 +1,41 @@
+"""Known-wrong answers to Chapter 5's exercises: each is the solution cell with one classic bug
+edited in, and each must lose points to that bug."""
+from flashbook.contract import Variant
+
+VARIANTS = (
+    # ----------------------------------------------------------------- ch5_mfold_kernel
+    Variant('mfold_wrong_kv_head', 'ch5_mfold_kernel', (
+        ('heads = kv_head * GROUP + r % GROUP                   # each row',
+         'heads = (r % GROUP) * H_KV + kv_head                  # each row'),
+    ), expect='output O'),               # query head h reads K/V head h % h_kv, not h // G
+    Variant('mfold_repeats_kv_per_query_head', 'ch5_mfold_kernel', (
+        ('    validate_gqa(q, k, v,',
+         '    k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))\n'
+         '    validate_gqa(q, k, v,'),
+    ), expect='once per query head'),    # right numbers, G times the K/V traffic
+    # ----------------------------------------------------------------- ch5_cache_rows
+    Variant('page_lookup_off_by_one', 'ch5_cache_rows', (
+        ('start_n // rows_per_seq)', 'start_n // rows_per_seq + 1)'),
+    ), expect='cache_rows, paged'),
+    Variant('page_offset_ignores_position_in_page', 'ch5_cache_rows', (
+        ('return page * rows_per_seq + start_n % rows_per_seq + offs_n',
+         'return page * rows_per_seq + offs_n'),
+    ), expect='cache_rows, paged'),
+    # ----------------------------------------------------------------- ch5_decode_kernel
+    Variant('decode_reads_past_cache_seqlens', 'ch5_decode_kernel', (
+        ('            cols < cache_len, visible_pairs(t, cols, n_new, cache_len, window_left, '
+         'window_right),\n            qk_scale, True, DOT_PRECISION)\n    ok',
+         '            cols < cache_len + BLOCK_N, visible_pairs(t, cols, n_new, cache_len + BLOCK_N,'
+         ' window_left, window_right),\n            qk_scale, True, DOT_PRECISION)\n    ok'),
+    ), expect='NaN'),                    # the last partial page's slots past the length
+    Variant('decode_wrong_kv_head', 'ch5_decode_kernel', (
+        ('heads = kv_head * GROUP + r % GROUP', 'heads = (r % GROUP) * H_KV + kv_head'),
+    ), expect='values are wrong'),
+    # ----------------------------------------------------------------- ch5_validate
+    Variant('validate_trusts_the_page_table', 'ch5_validate', (
+        ('if any(not 0 <= p < k_cache.shape[0] for p in used):', 'if False:'),
+    ), expect='page table entry'),
+    Variant('validate_trusts_cache_seqlens', 'ch5_validate', (
+        ('or max(lengths, default=0) > capacity', ''),
+    ), expect='beyond the cache'),
+)

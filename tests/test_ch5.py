@@ -1,0 +1,133 @@
+"""Chapter 5's own tests (the contract tests in test_chapters.py run its exercises, stubs and
+known-wrong variants): the public wrappers against the float64 reference, paged against
+contiguous caches, the materialised-K/V ablation, the launch checks, and the kernels compiling
+ahead of time for sm_75 and sm_90 within shared memory."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashbook import reference, sources
+from flashbook.cases import AttnCase, expected, make_inputs
+from flashbook.chapters import ch5
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return sources.solution_namespace("ch5", ROOT)
+
+
+@pytest.mark.parametrize("wrapper", ["attention_gqa", "attention_gqa_per_head"])
+def test_prefill_wrappers_match_the_reference(solution, wrapper):
+    case = AttnCase("t", seqlens=(9, 0, 30), seqlens_k=(12, 3, 30), H_q=8, H_kv=2, d=16,
+                    causal=True)
+    q, k, v = make_inputs(case, 4)
+    o, lse = solution[wrapper](q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 30, 30,
+                               causal=True)
+    want, want_lse = expected(case, q, k, v)
+    torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-4, rtol=1e-4)
+
+
+def test_paged_decode_equals_contiguous_and_the_reference(solution):
+    B, n_new, h_q, h_kv, d = 3, 2, 8, 2, 16
+    lengths = torch.tensor([40, 2, 33], dtype=torch.int32)
+    q = torch.randn(B, n_new, h_q, d)
+    k, v = torch.randn(B, 48, h_kv, d), torch.randn(B, 48, h_kv, d)
+    o, lse = solution["decode"](q, k, v, lengths)
+    kp, vp, table = ch5.paged_cache(k, v, 16, seed=1, spare=3)
+    o_paged, lse_paged = solution["decode"](q, kp, vp, lengths, table)
+    torch.testing.assert_close(o_paged, o)
+    torch.testing.assert_close(lse_paged, lse)
+    for b, n in enumerate(lengths.tolist()):
+        want = reference.attention(q[b].transpose(0, 1)[None].double(),
+                                   k[b, :n].transpose(0, 1)[None].double(),
+                                   v[b, :n].transpose(0, 1)[None].double(), causal=True)
+        torch.testing.assert_close(o[b].transpose(0, 1).double(), want[0], atol=1e-5, rtol=1e-5)
+
+
+def test_paged_cache_pool_holds_the_pages_where_the_table_says():
+    k = torch.arange(2 * 32 * 1 * 16, dtype=torch.float32).view(2, 32, 1, 16)
+    kp, vp, table = ch5.paged_cache(k, k.clone(), 16, seed=3, spare=2)
+    assert kp.shape == (6, 16, 1, 16) and table.dtype == torch.int32
+    assert sorted(table.flatten().tolist()) == sorted(set(table.flatten().tolist()))
+    for b in range(2):
+        for j in range(2):
+            assert torch.equal(kp[table[b, j]], k[b, 16 * j:16 * (j + 1)])
+    spare = sorted(set(range(6)) - set(table.flatten().tolist()))
+    assert len(spare) == 2 and torch.isnan(kp[spare]).all()
+
+
+@pytest.mark.parametrize("change, text", [
+    (dict(k=lambda t: torch.cat([t, t[:, :1]], 1)), "h_kv dividing"),   # 3 K/V heads for 4
+    (dict(cu_seqlens_q=lambda c: c.flip(0)), "cu_seqlens_q"),
+    (dict(max_seqlen_k=lambda m: m - 1), "max_seqlen_k"),
+])
+def test_validate_packed_names_the_argument(change, text):
+    case = AttnCase("t", seqlens=(5, 7), H_q=4, H_kv=2, d=16)
+    q, k, v = make_inputs(case, 0)
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=case.cu_seqlens(), cu_seqlens_k=case.cu_seqlens(),
+                max_seqlen_q=7, max_seqlen_k=7)
+    args.update({n: f(args[n]) for n, f in change.items()})
+    if "k" in change:
+        args["v"] = args["k"]
+    with pytest.raises(ValueError, match=text):
+        ch5.validate_packed(**args)
+
+
+AOT_SCRIPT = textwrap.dedent(r'''
+    import json
+    import flashbook, flashbook.device as dv
+    fake = dv.Backend(True, "AOT", (9, 0), dv.GPU_SIZES)      # compile for GPUs, do not interpret
+    flashbook.setup = lambda verbose=True: fake
+    dv._current = fake
+    import torch, triton
+    from triton.compiler import ASTSource
+    from triton.backends.compiler import GPUTarget
+    from flashbook import sources
+    from flashbook.chapters import ch5
+    from flashbook.chapters.ch3 import pick_config
+    ns = sources.solution_namespace("ch5")
+    ptr = dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", CU_Q="*i32",
+               CU_K="*i32", CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32", qk_scale="fp32")
+    res = []
+    for cc in (75, 90):
+        cfg = pick_config(128, torch.float16, (cc // 10, cc % 10))
+        for kernel, const, warps, stages in (
+                ("attn_gqa_kernel", dict(GROUP=4, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N),
+                 cfg.num_warps, cfg.num_stages),
+                ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=64), 4, 3)):
+            const.update(HEAD_DIM=128, DOT_PRECISION="tf32")
+            k = ns[kernel]
+            sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in k.arg_names}
+            c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=const),
+                               target=GPUTarget("cuda", cc, 32),
+                               options=dict(num_warps=warps, num_stages=stages))
+            res.append(dict(kernel=kernel, cc=cc, shared=c.metadata.shared))
+    print("RESULT" + json.dumps(res))
+''')
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
+    from flashbook.chapters.ch3 import SHARED_MEMORY_PER_BLOCK
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FLASHBOOK_FORCE_CPU")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    script = tmp_path / "aot.py"
+    script.write_text(AOT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert len(res) == 4
+    for r in res:
+        assert r["shared"] <= SHARED_MEMORY_PER_BLOCK[(r["cc"] // 10, r["cc"] % 10)], r
