@@ -2,11 +2,6 @@
 known-wrong variants): a wrong tile step breaks the two-tile kernel too, the out-of-bounds guard
 names a missing mask, the wrappers reject bad inputs, the configs, and every kernel compiles ahead
 of time for sm_75/sm_80/sm_90 with the configs the chapter picks, within each GPU's shared memory."""
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,6 +10,8 @@ import torch
 from flashbook import sources
 from flashbook.chapters import ch3
 from flashbook.check import CheckFailure
+
+from aot_compile import compile_script
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {v.name: v for v in ch3.VARIANTS}
@@ -163,55 +160,40 @@ def test_attention_wrapper_edge_cases(solution):
 
 # ----------------------------------------------------------- ahead-of-time GPU compilation
 
-AOT_SCRIPT = textwrap.dedent(r'''
-    import itertools, json, linecache, os, sys
-    import flashbook, flashbook.device as dv
-    fake = dv.Backend(True, "AOT", (9, 0), dv.GPU_SIZES)      # compile for GPUs, do not interpret
-    flashbook.setup = lambda verbose=True: fake
-    dv._current = fake
-    import torch, triton
-    from triton.compiler import ASTSource
-    from triton.backends.compiler import GPUTarget
-    from flashbook import sources
-    from flashbook.chapters import ch3
-    ns = sources.solution_namespace("ch3")
-    T = {torch.float16: "fp16", torch.float32: "fp32"}
+AOT_SCRIPT = r'''
+from flashbook.chapters import ch3
+ns = sources.solution_namespace("ch3")
+T = {torch.float16: "fp16", torch.float32: "fp32"}
 
-    def sig(kernel, ptr, const):
-        out = {}
-        for n in kernel.arg_names:
-            out[n] = "constexpr" if n in const else ptr.get(n, "i32")
-        return out
-
-    res = []
-    for cc in (75, 80, 90):
-        for (dtype, d), (kernel, two) in itertools.product(
-                ((torch.float16, 64), (torch.float16, 128), (torch.float32, 128)),
-                (("attn_fwd_kernel", False), ("attn_fwd_two_tiles", True))):
-            cfg = ch3.pick_config(d, dtype, (cc // 10, cc % 10), two_tiles=two)
-            k = ns[kernel]
-            t = T[dtype]
-            const = dict(HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                         DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
-            s = sig(k, dict(Q="*" + t, K="*" + t, V="*" + t, O="*" + t, LSE="*fp32",
-                            qk_scale="fp32"), const)
-            c = triton.compile(ASTSource(fn=k, signature=s, constexprs=const),
-                               target=GPUTarget("cuda", cc, 32),
-                               options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-            res.append(dict(kernel=kernel, cc=cc, dtype=t, d=d, cfg=str(cfg),
-                            shared=c.metadata.shared))
-        for name, ptr, const in (
-                ("softmax_kernel", dict(X="*fp16", Y="*fp16", LSE="*fp32"), dict(BLOCK=1024)),
-                ("merge_kernel", dict(O_a="*fp16", LSE_a="*fp32", O_b="*fp16", LSE_b="*fp32",
-                                      O="*fp16", LSE="*fp32"), dict(HEAD_DIM=128, BLOCK_R=64))):
-            if cc != 75:
-                continue
-            k = ns[name]
-            c = triton.compile(ASTSource(fn=k, signature=sig(k, ptr, const), constexprs=const),
-                               target=GPUTarget("cuda", cc, 32), options=dict(num_warps=4))
-            res.append(dict(kernel=name, cc=cc, shared=c.metadata.shared))
-    print("RESULT" + json.dumps(res))
-''')
+res = []
+for cc in (75, 80, 90):
+    for (dtype, d), (kernel, two) in itertools.product(
+            ((torch.float16, 64), (torch.float16, 128), (torch.float32, 128)),
+            (("attn_fwd_kernel", False), ("attn_fwd_two_tiles", True))):
+        cfg = ch3.pick_config(d, dtype, (cc // 10, cc % 10), two_tiles=two)
+        k = ns[kernel]
+        t = T[dtype]
+        const = dict(HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                     DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+        s = signature(k, dict(Q="*" + t, K="*" + t, V="*" + t, O="*" + t, LSE="*fp32",
+                        qk_scale="fp32"), const)
+        c = triton.compile(ASTSource(fn=k, signature=s, constexprs=const),
+                           target=GPUTarget("cuda", cc, 32),
+                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        res.append(dict(kernel=kernel, cc=cc, dtype=t, d=d, cfg=str(cfg),
+                        shared=c.metadata.shared))
+    for name, ptr, const in (
+            ("softmax_kernel", dict(X="*fp16", Y="*fp16", LSE="*fp32"), dict(BLOCK=1024)),
+            ("merge_kernel", dict(O_a="*fp16", LSE_a="*fp32", O_b="*fp16", LSE_b="*fp32",
+                                  O="*fp16", LSE="*fp32"), dict(HEAD_DIM=128, BLOCK_R=64))):
+        if cc != 75:
+            continue
+        k = ns[name]
+        c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
+                           target=GPUTarget("cuda", cc, 32), options=dict(num_warps=4))
+        res.append(dict(kernel=name, cc=cc, shared=c.metadata.shared))
+print("RESULT" + json.dumps(res))
+'''
 
 # Shared memory per block, the limit a kernel can use (NVIDIA's table; one value, in launch.py).
 LIMITS = {cc[0] * 10 + cc[1]: b for cc, b in ch3.SHARED_MEMORY_PER_BLOCK.items()}
@@ -227,16 +209,7 @@ def test_shared_memory_limits_are_the_per_block_values():
 
 @pytest.mark.slow
 def test_kernels_compile_for_t4_a100_h100_and_fit_shared_memory(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FLASHBOOK_FORCE_CPU")}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    script = tmp_path / "aot.py"
-    script.write_text(AOT_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    res = compile_script(AOT_SCRIPT, tmp_path)
     too_big = [r for r in res if r["shared"] > LIMITS[r["cc"]]]
     assert not too_big, f"configs that do not fit shared memory: {too_big}"
     assert len(res) == 20

@@ -2,11 +2,6 @@
 known-wrong variants): the public wrapper and the two-tile kernel built from the student's
 functions, the canaries and the load counter the checks rely on, the low-level launcher's own
 checks, and every kernel compiling ahead of time for sm_75 and sm_90 within shared memory."""
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,6 +12,8 @@ from flashbook.cases import AttnCase, make_inputs
 from flashbook.chapters import ch4
 from flashbook.chapters.ch4 import checks
 from flashbook.check import CheckFailure
+
+from aot_compile import compile_script
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {v.name: v for v in ch4.VARIANTS}
@@ -145,50 +142,30 @@ def test_mask_check_reports_a_stub():
 
 # ----------------------------------------------------------- ahead-of-time GPU compilation
 
-AOT_SCRIPT = textwrap.dedent(r'''
-    import json
-    import flashbook, flashbook.device as dv
-    fake = dv.Backend(True, "AOT", (9, 0), dv.GPU_SIZES)      # compile for GPUs, do not interpret
-    flashbook.setup = lambda verbose=True: fake
-    dv._current = fake
-    import torch, triton
-    from triton.compiler import ASTSource
-    from triton.backends.compiler import GPUTarget
-    from flashbook import sources
-    from flashbook.chapters import ch4
-    ns = sources.solution_namespace("ch4")
-    ptr = dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", CU_Q="*i32",
-               CU_K="*i32", qk_scale="fp32")
-    res = []
-    for cc in (75, 90):
-        for kernel, two in (("attn_masked_two_tiles", True), ("attn_masked_kernel", False)):
-            cfg = ch4.pick_config(128, torch.float16, (cc // 10, cc % 10), two_tiles=two)
-            const = dict(HEAD_DIM=128, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                         DOT_PRECISION="tf32")
-            k = ns[kernel]
-            sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in k.arg_names}
-            c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=const),
-                               target=GPUTarget("cuda", cc, 32),
-                               options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-            res.append(dict(kernel=kernel, cc=cc, cfg=str(cfg), shared=c.metadata.shared,
-                            wgmma="wgmma.mma_async" in c.asm["ptx"]))
-    print("RESULT" + json.dumps(res))
-''')
+AOT_SCRIPT = r'''
+from flashbook.chapters import ch4
+ns = sources.solution_namespace("ch4")
+ptr = dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
+           qk_scale="fp32")
+res = []
+for cc in (75, 90):
+    for kernel, two in (("attn_masked_two_tiles", True), ("attn_masked_kernel", False)):
+        cfg = ch4.pick_config(128, torch.float16, (cc // 10, cc % 10), two_tiles=two)
+        const = dict(HEAD_DIM=128, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, DOT_PRECISION="tf32")
+        k = ns[kernel]
+        c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
+                           target=GPUTarget("cuda", cc, 32),
+                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        res.append(dict(kernel=kernel, cc=cc, cfg=str(cfg), shared=c.metadata.shared,
+                        wgmma="wgmma.mma_async" in c.asm["ptx"]))
+print("RESULT" + json.dumps(res))
+'''
 
 
 @pytest.mark.slow
 def test_masked_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     from flashbook.chapters.ch3 import SHARED_MEMORY_PER_BLOCK
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FLASHBOOK_FORCE_CPU")}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    script = tmp_path / "aot.py"
-    script.write_text(AOT_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    res = compile_script(AOT_SCRIPT, tmp_path)
     assert len(res) == 4
     for r in res:
         assert r["shared"] <= SHARED_MEMORY_PER_BLOCK[(r["cc"] // 10, r["cc"] % 10)], r

@@ -2,11 +2,6 @@
 known-wrong variants): the public wrappers against the float64 reference, paged against
 contiguous caches, the materialised-K/V ablation, the launch checks, and the kernels compiling
 ahead of time for sm_75 and sm_90 within shared memory."""
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,6 +10,8 @@ import torch
 from flashbook import reference, sources
 from flashbook.cases import AttnCase, expected, make_inputs
 from flashbook.chapters import ch5
+
+from aot_compile import compile_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,52 +79,32 @@ def test_validate_packed_names_the_argument(change, text):
         ch5.validate_packed(**args)
 
 
-AOT_SCRIPT = textwrap.dedent(r'''
-    import json
-    import flashbook, flashbook.device as dv
-    fake = dv.Backend(True, "AOT", (9, 0), dv.GPU_SIZES)      # compile for GPUs, do not interpret
-    flashbook.setup = lambda verbose=True: fake
-    dv._current = fake
-    import torch, triton
-    from triton.compiler import ASTSource
-    from triton.backends.compiler import GPUTarget
-    from flashbook import sources
-    from flashbook.chapters import ch5
-    from flashbook.chapters.ch3 import pick_config
-    ns = sources.solution_namespace("ch5")
-    ptr = dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", CU_Q="*i32",
-               CU_K="*i32", CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32", qk_scale="fp32")
-    res = []
-    for cc in (75, 90):
-        cfg = pick_config(128, torch.float16, (cc // 10, cc % 10))
-        for kernel, const, warps, stages in (
-                ("attn_gqa_kernel", dict(GROUP=4, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N),
-                 cfg.num_warps, cfg.num_stages),
-                ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=64), 4, 3)):
-            const.update(HEAD_DIM=128, DOT_PRECISION="tf32")
-            k = ns[kernel]
-            sig = {n: "constexpr" if n in const else ptr.get(n, "i32") for n in k.arg_names}
-            c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=const),
-                               target=GPUTarget("cuda", cc, 32),
-                               options=dict(num_warps=warps, num_stages=stages))
-            res.append(dict(kernel=kernel, cc=cc, shared=c.metadata.shared))
-    print("RESULT" + json.dumps(res))
-''')
+AOT_SCRIPT = r'''
+from flashbook.chapters.ch3 import pick_config
+ns = sources.solution_namespace("ch5")
+ptr = dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
+           CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32", qk_scale="fp32")
+res = []
+for cc in (75, 90):
+    cfg = pick_config(128, torch.float16, (cc // 10, cc % 10))
+    for kernel, const, warps, stages in (
+            ("attn_gqa_kernel", dict(GROUP=4, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N),
+             cfg.num_warps, cfg.num_stages),
+            ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=64), 4, 3)):
+        const.update(HEAD_DIM=128, DOT_PRECISION="tf32")
+        k = ns[kernel]
+        c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
+                           target=GPUTarget("cuda", cc, 32),
+                           options=dict(num_warps=warps, num_stages=stages))
+        res.append(dict(kernel=kernel, cc=cc, shared=c.metadata.shared))
+print("RESULT" + json.dumps(res))
+'''
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     from flashbook.chapters.ch3 import SHARED_MEMORY_PER_BLOCK
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FLASHBOOK_FORCE_CPU")}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    script = tmp_path / "aot.py"
-    script.write_text(AOT_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    res = compile_script(AOT_SCRIPT, tmp_path)
     assert len(res) == 4
     for r in res:
         assert r["shared"] <= SHARED_MEMORY_PER_BLOCK[(r["cc"] // 10, r["cc"] % 10)], r

@@ -27,7 +27,8 @@ from .compare import TOLERANCES, CheckFailure, assert_close, format_ranges
 from .race import RaceError
 
 __all__ = ["CheckFailure", "assert_close", "format_ranges", "TOLERANCES", "run_student",
-           "is_stub", "require_implemented", "no_nan", "report", "check_attention"]
+           "is_stub", "require_implemented", "no_nan", "report", "check_attention",
+           "check_argument_errors"]
 
 NOT_IMPLEMENTED = "not implemented yet (the stub still raises NotImplementedError)."
 
@@ -168,4 +169,37 @@ def check_attention(run: Callable, cases: Sequence[AttnCase], *, title: str,
                                    "overwritten: a store without a mask.")
     if not quiet:
         report(title, n)
+    return n
+
+
+# ------------------------------------------------------------------- argument checks
+
+def check_argument_errors(validate: Callable, valid, invalid, *, title: str,
+                          valid_hint: str = "", consequence: str = "") -> int:
+    """A wrapper's argument checks (Chapters 4 and 5): ``validate(**call)`` must return for every
+    ``(name, call)`` in ``valid`` and raise a ValueError whose message names ``arg`` for every
+    ``(name, call, arg)`` in ``invalid`` (any other exception is a failure too). ``consequence``
+    says what the kernel would do with a bad call that got through. Returns the number of calls."""
+    n = 0
+    for name, call in valid:
+        try:
+            validate(**call)
+        except ValueError as e:
+            raise CheckFailure(f"{title}, {name}: raised ValueError({e}) for a valid call"
+                               f"{' (' + valid_hint + ')' if valid_hint else ''}.") from None
+        n += 1
+    for name, call, arg in invalid:
+        what = f"{title}, bad call: {name}"
+        try:
+            validate(**call)
+        except ValueError as e:
+            if arg not in str(e):
+                raise CheckFailure(f"{what}: the ValueError's message should name `{arg}`, got: "
+                                   f"{e}") from None
+        except Exception as e:  # noqa: BLE001 - any other exception is the wrong answer
+            raise CheckFailure(f"{what}: raised {type(e).__name__}({e}) instead of a ValueError "
+                               f"naming `{arg}`.") from None
+        else:
+            raise CheckFailure(f"{what}: no ValueError. {consequence}".rstrip())
+        n += 1
     return n

@@ -1,0 +1,46 @@
+"""Ahead-of-time compilation of a chapter's Triton kernels for GPUs this machine does not have
+(the chapters' tests use it): a script runs in a fresh process with a fake GPU backend, so the
+chapter's solution is compiled, not interpreted, and prints ``RESULT`` + JSON."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the script's first lines: flashbook believes it runs on an sm_90 GPU and compiles for real
+PREAMBLE = textwrap.dedent(r'''
+    import itertools, json
+    import flashbook, flashbook.device as dv
+    fake = dv.Backend(True, "AOT", (9, 0), dv.GPU_SIZES)      # compile for GPUs, do not interpret
+    flashbook.setup = lambda verbose=True: fake
+    dv._current = fake
+    import torch, triton
+    from triton.compiler import ASTSource
+    from triton.backends.compiler import GPUTarget
+    from flashbook import sources
+
+
+    def signature(kernel, pointers, constexprs):
+        """Every argument: constexpr, a pointer type from ``pointers``, or i32."""
+        return {n: "constexpr" if n in constexprs else pointers.get(n, "i32")
+                for n in kernel.arg_names}
+''')
+
+
+def compile_script(body: str, tmp_path: Path) -> list:
+    """Run PREAMBLE + ``body`` (which prints "RESULT" + a JSON list) in a fresh interpreter
+    without CPU mode; return the list. Fails the test with the script's stderr."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_INTERPRET", "FLASHBOOK_FORCE_CPU")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    script = tmp_path / "aot.py"
+    script.write_text(PREAMBLE + textwrap.dedent(body))
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
