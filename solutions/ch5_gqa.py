@@ -99,7 +99,10 @@ def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 #    (`(h_q, total_q)`, natural log), rows inside the sequence only; rows without a visible key
 #    give O = 0, LSE = -inf.
 #
-# Then `attention_gqa`, the wrapper, launches it with `ch5.launch_gqa`. The check runs
+# Then `attention_gqa`, the wrapper (3 lines): `validate_gqa(...)` (given above), the window as
+# the kernel takes it, `ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)`, and
+# `ch5.launch_gqa(attn_gqa_kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+# max_seqlen_k, window=..., scale=softmax_scale, config=config, sections=sections)`. The check runs
 # G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, and counts the K
 # tiles loaded in CPU mode: each K/V head's tiles exactly once. About 40 lines.
 
