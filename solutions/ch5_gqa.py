@@ -456,6 +456,8 @@ recorded = results.recorded("ch5", "h200")
 if recorded:
     print(ch5.summary(recorded.rows))
     fig = ch5.plot_recorded(recorded.rows)
+    fig = ch5.plot_roofline(peak[0], peak[2], ch5.measured_points(recorded.rows),
+                            gpu="H200: measured kernels (stars)")
 else:
     print("No recorded H200 benchmark found.")
 

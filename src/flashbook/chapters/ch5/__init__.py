@@ -17,7 +17,7 @@ from .figures import MODELS, decode_intensity, example_points, kv_cache_bytes, k
     kv_table_markdown, plot_mfold, plot_paged_cache, plot_roofline
 from .launch import DTYPES, HEAD_DIMS, decode_block_m, launch_decode, launch_gqa, paged_cache, \
     validate_packed
-from .recorded import plot_recorded, quoted_figures, summary
+from .recorded import measured_points, plot_recorded, quoted_figures, summary
 from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "launch_gqa", "launch_decode", "decode_block_m", "paged_cache",
@@ -25,7 +25,7 @@ __all__ = ["CHAPTER", "launch_gqa", "launch_decode", "decode_block_m", "paged_ca
            "check_decode_kernel", "check_validate_decode", "gqa_cases", "decode_cases",
            "validate_decode_cases", "MODELS", "kv_cache_bytes", "kv_table", "kv_table_markdown",
            "decode_intensity", "example_points", "plot_roofline", "plot_mfold",
-           "plot_paged_cache", "summary", "plot_recorded"]
+           "plot_paged_cache", "summary", "plot_recorded", "measured_points"]
 
 CHAPTER = Chapter(
     id="ch5",

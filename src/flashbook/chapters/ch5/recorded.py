@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from .figures import decode_intensity, prefill_intensity
+
 
 def _row(rows, kernel, *, causal=None, decode=False, B=None, note=""):
     for r in rows:
@@ -95,3 +97,16 @@ def quoted_figures(rows) -> list[str]:
         f"one sequence of 131072 keys reads at {one.gbps:.0f} GB/s, where cuDNN reaches "
         f"{cudnn1.gbps:.0f}",
     ]
+
+
+def measured_points(rows) -> list:
+    """(label, FLOP per byte of K/V, measured TFLOP/s) of the chapter's recorded decode (B=32)
+    and non-causal prefill, for ``plot_roofline`` (cuDNN's lie on the same verticals)."""
+    out = []
+    r = _row(rows, "ch5_decode", decode=True, B=32)
+    if r:
+        out.append(("our decode", decode_intensity(r.H_q, r.H_kv, r.N_q, r.N_k, r.d), r.tflops))
+    r = _row(rows, "ch5_mfold", causal=False, decode=False)
+    if r:
+        out.append(("our prefill", prefill_intensity(r.H_q, r.H_kv, r.N_q, r.d), r.tflops))
+    return out
