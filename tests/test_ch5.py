@@ -21,7 +21,8 @@ def solution():
     return sources.solution_namespace("ch5", ROOT)
 
 
-@pytest.mark.parametrize("wrapper", ["attention_gqa", "attention_gqa_per_head"])
+@pytest.mark.parametrize("wrapper", ["attention_gqa", "attention_gqa_per_head",
+                                     "attention_gqa_two_tiles"])
 def test_prefill_wrappers_match_the_reference(solution, wrapper):
     case = AttnCase("t", seqlens=(9, 0, 30), seqlens_k=(12, 3, 30), H_q=8, H_kv=2, d=16,
                     causal=True)
@@ -87,10 +88,13 @@ ptr = dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", CU_Q="*i32",
 res = []
 for cc in (75, 90):
     cfg = pick_config(128, torch.float16, (cc // 10, cc % 10))
+    two = pick_config(128, torch.float16, (cc // 10, cc % 10), two_tiles=True)   # as launched
     for kernel, const, warps, stages in (
             ("attn_gqa_kernel", dict(GROUP=4, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N),
              cfg.num_warps, cfg.num_stages),
-            ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=64), 4, 3)):
+            ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=64), 4, 3),
+            ("attn_gqa_two_tiles", dict(GROUP=4, BLOCK_M=two.BLOCK_M, BLOCK_N=two.BLOCK_N),
+             two.num_warps, two.num_stages)):
         const.update(HEAD_DIM=128, DOT_PRECISION="tf32")
         k = ns[kernel]
         c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
@@ -105,6 +109,6 @@ print("RESULT" + json.dumps(res))
 def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     from flashbook.chapters.ch3 import SHARED_MEMORY_PER_BLOCK
     res = compile_script(AOT_SCRIPT, tmp_path)
-    assert len(res) == 4
+    assert len(res) == 6
     for r in res:
         assert r["shared"] <= SHARED_MEMORY_PER_BLOCK[(r["cc"] // 10, r["cc"] % 10)], r

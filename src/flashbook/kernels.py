@@ -4,7 +4,8 @@ chapters to build on (import this module after ``flashbook.setup()``: it imports
 * ``program_tile``: which query tile and which (sequence, head) pair a program takes, walking
   sections of pairs with their longest rows first (Chapter 4, Section 4).
 * ``attn_scores``, ``attn_update``, ``attn_step``: one K/V tile of the online softmax, with or
-  without a mask (Chapter 3's loop body, Chapter 4's masked version).
+  without a mask (Chapter 3's loop body, Chapter 4's masked version); ``attn_two_tile_step``:
+  the same for two query tiles, ordered so each softmax overlaps the other's matmul.
 * ``visible_pairs``, ``key_tiles``: the bottom-right causal / sliding-window mask of a tile, and
   the key tiles a program visits with the full ones among them (Chapter 4, Exercise 2a).
 """
@@ -62,6 +63,20 @@ def attn_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, kv_ok, visible, qk_scale,
     """One K/V tile: scores, then the update."""
     s = attn_scores(q, k_ptrs, kv_ok, visible, MASKED, DOT_PRECISION)
     return attn_update(acc, l_i, m_i, s, v_ptrs, kv_ok, qk_scale, MASKED, DOT_PRECISION)
+
+
+@triton.jit
+def attn_two_tile_step(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs, v_ptrs, kv_ok,
+                       vis_a, vis_b, qk_scale, MASKED: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    """One K/V tile for two query tiles, ordered so each softmax overlaps the other's matmul."""
+    s_a = attn_scores(q_a, k_ptrs, kv_ok, vis_a, MASKED, DOT_PRECISION)
+    s_b = attn_scores(q_b, k_ptrs, kv_ok, vis_b, MASKED, DOT_PRECISION)
+    acc_a, l_a, m_a = attn_update(acc_a, l_a, m_a, s_a, v_ptrs, kv_ok, qk_scale, MASKED,
+                                  DOT_PRECISION)
+    acc_b, l_b, m_b = attn_update(acc_b, l_b, m_b, s_b, v_ptrs, kv_ok, qk_scale, MASKED,
+                                  DOT_PRECISION)
+    return acc_a, l_a, m_a, acc_b, l_b, m_b
 
 
 @triton.jit

@@ -65,7 +65,8 @@ PAGE_SIZES = (256, 64)
 READ_BYTES, COPY_BYTES = 4 * 2**30, 2 * 2**30
 MATH_LIMIT = 2**30                       # bytes of fp32 S past which sdpa_math is skipped
 KERNELS = [("ch5_mfold", "reference", "attention_gqa"),
-           ("ch5_per_head", "variant", "attention_gqa_per_head")]
+           ("ch5_per_head", "variant", "attention_gqa_per_head"),
+           ("ch5_mfold_two_tiles", "variant", "attention_gqa_two_tiles")]
 
 
 # ------------------------------------------------------------------ helpers (CPU-testable)

@@ -29,8 +29,10 @@ __all__ = ["launch_gqa", "launch_decode", "decode_block_m", "paged_cache", "vali
 
 def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                max_seqlen_k: int, *, window: tuple[int, int], scale: float | None = None,
-               config: Config | None = None, sections: int | None = None, out=None):
-    """Launch the M-fold prefill kernel; returns (O, LSE (h_q, total_q)).
+               config: Config | None = None, sections: int | None = None, out=None,
+               two_tiles: bool = False):
+    """Launch the M-fold prefill kernel (``two_tiles``: its two-tile form, whose BLOCK_M holds
+    both tiles); returns (O, LSE (h_q, total_q)).
 
     Grid: ``(cdiv(max_seqlen_q, BLOCK_M // G) * S, batch * h_kv // S)``: Chapter 4's sections,
     over (sequence, K/V head) pairs. ``window``: non-negative ``(left, right)``
@@ -44,9 +46,11 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         raise ValueError(f"{name}: need d in {HEAD_DIMS} and h_q a multiple of h_kv, got d={d}, "
                          f"h_q={h_q}, h_kv={h_kv}.")
     G = h_q // h_kv
-    cfg = config or pick_config(d, q.dtype, current().capability)
-    if cfg.BLOCK_M % G or cfg.BLOCK_M < 16:
-        raise ValueError(f"{name}: BLOCK_M={cfg.BLOCK_M} must be a multiple of G={G} (and >= 16).")
+    cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
+    tiles = 2 if two_tiles else 1
+    if cfg.BLOCK_M % (tiles * G) or cfg.BLOCK_M // tiles < 16:
+        raise ValueError(f"{name}: BLOCK_M={cfg.BLOCK_M} must be a multiple of {tiles} x G={G} "
+                         f"with tiles of at least 16 rows.")
     scale = validate_scale(scale, d, name)
     o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
                      torch.empty((h_q, total_q), dtype=torch.float32, device=q.device))
