@@ -44,3 +44,10 @@ def compile_script(body: str, tmp_path: Path) -> list:
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.split("RESULT", 1)[1])
+
+
+def too_big(results: list) -> list:
+    """The compiled kernels (rows with ``cc`` and ``shared``) that need more shared memory than
+    one block of that GPU may use (``SHARED_MEMORY_PER_BLOCK``)."""
+    from flashbook.chapters.ch3 import SHARED_MEMORY_PER_BLOCK
+    return [r for r in results if r["shared"] > SHARED_MEMORY_PER_BLOCK[divmod(r["cc"], 10)]]

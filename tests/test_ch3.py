@@ -11,7 +11,7 @@ from flashbook import sources
 from flashbook.chapters import ch3
 from flashbook.check import CheckFailure
 
-from aot_compile import compile_script
+from aot_compile import compile_script, too_big
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {v.name: v for v in ch3.VARIANTS}
@@ -195,9 +195,6 @@ for cc in (75, 80, 90):
 print("RESULT" + json.dumps(res))
 '''
 
-# Shared memory per block, the limit a kernel can use (NVIDIA's table; one value, in launch.py).
-LIMITS = {cc[0] * 10 + cc[1]: b for cc, b in ch3.SHARED_MEMORY_PER_BLOCK.items()}
-
 
 def test_shared_memory_limits_are_the_per_block_values():
     assert ch3.SHARED_MEMORY_PER_BLOCK[(8, 0)] == 163 * 1024 == 166912       # A100 (SM: 164 KB)
@@ -210,6 +207,5 @@ def test_shared_memory_limits_are_the_per_block_values():
 @pytest.mark.slow
 def test_kernels_compile_for_t4_a100_h100_and_fit_shared_memory(tmp_path):
     res = compile_script(AOT_SCRIPT, tmp_path)
-    too_big = [r for r in res if r["shared"] > LIMITS[r["cc"]]]
-    assert not too_big, f"configs that do not fit shared memory: {too_big}"
+    assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
     assert len(res) == 20
