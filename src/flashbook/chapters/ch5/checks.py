@@ -17,6 +17,7 @@ from flashbook.check import CheckFailure, assert_close, check_argument_errors, c
     no_nan, report, require_implemented, run_student
 from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, tiles, \
     with_canaries
+from flashbook.chapters.ch4.launch import window_bounds
 from flashbook.device import current
 
 from .launch import Config, decode_block_m, launch_decode, paged_cache
@@ -74,7 +75,8 @@ def _count_loads(wrapper, hidden: bool) -> str:
                     guard=True)
     cu_q, cu_k, max_q, seq_index = counter.layout
     G = case.H_q // case.h_kv
-    window = (max_q + max(cu_k[i + 1] - cu_k[i] for i in range(len(cu_k) - 1)), 0)
+    max_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    window = window_bounds(case.window or (-1, -1), case.causal, max_q, max_k)
     want = expected_loads((cu_q, cu_k, max_q, seq_index, window, 1), case.h_kv,
                           cfg.BLOCK_M // G, cfg.BLOCK_N)
     need = sum(t for t, _ in want.values())
