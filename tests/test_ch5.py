@@ -23,12 +23,15 @@ def solution():
 
 @pytest.mark.parametrize("wrapper", ["attention_gqa", "attention_gqa_per_head",
                                      "attention_gqa_two_tiles"])
-def test_prefill_wrappers_match_the_reference(solution, wrapper):
+@pytest.mark.parametrize("causal, window", [(True, (-1, -1)), (False, (-1, -1)), (False, (4, 2))])
+def test_prefill_wrappers_match_the_reference(solution, wrapper, causal, window):
+    """Ragged lengths, so the last key tile is partial: with no mask and no window the two-tile
+    kernel masks it on its keys alone (WINDOWED False)."""
     case = AttnCase("t", seqlens=(9, 0, 30), seqlens_k=(12, 3, 30), H_q=8, H_kv=2, d=16,
-                    causal=True)
+                    causal=causal, window=None if window == (-1, -1) else window)
     q, k, v = make_inputs(case, 4)
     o, lse = solution[wrapper](q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 30, 30,
-                               causal=True)
+                               causal=causal, window_size=window)
     want, want_lse = expected(case, q, k, v)
     torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-4, rtol=1e-4)
@@ -82,6 +85,7 @@ def test_validate_packed_names_the_argument(change, text):
 
 AOT_SCRIPT = r'''
 from flashbook.chapters.ch3 import pick_config
+from flashbook.chapters.ch5 import decode_config
 ns = sources.solution_namespace("ch5")
 ptr = dict(Q="*fp16", K="*fp16", V="*fp16", O="*fp16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
            CACHE_SEQLENS="*i32", BLOCK_TABLE="*i32", qk_scale="fp32")
@@ -89,12 +93,14 @@ res = []
 for cc in (75, 90):
     cfg = pick_config(128, torch.float16, (cc // 10, cc % 10))
     two = pick_config(128, torch.float16, (cc // 10, cc % 10), two_tiles=True)   # as launched
+    dec = decode_config((cc // 10, cc % 10))
     for kernel, const, warps, stages in (
             ("attn_gqa_kernel", dict(GROUP=4, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N),
              cfg.num_warps, cfg.num_stages),
-            ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=64), 4, 3),
-            ("attn_gqa_two_tiles", dict(GROUP=4, BLOCK_M=two.BLOCK_M, BLOCK_N=two.BLOCK_N),
-             two.num_warps, two.num_stages)):
+            ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=dec[0]), dec[1],
+             dec[2]),
+            ("attn_gqa_two_tiles", dict(GROUP=4, BLOCK_M=two.BLOCK_M, BLOCK_N=two.BLOCK_N,
+                                        WINDOWED=True), two.num_warps, two.num_stages)):
         const.update(HEAD_DIM=128, DOT_PRECISION="tf32")
         k = ns[kernel]
         c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),

@@ -6,12 +6,14 @@ GPU run (``flashbook bench ch5``): fp16, d = 128, h_q = 32 query heads sharing h
 heads (G = 4), in one process on one GPU, timed by ``ch4.benchmark.measure``: replayed from a
 CUDA graph (launched from Python where a call cannot be captured, the note saying so); a row
 that fails (refused inputs, out of memory, ...) has ``ms`` empty and a note saying why. Our
-wrappers run once with their argument checks (that call's O is compared), then are timed with
-``validate_gqa`` and ``validate_decode`` (host syncs) made no-ops (``ch4.benchmark.unchecked``).
+wrappers run once (that call's O is compared), then are timed, with ``validate_gqa`` and
+``validate_decode`` (host syncs) made no-ops (``quiet``).
 
-1. Prefill, (B, h_q, h_kv, N, d) = (1, 32, 8, 16384, 128), causal and not: ``ch5_mfold``
-   (reference, ``attention_gqa`` on the packed ``q.view(B*N, h_q, d)``), ``ch5_per_head``
-   (variant, ``attention_gqa_per_head``: K/V read G times); on contiguous (B, h, N, d) copies,
+1. Prefill, (B, h_q, h_kv, N, d) = (1, 32, 8, 16384, 128), causal and not, on the packed
+   ``q.view(B*N, h_q, d)``: ``ch5_two_tiles`` (reference, ``attention_gqa_two_tiles``),
+   ``ch5_mfold`` (variant, ``attention_gqa``, the one-tile kernel of Exercise 1),
+   ``ch5_per_head`` (variant, ``attention_gqa_per_head``: that kernel on K/V repeated per
+   query head, the ``repeat_interleave`` inside the timing); on contiguous (B, h, N, d) copies,
    SDPA with ``enable_gqa=True`` on each backend (rows ``sdpa_cudnn``, ``sdpa_flash``,
    ``sdpa_efficient``, ``sdpa_math``; a refusal's note gives torch's reason; math is skipped
    where its fp32 S passes 1 GiB), ``sdpa_cudnn`` on K/V expanded to h_q heads by
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import warnings
 
 import torch
@@ -64,9 +67,9 @@ LONG = (1, 32, 8, 131072, 128)           # batch 1, long context
 PAGE_SIZES = (256, 64)
 READ_BYTES, COPY_BYTES = 4 * 2**30, 2 * 2**30
 MATH_LIMIT = 2**30                       # bytes of fp32 S past which sdpa_math is skipped
-KERNELS = [("ch5_mfold", "reference", "attention_gqa"),
-           ("ch5_per_head", "variant", "attention_gqa_per_head"),
-           ("ch5_mfold_two_tiles", "variant", "attention_gqa_two_tiles")]
+KERNELS = [("ch5_two_tiles", "reference", "attention_gqa_two_tiles"),
+           ("ch5_mfold", "variant", "attention_gqa"),
+           ("ch5_per_head", "variant", "attention_gqa_per_head")]
 
 
 # ------------------------------------------------------------------ helpers (CPU-testable)
@@ -108,11 +111,19 @@ def measure(kernel, role, setup, *, B, H_q, H_kv, N_q, N_k, d, causal, flops, nb
 
 
 def quiet(ns: dict) -> dict:
-    """The namespace to hand ``ch4.benchmark.ours``: its checked call runs the wrapper as it
-    is, and the ``unchecked`` copy it times sees these no-op validators (host syncs)."""
+    """The namespace to hand ``ch4.benchmark.ours``, with no-op validators (host syncs no CUDA
+    graph can capture) and every solution function rebound to it, so a wrapper that calls
+    another (``attention_gqa_per_head`` calls ``attention_gqa``) skips the checks too."""
     def noop(*a, **kw):
         return None
-    return {**ns, "validate_gqa": noop, "validate_decode": noop}
+    out = {**ns, "validate_gqa": noop, "validate_decode": noop}
+    for name, f in ns.items():
+        if isinstance(f, types.FunctionType) and f.__globals__ is ns and \
+                name not in ("validate_gqa", "validate_decode"):
+            g = types.FunctionType(f.__code__, out, f.__name__, f.__defaults__, f.__closure__)
+            g.__kwdefaults__ = f.__kwdefaults__
+            out[name] = g
+    return out
 
 
 def sdpa_gqa(backend: str, causal: bool = False, gqa: bool = True):

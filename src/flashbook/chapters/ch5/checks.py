@@ -103,11 +103,11 @@ def check_gqa_prefill(attention_gqa, hidden: bool = False):
 
 # ------------------------------------------------------------- Exercise 2: the row lookup
 
-def _rows_probe(OUT, BLOCK_TABLE, b, start_n, rows_per_seq, stride_bt, CACHE_ROWS: tl.constexpr,
-                PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rows_probe(OUT, BLOCK_TABLE, b, start_n, cache_len, rows_per_seq, stride_bt,
+                CACHE_ROWS: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
-    tl.store(OUT + offs_n, CACHE_ROWS(BLOCK_TABLE, b, start_n, offs_n, rows_per_seq, stride_bt,
-                                      PAGED))
+    tl.store(OUT + offs_n, CACHE_ROWS(BLOCK_TABLE, b, start_n + offs_n, cache_len, rows_per_seq,
+                                      stride_bt, PAGED))
 
 
 @functools.cache
@@ -117,38 +117,45 @@ def _rows_probe_kernel():
 
 def check_cache_rows(cache_rows, hidden: bool = False):
     """Exercise 2: the rows of a contiguous cache (b * max_len + key) and of a paged one
-    (block_table[b, key // page] * page + key % page), tile by tile."""
+    (block_table[b, key // page] * page + key % page) for every key below the sequence's
+    length, tile by tile, with tiles that span pages and run past the last page. The page
+    table is exactly (B, max_pages): a lookup for a key past the length reads past its end,
+    which the guard reports."""
     require_implemented(cache_rows, "cache_rows")
     probe = _rows_probe_kernel()
     dev = current().device
     g = torch.Generator().manual_seed(5)
-    layouts = [("contiguous, max_len=64", 3, 64, None, 16),
-               ("paged, pages of 16, shuffled", 3, 16, 4, 16),
-               ("paged, pages of 32, tiles of 16", 2, 32, 3, 16)]
+    # (name, lengths, rows_per_seq, pages per sequence (None: contiguous), BLOCK_N)
+    layouts = [("contiguous, max_len=64", (64, 21, 1), 64, None, 16),
+               ("paged, pages of 16, tiles of 16", (40, 48, 3), 16, 3, 16),
+               ("paged, pages of 16, tiles of 64 (four pages a tile)", (40, 17, 48), 16, 3, 64)]
     if hidden:
-        layouts += [("paged, pages of 64, tiles of 32", 4, 64, 2, 32)]
+        layouts += [("paged, pages of 32, tiles of 128", (100, 33, 1, 64), 32, 4, 128),
+                    ("paged, pages of 64, tiles of 32", (128, 70), 64, 2, 32)]
     n = 0
-    for name, B, rows_per_seq, pages, BN in layouts:
+    for name, lengths, rows_per_seq, pages, BN in layouts:
+        B = len(lengths)
         table = torch.randperm(B * (pages or 1), generator=g).view(B, -1).to(torch.int32)
         table = table.to(dev) if pages else torch.zeros((B, 1), dtype=torch.int32, device=dev)
-        keys = rows_per_seq * (pages or 1)
-        for b in range(B):
-            for start_n in range(0, keys, BN):
+        for b, length in enumerate(lengths):
+            for start_n in range(0, length, BN):
                 out = torch.empty(BN, dtype=torch.int32, device=dev)
-                what = f"cache_rows, {name}, sequence {b}, keys {start_n}-{start_n + BN - 1}"
-                run_student(lambda: probe[(1,)](out, table, b, start_n, rows_per_seq,
+                what = f"cache_rows, {name}, sequence {b} (length {length}), keys " \
+                       f"{start_n}-{start_n + BN - 1}"
+                run_student(lambda: probe[(1,)](out, table, b, start_n, length, rows_per_seq,
                                                 table.stride(0), CACHE_ROWS=cache_rows,
                                                 PAGED=pages is not None, BLOCK_N=BN),
                             what=what, guard=True)
-                key = torch.arange(start_n, start_n + BN)
+                key = torch.arange(start_n, min(start_n + BN, length))
                 want = (table[b, key // rows_per_seq].cpu() * rows_per_seq + key % rows_per_seq
                         if pages else b * rows_per_seq + key)
-                if not torch.equal(out.cpu().long(), want.long()):
+                got = out.cpu()[:len(key)].long()
+                if not torch.equal(got, want.long()):
                     raise CheckFailure(
-                        f"{what}: rows {out.cpu().tolist()[:6]}..., expected "
+                        f"{what}: rows {got.tolist()[:6]}..., expected "
                         f"{want.tolist()[:6]}...\n  Hint: " + (
-                            "the page is block_table[b, start_n // page_size] (one load per "
-                            "tile), the row page * page_size + start_n % page_size + offs_n."
+                            "each key's page is block_table[b, key // page_size] (a tile may "
+                            "span pages), its row page * page_size + key % page_size."
                             if pages else "sequence b's keys start at row b * rows_per_seq."))
                 n += 1
     report("cache_rows (contiguous and paged)", n, hidden=hidden)
@@ -157,17 +164,22 @@ def check_cache_rows(cache_rows, hidden: bool = False):
 # ---------------------------------------------------------------- Exercise 3: decode
 
 def decode_cases(hidden: bool = False):
-    """(name, B, n_new, h_q, h_kv, d, lengths, max_len, page_size or None, dtype)."""
+    """(name, B, n_new, h_q, h_kv, d, lengths, max_len, page_size or None, dtype, BLOCK_N or
+    None: the launcher's)."""
     cases = [("contiguous, G=4, one new token", 3, 1, 8, 2, 16, (40, 1, 64), 64, None,
-              torch.float32),
+              torch.float32, None),
              ("paged (16), G=4, two new tokens", 3, 2, 8, 2, 16, (40, 2, 33), 48, 16,
-              torch.float32),
-             ("MQA, paged (32), float16", 2, 1, 4, 1, 32, (64, 17), 64, 32, torch.float16)]
+              torch.float32, None),
+             ("paged (16), tiles of 32 keys spanning pages", 2, 1, 4, 2, 16, (45, 64), 64, 16,
+              torch.float32, 32),
+             ("MQA, paged (32), float16", 2, 1, 4, 1, 32, (64, 17), 64, 32, torch.float16, None)]
     if hidden:
         cases += [("contiguous, G=8, 3 new tokens, d=64", 2, 3, 8, 1, 64, (19, 3), 32, None,
-                   torch.float32),
+                   torch.float32, None),
                   ("paged (16), G=1, lengths at page edges", 3, 1, 2, 2, 16, (16, 32, 17), 48,
-                   16, torch.float32)]
+                   16, torch.float32, None),
+                  ("paged (16), tiles of 64 keys over 4 pages", 2, 2, 8, 2, 16, (50, 64), 64,
+                   16, torch.float32, 64)]
     return cases
 
 
@@ -197,7 +209,7 @@ def check_decode_kernel(kernel, hidden: bool = False):
     past a sequence's length hold NaN, so reading one poisons the output."""
     require_implemented(kernel, "decode_kernel")
     n = 0
-    for i, (name, B, n_new, h_q, h_kv, d, lengths, max_len, page, dtype) in \
+    for i, (name, B, n_new, h_q, h_kv, d, lengths, max_len, page, dtype, block_n) in \
             enumerate(decode_cases(hidden)):
         q = seeded((B, n_new, h_q, d), 40 + i, dtype)
         k, v = _cache(B, max_len, h_kv, d, lengths, dtype, 50 + 2 * i)
@@ -209,9 +221,10 @@ def check_decode_kernel(kernel, hidden: bool = False):
             table = table.to(q.device)
         rows = decode_block_m(h_q // h_kv, n_new)
         what = (f"decode kernel, case '{name}' (B={B}, n_new={n_new}, h_q={h_q}, h_kv={h_kv}, "
-                f"d={d}, lengths {list(lengths)}, {str(dtype)[6:]}; {rows} rows per tile)")
-        o, lse = run_student(launch_decode, kernel, q, k, v, seqlens, table, what=what,
-                             guard=True)
+                f"d={d}, lengths {list(lengths)}, {str(dtype)[6:]}; {rows} rows per tile"
+                + (f", {block_n} keys" if block_n else "") + ")")
+        o, lse = run_student(launch_decode, kernel, q, k, v, seqlens, table, block_n=block_n,
+                             what=what, guard=True)
         no_nan(o, what + ", O (NaN: a slot past cache_seqlens was read, or a wrong page)")
         assert_close(o, want_o.to(o.device), what=what + ", O", dims=("b", "new", "head", "col"),
                      dtype=dtype, hint=_HINT.replace("m0 + r // GROUP", "new token r // GROUP")

@@ -15,12 +15,18 @@ VARIANTS = (
     ), expect='once per query head'),    # right numbers, G times the K/V traffic
     # ----------------------------------------------------------------- ch5_cache_rows
     Variant('page_lookup_off_by_one', 'ch5_cache_rows', (
-        ('start_n // rows_per_seq)', 'start_n // rows_per_seq + 1)'),
+        ('keys // rows_per_seq,', 'keys // rows_per_seq + 1,'),
     ), expect='cache_rows, paged'),
     Variant('page_offset_ignores_position_in_page', 'ch5_cache_rows', (
-        ('return page * rows_per_seq + start_n % rows_per_seq + offs_n',
-         'return page * rows_per_seq + offs_n'),
+        ('return page * rows_per_seq + keys % rows_per_seq',
+         'return page * rows_per_seq + keys'),
     ), expect='cache_rows, paged'),
+    Variant('page_lookup_once_per_tile', 'ch5_cache_rows', (
+        ('keys // rows_per_seq,', 'tl.min(keys, 0) // rows_per_seq + 0 * keys,'),
+    ), expect='tiles of 64'),            # right while a tile sits in one page
+    Variant('page_lookup_past_the_length', 'ch5_cache_rows', (
+        ('mask=keys < cache_len, other=0)', ')'),
+    ), expect='cache_rows, paged'),      # reads the table past its last entry
     # ----------------------------------------------------------------- ch5_decode_kernel
     Variant('decode_reads_past_cache_seqlens', 'ch5_decode_kernel', (
         ('            cols < cache_len, visible_pairs(t, cols, n_new, cache_len, window_left, '
