@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import datetime
 import importlib
+import importlib.metadata
 import json
 import math
 import platform
@@ -132,6 +133,11 @@ def provenance(command: str, graph_timer: bool = False) -> dict:
             info[mod] = importlib.import_module(mod).__version__
         except (ImportError, AttributeError):
             info[mod] = None
+    for dist in ("jax", "jaxlib"):            # read without importing: JAX would claim the GPU
+        try:
+            info[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            info[dist] = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = props.name

@@ -1,0 +1,622 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 6: The Hopper design (FlashAttention-3)
+#
+# **What you will learn**
+# - What changed on Hopper (H100, H200) and why a FlashAttention-2-style kernel leaves a third
+#   of the tensor cores idle there: TMA bulk copies that complete on mbarriers with transaction
+#   counts, `wgmma` reading its operands from shared memory and accumulating asynchronously,
+#   227 KB of shared memory per block, and register reallocation between warpgroups
+#   (`setmaxnreg`).
+# - The FlashAttention-3 structure {cite}`shah2024flashattention3`: a producer warpgroup that only
+#   issues TMA loads into a ring of K/V stages guarded by *full* and *consumed* barriers; two
+#   consumer warpgroups, each with its own Q tile; **ping-pong**, so one warpgroup's softmax runs
+#   while the other's matrix multiplies hold the tensor cores; the overlap of softmax(j) with
+#   QK^T(j+1) inside a warpgroup; the causal loop split; and the shared-memory limit that rules
+#   configurations out.
+# - How to write such a kernel and have it checked on a laptop: JAX Pallas Mosaic GPU's
+#   interpret mode runs warp-specialized, barrier-driven kernels on a CPU and reports races and
+#   barrier misuse.
+#
+# **What you need**: Chapters 3 and 4 (the online softmax, two query tiles per program).
+# The exercises run on any machine: Exercise 1 in JAX's interpret mode (`pip install
+# "jax>=0.10.2" absl-py`, no GPU needed), Exercises 2 and 3 in plain Python. The chapter's kernel runs
+# for real on an H100 or H200.
+#
+# **Exercises** (11 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
+# schedule of one producer and two consumers, (2a) the ring's barriers (3) and (2b) the
+# consumers' ping-pong (2); (3) a config planner for the chapter's kernel (3).
+
+# %%
+import flashbook as fb
+backend = fb.setup()
+import torch
+from flashbook.chapters.ch6 import planner
+
+# %% [markdown]
+# ## 1. What changed on Hopper
+#
+# Chapter 3's Triton kernel issues its loads, waits for them, multiplies, and repeats; the
+# compiler overlaps what it can. On an A100 that is close to the best one can do. Hopper adds
+# four pieces of hardware that a kernel must *schedule* to use fully.
+#
+# **TMA, the Tensor Memory Accelerator.** One thread describes a whole tile (a base, a shape, the
+# strides: a *tensor descriptor*) and the copy engine moves it from global to shared memory,
+# computing every address itself. The threads that asked are free at once. The copy announces
+# its completion on an **mbarrier**, a 64-bit object in shared memory that counts two things:
+# thread *arrivals* and transferred *bytes*. The waiter sets how many bytes to expect
+# (`expect_tx`), the copy engine counts them down, and the barrier's **phase** flips when both
+# counts reach zero. A waiter names the phase it waits for (its parity), so one barrier can be
+# reused round after round, as long as no one falls a whole phase behind.
+#
+# **wgmma, the warpgroup matrix multiply.** Four warps (128 threads, a *warpgroup*) issue one
+# `m64nNk16` multiply together, reading B, and optionally A, straight from shared memory, and
+# accumulating into registers. It is **asynchronous**: the instruction returns before the
+# multiply is done, and `wgmma.wait_group(n)` waits until at most n groups are in flight. Work
+# issued between the two runs while the tensor cores multiply.
+#
+# **227 KB of shared memory per block** (232,448 bytes of the SM's 228 KB), against 163 KB on an
+# A100: room for two 128-row Q tiles and several stages of K and V.
+#
+# **Register reallocation.** An SM has 65,536 registers. A warpgroup can give some back
+# (`setmaxnreg.dec`) and another can take them (`setmaxnreg.inc`): the producer warpgroup, which
+# only issues copies, keeps 24-40 registers per thread, and the two consumer warpgroups, which
+# hold 128 x d fp32 accumulators, get 232-240.
+#
+# A kernel in which every warp loads, multiplies and does the softmax in turn cannot keep the
+# tensor cores busy while it computes exponentials: an H100 does 989 TFLOP/s of fp16 matrix
+# multiply but only 3.9 TFLOP/s of exponentials, so at d = 128, with 512 times more multiply
+# FLOPs than exponentials, the exponentials alone can take half as long as the GEMMs
+# {cite}`shah2024flashattention3`. FlashAttention-3's answer is
+# to give each job to its own warpgroup and let barriers order them.
+
+# %% [markdown]
+# ## 2. The FlashAttention-3 structure
+#
+# One program (a CTA of three warpgroups) computes two 128-row query tiles of one head:
+#
+# - **The producer** (warpgroup 0) loads Q once, then walks the K/V tiles: for step j it waits
+#   until ring slot `j % stages` has been *consumed* by both consumers, tells the slot's *full*
+#   barrier how many bytes are coming, and issues the TMA copies of K_j and V_j onto it.
+# - **The consumers** (warpgroups 1 and 2) each own a Q tile. For step j a consumer waits on the
+#   slot's full barrier, computes S = Q K_j^T (wgmma), the online-softmax update of Chapter 3
+#   (in base 2: `exp2`, with m kept in log2 units), then O += P V_j (wgmma, P staged through
+#   shared memory or held in registers), and arrives on the slot's consumed barrier. The
+#   consumed barrier expects **two** arrivals, one per consumer: the producer may refill the
+#   slot only when both are done with it.
+# - **Ping-pong.** The two consumers share the tensor cores. A pair of *schedule barriers* makes
+#   them take turns: consumer 1 issues its GEMMs while consumer 2 computes its softmax, then
+#   they swap. With GEMM time g and softmax time s per step, one consumer alone keeps the tensor
+#   cores busy g/(g+s) of the time; two in ping-pong reach min(1, 2g/(g+s)).
+# - **Intra-warpgroup overlap.** Inside one consumer, the QK^T of step j+1 is issued before the
+#   softmax of step j, so the multiply runs while the exponentials are computed.
+# - **Causal.** Tiles wholly below the diagonal need no mask, tiles on it do, tiles above it
+#   are skipped: the loop is split into those sections, as in Chapter 4.
+#
+# Exercise 1 builds the K/V ring in Pallas Mosaic GPU; Exercise 2 simulates the schedule and
+# measures what ping-pong buys; Exercise 3 plans a configuration within the hardware limits;
+# and the chapter's fastest kernel puts it all together in Triton's Gluon dialect.
+
+# %% [markdown]
+# ## 3. The K/V ring in Pallas Mosaic GPU
+#
+# On Hopper, FlashAttention-3 splits a CTA's warpgroups (128 threads each) into roles. One
+# **producer** warpgroup does nothing but move K and V tiles from global memory (GMEM) into
+# shared memory (SMEM) with the **TMA**, the copy engine: a single thread issues a copy of a
+# whole tile and goes on, and the hardware signals an **mbarrier** when the bytes have landed.
+# The **consumer** warpgroups run the matmuls and the softmax on the tiles. For the two to
+# overlap, the producer must run ahead: SMEM holds a **ring** of `stages` slots, tile `i` goes
+# into slot `i % stages`, and while the consumers work on tile `i` the next tiles are already
+# on their way.
+#
+# A ring needs two barriers per slot:
+#
+# | barrier | arrivals to complete a phase | who arrives | who waits | meaning |
+# |---|---|---|---|---|
+# | `full[s]` | 1 | the TMA copy into slot `s` | each consumer, before reading slot `s` | the tile has landed |
+# | `consumed[s]` | one per consumer warpgroup | each consumer, after reading slot `s` | the producer, before refilling slot `s` | everyone is done with the tile |
+#
+# An mbarrier counts arrivals; when the count is reached the barrier **completes a phase** and
+# resets. A wait waits for the *next* phase this warpgroup has not seen yet (the hardware
+# tracks a phase bit; Pallas keeps track of it for you). So the protocol is a strict
+# alternation, per slot: copy → `full` completes → consumers read → `consumed` completes →
+# the next copy into that slot, and so on.
+#
+# ```
+# producer:   copy t0→s0   copy t1→s1   wait consumed[s0]   copy t2→s0   wait consumed[s1]   copy t3→s1 ...
+#                 │ full[s0]    │ full[s1]        ▲                │ full[s0]       ▲
+# consumers:      ▼ read t0, arrive consumed[s0] ─┘  read t1, arrive consumed[s1] ──┘  read t2 ...
+# ```
+#
+# Two ways to get it wrong, and what each costs on a GPU:
+# * the producer refills a slot **without waiting** on `consumed`: the TMA overwrites a tile a
+#   consumer is still reading, and attention silently mixes two K tiles (no error, wrong
+#   numbers, only sometimes: a timing-dependent bug);
+# * a consumer **reads before its `full` wait** covers the copy into that slot (for example the
+#   copy signalled another slot's barrier): it reads a half-written tile.
+# A third one is a hang: a wait that no arrival will ever complete, such as waiting on
+# `consumed` before the very first copies (the consumers are waiting for those tiles).
+#
+# You can't run a Hopper kernel on a CPU, but JAX can *interpret* one: in **Pallas Mosaic GPU
+# interpret mode** every warpgroup is a thread, SMEM is a NumPy buffer, copies and barriers are
+# simulated, and with `detect_races=True` a race detector reports any two accesses to the same
+# SMEM words that no barrier orders, even when the timing happened to work out. It is also
+# strict about barriers: a phase must be waited for before the next one completes, and every
+# warpgroup that waits on a barrier must wait for **all** of its phases before the kernel ends.
+# So the producer must also **drain**: after its last copy, wait for the releases of the last
+# tiles, which no refill waited for (a persistent kernel that reuses the ring for its next work
+# tile needs exactly this, to keep its phase bits in step).
+#
+# The kernel around your code is given (`flashbook.chapters.ch6.ring`): warpgroups
+# `0 … num_consumers-1` are consumers (each waits on `full[slot]`, reads the tile into
+# registers, arrives on `consumed[slot]` at once, like FA3's early release of K, and adds the
+# tile, weighted by its step, to an accumulator); the last warpgroup runs your producer. The
+# Pallas calls you need:
+#
+# | call | does |
+# |---|---|
+# | `plgpu.copy_gmem_to_smem(src, dst, barrier)` | TMA copy of the GMEM ref `src` into the SMEM ref `dst`; arrives on `barrier` when it has landed |
+# | `plgpu.barrier_wait(barrier)` | wait for this warpgroup's next phase of `barrier` |
+# | `kv_gmem.at[pl.ds(start, size)]`, `ring.at[slot]`, `full.at[slot]` | sub-refs (rows, a slot, one barrier of an array) |
+# | `@pl.loop(lo, hi)` | a loop over a traced `int32` step (`lax.rem(step, stages)` is its slot) |
+# | `@pl.when(cond)` | run the decorated function only when `cond` (a traced bool) holds |
+#
+# `stages`, `steps` and `block` are Python ints, so a plain `for` loop over them unrolls.
+
+# %%
+from flashbook.chapters.ch6 import interpret, ring_checks
+try:                                  # the check runs your kernel in its own process; JAX must
+    import jax                        # be installed in this Python (no GPU needed)
+    from jax import lax
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+except ImportError:
+    print("JAX is not installed:", interpret.INSTALL)
+
+# %% [markdown]
+# **Exercise 1 (3 points).** Write the producer's loop: for each tile `i` (slot
+# `s = i % stages`), wait on `consumed[s]` when the slot still holds tile `i - stages`, then
+# issue the TMA copy of rows `i * block … (i + 1) * block - 1` of `kv_gmem` into `ring[s]`,
+# arriving on `full[s]`; after the loop, drain the final phases of `consumed`. About 10 lines.
+#
+# The check runs your producer in interpret mode, in a separate process with a time limit
+# (a misused barrier can hang the interpreter), with the race detector on, for rings of 2 and
+# 3 slots with more tiles than slots; the hidden tests add one consumer, fewer tiles than
+# slots, and other depths. A failure names the two racing accesses (your line and the
+# consumer's), the barrier that was misused, or the waits that were pending when the kernel
+# hung.
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_ring_producer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def kv_producer(kv_gmem, ring, full, consumed, *, stages: int, steps: int, block: int):
+    """The producer warpgroup of the K/V ring.
+
+    kv_gmem:  GMEM ref (steps * block, cols); tile i is its rows i * block ... (i + 1) * block - 1
+    ring:     SMEM ref (stages, block, cols); tile i goes into slot i % stages
+    full:     `stages` barriers of 1 arrival (the copy's): the slot's tile has landed
+    consumed: `stages` barriers of one arrival per consumer: the slot may be refilled
+    stages, steps, block: Python ints
+    """
+    ### BEGIN SOLUTION
+    @pl.loop(0, steps)
+    def _load(step):                                   # step: a traced int32
+        slot = lax.rem(step, stages)
+
+        @pl.when(step >= stages)                       # the slot still holds tile step - stages:
+        def _wait_for_release():                       # wait until every consumer is done
+            plgpu.barrier_wait(consumed.at[slot])
+
+        # TMA: GMEM -> SMEM; the copy arrives on the full barrier of the slot it fills
+        plgpu.copy_gmem_to_smem(kv_gmem.at[pl.ds(step * block, block)],
+                                ring.at[slot], full.at[slot])
+
+    # Drain: nothing waited for the releases of the last tiles, and every phase of a barrier
+    # must be waited for before the kernel ends (or before a persistent kernel reuses the ring).
+    for step in range(max(0, steps - stages), steps):
+        plgpu.barrier_wait(consumed.at[step % stages])
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_ring_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+ring_checks.check_kv_ring(kv_producer)
+### BEGIN HIDDEN TESTS
+ring_checks.check_kv_ring(kv_producer, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4. The schedule: one producer, two consumers, ping-pong
+#
+# FlashAttention-3 splits a CTA's warpgroups by role. One **producer** warpgroup does nothing but
+# issue TMA copies: it streams the K and V tiles of key step 0, 1, 2, ... into a ring of
+# `stages` shared-memory slots (step `k` goes to slot `k % stages`). Two **consumer** warpgroups,
+# each with its own tile of queries, read every step: a QK GEMM reads K, the online softmax runs
+# on the warpgroup's CUDA cores, a PV GEMM reads V. Nothing but barriers keeps them in order, and
+# a wrong barrier does not crash: it lets the producer overwrite a tile that a consumer is still
+# multiplying, or lets a consumer multiply a tile that has not arrived. On a GPU such a race
+# shows up as a wrong number once in a thousand runs, or as a hang.
+#
+# So we write the schedule against a model first. `flashbook.chapters.ch6.pipeline` simulates the
+# three warpgroups in time units: a TMA copy lands `tma` after it is issued, the two GEMMs of a
+# step take `qk` and `pv` on the tensor cores and the softmax takes `softmax` on the
+# warpgroup's own cores. The tensor cores are **one resource**: two GEMMs that run at the same
+# time share them and each runs at half speed. Each warpgroup is a Python generator that
+# `yield`s actions to the engine, which reports every hazard with the time, the warpgroups and
+# the barrier, and stops a deadlock instead of hanging.
+#
+# **Barriers** behave as Hopper's `mbarrier`s: `pipe.barrier(name, arrivals)` makes one whose
+# phase completes after `arrivals` arrivals; `yield pipe.arrive(bar)` is one arrival;
+# `yield pipe.wait(bar, parity)` returns once the latest phase of that **parity** has completed.
+# The parity is all a waiter gives: the phase a barrier completes in round `r` has parity
+# `r % 2`, and on a fresh barrier a wait for parity 1 returns at once (as if a phase −1 had
+# completed), which is how a first round waits for nothing.
+#
+# | action | what it does |
+# |---|---|
+# | `pipe.load(step, bar)` | TMA: K and V of `step` into slot `pipe.slot(step)`; one arrival on `bar` when they land |
+# | `pipe.qk(step)`, `pipe.pv(step)` | a GEMM on the tensor cores, reading K (or V) of `step` from its slot |
+# | `pipe.softmax(step)` | the online softmax of `step` (QK before softmax before PV, steps in order) |
+# | `pipe.slot(step)`, `pipe.phase(step)` | `step % stages`, and the parity `(step // stages) % 2` of the phase in which `step` lands |
+#
+# **2a, the ring (3 points).** Write `make_barriers(pipe)`, returning three lists: `full[s]`,
+# completed by the TMA when slot `s` holds its next step; `consumed[s]`, completed when **every**
+# consumer (`pipe.consumers` of them) is done with slot `s`; `turn[wg]`, one per consumer, for
+# 2b. Then `producer(pipe, full, consumed)`: for each step, wait until the consumers have released
+# the slot's previous step (round `r` of a slot waits for the phase completed in round `r − 1`;
+# in round 0 the parity trick above waits for nothing), then load the step. About 10 lines.
+#
+# **2b, the consumer and its ping-pong (2 points).** A consumer cannot start the PV GEMM of step
+# `k` before the softmax of step `k`, and the softmax keeps the tensor cores idle. FA3's answer is
+# to give the two consumers **turns**: a turn is one GEMM block, the PV GEMM of step `k − 1`
+# followed by the QK GEMM of step `k`, and while one warpgroup has its turn the other runs its
+# softmax. Write `consumer(pipe, wg, full, consumed, turn)` as a loop over blocks
+# `k = 0, ..., n_steps` (block 0 has no PV, block `n_steps` no QK and no softmax):
+#
+# 1. (`k < n_steps`) wait until step `k` has landed in its slot;
+# 2. (ping-pong) wait for your turn on `turn[wg]`: the warpgroups alternate, warpgroup 0 first,
+#    so in block `k` warpgroup `wg` waits for parity `(k + wg + 1) % 2` (for warpgroup 0 in
+#    block 0 that is parity 1 on a fresh barrier: no wait);
+# 3. (`k > 0`) the PV GEMM of step `k − 1`, then release its slot;
+# 4. (`k < n_steps`) the QK GEMM of step `k`;
+# 5. (ping-pong) pass the turn: arrive on the other warpgroup's `turn`;
+# 6. (`k < n_steps`) the softmax of step `k`.
+#
+# `turn` is `None` when the checks run without ping-pong (and with a single consumer): skip
+# steps 2 and 5 then. About 15 lines.
+#
+# The checks run your schedule for rings of 2 to 4 slots and 1 to 9 steps, with ping-pong, with
+# two consumers and no ping-pong, and with one consumer: no hazard, no deadlock, and every step
+# loaded once and consumed once by each consumer. Then they measure the tensor cores in the
+# steady state, leaving out the pipeline's fill and drain. With per-step GEMM time `g = qk + pv`
+# and softmax time `s`, a single warpgroup keeps them busy `g / (g + s)` of the time; two taking
+# turns fill one's softmax with the other's GEMMs, one period lasts `max(2g, g + s)` and the
+# tensor cores are busy `min(1, 2g / (g + s))` of it: at `g = s`, 100% against 50%.
+
+# %%
+from flashbook.chapters.ch6.pipeline import Timing, simulate
+from flashbook.chapters.ch6.pipeline_checks import check_pingpong, check_ring_protocol, \
+    plot_gantt
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_pipeline_ring", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def make_barriers(pipe):
+    """The shared barriers: full[s] (the TMA arrives once slot s holds its step), consumed[s]
+    (every consumer arrives once it is done with slot s), turn[wg] (one per consumer, ping-pong).
+    Returns (full, consumed, turn)."""
+    ### BEGIN SOLUTION
+    full = [pipe.barrier(f"full[{s}]", arrivals=1) for s in range(pipe.stages)]
+    consumed = [pipe.barrier(f"consumed[{s}]", arrivals=pipe.consumers)
+                for s in range(pipe.stages)]
+    turn = [pipe.barrier(f"turn[{wg}]", arrivals=1) for wg in range(pipe.consumers)]
+    return full, consumed, turn
+    ### END SOLUTION
+
+
+def producer(pipe, full, consumed):
+    """The producer warpgroup: loads steps 0..pipe.n_steps-1 into the ring, each only once the
+    consumers have released the slot's previous step."""
+    ### BEGIN SOLUTION
+    for step in range(pipe.n_steps):
+        slot = pipe.slot(step)
+        # round r waits for the release of round r - 1; in round 0 parity 1 passes at once
+        yield pipe.wait(consumed[slot], pipe.phase(step) ^ 1)
+        yield pipe.load(step, full[slot])
+    ### END SOLUTION
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_pipeline_consumer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def consumer(pipe, wg, full, consumed, turn=None):
+    """Consumer warpgroup wg: GEMM block k is the PV GEMM of step k-1, then the QK GEMM of step
+    k; with ping-pong (turn is not None) the two consumers take turns for their GEMM blocks."""
+    ### BEGIN SOLUTION
+    n = pipe.n_steps
+    for k in range(n + 1):
+        if k < n:
+            yield pipe.wait(full[pipe.slot(k)], pipe.phase(k))      # step k has landed
+        if turn is not None:
+            yield pipe.wait(turn[wg], (k + wg + 1) % 2)             # my turn (warpgroup 0 first)
+        if k > 0:
+            yield pipe.pv(k - 1)                                    # reads V of step k - 1
+            yield pipe.arrive(consumed[pipe.slot(k - 1)])           # its slot may be refilled
+        if k < n:
+            yield pipe.qk(k)                                        # reads K of step k
+        if turn is not None:
+            yield pipe.arrive(turn[1 - wg])                         # the other warpgroup's turn
+        if k < n:
+            yield pipe.softmax(k)                                   # overlaps the other's GEMMs
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_pipeline_ring_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_ring_protocol(make_barriers, producer, consumer)
+### BEGIN HIDDEN TESTS
+check_ring_protocol(make_barriers, producer, consumer, hidden=True)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_pipeline_pingpong_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_pingpong(make_barriers, producer, consumer)
+### BEGIN HIDDEN TESTS
+check_pingpong(make_barriers, producer, consumer, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your schedule at work, with `g = s`: above, the two consumers take turns and the tensor cores
+# run one GEMM block after another; below, the same warpgroups without the turns issue their
+# GEMMs together, share the tensor cores (hatched) at half speed each, and then both run their
+# softmax while the tensor cores wait. The producer's row shows where it waits for a slot to be
+# released (▼ marks each TMA it issues); the TMA row has one lane per ring slot.
+
+# %% tags=["demo"]
+timing = Timing(tma=2, qk=1, pv=1, softmax=2)                   # g = qk + pv = s
+try:
+    runs = [simulate(make_barriers, producer, consumer, stages=3, n_steps=8, timing=timing,
+                     pingpong=pingpong) for pingpong in (True, False)]
+    fig = plot_gantt(*runs)
+except NotImplementedError:
+    print("Finish Exercise 2 to see your schedule's Gantt chart.")
+
+# %% [markdown]
+# And what the checks catch: the same schedule with consumed barriers that complete after one
+# arrival instead of one per consumer. The producer refills a slot as soon as the faster
+# consumer releases it; the engine stops at the overwrite (the dashed line) and says why.
+
+# %% tags=["demo"]
+def one_arrival(pipe):
+    full, consumed, turn = make_barriers(pipe)
+    for bar in consumed:
+        bar.arrivals = 1              # the bug: the first consumer's release completes the phase
+    return full, consumed, turn
+
+
+try:
+    broken = simulate(one_arrival, producer, consumer, stages=2, n_steps=8, timing=timing)
+    print(broken.error)
+    fig = plot_gantt(broken)
+except NotImplementedError:
+    print("Finish Exercise 2 to see what the checks catch.")
+
+# %% [markdown]
+# FA3 goes one step further than your schedule: K and V get separate full and consumed barriers,
+# and a consumer releases K right after its QK GEMM instead of waiting for its PV GEMM. The
+# producer can then refill K of a slot about one softmax earlier. In this model that never stalls
+# the producer longer than one combined barrier does, and on a 2-stage ring with a long TMA
+# latency it stalls it less.
+
+# %% [markdown]
+# ## 5. A config planner
+#
+# The Gluon kernel of the next section has four tunables: `BLOCK_M` query rows per consumer
+# warpgroup, `BLOCK_N` keys per K/V tile, `STAGES` slots in the K/V ring, and the head dim `d`
+# (with the dtype) that the inputs fix. Bigger tiles do more work per barrier handshake and per
+# softmax row, and a deeper ring hides more of the TMA's latency, so a speed model alone always
+# asks for the biggest config. Two hardware limits say no.
+#
+# **Shared memory.** An H100 or H200 SM has 228 KB of shared memory
+# (`shared_memory_per_multiprocessor` = 233,472 B in `torch.cuda.get_device_properties`), but
+# one block may use at most **227 KB** (`shared_memory_per_block_optin` = 232,448 B): the
+# system keeps 1 KB of the SM for every block it runs. (A kernel that does not opt in gets
+# only `shared_memory_per_block`, 48 KB; Triton opts in at launch.) A config that needs more is
+# refused at launch with "out of resource: shared memory". The kernel allocates every buffer
+# once, for the whole kernel, because all of them are in use together:
+#
+# | buffer | bytes |
+# |---|---|
+# | the Q tiles, one per consumer warpgroup (each reused to stage its O tile) | `CONSUMERS × BLOCK_M × d × 2` |
+# | the K ring, `STAGES` slots | `STAGES × BLOCK_N × d × 2` |
+# | the V ring, `STAGES` slots | `STAGES × BLOCK_N × d × 2` |
+# | mbarriers, 8 bytes each: Q landed and the ping-pong token (one each per consumer), K full, K empty, V full, V empty (one each per slot) | `(2 × CONSUMERS + 4 × STAGES) × 8` |
+# | `gl.warp_specialize`'s own: the arguments it hands the worker partitions (220 B) and their state (4 B per consumer) | `WARP_SPECIALIZE_BYTES` = 228 |
+#
+# (fp16 and bf16 are 2 bytes; the kernel has `CONSUMERS = 2`.) Triton's allocator then places
+# the buffers one after another, largest first, each at a multiple of its alignment (1,024 B
+# for a swizzled tile, 16 for a barrier array), so what the compiled kernel reports
+# (`metadata.shared`) can be a few dozen bytes more than the sum: at d = 128 with 64 × 128
+# tiles and 2 stages, 32,768 + 2 × 65,536 + 96 + 228 = 164,164 bytes, and the compiled kernel
+# needs 164,168. With 3 stages the ring grows to 196,608 bytes and the config still fits with
+# 2,680 bytes to spare; a fourth stage, or 256-key tiles, does not fit.
+#
+# **Registers.** An SM has 65,536 32-bit registers. The kernel's CTA is three warpgroups (384
+# threads), so at launch each thread gets 65,536 / 384 = 170.7, rounded down to a multiple of
+# 8: 168. Then `setmaxnreg` moves them: the producer, which only issues TMA copies, drops to
+# the minimum, 24 a thread, and the consumers take what it frees. `setmaxnreg` takes
+# multiples of 8 from 24 to 256, so two consumers get
+# ⌊(65,536 − 128 × 24) / (2 × 128) / 8⌋ × 8 = 240 a thread, and 2 × 128 × 240 + 128 × 24 =
+# 64,512 ≤ 65,536. What a consumer thread keeps live is mostly its tiles, each spread over the
+# warpgroup's 128 threads:
+#
+# | in registers | per consumer thread |
+# |---|---|
+# | the O accumulator, fp32 | `BLOCK_M × d / 128` |
+# | the scores S, fp32 | `BLOCK_M × BLOCK_N / 128` |
+# | P in 16 bits, two to a register | `BLOCK_M × BLOCK_N / 256` |
+# | addresses, loop counters, the row statistics m and l, masks | 32 |
+#
+# d = 128 with 64 × 128 tiles needs 64 + 64 + 32 + 32 = 192 ≤ 240. With 128-row consumers it
+# needs 256 (64-key tiles) to 544 (256-key tiles): ptxas then **spills** the excess to local
+# memory, which lives in the caches and DRAM, in the middle of the softmax. This estimate is
+# the planner's, and it is a good one: of the 40 configs compiled ahead of time for the check
+# (below), ptxas spilled in exactly those where it exceeds 240.
+#
+# **Speed.** `planner.predict(config, B, H, N_q, causal=...)` is the chapter's speed model
+# (fitted to H200 measurements of this kernel): it returns a dict whose `"ms"` is the predicted
+# time. It knows nothing about the limits: its favourite at d = 128 is 128 × 256 tiles, which
+# fit neither the shared memory nor the registers.
+#
+# **Exercise 3 (3 points).** Write the planner for a resolved `planner.Config` (its `HEAD_DIM`
+# and `DTYPE` set; `c.for_inputs(d, dtype)` resolves one):
+# - `smem_bytes(config)`: the sum of the table above;
+# - `register_budget(consumers)`: the registers a consumer thread gets once the producer keeps
+#   24 (`REGISTERS_PER_SM`, `PRODUCER_REGS`): a multiple of 8, at most 256;
+# - `consumer_register_need(config)`: the sum of the second table;
+# - `fits(config, device)`: True when the shared memory fits one block of `device` and the
+#   registers fit the budget. `device` has the fields of `torch.cuda.get_device_properties`
+#   (`H100_PROPS` holds an H100's; on a Hopper GPU you can pass the real thing);
+# - `choose(d, dtype, candidates, device, **problem)`: resolve the candidates for `d` and
+#   `dtype` and return the one that fits with the least `planner.predict(config,
+#   **problem)["ms"]` (any of them if several tie), or None if none fits.
+#
+# About 20 lines. The check compares your shared memory with what the kernel really needs:
+# `metadata.shared` of the kernel compiled ahead of time for sm_90a
+# (`src/flashbook/data/ch6_compiled.json`, which records how it was made), up to the
+# allocator's padding (your figure may be up to 64 bytes below it, never above). Your register
+# estimate must predict exactly the configs where ptxas spilled, `fits` must agree with the
+# planner and hold at a device's exact limit, and `choose` must return the fastest config that
+# fits. The hidden tests add d = 64, bf16, causal problems, other candidate lists and GPUs with
+# less shared memory.
+
+# %%
+from flashbook.chapters.ch6.planner import Config
+from flashbook.chapters.ch6.planner_checks import (H100_PROPS, H200_PROPS, MBARRIER_BYTES,
+                                                   PRODUCER_REGS, REGISTERS_PER_SM,
+                                                   WARP_SPECIALIZE_BYTES, check_planner,
+                                                   choice_table)
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_planner_resources", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def smem_bytes(config: Config) -> int:
+    """Bytes of shared memory the kernel allocates for `config`: the Q tiles, the K and V
+    rings, the mbarriers and warp_specialize's own bytes."""
+    ### BEGIN SOLUTION
+    d, size = config.HEAD_DIM, 2                                # fp16 and bf16: 2 bytes
+    q = config.CONSUMERS * config.BLOCK_M * d * size            # a Q tile per consumer
+    kv = 2 * config.STAGES * config.BLOCK_N * d * size          # K and V: STAGES slots each
+    barriers = (2 * config.CONSUMERS + 4 * config.STAGES) * MBARRIER_BYTES
+    return q + kv + barriers + WARP_SPECIALIZE_BYTES
+    ### END SOLUTION
+
+
+def register_budget(consumers: int) -> int:
+    """Registers a consumer thread gets (setmaxnreg) once the producer warpgroup keeps 24."""
+    ### BEGIN SOLUTION
+    per_thread = (REGISTERS_PER_SM - 128 * PRODUCER_REGS) // (128 * consumers)
+    return min(256, per_thread // 8 * 8)                        # setmaxnreg: multiples of 8
+    ### END SOLUTION
+
+
+def consumer_register_need(config: Config) -> int:
+    """Registers one consumer thread keeps live: its tiles over 128 threads, plus 32."""
+    ### BEGIN SOLUTION
+    o = config.BLOCK_M * config.HEAD_DIM // 128                 # the fp32 O accumulator
+    s = config.BLOCK_M * config.BLOCK_N // 128                  # the fp32 scores
+    p = config.BLOCK_M * config.BLOCK_N // 256                  # P in 16 bits, two a register
+    return o + s + p + 32                                       # addresses, counters, m, l
+    ### END SOLUTION
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_planner_choose", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def fits(config: Config, device=H100_PROPS) -> bool:
+    """Whether `device` can run `config`: its shared memory fits one block and a consumer
+    thread's registers fit the setmaxnreg budget."""
+    ### BEGIN SOLUTION
+    smem_ok = smem_bytes(config) <= device.shared_memory_per_block_optin
+    regs_ok = consumer_register_need(config) <= register_budget(config.CONSUMERS)
+    return smem_ok and regs_ok
+    ### END SOLUTION
+
+
+def choose(d: int, dtype: str, candidates, device=H100_PROPS, **problem):
+    """Of the candidates (resolved for d and dtype), the one that fits `device` with the least
+    planner.predict(config, **problem)["ms"]; None if none fits."""
+    ### BEGIN SOLUTION
+    configs = [c.for_inputs(d, dtype) for c in candidates]
+    feasible = [c for c in configs if fits(c, device)]
+    return min(feasible, key=lambda c: planner.predict(c, **problem)["ms"], default=None)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_planner_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_planner(smem_bytes, register_budget, consumer_register_need, fits, choose)
+### BEGIN HIDDEN TESTS
+check_planner(smem_bytes, register_budget, consumer_register_need, fits, choose, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your planner on every tile config of FA3's order, next to what the compiled kernel needs
+# (the shared memory, and whether ptxas spilled) and the model's speed, for a long non-causal
+# problem, (1, 16, 16384). On a Hopper GPU it asks the GPU itself for its limits.
+
+# %% tags=["demo"]
+device = H100_PROPS
+if backend.capability is not None and tuple(backend.capability)[0] == 9:
+    device = torch.cuda.get_device_properties(0)          # the real limits of this GPU
+try:
+    for d in (128, 64):
+        print(f"d = {d}, fp16, on {device.name}:")
+        print(choice_table(smem_bytes, register_budget, consumer_register_need, fits, choose,
+                           d, device=device))
+        print()
+except NotImplementedError:
+    print("Finish Exercise 3 to see your planner's choices.")
+
+# %% [markdown]
+# ## 6. The chapter's kernel, in Gluon
+#
+# `flashbook.chapters.ch6.gluon_fa3` is the structure of Sections 2-4 written in Triton's
+# **Gluon** dialect, which exposes Hopper's machinery (`tma`, `mbarrier`, `warpgroup_mma`,
+# `warp_specialize`) with Triton's compiler underneath. One program owns `2 x BLOCK_M` query
+# rows of one head and three roles:
+#
+# - the **producer** (one warp, 24 registers a thread) loads both Q tiles once, then streams K
+#   and V through a ring of `STAGES` slots, each with a *full* barrier (the TMA arrives with
+#   the tile's byte count) and an *empty* one that expects two arrivals, one per consumer;
+# - each **consumer** (one warpgroup, 240 registers a thread) owns one Q tile and runs
+#   `S = Q K^T` and `O += P V` with `warpgroup_mma`, the online softmax in base 2 between them,
+#   and releases K as soon as S is in registers (FA3's early release);
+# - a **token** passed between the consumers through two mbarriers is the ping-pong of
+#   Exercise 2b: one consumer issues its GEMMs (QK^T of this tile, PV of the previous one)
+#   while the other computes its softmax.
+#
+# Its configuration is the one Section 5's planner picks: two consumers of 64 query rows,
+# 128-key tiles and two ring stages at d = 128.
+
+# %% tags=["demo"]
+print("planner's choice for d = 128:", planner.best(128))
+
+# %% [markdown]
+# On an sm_90 GPU the next cell runs the kernel against PyTorch's SDPA; elsewhere it says why
+# it cannot (Gluon has no CPU interpreter).
+
+# %% tags=["demo"]
+if backend.capability is not None and tuple(backend.capability) >= (9, 0) and \
+        tuple(backend.capability) < (10, 0):
+    from flashbook.chapters.ch6.gluon_fa3 import attention_fa3
+    q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    for causal in (False, True):
+        o, lse = attention_fa3(q, k, v, causal=causal)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        print(f"causal={causal}: max |O - SDPA| = {(o - want).abs().max().item():.1e}")
+else:
+    print(f"The Gluon kernel needs an sm_90 GPU (H100, H200); this runtime: {backend}.")
+
+# %% [markdown]
+# ## What is next
+#
+# The chapter's figures on an H200, the kernel against cuDNN, FlashAttention-2 and JAX's own
+# FA3 kernel, will be recorded with `flashbook bench ch6` and plotted here.
+#
+# **Further reading**
+# * FlashAttention-3 {cite}`shah2024flashattention3`: warp specialization, ping-pong and the
+#   intra-warpgroup overlap on Hopper.
+# * The CUDA C++ Programming Guide {cite}`nvidia2025cudaguide`: asynchronous barriers and the
+#   Tensor Memory Accelerator.

@@ -1,0 +1,36 @@
+"""Chapter 6: the Hopper design (FlashAttention-3).
+
+``ring`` and ``ring_checks`` give Exercise 1's K/V ring in Pallas Mosaic GPU and grade it in
+JAX's interpret mode, in a child process with a time limit (``interpret``); ``pipeline`` and
+``pipeline_checks`` simulate one producer and two consumer warpgroups for Exercise 2;
+``planner_checks`` grades Exercise 3 against ``planner``, which computes the shared memory and registers of a configuration of the chapter's Gluon
+kernel (``gluon_fa3``, imported on demand: it needs Triton's Gluon dialect and, to run, an sm_90
+GPU)."""
+from __future__ import annotations
+
+from flashbook.contract import Chapter, Exercise
+
+from . import planner
+from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
+from .planner_checks import check_planner
+from .ring_checks import check_kv_ring
+from .variants import VARIANTS
+
+__all__ = ["CHAPTER", "planner", "check_kv_ring", "check_ring_protocol", "check_pingpong",
+           "check_planner", "plot_gantt"]
+
+CHAPTER = Chapter(
+    id="ch6",
+    title="The Hopper design (FlashAttention-3)",
+    exercises=(
+        Exercise("ch6_ring_test", ("ch6_ring_producer",), ("kv_producer",), check_kv_ring),
+        Exercise("ch6_pipeline_ring_test", ("ch6_pipeline_ring", "ch6_pipeline_consumer"),
+                 ("make_barriers", "producer", "consumer"), check_ring_protocol),
+        Exercise("ch6_pipeline_pingpong_test", ("ch6_pipeline_ring", "ch6_pipeline_consumer"),
+                 ("make_barriers", "producer", "consumer"), check_pingpong),
+        Exercise("ch6_planner_test", ("ch6_planner_resources", "ch6_planner_choose"),
+                 ("smem_bytes", "register_budget", "consumer_register_need", "fits", "choose"),
+                 check_planner),
+    ),
+    variants=VARIANTS,
+)

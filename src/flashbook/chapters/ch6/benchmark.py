@@ -1,0 +1,614 @@
+"""Chapter 6 benchmark: the chapter's Gluon FA3 kernel against the students' Pallas kernel, JAX's
+shipped FA3 kernel, Chapter 3's two-tile Triton kernel, cuDNN SDPA and the FlashAttention-2
+backend, on an H100/H200 (``flashbook bench ch6``).
+
+Cases: (B, H, N, d) = (1,16,16384,128), (4,16,4096,128), (4,16,4096,64), N_q = N_k, causal and
+not, in fp16; and (1,16,16384,128) in bf16, causal and not (``BF16_SHAPES``: the headline shape
+shows whether bf16 differs; ``run(bf16_shapes=SHAPES)`` measures every shape). Inputs are
+``torch.randn``, seeded, (B, H, N, d) contiguous. Rows, in this order for every case:
+
+* ``ch6_gluon_fa3`` (reference): ``gluon_fa3.attention_fa3`` with the planner's config for the
+  problem (``gluon_fa3.pick_config``), passed explicitly so the timed call does not re-plan.
+* ``ch6_pallas_fa3`` (variant): the students' Pallas Mosaic GPU kernel at full size, compiled
+  for the GPU: ``fa3_pallas.fa3_kernel`` around the Exercise 4 consumer of the ch6 solution,
+  with ``fa3_pallas.default_config``, as ``fa3_pallas.run_fa3`` builds it (run_fa3 itself is
+  not timed: it transposes K and copies O to the host inside the call). ``fa3_pallas`` is
+  imported on demand: a missing module, function or consumer is a row whose note says so.
+* ``jax_pallas_fa3`` (baseline): ``jax.experimental.pallas.ops.gpu.attention_mgpu.attention``
+  on (B, N, H, d) copies, with the tuning of JAX's own benchmark (its ``main``): block_q = 64,
+  max_concurrent_steps = 2, the first block_kv of (256, 128, 64) that fits in shared memory.
+  The kernel applies no softmax scale: it gets q * (1/sqrt(d)) (made once, not timed).
+* ``ch3_two_tiles`` (variant, non-causal): Chapter 3's ``attention_two_tiles``, as
+  ``ch3.benchmark`` calls it. Chapter 3 has no causal mask, so the causal rows are
+  ``ch4_two_tiles`` (variant): Chapter 4's ``attention_varlen``, the same two-tile kernel with
+  its mask, on the batch packed as (B*N, H, d), timed without its host-side argument checks
+  (``ch4.benchmark.ours``). Both take fp16 only: their bf16 rows are refusals.
+* ``sdpa_cudnn``, ``sdpa_flash`` (baselines): torch SDPA on one backend.
+
+Every row's note gives ``max|O-sdpa_cudnn|`` (cuDNN's O on the same inputs; ``sdpa_flash``'s
+where cuDNN refuses) and flags an O further than ``TOLERANCE`` from it as WRONG. A row that fails
+(refused input, out of memory, missing module, compile error) has ``ms`` empty and a note
+saying why; the run goes on.
+
+Timing. Torch and Triton/Gluon rows: replayed from a CUDA graph (``bench.time_ms(fn,
+graph=True)`` through ``ch4.benchmark._timed``; launched from Python where a call cannot be
+captured, the note saying so), the protocol ``results.GRAPH_TIMER`` that the provenance
+records. JAX rows cannot be captured into a torch CUDA graph (JAX launches on its own stream,
+through XLA), and torch's CUDA events cannot be recorded on that stream. They are timed with
+JAX's own method, the one its FA3 benchmark uses: ``jax.experimental.mosaic.gpu.profiler
+.measure`` (CUPTI), which sums the durations of the GPU kernels each call of the jitted function
+launches, ``n`` calls in a row (n fills about 300 ms, 10 to 200 calls), median. That is GPU time
+without launch overhead, the quantity the CUDA-graph rows measure. As a cross-check the note adds
+``triton.testing.do_bench`` (``results.GPU_TIMER``) of ``lambda: jax.block_until_ready(f(...))``,
+which also counts JAX's dispatch and the host synchronisation of each call (tens of us); where
+CUPTI fails, that wall-clock time is the row's time and the note says so. Each JAX function is
+compiled once per case (its first call, which is also the checked call), outside the timing.
+Inputs reach JAX through DLPack without copies (``jax.dlpack.from_dlpack(t, copy=False)``; the
+note confirms the buffer is shared), and O comes back the same way for the check.
+
+The torch rows of every case run first, then the JAX rows (phase 2): so no torch CUDA graph is
+captured while JAX's runtime (its threads, CUPTI) is live in the process. JAX's GPU client is
+started without preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), else it would take 75%
+of the GPU's memory beside torch's. The rows are returned in case order.
+
+FLOPs: ``reference.attention_flops`` (4 B H N^2 d, halved causal); GB/s: compulsory traffic
+(``bench.attention_bytes``); ``pct_peak``: of the datasheet tensor peak.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import os
+import statistics
+import time
+import warnings
+from typing import Callable
+
+import torch
+
+from flashbook.bench import attention_bytes, gpu_peak, sdpa
+from flashbook.chapters.ch4 import benchmark as ch4
+from flashbook.chapters.ch5 import benchmark as ch5
+from flashbook.reference import attention_flops
+from flashbook.results import GPU_TIMER, Row
+
+GRAPH_TIMER = True
+SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64)]
+BF16_SHAPES = [(1, 16, 16384, 128)]
+CAUSAL = (False, True)
+TOLERANCE = 2e-2                  # max|O - cuDNN| above this: the row's O is flagged WRONG
+REFERENCES = ("sdpa_cudnn", "sdpa_flash")
+
+OURS, PALLAS, JAX_FA3 = "ch6_gluon_fa3", "ch6_pallas_fa3", "jax_pallas_fa3"
+CH3, CH4 = "ch3_two_tiles", "ch4_two_tiles"
+# (kernel, role, phase): phase 1 torch-timed, phase 2 JAX. Rows come out in this order per case.
+KERNELS = [(OURS, "reference", 1), (PALLAS, "variant", 2), (JAX_FA3, "baseline", 2),
+           (CH3, "variant", 1), (CH4, "variant", 1),
+           ("sdpa_cudnn", "baseline", 1), ("sdpa_flash", "baseline", 1)]
+ORDER = {name: i for i, (name, _, _) in enumerate(KERNELS)}
+
+# JAX's FA3 kernel, tuned as its own benchmark (attention_mgpu.main) tunes it
+JAX_BLOCK_Q, JAX_BLOCK_KV, JAX_STEPS = 64, (256, 128, 64), 2
+# JAX rows: CUPTI-timed calls to fill about JAX_TARGET_MS, at least/most JAX_CALLS
+JAX_TARGET_MS, JAX_CALLS = 300.0, (10, 200)
+
+
+# ------------------------------------------------------------------ helpers (CPU-testable)
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One problem: q, k, v (B, H, N, d) of ``dtype``, N_q = N_k = N."""
+    B: int
+    H: int
+    N: int
+    d: int
+    dtype: torch.dtype
+    causal: bool
+
+    @property
+    def shape(self) -> tuple:
+        return (self.B, self.H, self.N, self.d)
+
+    @property
+    def flops(self) -> float:
+        """The two matmuls, 4 B H N^2 d, halved causal (``reference.attention_flops``)."""
+        return attention_flops(self.B, self.H, self.N, self.N, self.d, self.causal)
+
+    @property
+    def nbytes(self) -> float:
+        """Compulsory HBM traffic: read Q, K, V and write O once."""
+        return attention_bytes(self.B, self.H, self.N, self.N, self.d, self.dtype.itemsize)
+
+    def columns(self) -> dict:
+        """The shape columns of this case's rows."""
+        return dict(B=self.B, H_q=self.H, H_kv=self.H, N_q=self.N, N_k=self.N, d=self.d,
+                    dtype=str(self.dtype).replace("torch.", ""), causal=self.causal)
+
+
+def cases(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL) -> list[Case]:
+    """fp16 at every shape, then bf16 at ``bf16_shapes``; each non-causal then causal."""
+    return [Case(*s, dtype, c) for dtype, group in ((torch.float16, shapes),
+                                                    (torch.bfloat16, bf16_shapes))
+            for s in group for c in causal]
+
+
+def make_row(kernel: str, role: str, case: Case, ms: float | None, note: str = "",
+             peak=None) -> Row:
+    """A row of ``case``: TFLOP/s, GB/s and % of the tensor peak (``peak``, a ``bench.Peak``;
+    default this GPU's, None on CPU) from ``ms``; ``ms`` None: nothing measured (``note`` why)."""
+    if ms is None:
+        return Row(kernel=kernel, role=role, **case.columns(), ms=None, tflops=None, gbps=None,
+                   pct_peak=None, note=note)
+    peak = peak if peak is not None else gpu_peak()
+    tflops = case.flops / (ms * 1e-3) / 1e12
+    return Row(kernel=kernel, role=role, **case.columns(), ms=ms, tflops=tflops,
+               gbps=case.nbytes / (ms * 1e-3) / 1e9,
+               pct_peak=100.0 * tflops / peak.tensor_tflops if peak else None, note=note)
+
+
+def measure(kernel: str, role: str, case: Case, setup: Callable[[], tuple], note: str = "",
+            peak=None) -> Row:
+    """One row, under one guard: ``setup()`` builds, checks and times the call and returns
+    (ms, note); any exception it raises (refused input, out of memory, missing module,
+    compile error, ...) becomes a row with ``ms`` empty and a note saying why."""
+    try:
+        ms, extra = setup()
+    except Exception as e:  # noqa: BLE001 - one failing kernel never stops the run
+        ch4._free()
+        return make_row(kernel, role, case, None, ch4._join(note, f"not measured: {why(e)}"),
+                        peak)
+    return make_row(kernel, role, case, ms, ch4._join(note, extra), peak)
+
+
+def why(e: BaseException) -> str:
+    """One line on a failure: 'out of memory', or 'Type: first line of the message' (for an
+    exception without a message, e.g. a bare assert: where it was raised)."""
+    text = ch4._why(e)
+    if text.rstrip().endswith(":"):
+        import traceback
+        frames = traceback.extract_tb(e.__traceback__)
+        if frames:
+            last = frames[-1]
+            where = f"{os.path.basename(last.filename)}:{last.lineno}"
+            text = f"{text.rstrip().rstrip(':')} at {where} ({last.line or ''})"
+    return text.strip()
+
+
+def err_note(name: str, want, o) -> str:
+    """``max|O-name|=...`` of ``o`` against ``want`` (both (B, H, N, d)), with ``WRONG`` when it
+    passes ``TOLERANCE`` (or is NaN); no note without a reference."""
+    if want is None or not name:
+        return ""
+    err = ch4.max_err(o, want)
+    flag = "" if err <= TOLERANCE else f" WRONG (> {TOLERANCE:g})"
+    return f"max|O-{name}|={err:.1e}{flag}"
+
+
+def wrong(row: Row) -> bool:
+    """Whether a row's O was flagged as far from cuDNN's (``err_note``)."""
+    return "WRONG" in (row.note or "")
+
+
+def sort_rows(rows: list[Row], order: list[Case]) -> list[Row]:
+    """Rows in case order (``order``), then in ``KERNELS`` order within a case."""
+    def case_key(B, H, N, d, dtype, causal):
+        return (B, H, N, d, dtype, causal)
+    index = {case_key(*c.shape, c.columns()["dtype"], c.causal): i for i, c in enumerate(order)}
+
+    def key(r):
+        return (index.get(case_key(r.B, r.H_q, r.N_q, r.d, r.dtype, r.causal), len(index)),
+                ORDER.get(r.kernel, len(ORDER)))
+    return sorted(rows, key=key)
+
+
+def jax_calls(estimate_ms: float, target_ms: float | None = None, limits=None) -> int:
+    """How many calls the CUPTI timing makes: enough to fill ``target_ms`` (default
+    ``JAX_TARGET_MS``), within ``limits`` (default ``JAX_CALLS``)."""
+    target_ms = JAX_TARGET_MS if target_ms is None else target_ms
+    lo, hi = limits or JAX_CALLS
+    if not estimate_ms > 0 or math.isinf(estimate_ms):
+        return hi
+    return int(min(hi, max(lo, round(target_ms / estimate_ms))))
+
+
+def jax_block_kv(N: int, candidates=JAX_BLOCK_KV) -> list[int]:
+    """The block_kv values JAX's FA3 kernel can take for N keys (N % block_kv == 0), in the
+    order its benchmark tries them."""
+    return [b for b in candidates if N % b == 0]
+
+
+def refused(reason: str):
+    """A setup that refuses with ``reason`` (a row with that note)."""
+    def setup():
+        raise RuntimeError(reason)
+    return setup
+
+
+def graph_timed(prepare: Callable[[], tuple]):
+    """A setup for ``measure`` from ``prepare() -> (fn, note)`` (fn: one forward): timed from a
+    CUDA graph, else launched (``ch4.benchmark._timed``)."""
+    def setup():
+        fn, note = prepare()
+        ms, how = ch4._timed(fn)
+        return ms, ch4._join(note, how)
+    return setup
+
+
+# ------------------------------------------------------------------ inputs and references
+
+@dataclasses.dataclass
+class Inputs:
+    """One shape and dtype's tensors, shared by its causal and non-causal cases."""
+    q: torch.Tensor            # (B, H, N, d) contiguous
+    k: torch.Tensor
+    v: torch.Tensor
+    q_bnhd: torch.Tensor       # (B, N, H, d) contiguous copies: JAX's layout, and viewed as
+    k_bnhd: torch.Tensor       # (B*N, H, d) Chapter 4's packed one
+    v_bnhd: torch.Tensor
+    want: dict = dataclasses.field(default_factory=dict)   # causal -> (name, O (B, H, N, d))
+    extra: dict = dataclasses.field(default_factory=dict)  # e.g. the pre-scaled q for JAX
+
+
+def make_inputs(B, H, N, d, dtype, device="cuda", seed=0) -> Inputs:
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, d, device=device, dtype=dtype, generator=g)
+               for _ in range(3))
+    return Inputs(q, k, v, *(t.transpose(1, 2).contiguous() for t in (q, k, v)))
+
+
+def reference(q, k, v, causal, backends=REFERENCES) -> tuple[str, torch.Tensor | None]:
+    """(name, O) of the first SDPA backend that accepts these inputs: the rows' check."""
+    for name in backends:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return name, sdpa(name)(q, k, v, causal)
+        except Exception:  # noqa: BLE001 - refused or out of memory: try the next
+            ch4._free()
+    return "", None
+
+
+# ------------------------------------------------------------------ phase 1: torch-timed rows
+
+def gluon_prepare(case: Case, x: Inputs):
+    """``attention_fa3`` with the planner's config for this problem, checked once."""
+    def prepare():
+        from flashbook.chapters.ch3.benchmark import compiled, registers
+        from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, fa3_kernel, pick_config
+        B, H, N, d = case.shape
+        cfg = pick_config(d, case.dtype, case.causal, B, H, N, N)
+        before = compiled(fa3_kernel)
+        o, _ = attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)
+        new = {key: c for key, c in compiled(fa3_kernel).items() if key not in before}
+        name, want = x.want.get(case.causal, ("", None))
+        note = ch4._join(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} STAGES={cfg.STAGES} "
+                         f"OVERLAP={cfg.OVERLAP}", registers(new) if new else "",
+                         err_note(name, want, o))
+        return (lambda: attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)), note
+    return prepare
+
+
+def ch3_prepare(case: Case, x: Inputs, namespaces: dict):
+    """Chapter 3's two-tile kernel (non-causal only), as ``ch3.benchmark`` calls it."""
+    def prepare():
+        from flashbook.chapters.ch3.launch import pick_config
+        from flashbook.device import current
+        attention = namespace(namespaces, "ch3")["attention_two_tiles"]
+        o, _ = attention(x.q, x.k, x.v)
+        cfg = pick_config(case.d, case.dtype, current().capability, two_tiles=True)
+        name, want = x.want.get(case.causal, ("", None))
+        note = ch4._join(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} warps={cfg.num_warps} "
+                         f"stages={cfg.num_stages}", err_note(name, want, o))
+        return (lambda: attention(x.q, x.k, x.v)), note
+    return prepare
+
+
+def ch4_prepare(case: Case, x: Inputs, namespaces: dict):
+    """Chapter 4's two-tile ``attention_varlen`` (causal) on the packed batch, timed without
+    its argument checks (``ch4.benchmark.ours``)."""
+    B, H, N, d = case.shape
+    name, want = x.want.get(case.causal, ("", None))
+    packed = [t.view(B * N, H, d) for t in (x.q_bnhd, x.k_bnhd, x.v_bnhd)]
+
+    def prepare():
+        cu = ch4.cu_seqlens([N] * B, x.q.device)
+        return ch4.ours(namespace(namespaces, "ch4"), "attention_varlen", (*packed, cu, cu, N, N),
+                        lambda o: err_note(name, want, o.view(B, N, H, d).transpose(1, 2)),
+                        causal=case.causal)()
+    return prepare
+
+
+def sdpa_prepare(backend: str, case: Case, x: Inputs):
+    """SDPA on one backend; a refusal raises with torch's reason (``ch5.benchmark.refusal``)."""
+    def prepare():
+        f = sdpa(backend)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                o = f(x.q, x.k, x.v, case.causal)
+            except RuntimeError as e:
+                raise RuntimeError(ch5.refusal(e, caught)) from None
+        name, want = x.want.get(case.causal, ("", None))
+        note = err_note(name, want, o) if name != backend else ""
+        return (lambda: f(x.q, x.k, x.v, case.causal)), note
+    return prepare
+
+
+def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
+    rows = []
+    for kernel, role, phase in KERNELS:
+        if phase != 1 or kernel not in kernels:
+            continue
+        if kernel == OURS:
+            setup = graph_timed(gluon_prepare(case, x))
+        elif kernel == CH3:
+            if case.causal:
+                continue                       # no causal mask in Chapter 3: see ch4_two_tiles
+            setup = graph_timed(ch3_prepare(case, x, namespaces))
+        elif kernel == CH4:
+            if not case.causal:
+                continue                       # non-causal: ch3_two_tiles is the same kernel
+            setup = graph_timed(ch4_prepare(case, x, namespaces))
+        else:
+            setup = graph_timed(sdpa_prepare(kernel, case, x))
+        rows.append(measure(kernel, role, case, setup))
+        ch4._free()
+    return rows
+
+
+def solutions(kernels) -> dict:
+    """The solution namespaces of Chapters 3 and 4 (their Triton kernels), as the rows need
+    them, or why one did not load (``"<id> error"``)."""
+    out: dict = {}
+    for chapter, kernel in (("ch3", CH3), ("ch4", CH4)):
+        if kernel in kernels:
+            try:
+                namespace(out, chapter)
+            except RuntimeError:
+                pass                                       # kept in out: its rows say why
+    return out
+
+
+def namespace(namespaces: dict, chapter: str) -> dict:
+    """A chapter's solution namespace, loaded once into ``namespaces``; a RuntimeError saying
+    why where it does not load."""
+    if chapter not in namespaces and f"{chapter} error" not in namespaces:
+        try:
+            from flashbook import sources
+            namespaces[chapter] = sources.solution_namespace(chapter)
+        except Exception as e:  # noqa: BLE001 - its rows say why
+            namespaces[f"{chapter} error"] = f"the {chapter} solution did not load: {why(e)}"
+    if chapter not in namespaces:
+        raise RuntimeError(namespaces[f"{chapter} error"])
+    return namespaces[chapter]
+
+
+# ------------------------------------------------------------------ phase 2: JAX rows
+
+def jax_module():
+    """``jax``, its GPU client started without preallocating 75% of the GPU's memory."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+    import jax.dlpack  # noqa: F401
+    return jax
+
+
+def to_jax(t: torch.Tensor):
+    """(JAX array on t's memory, shared) through DLPack, without a copy (copy=False raises if
+    one would be needed); ``shared``: the buffer pointers agree."""
+    import jax.dlpack
+    try:
+        x = jax.dlpack.from_dlpack(t, copy=False)
+    except TypeError:                              # a JAX without the copy argument
+        x = jax.dlpack.from_dlpack(t)
+    try:
+        shared = x.unsafe_buffer_pointer() == t.data_ptr()
+    except Exception:  # noqa: BLE001 - only for the note
+        shared = False
+    return x, shared
+
+
+def to_torch(o) -> torch.Tensor:
+    """A JAX array (or a torch tensor, or the first of a tuple) as a torch tensor, no copy."""
+    if isinstance(o, (tuple, list)):
+        o = o[0]
+    if isinstance(o, torch.Tensor):
+        return o
+    return torch.from_dlpack(o)
+
+
+def jax_time(f, args) -> tuple[float, str]:
+    """(ms, note) of the jitted ``f(*args)`` (compiled already): CUPTI kernel time, median of n
+    calls (``jax.experimental.mosaic.gpu.profiler.measure``), and do_bench of the blocking call
+    as a cross-check; where CUPTI fails, the blocking call's time."""
+    import triton.testing
+    jax = jax_module()
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    n = jax_calls((time.perf_counter() - t0) * 1e3)
+    wall = float(triton.testing.do_bench(lambda: jax.block_until_ready(f(*args)), **GPU_TIMER))
+    wall_note = (f"do_bench(block_until_ready) {wall:.4g} ms incl. dispatch and sync; "
+                 f"jax {jax.__version__}")
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+        _, times = profiler.measure(f, iterations=n)(*args)
+        if times is None:
+            raise RuntimeError("CUPTI saw no kernel")
+        times = times if isinstance(times, list) else [times]
+        return (float(statistics.median(times)),
+                f"timed: CUPTI kernel time, median of {len(times)} calls; {wall_note}")
+    except Exception as e:  # noqa: BLE001 - fall back to the blocking call's time
+        cupti = why(e)[:100]
+    return wall, (f"timed: do_bench(block_until_ready), incl. JAX dispatch and host sync "
+                  f"(CUPTI failed: {cupti}); jax {jax.__version__}")
+
+
+def jax_fa3_setup(case: Case, x: Inputs, block_kv=JAX_BLOCK_KV):
+    """JAX's shipped FA3 kernel on (B, N, H, d) copies, q pre-scaled by 1/sqrt(d)."""
+    def setup():
+        jax = jax_module()
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+        if "q_scaled" not in x.extra:            # the kernel applies no softmax scale
+            x.extra["q_scaled"] = (x.q_bnhd * (1.0 / math.sqrt(case.d))).contiguous()
+        if x.q.is_cuda:
+            torch.cuda.synchronize()
+        conv = [to_jax(t) for t in (x.extra["q_scaled"], x.k_bnhd, x.v_bnhd)]
+        args = [a for a, _ in conv]
+        fields = {f.name for f in dataclasses.fields(am.TuningConfig)}
+        tried = []
+        for bkv in jax_block_kv(case.N, block_kv):
+            kw = dict(block_q=JAX_BLOCK_Q, block_kv=bkv, max_concurrent_steps=JAX_STEPS,
+                      causal=case.causal)
+            cfg = am.TuningConfig(**{k: v for k, v in kw.items() if k in fields})
+            f = jax.jit(functools.partial(am.attention, config=cfg))
+            try:
+                o = jax.block_until_ready(f(*args))          # compiles: once per case
+            except Exception as e:  # noqa: BLE001 - too much shared memory: the next block_kv
+                if "shared memory" not in str(e):
+                    raise
+                tried.append(f"block_kv={bkv} does not fit")
+                continue
+            break
+        else:
+            raise RuntimeError("; ".join(tried) or f"no block_kv of {block_kv} divides N={case.N}")
+        name, want = x.want.get(case.causal, ("", None))
+        check = err_note(name, want, to_torch(o).transpose(1, 2))
+        del o
+        ms, how = jax_time(f, args)
+        return ms, ch4._join(
+            f"block_q={JAX_BLOCK_Q} block_kv={bkv} max_concurrent_steps={JAX_STEPS} (JAX's "
+            "first fit)", "; ".join(tried), "(B, N, H, d) via DLPack, "
+            + ("zero-copy" if all(s for _, s in conv) else "COPIED"),
+            "q pre-scaled by 1/sqrt(d)", check, how)
+    return setup
+
+
+CONSUMER_KEYWORDS = {"steps", "stages", "scale", "mask"}   # what fa3_kernel passes its consumer
+
+
+def pallas_module():
+    """``fa3_pallas`` (the students' kernel around its given code), or a RuntimeError saying
+    why not."""
+    import importlib
+    name = "flashbook.chapters.ch6.fa3_pallas"
+    try:
+        mod = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name == name:
+            raise RuntimeError("src/flashbook/chapters/ch6/fa3_pallas.py does not exist (yet)") \
+                from None
+        raise RuntimeError(f"fa3_pallas did not import: {why(e)}") from None
+    except Exception as e:  # noqa: BLE001 - its own import failed
+        raise RuntimeError(f"fa3_pallas did not import: {why(e)}") from None
+    missing = [f for f in ("run_fa3", "fa3_kernel", "default_config")
+               if not callable(getattr(mod, f, None))]
+    if missing:
+        raise RuntimeError(f"fa3_pallas has no {', '.join(missing)}")
+    return mod
+
+
+def find_consumer(*namespaces: dict):
+    """The Exercise 4 consumer: the first function of these namespaces (the ch6 solution's,
+    then ``fa3_pallas``'s) that takes the keywords ``fa3_kernel`` passes its consumer
+    (``CONSUMER_KEYWORDS``); a name with "consumer" in it first. None if there is none."""
+    for ns in namespaces:
+        found = []
+        for name, f in ns.items():
+            if not inspect.isfunction(f) or name.startswith("_"):
+                continue
+            try:
+                params = set(inspect.signature(f).parameters)
+            except (TypeError, ValueError):
+                continue
+            if CONSUMER_KEYWORDS <= params:
+                found.append((("consumer" not in name), name, f))
+        if found:
+            return sorted(found, key=lambda t: t[:2])[0][2]
+    return None
+
+
+def pallas_setup(case: Case, x: Inputs, namespaces: dict):
+    """The students' kernel at full size, compiled for the GPU: ``fa3_pallas.fa3_kernel`` with
+    the ch6 solution's consumer and ``fa3_pallas.default_config``, as ``fa3_pallas.run_fa3``
+    builds it; run_fa3 itself is not timed (it transposes K and copies O and the LSE to the
+    host inside the call). K^T (B, H, d, N), which the kernel takes, is made once, not timed."""
+    def setup():
+        mod = pallas_module()
+        consumer = find_consumer(namespace(namespaces, "ch6"), vars(mod))
+        if consumer is None:
+            raise RuntimeError("no Exercise 4 consumer (a function taking "
+                               f"{', '.join(sorted(CONSUMER_KEYWORDS))}) in the ch6 solution "
+                               "or fa3_pallas")
+        jax = jax_module()
+        B, H, N, d = case.shape
+        block_kv, stages = mod.default_config(d)
+        f = jax.jit(mod.fa3_kernel(consumer, batch=B, heads=H, n_q=N, n_k=N, d=d,
+                                   block_kv=block_kv, stages=stages, causal=case.causal,
+                                   dtype=str(case.dtype).replace("torch.", "")))
+        if "kT" not in x.extra:
+            x.extra["kT"] = x.k.transpose(2, 3).contiguous()          # (B, H, d, N)
+        if x.q.is_cuda:
+            torch.cuda.synchronize()
+        conv = [to_jax(t) for t in (x.q, x.extra["kT"], x.v)]
+        args = [a for a, _ in conv]
+        o = to_torch(jax.block_until_ready(f(*args)))            # compiles: once per case
+        name, want = x.want.get(case.causal, ("", None))
+        check = err_note(name, want, o)
+        del o
+        ms, how = jax_time(f, args)
+        return ms, ch4._join(
+            f"block_kv={block_kv} stages={stages} (fa3_pallas.default_config); consumer "
+            f"{consumer.__name__}", "(B, H, N, d) and K^T via DLPack, "
+            + ("zero-copy" if all(s for _, s in conv) else "COPIED"), check, how)
+    return setup
+
+
+def jax_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
+    rows = []
+    for kernel, role, phase in KERNELS:
+        if phase != 2 or kernel not in kernels:
+            continue
+        setup = pallas_setup(case, x, namespaces) if kernel == PALLAS else \
+            jax_fa3_setup(case, x)
+        rows.append(measure(kernel, role, case, setup))
+        ch4._free()
+    return rows
+
+
+# ------------------------------------------------------------------------------ the run
+
+def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
+        device="cuda") -> list[Row]:
+    """Every row (module docstring). ``kernels``: names to measure (default: all of
+    ``KERNELS``); a case's inputs stay on the GPU from phase 1 to phase 2 (about 0.4 GiB
+    a shape)."""
+    kernels = set(kernels or ORDER)
+    order = cases(shapes, bf16_shapes, causal)
+    namespaces = solutions(kernels)
+    inputs: dict = {}
+    rows: list[Row] = []
+    for case in order:                                    # phase 1: torch, CUDA graphs
+        key = (case.shape, case.dtype)
+        if key not in inputs:
+            try:
+                inputs[key] = make_inputs(*case.shape, case.dtype, device=device,
+                                          seed=len(inputs))
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory: every row says so
+                ch4._free()
+                inputs[key] = f"not measured: inputs: {why(e)}"
+        x = inputs[key]
+        if isinstance(x, str):
+            rows += [make_row(k, role, case, None, x) for k, role, _ in KERNELS if k in kernels]
+            continue
+        x.want[case.causal] = reference(x.q, x.k, x.v, case.causal)
+        rows += torch_rows(case, x, namespaces, kernels)
+    if any(phase == 2 and k in kernels for k, _, phase in KERNELS):
+        for case in order:                                # phase 2: JAX
+            x = inputs[(case.shape, case.dtype)]
+            if not isinstance(x, str):
+                rows += jax_rows(case, x, namespaces, kernels)
+    inputs.clear()
+    ch4._free()
+    return sort_rows(rows, order)

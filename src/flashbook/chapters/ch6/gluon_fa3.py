@@ -1,0 +1,525 @@
+"""Chapter 6's fastest Hopper kernel: FlashAttention-3's structure written in Triton Gluon.
+
+One program (CTA) owns ``2 * BLOCK_M`` query rows of one (batch, head) and runs three roles, each
+in its own warps (``gl.warp_specialize``):
+
+* **producer** (1 warp, 24 registers a thread): TMA-loads the two Q tiles once, then streams the
+  K and V tiles of the head through a ring of ``STAGES`` shared-memory slots. Each slot has a
+  *full* mbarrier (the TMA arrives with the tile's byte count) and an *empty* one (both
+  consumers arrive when they no longer read it).
+* **two consumers** (one warpgroup each, 240 registers a thread): each owns its own BLOCK_M-row
+  Q tile and runs ``S = Q K^T`` and ``O += P V`` on the tensor cores with ``warpgroup_mma``
+  (wgmma, asynchronous, waited with ``warpgroup_mma_wait``) and the online softmax in the log2
+  domain between them.
+* **ping-pong**: a token passed between the consumers through two mbarriers lets one warpgroup
+  issue its GEMMs (``QK^T`` of this tile, ``PV`` of the previous one) while the other runs its
+  softmax, so the tensor cores stay busy. ``OVERLAP`` writes FlashAttention-3's
+  intra-warpgroup order: ``QK^T`` is waited for alone (K released at once) and the ``PV`` wait
+  comes after the softmax in the source. ptxas (12.8 and 13.x) still schedules that PV wait at
+  the top of the softmax block (seen in the SASS), so the softmax does not really run under the
+  warpgroup's own PV; on an H200 the order was still a little faster than one wait for both.
+
+Registers are moved from the producer to the consumers with ``setmaxnreg``: the compiler emits
+it from the per-partition requests (``planner.register_budget``).
+
+Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}; K and V may have another
+length than Q. Outputs O (like q) and the LSE ``(B, H, N_q)`` float32 in natural log.
+``causal`` masks bottom-right (key j is visible to query i when ``j <= i + N_k - N_q``, the usual
+mask when ``N_q == N_k``); a row that sees no key gets O = 0 and LSE = -inf. Any length works:
+the TMA descriptors are 3-D ``(B*H, N, d)``, so tiles past the end of a head read zeros and
+stores past it are clipped.
+
+Gluon has no CPU interpreter: the kernel runs only on an sm_90 GPU. ``tests/test_ch6.py``
+compiles it ahead of time for sm_90a on a CPU machine and checks the PTX and the shared memory
+against the planner.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from . import planner
+from .planner import Config
+
+__all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args", "tile_layout",
+           "TRITON_VERSION", "tma_load", "tma_store", "DTYPES", "HEAD_DIMS",
+           "compile_for_sm90"]
+
+TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
+
+# ---------------------------------------------------------------------------------------------
+# The compatibility shim: the only names that differ between triton 3.6 (the GPU image, Colab)
+# and 3.9 (the CPU image) for what this kernel uses.
+#   TMA global -> shared: 3.6 ``tma.async_copy_global_to_shared``; 3.9 ``tma.async_load`` (the old
+#                         name still exists in 3.9 but raises "has been removed").
+#   TMA shared -> global: 3.6 ``tma.async_copy_shared_to_global``; 3.9 ``tma.async_store``.
+# Everything else is spelled the same in both (positional ``mbarrier.expect(bar, nbytes)``,
+# ``gl.warp_specialize(pairs, warps, regs)``, ``warpgroup_mma(..., is_async=True)``).
+# ---------------------------------------------------------------------------------------------
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+
+LOG2E = 1.4426950408889634          # log2(e): the kernel's exponentials are exp2
+LN2 = 0.6931471805599453            # ln(2): LSE back to natural log (written out in the kernel)
+DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+HEAD_DIMS = (64, 128)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile bookkeeping shared by the three roles (they must agree on every count, or a barrier
+# waits forever).
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _kv_tiles(row0, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """For the query rows [row0, row0 + BLOCK_M): (tiles, full) — the K/V tiles they read, and
+    how many of the first ones need no mask (every key visible to every row, none past N_K)."""
+    if CAUSAL:
+        off = N_K - N_Q                                  # bottom-right alignment
+        hi = gl.minimum(row0 + BLOCK_M + off, N_K)       # keys < hi are visible to the last row
+        hi = gl.maximum(hi, 0)
+        lo = gl.minimum(row0 + off + 1, N_K)             # keys < lo are visible to the first row
+        lo = gl.maximum(lo, 0)
+        tiles = gl.cdiv(hi, BLOCK_N)
+        full = lo // BLOCK_N
+    else:
+        tiles = gl.cdiv(N_K, BLOCK_N)
+        full = N_K // BLOCK_N
+    return tiles, full
+
+
+@gluon.jit
+def _cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr):
+    """The K/V tiles the producer streams for the CTA: the most either consumer reads."""
+    t0, f0 = _kv_tiles(m_block * 2 * BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    t1, f1 = _kv_tiles(m_block * 2 * BLOCK_M + BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    return gl.maximum(t0, t1)
+
+
+@gluon.jit
+def _m_block():
+    """The CTA's block of 2*BLOCK_M query rows. Causal: the last blocks (the most work) first."""
+    return gl.num_programs(0) - 1 - gl.program_id(0)
+
+
+@gluon.jit
+def _tile_2d(ring, slot, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Slot ``slot`` of a ring of (1, ROWS, d) TMA boxes as the (ROWS, d) matrix wgmma reads."""
+    return ring.index(slot).reshape([ROWS, HEAD_DIM])
+
+
+# ---------------------------------------------------------------------------------------------
+# The producer: one warp that only issues TMA copies.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full,
+              v_empty, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    m_block = _m_block()
+    bh = gl.program_id(1)
+    n_tiles = _cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+
+    # Q: one tile per consumer, one barrier each (phase 0 completes once, when the bytes land)
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+        tma_load(q_desc, [bh, m_block * 2 * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
+                 q_smem.index(w))
+
+    # K/V ring. Use u of slot s (u = j // STAGES) waits for the empty barrier to have completed
+    # phase u - 1 (both consumers released tile j - STAGES); a fresh barrier passes the first
+    # wait because waiting for parity 1 on a barrier still in phase 0 returns at once.
+    for j in range(n_tiles):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        mbarrier.wait(k_empty.index(s), ph ^ 1)
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)   # BLOCK_N*d*2 bytes, always
+        tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), ph ^ 1)
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+
+
+# ---------------------------------------------------------------------------------------------
+# The consumers: the tensor-core token (ping-pong) and one K/V tile of work.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _token_acquire(sched, t, WG: gl.constexpr):
+    """Wait for my t-th turn at the tensor cores. Warpgroup 0's turn t needs warpgroup 1's
+    (t-1)-th release on sched[0] (t = 0 passes: parity 1 on a fresh barrier); warpgroup 1's turn
+    t needs warpgroup 0's t-th release on sched[1]. A barrier is never more than one phase
+    ahead of its waiter, so parities cannot alias."""
+    if WG == 0:
+        mbarrier.wait(sched.index(0), (t & 1) ^ 1)
+    else:
+        mbarrier.wait(sched.index(1), t & 1)
+
+
+@gluon.jit
+def _token_release(sched, WG: gl.constexpr):
+    mbarrier.arrive(sched.index(1 - WG))
+
+
+@gluon.jit
+def _tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
+          alpha, row0, N_Q, N_K, n_full, qk_scale, WG: gl.constexpr, FIRST: gl.constexpr,
+          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+          STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    """Tile j of one consumer. In one turn at the tensor cores: issue S = Q K_j^T, rescale O by
+    tile j-1's alpha, issue O += P_{j-1} V_{j-1}. Then the online softmax of tile j.
+
+    In: o = sum over tiles < j-1 of P V, relative to the maxima m_{j-2}; m_i, l_i, p, alpha of
+    tile j-1. Out: o = sum over tiles < j (relative to m_{j-1}), and m_i, l_i, p, alpha of tile j.
+    O is rescaled before its PV is issued, so nothing touches o or P between the two waits
+    (FlashAttention-3's order)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    s = j % STAGES
+    ph = (j // STAGES) & 1
+    jp = gl.maximum(j - 1, 0)                  # the previous tile (unused when FIRST)
+    sp = jp % STAGES
+    php = (jp // STAGES) & 1
+
+    # data first, then the turn: never hold the token while waiting for a TMA
+    mbarrier.wait(k_full.index(s), ph)
+    if not FIRST:
+        mbarrier.wait(v_full.index(sp), php)
+    _token_acquire(sched, j, WG)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    k_t = _tile_2d(k_smem, s, BLOCK_N, HEAD_DIM).permute((1, 0))   # (d, BLOCK_N) view of K
+    s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
+    if not FIRST:
+        o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        o_tok = warpgroup_mma(p, _tile_2d(v_smem, sp, BLOCK_N, HEAD_DIM), o, is_async=True)
+    _token_release(sched, WG)
+    if FIRST:
+        s_acc = warpgroup_mma_wait(0, deps=(s_tok, ))
+    elif OVERLAP:
+        s_acc = warpgroup_mma_wait(1, deps=(s_tok, ))        # S is in; PV may still run
+    else:
+        s_acc, o, p = warpgroup_mma_wait(0, deps=(s_tok, o_tok, p))
+        mbarrier.arrive(v_empty.index(sp))
+    mbarrier.arrive(k_empty.index(s))          # K of tile j is free as soon as S is in registers
+
+    # ---- online softmax of tile j, in log2 units: m is max(S) * scale * log2(e) ----
+    if j >= n_full:                            # the diagonal / the tail: mask (uniform branch)
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=s_cols)
+        keep = gl.expand_dims(cols < N_K, 0)
+        if CAUSAL:
+            rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows) + (N_K - N_Q)
+            keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
+        s_acc = gl.where(keep, s_acc, -float("inf"))
+    m_new = gl.maximum(m_i, gl.max(s_acc, axis=1) * qk_scale)
+    m_use = gl.where(m_new == -float("inf"), 0.0, m_new)      # a row with no key yet: no NaN
+    alpha = gl.exp2(m_i - m_use)
+    p_f32 = gl.exp2(s_acc * qk_scale - gl.expand_dims(m_use, 1))   # one FMA + one exp2 each
+    l_i = l_i * alpha + gl.sum(p_f32, axis=1)
+    if OVERLAP:
+        if not FIRST:
+            o, p = warpgroup_mma_wait(0, deps=(o_tok, p))         # PV of tile j-1 done
+            mbarrier.arrive(v_empty.index(sp))
+    # P to 16 bits after that wait: the PV of tile j-1 reads the old P until then (ptxas gives
+    # the new P the same registers)
+    p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)      # registers only
+    return o, m_new, l_i, p, alpha
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched, o_desc,
+              LSE, N_Q, N_K, qk_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    m_block = _m_block()
+    bh = gl.program_id(1)
+    row0 = m_block * 2 * BLOCK_M + WG * BLOCK_M
+    n_tiles, n_full = _kv_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    n_cta = _cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+
+    q_view = q_smem.index(WG)                                    # (1, BLOCK_M, d): TMA's box
+    q_tile = q_view.reshape([BLOCK_M, HEAD_DIM])                 # (BLOCK_M, d): wgmma's A
+
+    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, s_rows)
+    l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
+    alpha = gl.zeros([BLOCK_M], gl.float32, s_rows)
+    p = gl.zeros([BLOCK_M, BLOCK_N], q_tile.dtype, p_layout)
+
+    mbarrier.wait(q_bars.index(WG), 0)
+    if n_tiles > 0:
+        o, m_i, l_i, p, alpha = _tile(0, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty,
+                                      sched, o, m_i, l_i, p, alpha, row0, N_Q, N_K, n_full,
+                                      qk_scale, WG, True, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                      CAUSAL, OVERLAP)
+    for j in range(1, n_tiles):
+        o, m_i, l_i, p, alpha = _tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty,
+                                      sched, o, m_i, l_i, p, alpha, row0, N_Q, N_K, n_full,
+                                      qk_scale, WG, False, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                      CAUSAL, OVERLAP)
+
+    # the last PV, in turn n_tiles (taken even with no tile, so both consumers take as many turns)
+    jl = gl.maximum(n_tiles - 1, 0)
+    sl = jl % STAGES
+    mbarrier.wait(v_full.index(sl), (jl // STAGES) & 1, pred=n_tiles > 0)
+    _token_acquire(sched, n_tiles, WG)
+    if n_tiles > 0:
+        o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        o_tok = warpgroup_mma(p, _tile_2d(v_smem, sl, BLOCK_N, HEAD_DIM), o, is_async=True)
+        _token_release(sched, WG)
+        o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(sl))
+    else:
+        _token_release(sched, WG)
+
+    # flush: tiles the other consumer reads but this one does not (causal, BLOCK_N < 2*BLOCK_M):
+    # release them in order (waiting for each to land keeps the empty barriers' phases exact)
+    # and take the matching turns.
+    for j in range(n_tiles, n_cta):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        mbarrier.wait(k_full.index(s), ph)
+        mbarrier.wait(v_full.index(s), ph)
+        mbarrier.arrive(k_empty.index(s))
+        mbarrier.arrive(v_empty.index(s))
+        _token_acquire(sched, j + 1, WG)
+        _token_release(sched, WG)
+
+    # ---- epilogue: O = acc / l through this consumer's Q tile (free now), LSE in natural log ----
+    l_o = gl.convert_layout(l_i, o_rows)
+    inv = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
+    o = o * gl.expand_dims(inv, 1)
+    q_tile.store(o.to(q_tile.dtype))
+    fence_async_shared()                       # generic-proxy writes -> the TMA store's reads
+    tma_store(o_desc, [bh, row0, 0], q_view)
+    rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows)
+    lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, -float("inf"))
+    gl.store(LSE + bh * N_Q + rows, lse, mask=rows < N_Q)
+    tma.store_wait(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel: allocate, initialise the barriers, fork the three roles.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit(do_not_specialize=["N_Q", "N_K"])     # one binary for every length
+def fa3_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+               STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    # shared memory: two Q tiles (reused for O), STAGES K tiles and STAGES V tiles, 128-byte
+    # swizzled (NVMMA layouts, what TMA writes and wgmma reads), then 8-byte mbarriers
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    sched = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)      # the producer's expect-tx arrival
+        mbarrier.init(sched.index(i), count=1)       # the other consumer's release
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(i), count=1)
+        mbarrier.init(v_full.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)     # both consumers
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()                             # the inits, before any TMA completes on them
+
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
+                     o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                     CAUSAL, OVERLAP)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
+                     o_desc, LSE, N_Q, N_K, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                     CAUSAL, OVERLAP)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
+                     v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher
+# ---------------------------------------------------------------------------------------------
+_TORCH_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def pick_config(head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = False,
+                B: int = 1, H: int = 16, N_q: int = 16384, N_k: int | None = None) -> Config:
+    """The planner's fastest feasible config for this problem (``planner.best``)."""
+    return planner.best(head_dim, _TORCH_DTYPE_NAMES[dtype], B=B, H=H, N_q=N_q, N_k=N_k,
+                        causal=causal)
+
+
+def kernel_args(config: Config) -> dict:
+    """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
+    the ahead-of-time tests build the same kernel from this)."""
+    budget = planner.register_budget(config)
+    return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+                                HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
+                                OVERLAP=config.OVERLAP, CONSUMER_REGS=budget["consumer"],
+                                PRODUCER_REGS=budget["producer"]),
+                options=dict(num_warps=4, maxnreg=budget["launch"]))
+
+
+def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    """The shared-memory layout of one (1, rows, d) TMA box: 128-byte swizzle, what wgmma reads."""
+    return gl.NVMMASharedLayout.get_default_for([1, rows, head_dim], DTYPES[dtype])
+
+
+def _validate(q, k, v, causal, softmax_scale, config):
+    name = "attention_fa3"
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {label} must be 4-D (B, H, N, d), got shape "
+                             f"{tuple(t.shape)}.")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{name}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}.")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"{name}: dtype {q.dtype} is not supported; the kernel takes "
+                         "torch.float16 or torch.bfloat16 (convert with .half()).")
+    B, H, N_q, d = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
+        raise ValueError(f"{name}: k and v must be (B, H, N_k, d) = ({B}, {H}, N_k, {d}) like q; "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)} (no grouped-query heads).")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{name}: head dim d={d} is not supported; the kernel takes d in "
+                         f"{HEAD_DIMS}.")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: {label} must be contiguous (B, H, N, d), got strides "
+                             f"{t.stride()}; call .contiguous() first.")
+        if t.numel() and t.data_ptr() % 16:
+            raise ValueError(f"{name}: {label}'s data must be 16-byte aligned for TMA (a sliced "
+                             "view?); pass a fresh .contiguous() copy.")
+    if B * H > 65535:
+        raise ValueError(f"{name}: B*H = {B * H} exceeds the grid's 65535 programs in y.")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    softmax_scale = float(softmax_scale)
+    if not softmax_scale > 0 or math.isinf(softmax_scale):
+        raise ValueError(f"{name}: softmax_scale must be a positive finite number, got "
+                         f"{softmax_scale}.")
+    dtype_name = _TORCH_DTYPE_NAMES[q.dtype]
+    if config is None:
+        config = pick_config(d, q.dtype, causal, B, H, max(N_q, 1), max(k.shape[2], 1))
+    if not isinstance(config, Config):
+        raise ValueError(f"{name}: config must be a {__name__}.Config, got "
+                         f"{type(config).__name__}.")
+    if config.HEAD_DIM not in (None, d) or config.DTYPE not in (None, dtype_name):
+        raise ValueError(f"{name}: config is for d={config.HEAD_DIM}, {config.DTYPE}; the inputs "
+                         f"are d={d}, {dtype_name}.")
+    config = config.for_inputs(d, dtype_name)
+    if config.CONSUMERS != 2:
+        raise ValueError(f"{name}: the kernel has two consumer warpgroups; got "
+                         f"CONSUMERS={config.CONSUMERS}.")
+    verdict = planner.feasible(config)
+    if not verdict:
+        raise ValueError(f"{name}: config {config} does not fit an H100/H200: "
+                         + "; ".join(verdict.reasons) + ".")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: {label} is on {t.device.type}; this Gluon kernel runs only "
+                             "on a CUDA GPU of compute capability 9.0 (H100/H200). Gluon has no "
+                             "CPU interpreter.")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{name}: q, k and v must be on one device, got {q.device}, {k.device}, "
+                         f"{v.device}.")
+    cap = tuple(torch.cuda.get_device_capability(q.device))
+    if cap != (9, 0):
+        raise ValueError(f"{name}: needs an sm_90 GPU (H100/H200: wgmma, TMA, setmaxnreg); "
+                         f"{torch.cuda.get_device_name(q.device)} is sm_{cap[0]}{cap[1]}.")
+    return config, softmax_scale
+
+
+def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = None,
+                  config: Config | None = None):
+    """softmax(scale * Q K^T [+ causal mask]) V with the Gluon FA3 kernel on an H100/H200.
+
+    q ``(B, H, N_q, d)``, k and v ``(B, H, N_k, d)``, contiguous, fp16 or bf16, d in {64, 128}.
+    ``causal`` aligns bottom-right (key j visible to query i when j <= i + N_k - N_q).
+    ``softmax_scale`` defaults to 1/sqrt(d). ``config``: a ``Config`` (None: ``pick_config``).
+    Returns O (like q) and the LSE ``(B, H, N_q)`` float32 in natural log (-inf, with O = 0,
+    for a row that sees no key)."""
+    config, scale = _validate(q, k, v, causal, softmax_scale, config)
+    B, H, N_q, d = q.shape
+    N_k = k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    if N_q == 0 or B * H == 0:
+        return o, lse
+    if N_k == 0:                                   # no key at all: the empty-row convention
+        return o.zero_(), lse.fill_(-float("inf"))
+    bm, bn = config.BLOCK_M, config.BLOCK_N
+    q3, k3, v3, o3 = (t.view(B * H, t.shape[2], d) for t in (q, k, v, o))
+    row_layout, key_layout = tile_layout(bm, d, q.dtype), tile_layout(bn, d, q.dtype)
+    q_desc = TensorDescriptor(q3, list(q3.shape), list(q3.stride()), [1, bm, d], row_layout)
+    o_desc = TensorDescriptor(o3, list(o3.shape), list(o3.stride()), [1, bm, d], row_layout)
+    k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, bn, d], key_layout)
+    v_desc = TensorDescriptor(v3, list(v3.shape), list(v3.stride()), [1, bn, d], key_layout)
+    args = kernel_args(config)
+    grid = (triton.cdiv(N_q, 2 * bm), B * H)
+    with torch.cuda.device(q.device):
+        fa3_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, N_q, N_k, scale * LOG2E,
+                         CAUSAL=bool(causal), **args["constexprs"], **args["options"])
+    return o, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# Ahead of time: compile for sm_90a on any machine (no GPU needed)
+# ---------------------------------------------------------------------------------------------
+def _gluon_ast_source():
+    try:                                   # triton 3.9 exports it
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:                    # triton 3.6 keeps it in _runtime
+        from triton.experimental.gluon._runtime import GluonASTSource
+    return GluonASTSource
+
+
+def compile_for_sm90(config: Config, causal: bool = False):
+    """Compile ``fa3_kernel`` for sm_90a (``GPUTarget("cuda", 90, 32)``) with a resolved
+    ``config`` (``Config.for_inputs``); returns Triton's compiled kernel (``.asm["ptx"]``,
+    ``.asm["cubin"]``, ``.metadata.shared``). Works without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    if config.HEAD_DIM is None or config.DTYPE is None:
+        raise ValueError("compile_for_sm90: resolve the config first (Config.for_inputs).")
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[config.DTYPE]
+    short = {"float16": "fp16", "bfloat16": "bf16"}[config.DTYPE]
+    d = config.HEAD_DIM
+
+    def desc(rows):
+        return f"tensordesc<{short}[1,{rows},{d}],{tile_layout(rows, d, dtype)!r}>"
+
+    args = kernel_args(config)
+    constexprs = dict(args["constexprs"], CAUSAL=bool(causal))
+    signature = dict(q_desc=desc(config.BLOCK_M), k_desc=desc(config.BLOCK_N),
+                     v_desc=desc(config.BLOCK_N), o_desc=desc(config.BLOCK_M), LSE="*fp32",
+                     N_Q="i32", N_K="i32", qk_scale="fp32")
+    signature.update({n: "constexpr" for n in constexprs})
+    source = _gluon_ast_source()(fn=fa3_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=args["options"])

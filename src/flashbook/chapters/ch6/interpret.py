@@ -1,0 +1,913 @@
+"""Run Pallas Mosaic GPU kernels in JAX's GPU interpret mode, in a fresh process with a time
+limit, and turn whatever goes wrong into a message that teaches (Chapter 6; Exercise 1's K/V
+ring and Exercise 4's consumer use it).
+
+JAX's interpret mode (``plgpu.kernel(..., interpret=InterpretGPUParams(...))``) runs a
+warp-specialized kernel on a CPU: every warpgroup is a Python thread, SMEM and GMEM are NumPy
+buffers, TMA copies and mbarriers are simulated, and with ``detect_races=True`` a vector-clock
+race detector reports two accesses to the same SMEM words that no barrier orders. It is strict
+where hardware is silent (a barrier must not complete twice before someone waits for it; every
+warpgroup that waits on a barrier must wait for all its phases before the kernel ends), and when
+it finds a misuse it raises in one thread while the others wait forever: the process hangs.
+
+So a student's kernel never runs in the notebook's process. ``run`` ships the student's
+functions *as source text* (``inspect.getsource``, plus the globals they use: modules as import
+statements, constants by value, helper functions by their own source) to a child process
+``python interpret.py JOBDIR``, which rebuilds them, calls a chapter's kernel builder (the
+*target*, ``"flashbook.chapters.ch6.ring:run_ring"``) on NumPy inputs and writes NumPy outputs.
+Inside the child, a watchdog notices when the process stops using CPU (every warpgroup blocked:
+a deadlock, or the rest of the kernel after a barrier error) and reports the barrier waits that
+are pending, naming the barriers and the source lines; a hard time limit backs it up, and the
+parent kills the child's process group if even that fails. Then ``failure`` writes one message:
+barrier misuse, data races (both accesses, with source lines), a deadlock, a crash in the
+student's code, or a time-out. The parent never imports JAX: without it, ``require_jax`` says how
+to install it.
+
+Works wherever the student's function has source text: a notebook cell (IPython keeps cell
+sources in ``linecache``; so do nbgrader's and nbclient's kernels), a ``.py`` file, or code the
+test-suite runs with a ``linecache`` entry. Not: a lambda or a function typed at a plain
+``python`` prompt. The student's code may use ``jax``, ``jnp``, ``lax``, ``pl``, ``plgpu``,
+``np``, ``math`` and ``functools`` without importing them (the child provides them), so the
+notebook defines it even where JAX is missing and the check can say how to install it.
+
+Writing a target (Exercise 1's is ``ring.run_ring``): a function in a ``flashbook.chapters``
+module, called in the child as ``target(**functions, **arrays, **params, detect_races=...)``,
+returning a dict of NumPy arrays. It imports JAX inside (its module must import without it),
+builds its kernel with ``interpret=params(num_threads, detect_races)`` (one CTA), and runs it.
+The child imports the module through bare packages (``_bare_packages``: no ``flashbook``
+``__init__``, so no torch), so it may import sibling modules but not use the package's
+top-level names. Each ``Call`` names the warpgroups, the barriers and the SMEM scratch buffers
+in allocation order, for the messages.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.metadata
+import importlib.util
+import inspect
+import itertools
+import json
+import math
+import linecache
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["JAX_VERSION", "INSTALL", "jax_problem", "require_jax", "params", "Call", "Run",
+           "run", "failure", "run_checked"]
+
+JAX_VERSION = "0.10.2"          # the version whose interpret mode the book's checks are tested on
+INSTALL = f'pip install "jax=={JAX_VERSION}" "jaxlib=={JAX_VERSION}" absl-py'
+TIMEOUT_S = 120                 # a whole job (every call) may take this long
+STALL_S = 10.0                  # no CPU used for this long (s): the process is stuck
+_DEADLOCK_S = 2.0               # no CPU used while warpgroups wait on barriers: a deadlock
+_GRACE_S = 1.0                  # after a barrier error: the rest of the kernel hangs, soon
+_PACKAGE = Path(__file__).resolve().parents[2]          # .../flashbook
+_STUDENT_MODULE = "__flashbook_student__"
+# Names a kernel's source may use without importing them (the child provides them).
+_DEFAULTS = {"jax": "import jax", "jnp": "import jax.numpy as jnp", "lax": "from jax import lax",
+             "pl": "import jax.experimental.pallas as pl",
+             "plgpu": "import jax.experimental.pallas.mosaic_gpu as plgpu",
+             "np": "import numpy as np", "math": "import math", "functools": "import functools"}
+_EVENTS, _STDOUT, _STDERR = "events.jsonl", "stdout.txt", "stderr.txt"
+
+
+if __name__ == "__main__" or getattr(sys.modules.get("flashbook"), "_bare", False):
+    CheckFailure = AssertionError       # the child process: it raises none, and has no torch
+else:
+    from ...compare import CheckFailure
+
+
+def _fail(message: str):
+    raise CheckFailure(message)
+
+
+# --------------------------------------------------------------------------- JAX present?
+
+def jax_problem() -> str | None:
+    """None when JAX's Mosaic GPU interpret mode can be imported by this Python; otherwise why
+    not and how to install it. Does not import JAX."""
+    importlib.invalidate_caches()                 # it may have been installed a moment ago
+    missing = [m for m in ("jax", "jaxlib", "absl") if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"the Pallas checks run your kernel in JAX's GPU interpret mode, but "
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed "
+                f"in this Python. Install them, then run the check again (no GPU needed):\n"
+                f"    {INSTALL}\n(in a notebook: %pip install ...).")
+    try:
+        have = importlib.metadata.version("jax")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if _version_tuple(have) < _version_tuple(JAX_VERSION):
+        return (f"JAX {have} is too old for the Mosaic GPU interpret mode these checks use "
+                f"(tested with {JAX_VERSION}). Upgrade, then run the check again:\n"
+                f"    {INSTALL}")
+    return None
+
+
+def _version_tuple(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def require_jax(what: str = "this check"):
+    """Raise CheckFailure saying how to install JAX when it is missing or too old."""
+    problem = jax_problem()
+    if problem:
+        _fail(f"{what}: {problem}")
+
+
+def params(num_threads: int, detect_races: bool = True, tma_threads: int = 4):
+    """(Child side, for targets.) ``InterpretGPUParams`` for a single-CTA kernel of
+    ``num_threads`` warpgroups. ``tma_threads`` > 1 gives consecutive TMA copies their own
+    vector clocks, so a read ordered only after a *different* copy's barrier is a race, as
+    on hardware, where copies complete in any order."""
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    return InterpretGPUParams(num_cores_or_threads=num_threads, detect_races=detect_races,
+                              num_tma_threads_per_device=tma_threads)
+
+
+# ------------------------------------------------------------------ shipping source text
+
+@dataclasses.dataclass(frozen=True)
+class Shipped:
+    """One function as the child rebuilds it: its source, where it came from (so that line
+    numbers in reports are the student's), and what it needs from its globals."""
+    name: str            # the name the target receives it as
+    defines: str         # the name its ``def`` binds
+    source: str
+    filename: str
+    firstlineno: int
+    prelude: tuple[str, ...]   # import statements and constants, run before it
+    helpers: tuple["Shipped", ...] = ()
+
+    def line(self, lineno: int) -> str | None:
+        i = lineno - self.firstlineno
+        lines = self.source.splitlines()
+        return lines[i].strip() if 0 <= i < len(lines) else None
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _value_source(value) -> str | None:
+    """An expression that rebuilds ``value`` in another process: Python literals, non-finite
+    floats, NumPy scalars and (small) arrays; None for anything else."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({str(value)!r})"
+    if type(value).__module__ == "numpy":
+        import numpy
+        if isinstance(value, numpy.generic):
+            return f"__import__('numpy').{value.dtype.name}({value.item()!r})"
+        if isinstance(value, numpy.ndarray) and value.size <= 65536 and value.dtype.kind in "biuf":
+            return f"__import__('numpy').asarray({value.tolist()!r}, dtype={str(value.dtype)!r})"
+        return None
+    try:
+        text = repr(value)
+        return text if ast.literal_eval(text) == value else None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def _importable(obj) -> str | None:
+    """'from mod import qualname' when ``obj`` can be imported by name in another process."""
+    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not mod or "<" in qual or mod == "__main__":
+        return None
+    m = sys.modules.get(mod)
+    if m is None or getattr(m, "__spec__", None) is None or mod.startswith(_STUDENT_MODULE):
+        return None
+    if "." in qual or getattr(m, qual, None) is not obj:
+        return None
+    return f"from {mod} import {qual}"
+
+
+def ship(fn: Callable, name: str, _seen: set | None = None) -> Shipped:
+    """The source of ``fn`` and what it uses from its globals, for the child to rebuild.
+    Raises CheckFailure when there is no source text to ship."""
+    _seen = set() if _seen is None else _seen
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn.__name__ == "<lambda>":
+        _fail(f"`{name}` must be a function defined with `def` (the check runs it from its "
+              f"source text in a separate process), got {type(fn).__name__}.")
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        _fail(f"`{name}`: its source text cannot be read (inspect.getsource failed). Define it "
+              "in a notebook cell or a .py file: the check runs it from its source in a "
+              "separate process.")
+    globs = dict(fn.__globals__)
+    if fn.__closure__:
+        for var, cell in zip(code.co_freevars, fn.__closure__):
+            try:
+                globs[var] = cell.cell_contents
+            except ValueError:
+                pass
+    prelude, helpers = [], []
+    _seen.add(id(fn))
+    for g in sorted(_code_names(code) | set(code.co_freevars)):
+        if g not in globs or g == fn.__name__:
+            continue
+        value = globs[g]
+        if isinstance(value, types.ModuleType):
+            prelude.append(f"import {value.__name__} as {g}")
+        elif (expr := _value_source(value)) is not None:
+            prelude.append(f"{g} = {expr}")
+        elif callable(value) and (imp := _importable(value)):
+            prelude.append(f"{imp} as {g}")
+        elif isinstance(value, types.FunctionType) and id(value) not in _seen:
+            helpers.append(ship(value, g, _seen))
+        # anything else (other objects): not shipped; using it fails in the child with a
+        # NameError that ``failure`` explains
+    return Shipped(name=name, defines=fn.__name__, source=source, filename=code.co_filename,
+                   firstlineno=code.co_firstlineno, prelude=tuple(prelude),
+                   helpers=tuple(helpers))
+
+
+def _to_json(s: Shipped) -> dict:
+    d = dataclasses.asdict(s)
+    d["helpers"] = [_to_json(h) for h in s.helpers]
+    return d
+
+
+def _from_json(d: dict) -> Shipped:
+    return Shipped(**{**d, "prelude": tuple(d["prelude"]),
+                      "helpers": tuple(_from_json(h) for h in d["helpers"])})
+
+
+def _all_shipped(shipped: Sequence[Shipped]):
+    for s in shipped:
+        yield s
+        yield from _all_shipped(s.helpers)
+
+
+# ------------------------------------------------------------------------ the parent side
+
+@dataclasses.dataclass
+class Call:
+    """One kernel run of a job: ``target(**functions, **arrays, **params)``."""
+    label: str
+    arrays: dict
+    params: dict
+    thread_names: dict | None = None      # warpgroup id -> "the producer warpgroup"
+    barrier_names: Sequence[str] = ()     # in allocation order: "full[0]", ...
+    smem_names: Sequence[str] = ()        # SMEM scratch buffers in allocation order
+
+
+@dataclasses.dataclass
+class Run:
+    """What came back from a job."""
+    status: str   # ok | failed | stalled | timeout | killed | died | no-jax | source-error
+    calls: list              # per call: dict(outputs=..., races=[...], elapsed=..., done=bool)
+    problems: list           # barrier misuse the interpreter raised (dicts)
+    pending: list            # barrier waits pending when the kernel stopped making progress
+    error: dict | None       # an exception that ended a call (type, message, frames, text)
+    failed_call: int | None  # the call that was running when things went wrong
+    wall_s: float
+    limit_s: float           # the time limit it ran under
+    log: str                 # the tail of the child's stdout and stderr
+    shipped: list
+
+
+def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float = TIMEOUT_S,
+        stall: float | None = STALL_S, detect_races: bool = True) -> Run:
+    """Run ``calls`` of ``target`` ("package.module:function", a module of flashbook) with the
+    student's ``functions`` ({parameter name: function}) in a fresh process. Returns what came
+    back; raises nothing for the kernel's own failures (see ``failure``)."""
+    shipped = [ship(fn, name) for name, fn in functions.items()]
+    job_dir = Path(tempfile.mkdtemp(prefix="flashbook-interpret-"))
+    try:
+        job = {"target": target, "functions": [_to_json(s) for s in shipped],
+               "detect_races": detect_races, "timeout": timeout, "stall": stall,
+               "calls": [{"label": c.label, "params": c.params,
+                          "barrier_names": list(c.barrier_names),
+                          "smem_names": list(c.smem_names)} for c in calls]}
+        (job_dir / "job.json").write_text(json.dumps(job))
+        np.savez(job_dir / "inputs.npz", **{f"{i}:{k}": np.asarray(v)
+                                           for i, c in enumerate(calls)
+                                           for k, v in c.arrays.items()})
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+                   TF_CPP_MIN_LOG_LEVEL="3", JAX_ENABLE_X64="0")
+        env.pop("PYTHONSTARTUP", None)
+        start = time.monotonic()
+        with open(job_dir / _STDOUT, "wb") as out, open(job_dir / _STDERR, "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-u", str(Path(__file__).resolve()),
+                                     str(job_dir)], stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=err, env=env, cwd=job_dir,
+                                    start_new_session=True)
+            killed = False
+            try:
+                proc.wait(timeout=timeout + 30)       # the child enforces ``timeout`` itself
+            except subprocess.TimeoutExpired:
+                killed = True
+            finally:
+                if proc.poll() is None:               # also on KeyboardInterrupt
+                    _kill(proc)
+        return _collect(job_dir, calls, shipped, killed, time.monotonic() - start, timeout)
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)           # the child's own session: only its tree
+    except (ProcessLookupError, PermissionError, AttributeError):
+        proc.kill()
+    proc.wait()
+
+
+def _collect(job_dir: Path, calls, shipped, killed: bool, wall: float, limit: float) -> Run:
+    events = []
+    path = job_dir / _EVENTS
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass                                  # a line cut off by a kill
+    log = ""
+    for name in (_STDOUT, _STDERR):
+        p = job_dir / name
+        if p.exists():
+            text = p.read_text(errors="replace")
+            text = "\n".join(l for l in text.splitlines() if not l.startswith("  clock:"))
+            log += text[-6000:]
+    results = [dict(outputs=None, races=[], elapsed=None, done=False) for _ in calls]
+    problems, pending, error, status, current = [], [], None, None, None
+    for e in events:
+        kind = e["event"]
+        if kind == "start":
+            current = e["call"]
+        elif kind == "race":
+            results[e["call"]]["races"].append(e)
+        elif kind == "problem":
+            problems.append(e)
+        elif kind == "done":
+            i = e["call"]
+            results[i].update(elapsed=e["elapsed"], done=True, racy=e.get("races", False))
+            f = job_dir / f"out{i}.npz"
+            if f.exists():
+                with np.load(f) as z:
+                    results[i]["outputs"] = {k: z[k] for k in z.files}
+        elif kind in ("stalled", "timeout"):
+            status, pending = kind, e.get("pending", [])
+        elif kind == "error":
+            error = e
+        elif kind in ("no-jax", "source-error"):
+            status, error = kind, e
+        elif kind == "finished" and status is None:
+            status = "ok"
+    if status is None:
+        status = "killed" if killed else ("failed" if error or problems else "died")
+    if status == "ok" and (problems or any(r["races"] or r.get("racy") for r in results)):
+        status = "failed"
+    return Run(status=status, calls=results, problems=problems, pending=pending, error=error,
+               failed_call=current if status != "ok" else None, wall_s=wall, limit_s=limit,
+               log=log,
+               shipped=list(_all_shipped(shipped)))
+
+
+# ----------------------------------------------------------------------- the messages
+
+def _where(site: dict | None, shipped: Sequence[Shipped]) -> str:
+    """'line 7 of your `kv_producer`: `plgpu.barrier_wait(...)`' or 'ring.py line 80: `...`'."""
+    if not site:
+        return "an unknown line"
+    file, line = site.get("file", ""), int(site.get("line", 0))
+    for s in shipped:
+        if file == s.filename and s.line(line) is not None:
+            lines = s.source.splitlines()
+            return (f"line {line} of your `{s.defines}`: "
+                    f"`{_statement(lines, line - s.firstlineno)}`")
+    text = _statement(linecache.getlines(file), line - 1)
+    try:
+        shown = str(Path(file).resolve().relative_to(_PACKAGE.parent))
+    except ValueError:
+        shown = file
+    return f"{shown} line {line}" + (f": `{text}`" if text else "")
+
+
+def _statement(lines: Sequence[str], i: int) -> str:
+    """Line ``i`` as quoted in a message, with the lines that continue its statement (a call
+    split over lines), without comments."""
+    if not 0 <= i < len(lines):
+        return ""
+    parts = [_code(lines[i])]
+    while (sum(p.count("(") + p.count("[") - p.count(")") - p.count("]") for p in parts) > 0
+           and i + 1 < len(lines) and len(parts) < 4):
+        i += 1
+        parts.append(_code(lines[i]))
+    return " ".join(parts)
+
+
+def _code(line: str) -> str:
+    """A source line as quoted in a message: stripped, without its trailing comment."""
+    return re.sub(r"\s+#[^'\"]*$", "", line.strip())
+
+
+def _times(n) -> str:
+    return f"{n} time" if n == 1 else f"{n} times"
+
+
+def _who(thread, names: dict | None) -> str:
+    if thread is None:
+        return "a warpgroup"
+    names = names or {}
+    return names.get(int(thread), names.get(str(thread), f"warpgroup {thread}"))
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _race_text(r: dict, names, shipped) -> str:
+    a, b = r["first"], r["second"]
+    where = r.get("buffer") or "an SMEM buffer"
+    index = f"[{r['index']}]" if r.get("index") is not None else ""
+
+    def acc(x):
+        verb = "wrote" if x["kind"] == "write" else "read"
+        return f"{_who(x['thread'], names)} {verb} it at {_where(x['site'], shipped)}"
+    return (f"data race on {where}{index}: {acc(b)}, and {acc(a)}, and no barrier orders "
+            f"the two accesses.")
+
+
+def _problem_text(p: dict, names, shipped) -> str:
+    who, where = _who(p.get("thread"), names), _where(p.get("site"), shipped)
+    bar = p.get("barrier") or "a barrier"
+    if p["kind"] == "completed-again":
+        return (f"barrier misuse: {bar} completed a phase again before any warpgroup waited "
+                f"for its previous phase (the arrival at {where}, by {who}). Every phase of a "
+                "barrier must be waited for before the next one completes: here a slot was "
+                "refilled (or released) twice in a row.")
+    if p["kind"] == "phase-passed":
+        return (f"barrier misuse: {who} waits at {where} for the {_ordinal(p['awaited'])} "
+                f"completion of {bar}, but it has already completed {_times(p['phase'])}: "
+                f"{who} skipped waiting for some of its phases, so the wait can never match.")
+    if p["kind"] == "unobserved-phases":
+        return (f"barrier misuse at the end of the kernel: {who} waited for {p['observed']} of "
+                f"the {p['phase']} completions of {bar}. A warpgroup that waits on a barrier "
+                "must wait for every one of its phases before the kernel returns (drain the "
+                "final phases).")
+    return f"barrier misuse: {p.get('message')} ({who}, {where})"
+
+
+def _pending_text(w: dict, names, shipped) -> str:
+    return (f"{_who(w['thread'], names)} waits at {_where(w['site'], shipped)} for the "
+            f"{_ordinal(w['awaited'])} completion of {w.get('barrier') or 'a barrier'}, which "
+            f"has completed {_times(w['phase'])}")
+
+
+def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | None:
+    """None if the job ran every call with no race and no barrier misuse; otherwise the
+    message: what happened (in the order the student should fix it), then ``hint``."""
+    if result.status == "ok":
+        return None
+    names = call.thread_names if call else None
+    shipped = result.shipped
+    if result.status == "no-jax":
+        return (f"JAX's Mosaic GPU interpret mode could not be imported in the check's process: "
+                f"{result.error.get('message', '')}\nInstall it: {INSTALL}")
+    if result.status == "source-error":
+        e = result.error
+        return (f"your `{e.get('name')}` could not be rebuilt from its source in the check's "
+                f"process: {e.get('type')}: {e.get('message')}")
+    parts = []
+    races = [r for c in result.calls for r in c["races"] if r.get("first")]
+    races.sort(key=lambda r: r["first"]["thread"] == r["second"]["thread"])  # two warpgroups first
+    for r in races[:2]:
+        parts.append(_race_text(r, names, shipped))
+    raw = [r["text"] for c in result.calls for r in c["races"] if not r.get("first")]
+    if raw and not races:           # a report format this module does not parse
+        text = "\n".join(l for l in raw[0].splitlines()[1:] if "clock:" not in l)
+        parts.append(f"data race in shared memory (the race detector's report):\n{text[:800]}")
+    n = len(races) + len(raw)
+    if n > 2:
+        parts.append(f"({n - 2} more data races.)")
+    elif not n and any(c.get("racy") for c in result.calls):
+        parts.append("data race in shared memory (the race detector found one; its report "
+                     f"is in the log):\n{result.log[-800:]}")
+    for p in result.problems[:2]:
+        parts.append(_problem_text(p, names, shipped))
+    e = result.error
+    if e and not result.problems:
+        frames = [f for f in e.get("frames", []) if any(
+            f["file"] == s.filename for s in shipped)]
+        at = f" at {_where(frames[-1], shipped)}" if frames else ""
+        msg = e.get("message", "").strip().splitlines()
+        short = " ".join(msg[:3])[:600]
+        if e.get("type") == "NameError":
+            name = re.search(r"'(\w+)'", short)
+            parts.append(f"the kernel failed{at}: NameError: {short}. The check runs your "
+                         "function from its source in a separate process: it can use modules "
+                         "and plain constants from the notebook, but other objects"
+                         + (f" such as `{name.group(1)}`" if name else "")
+                         + " must be passed in or defined inside the function.")
+        elif e.get("type") == "NotImplementedError" and not at:
+            parts.append("not implemented yet (the stub still raises NotImplementedError).")
+        else:
+            parts.append(f"the kernel failed in the interpreter{at}: {e.get('type')}: {short}")
+    if result.status in ("stalled", "timeout", "killed"):
+        waits = [_pending_text(w, names, shipped) for w in result.pending]
+        if result.status == "stalled":
+            head = ("the kernel hung (a deadlock: every warpgroup still running waits on a "
+                    "barrier that no one will complete)" if not parts else
+                    "then the kernel hung")
+        else:
+            head = (f"the kernel hung: it did not finish within the time limit "
+                    f"({result.limit_s:g} s) and was stopped")
+        parts.append(head + (":\n    " + ";\n    ".join(waits) + "." if waits else "."))
+    if result.status == "died" and not parts:
+        parts.append("the check's process ended unexpectedly (out of memory, or a crash in "
+                     f"JAX). Its last output:\n{result.log[-1500:]}")
+    if not parts:
+        parts.append(f"the check's process ended unexpectedly. Its output:\n{result.log[-1500:]}")
+    text = "\n  ".join(parts)
+    return text + (f"\n  Hint: {hint}" if hint else "")
+
+
+def run_checked(target: str, functions: dict, calls: Sequence[Call], *, title: str,
+                hint: str | Callable[[Run], str] = "", **kw) -> list[dict]:
+    """``run``, then raise CheckFailure naming the call that failed; returns each call's
+    outputs."""
+    require_jax(title)
+    result = run(target, functions, calls, **kw)
+    i = result.failed_call
+    call = calls[i] if i is not None and i < len(calls) else (calls[0] if calls else None)
+    message = failure(result, call, hint=hint(result) if callable(hint) else hint)
+    if message:
+        label = f", case {call.label}" if call is not None and result.failed_call is not None \
+            else ""
+        _fail(f"{title}{label}: {message}")
+    return [c["outputs"] for c in result.calls]
+
+
+# ----------------------------------------------------------------------- the child side
+
+class _Child:
+    """The child process: rebuild, run, report (one JSON line per event, flushed at once, so
+    that whatever happened before a hang or a kill is on disk)."""
+
+    def __init__(self, job_dir: Path):
+        self.dir = job_dir
+        self.job = json.loads((job_dir / "job.json").read_text())
+        self.lock = threading.Lock()
+        self.events = open(job_dir / _EVENTS, "a", buffering=1)
+        self.pending: dict[int, dict] = {}      # python thread -> the barrier wait it is in
+        self.barriers: dict[int, str] = {}      # id(Barrier) -> name
+        self.smem: dict[int, str] = {}          # SMEM buffer id -> name
+        self.call = None
+        self.problem_seen = 0.0
+        self.start = time.monotonic()
+
+    def emit(self, **event):
+        with self.lock:
+            self.events.write(json.dumps(event, default=str) + "\n")
+            self.events.flush()
+
+    # ---------------------------------------------------------------- the watchdog
+    def watchdog(self, parent: int):
+        timeout, stall = self.job["timeout"], self.job["stall"]
+        cpu, progress = time.process_time(), time.monotonic()
+        while True:
+            time.sleep(0.2)
+            now, c = time.monotonic(), time.process_time()
+            if c - cpu > 0.05:
+                cpu, progress = c, now
+            if os.getppid() != parent:                   # the notebook's kernel is gone
+                os._exit(5)
+            quiet = now - progress
+            if self.problem_seen and quiet > _GRACE_S:
+                self.stop("stalled")
+            if stall and (quiet > stall or (self.pending and quiet > min(stall, _DEADLOCK_S))):
+                self.stop("stalled")
+            if now - self.start > timeout:
+                self.stop("timeout")
+
+    def stop(self, why: str):
+        pending = []
+        for w in list(self.pending.values()):
+            bar = w["bar"]
+            pending.append(dict(thread=w["thread"], awaited=w["awaited"],
+                                phase=getattr(bar, "phase", "?"), site=w["site"],
+                                barrier=self.barriers.get(id(bar))))
+        self.emit(event=why, call=self.call, pending=pending)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+
+    # ------------------------------------------------------- interpreter instruments
+    def instrument(self):
+        """Record barrier waits (for deadlock reports), barrier errors (the interpreter raises
+        them in one thread and the others then hang) and races (it prints them), naming
+        barriers and SMEM buffers in allocation order. These are JAX internals: the barrier
+        instruments are installed only where they match JAX 0.10.2's, and none of them may
+        change what the interpreter does (their own failures are swallowed). With another
+        JAX the run is the same, the reports plainer (JAX 0.11 rewrote these internals)."""
+        try:
+            from jax._src.pallas.mosaic.interpret import race_detection_state as rds
+        except ImportError:
+            return
+        self._instrument_races(rds)
+        try:
+            from jax._src import source_info_util as siu
+            from jax._src.pallas.mosaic_gpu import core as mgpu_core
+            from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+            from jax._src.pallas.mosaic_gpu.interpret import shared_memory as sm
+            B, M = sm.Barrier, sm.GPUSharedMemory
+            ok = (list(inspect.signature(B.wait).parameters) ==
+                  ["self", "device_id", "local_thread_id", "logging_info"]
+                  and list(inspect.signature(B.arrive).parameters) ==
+                  ["self", "clock", "logging_info"]
+                  and list(inspect.signature(B.deallocate).parameters) == ["self"]
+                  and "next_awaited_phase_by_thread" in inspect.getsource(B.__init__)
+                  and hasattr(M, "allocate_barrier") and hasattr(M, "allocate_buffer"))
+            smem_space = gpu_callbacks.get_memory_space_idx(mgpu_core.MemorySpace.SMEM)
+        except Exception:  # noqa: BLE001 - another JAX: no barrier instruments
+            return
+        if ok:
+            self._instrument_barriers(siu, B, M, smem_space)
+
+    def _names(self, kind: str) -> list:
+        call = self.job["calls"][self.call] if self.call is not None else {}
+        return call.get(kind, [])
+
+    def _instrument_barriers(self, siu, B, M, smem_space):
+        child = self
+        wait0, arrive0, dealloc0 = B.wait, B.arrive, B.deallocate
+        alloc_bar0, alloc_buf0 = M.allocate_barrier, M.allocate_buffer
+
+        def quietly(fn, *a, **k):
+            try:
+                return fn(*a, **k)
+            except Exception:  # noqa: BLE001 - bookkeeping must never break the kernel
+                return None
+
+        def site(logging_info):
+            si = getattr(logging_info, "source_info", None)
+            frames = list(itertools.islice(siu.user_frames(si.traceback), 1)) \
+                if si is not None and getattr(si, "traceback", None) is not None else []
+            return dict(file=frames[0].file_name, line=frames[0].start_line,
+                        function=frames[0].function_name) if frames else None
+
+        def name_barrier(mem, key):
+            n, given = len(child.barriers), child._names("barrier_names")
+            child.barriers[id(mem[key])] = given[n] if n < len(given) else f"barrier #{n}"
+
+        def name_buffer(key):
+            if getattr(key, "memory_space_id", None) == smem_space:
+                n, given = len(child.smem), child._names("smem_names")
+                child.smem[key.buffer_id] = given[n] if n < len(given) else f"SMEM buffer #{n}"
+
+        def allocate_barrier(self, key, *a, **k):
+            new = quietly(lambda: key not in self.mem)
+            out = alloc_bar0(self, key, *a, **k)
+            if new:
+                quietly(name_barrier, self.mem, key)
+            return out
+
+        def allocate_buffer(self, key, *a, **k):
+            new = quietly(lambda: key not in self.mem)
+            out = alloc_buf0(self, key, *a, **k)
+            if new:
+                quietly(name_buffer, key)
+            return out
+
+        def problem(kind, thread, where, bar, **extra):
+            child.problem_seen = time.monotonic()
+            child.emit(event="problem", kind=kind, call=child.call, thread=thread, site=where,
+                       barrier=child.barriers.get(id(bar)), **extra)
+
+        def awaited(bar, thread):
+            return bar.next_awaited_phase_by_thread[thread % bar.num_participating_threads]
+
+        def enter(bar, thread, logging_info):
+            child.pending[threading.get_ident()] = dict(
+                thread=thread, awaited=awaited(bar, thread), bar=bar, site=site(logging_info))
+
+        def wait(self, device_id, local_thread_id, logging_info=None):
+            quietly(enter, self, local_thread_id, logging_info)
+            try:
+                return wait0(self, device_id, local_thread_id, logging_info)
+            except ValueError as e:
+                msg = str(e)
+                quietly(lambda: problem("phase-passed", local_thread_id, site(logging_info),
+                                        self, message=msg,
+                                        awaited=awaited(self, local_thread_id),
+                                        phase=self.phase))
+                raise
+            finally:
+                child.pending.pop(threading.get_ident(), None)
+
+        def arrive(self, clock=None, logging_info=None):
+            try:
+                return arrive0(self, clock, logging_info)
+            except ValueError as e:
+                msg = str(e)
+                quietly(lambda: problem("completed-again", getattr(logging_info, "thread_id",
+                                                                   None),
+                                        site(logging_info), self, message=msg))
+                raise
+
+        def deallocate(self):
+            try:
+                return dealloc0(self)
+            except ValueError as e:
+                msg = str(e)
+                m = re.search(r"Thread (\d+) did not observe all phases \((\d+)\).*observed "
+                              r"(\d+)", msg)
+                quietly(lambda: problem(
+                    "unobserved-phases", int(m.group(1)) if m else None, None, self,
+                    message=msg, phase=int(m.group(2)) if m else None,
+                    observed=int(m.group(3)) if m else None))
+                raise
+
+        B.wait, B.arrive, B.deallocate = wait, arrive, deallocate
+        M.allocate_barrier, M.allocate_buffer = allocate_barrier, allocate_buffer
+
+    def _instrument_races(self, rds):
+        """The race detector prints its reports (module-level ``print``): read them as they
+        are printed, name the SMEM buffer, and record them as events."""
+        child = self
+        # JAX 0.10.2: "read of <key>[<range>] from <device>, <thread>[,] <file>:<line>:<col>
+        # (<function>)"; another format is kept as text
+        access = re.compile(r"^\s*(read|write) of (?P<buf>.*?)\[(?P<range>.*)\] from "
+                            r"(?P<dev>\d+), (?P<thr>\d+),? (?P<frame>.*)$")
+        frame = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)? \((?P<fn>.*)\)$")
+
+        def parse(line: str):
+            m = access.match(line)
+            if not m:
+                return None
+            f = frame.match(m.group("frame").strip())
+            buf = re.search(r"buffer_id=(\d+)", m.group("buf"))
+            idx = re.match(r"\((\d+),", m.group("range"))
+            return dict(kind=m.group(1), thread=int(m.group("thr")),
+                        site=dict(file=f.group("file"), line=int(f.group("line")),
+                                  function=f.group("fn")) if f else None,
+                        buffer=child.smem.get(int(buf.group(1))) if buf else None,
+                        index=int(idx.group(1)) if idx else None)
+
+        def record(text: str):
+            lines = text.splitlines()
+            if not (lines and lines[0].startswith("RACE DETECTED")):
+                return
+            acc = [a for a in (parse(l) for l in lines[1:]) if a]
+            if len(acc) == 2:           # the report names the current access first
+                second, first = acc
+                child.emit(event="race", call=child.call, first=first, second=second,
+                           buffer=second["buffer"] or first["buffer"], index=second["index"])
+            else:
+                child.emit(event="race", call=child.call, first=None, second=None, text=text)
+
+        def race_print(*args, **kw):
+            print(*args, **kw)
+            try:
+                record(" ".join(str(a) for a in args))
+            except Exception:  # noqa: BLE001
+                pass
+        rds.print = race_print
+
+    # ----------------------------------------------------------------------- main
+    def rebuild(self) -> dict:
+        ns = types.ModuleType(_STUDENT_MODULE)
+        sys.modules[_STUDENT_MODULE] = ns
+        g = ns.__dict__
+        for name, stmt in _DEFAULTS.items():
+            exec(stmt, g)
+
+        def load(d: Shipped):
+            for h in d.helpers:
+                load(h)
+            for stmt in d.prelude:
+                exec(stmt, g)
+            linecache.cache[d.filename] = (0, None, [""] * (d.firstlineno - 1)
+                                           + d.source.splitlines(True), d.filename)
+            code = compile("\n" * (d.firstlineno - 1) + d.source, d.filename, "exec")
+            exec(code, g)
+            g[d.name] = g[d.defines]          # a helper may be known by another name
+            return g[d.defines]
+
+        out = {}
+        for d in self.job["functions"]:
+            s = _from_json(d)
+            try:
+                out[s.name] = load(s)
+            except Exception as e:  # noqa: BLE001 - reported, not raised
+                self.emit(event="source-error", name=s.name, type=type(e).__name__,
+                          message=str(e))
+                raise SystemExit(0)
+        return out
+
+    def main(self):
+        parent = os.getppid()
+        _die_with_parent()
+        threading.Thread(target=self.watchdog, args=(parent,), daemon=True).start()
+        try:
+            import jax
+            jax.config.update("jax_platforms", "cpu")
+            import jax.experimental.pallas.mosaic_gpu  # noqa: F401  (needs absl)
+            importlib.import_module("jax._src.pallas.mosaic_gpu.interpret.params")
+        except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
+            self.emit(event="no-jax", type=type(e).__name__, message=str(e))
+            return
+        self.emit(event="ready", jax=jax.__version__)
+        self.instrument()
+        functions = self.rebuild()
+        mod_name, fn_name = self.job["target"].split(":")
+        target = getattr(importlib.import_module(mod_name), fn_name)
+        arrays: dict[int, dict] = {}
+        with np.load(self.dir / "inputs.npz") as z:
+            for k in z.files:
+                i, name = k.split(":", 1)
+                arrays.setdefault(int(i), {})[name] = z[k]
+        for i, call in enumerate(self.job["calls"]):
+            self.call = i
+            self.barriers.clear()
+            self.smem.clear()
+            self.emit(event="start", call=i)
+            t0 = time.monotonic()
+            try:
+                outputs = target(**functions, **arrays.get(i, {}), **call["params"],
+                                 detect_races=self.job["detect_races"])
+            except BaseException as e:  # noqa: BLE001 - reported, then the job ends
+                self.report_error(e)
+                return
+            np.savez(self.dir / f"out{i}.npz", **{k: np.asarray(v) for k, v in outputs.items()})
+            races = False
+            try:
+                from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+                races = bool(gpu_callbacks.get_races().races_found)
+            except Exception:  # noqa: BLE001
+                pass
+            self.emit(event="done", call=i, elapsed=time.monotonic() - t0, races=races)
+            if races:               # the first call with a race is reported; stop there
+                break
+        self.emit(event="finished")
+
+    def report_error(self, e: BaseException):
+        import traceback
+        text = "".join(traceback.format_exception(e))
+        etype, message = type(e).__name__, str(e)
+        frames = [dict(file=f.filename, line=f.lineno, function=f.name)
+                  for f in traceback.extract_tb(e.__traceback__)]
+        if etype in ("JaxRuntimeError", "XlaRuntimeError"):
+            # raised in a warpgroup's thread and flattened into text by the callback machinery
+            inner = list(re.finditer(r"^(\w+(?:Error|Exception)): ", message, re.M))
+            frames += [dict(file=f, line=int(n), function=fn) for f, n, fn in
+                       re.findall(r'File "(.+?)", line (\d+), in (\S+)', message)]
+            if inner:
+                etype, message = inner[-1].group(1), message[inner[-1].end():]
+        self.emit(event="error", call=self.call, type=etype, message=message[-3000:],
+                  frames=frames, text=text[-4000:])
+
+
+def _die_with_parent():
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass                         # not Linux: the watchdog's parent check still applies
+
+
+def _bare_packages():
+    """Make ``flashbook.chapters.ch6.<module>`` importable without running the packages'
+    ``__init__`` (which imports torch): the child needs numpy and JAX only."""
+    root = _PACKAGE
+    for name, path in (("flashbook", root), ("flashbook.chapters", root / "chapters"),
+                       ("flashbook.chapters.ch6", Path(__file__).resolve().parent)):
+        if name not in sys.modules:
+            m = types.ModuleType(name)
+            m.__path__ = [str(path)]
+            m._bare = True
+            sys.modules[name] = m
+
+
+if __name__ == "__main__":
+    sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    _bare_packages()
+    _child = importlib.import_module("flashbook.chapters.ch6.interpret")._Child(Path(sys.argv[1]))
+    try:
+        _child.main()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

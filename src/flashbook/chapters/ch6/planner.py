@@ -1,0 +1,314 @@
+"""Chapter 6's config planner for the Gluon FlashAttention-3 kernel (``gluon_fa3``): what a config
+costs in shared memory and registers, whether an H100/H200 can run it, and which feasible
+config a simple model expects to be fastest. Pure Python: no GPU, no Triton.
+
+A config fixes the head dim d, the dtype (2 bytes), BLOCK_M query rows per consumer warpgroup,
+BLOCK_N keys per K/V tile, STAGES slots in the K/V ring and the number of consumer warpgroups
+(the kernel has 2, plus one producer warp padded to a warpgroup).
+
+**Shared memory** (``shared_memory``) is byte-exact against the compiled kernel's
+``metadata.shared`` (``tests/test_ch6.py`` compiles it for sm_90a and compares). Triton
+places every buffer of the kernel once, because all of them are live together: it sorts them by
+size, largest first (ties in program order), and puts each at the next multiple of its
+alignment. The buffers:
+
+* the tiles, 128-byte-swizzled (alignment 1024): Q ``2*BLOCK_M*d*2`` (one tile per consumer,
+  reused for O), K and V ``STAGES*BLOCK_N*d*2`` each;
+* the mbarriers, 8 bytes each (alignment 16 per allocation): ``q_bars[2]``, ``k_full``,
+  ``k_empty``, ``v_full``, ``v_empty`` (``STAGES`` each) and the ping-pong ``sched[2]``;
+* what ``gl.warp_specialize`` needs: the worker partitions' captured arguments, packed
+  (alignment 8; 8 bytes a pointer or tensor descriptor, 4 an i32/f32, ``8 + 4*rank`` a
+  shared-memory view: 220 bytes for this kernel), and one state byte per extra warp
+  (``4*CONSUMERS``: the producer warp is padded to a full warpgroup).
+
+So d=128, 64/128, 2 stages: 163840 bytes of tiles + 224 + 96 + 8 = 164168 bytes.
+
+**Registers** (``register_budget``): 65,536 per SM. With ``(CONSUMERS + 1) * 128`` threads the
+launch gives each ``floor(65536 / threads / 8) * 8`` (168 for 384 threads); then ``setmaxnreg``
+moves them: the producer warpgroup drops to 24 (the minimum) and each consumer takes
+``floor((65536 - 24*128) / (128*CONSUMERS) / 8) * 8``, at most 256 (240 for two consumers:
+2*128*240 + 128*24 = 64,512). Triton emits the setmaxnreg calls from the per-partition requests
+the launcher passes (``CONSUMER_REGS``, ``PRODUCER_REGS``). ``consumer_registers`` estimates
+what one consumer thread keeps live: the O accumulator ``BLOCK_M*d/128`` fp32 registers, S
+``BLOCK_M*BLOCK_N/128``, P in 16 bits ``BLOCK_M*BLOCK_N/256``, plus 32 for addresses, counters,
+row statistics and masks (calibrated against ptxas: 64/128/128 uses no spill, 64/256 at d=64
+and 128-row consumers spill).
+
+**Speed model** (``predict``), per SM, in clock cycles at the 1.83 GHz the quoted peak assumes.
+One consumer's tile costs ``g = 4*BLOCK_M*BLOCK_N*d / 4096 / 0.726`` cycles of tensor cores
+(QK^T and PV; an SM does 4,096 dense fp16 FLOP a clock, of which wgmma with 64-row warpgroup
+tiles sustained 72.6% here) and ``s = 0.12*BLOCK_M*BLOCK_N + 2.1*BLOCK_M`` cycles of softmax
+(per score: an FMA, an exp2 on the 16 MUFU lanes, max, sum, the 16-bit pack; per row: the
+shuffles and the statistics). With the ping-pong the tensor cores alternate between the
+consumers, so a tile of the CTA takes ``max(CONSUMERS*g, g + s) + 520`` (520: the barrier
+handshakes, the token and the bar.syncs of a tile). A CTA also pays ``1000 + g + s + 500`` to
+fill and drain the pipeline (a TMA round trip to L2 ~1000 cycles) and stalls
+``1000 - (STAGES-1)*tile`` more per tile when the ring cannot cover that latency. CTAs run one
+per SM (registers); causal CTAs are summed over the SMs (the kernel starts the longest first).
+The four constants 0.726, 0.12, 2.1 and 520 were fitted to H200 measurements (fp16, triton 3.6;
+d=128 at 64x128 and 64x64, d=64 at 64x128 and 128x64): non-causal within 4%, causal
+over-estimated by up to 13% at N=4096 (the masked diagonal tiles are not modelled), and
+BLOCK_N=128 ranked first for both head dims, as measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+__all__ = ["Config", "GPU", "H100", "H200", "GPUS", "Verdict", "shared_memory",
+           "shared_memory_layout", "register_budget", "consumer_registers", "feasible", "predict",
+           "rank", "best", "candidates", "kv_tiles", "cta_tiles", "SUPPORTED_HEAD_DIMS",
+           "SUPPORTED_DTYPES"]
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = ("float16", "bfloat16")
+REGISTERS_PER_SM = 65536
+SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
+PRODUCER_REGS = 24
+# the worker partitions' captured arguments (bytes): 3 smem tiles of rank 4 (8 + 4*4 each),
+# 6 barrier arrays of rank 2 (8 + 2*4), 4 tensor descriptors and the LSE pointer (8 each),
+# N_Q, N_K and qk_scale (4 each)
+CAPTURE_BYTES = 3 * 24 + 6 * 16 + 5 * 8 + 3 * 4
+TILE_ALIGN, BARRIER_ALIGN, CAPTURE_ALIGN, STATE_ALIGN = 1024, 16, 8, 4
+
+
+@dataclass(frozen=True)
+class Config:
+    """The kernel's tunables. ``HEAD_DIM`` and ``DTYPE`` may stay None in a config handed to
+    ``attention_fa3`` (the inputs fill them in, ``for_inputs``); the planner needs them set."""
+    BLOCK_M: int = 64          # query rows per consumer warpgroup (wgmma's M is 64 a warpgroup)
+    BLOCK_N: int = 128         # keys per K/V tile
+    STAGES: int = 2            # slots in the K/V shared-memory ring
+    OVERLAP: bool = True       # FA3's intra-warpgroup order (QK^T waited before PV)
+    CONSUMERS: int = 2         # consumer warpgroups (the kernel has exactly 2)
+    HEAD_DIM: int | None = None
+    DTYPE: str | None = None   # "float16" or "bfloat16"
+
+    def for_inputs(self, head_dim: int, dtype: str) -> "Config":
+        return replace(self, HEAD_DIM=head_dim, DTYPE=dtype)
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.BLOCK_M * self.CONSUMERS
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.CONSUMERS + 1)
+
+    def _need(self):
+        if self.HEAD_DIM is None or self.DTYPE is None:
+            raise ValueError(f"planner: {self} needs HEAD_DIM and DTYPE (Config.for_inputs).")
+        return self.HEAD_DIM, 2
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    sms: int
+    clock_ghz: float                 # the clock the quoted tensor peak assumes
+    smem_per_block: int              # dynamic shared memory one block may use (bytes)
+    regs_per_sm: int = REGISTERS_PER_SM
+    max_threads: int = 1024
+    tensor_flop_per_clk: int = 4096  # dense fp16/bf16 FLOP per clock per SM
+
+    @property
+    def peak_tflops(self) -> float:
+        return self.sms * self.tensor_flop_per_clk * self.clock_ghz * 1e9 / 1e12
+
+
+H100 = GPU("H100 SXM", sms=132, clock_ghz=1.83, smem_per_block=232448)
+H200 = GPU("H200", sms=132, clock_ghz=1.83, smem_per_block=232448)
+GPUS = {"h100": H100, "h200": H200}
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernel's tile counts (the same integer arithmetic as gluon_fa3._kv_tiles / _cta_tiles)
+# ------------------------------------------------------------------------------------------------
+def kv_tiles(row0: int, n_q: int, n_k: int, block_m: int, block_n: int,
+             causal: bool) -> tuple[int, int]:
+    """For the query rows [row0, row0 + block_m): (tiles, full) — the K/V tiles they read, and
+    how many of the first ones need no mask. Causal is bottom-right: key j is visible to query
+    i when j <= i + n_k - n_q."""
+    if causal:
+        off = n_k - n_q
+        hi = max(min(row0 + block_m + off, n_k), 0)
+        lo = max(min(row0 + off + 1, n_k), 0)
+        return -(-hi // block_n), lo // block_n
+    return -(-n_k // block_n), n_k // block_n
+
+
+def cta_tiles(m_block: int, n_q: int, n_k: int, block_m: int, block_n: int, causal: bool,
+              consumers: int = 2) -> int:
+    """The K/V tiles the producer streams for one CTA: the most any of its consumers reads."""
+    rows = consumers * block_m
+    return max(kv_tiles(m_block * rows + w * block_m, n_q, n_k, block_m, block_n, causal)[0]
+               for w in range(consumers))
+
+
+# ------------------------------------------------------------------------------------------------
+# shared memory
+# ------------------------------------------------------------------------------------------------
+def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
+    """``(name, offset, size)`` of every buffer, as Triton's allocator places them."""
+    d, e = config._need()
+    s = config.STAGES
+    buffers = [  # program order (the kernel's allocations), then the warp-specialize scratch
+        ("q", config.CONSUMERS * config.BLOCK_M * d * e, TILE_ALIGN),
+        ("k", s * config.BLOCK_N * d * e, TILE_ALIGN),
+        ("v", s * config.BLOCK_N * d * e, TILE_ALIGN),
+        ("q_bars", 8 * config.CONSUMERS, BARRIER_ALIGN),
+        ("k_full", 8 * s, BARRIER_ALIGN), ("k_empty", 8 * s, BARRIER_ALIGN),
+        ("v_full", 8 * s, BARRIER_ALIGN), ("v_empty", 8 * s, BARRIER_ALIGN),
+        ("sched", 8 * config.CONSUMERS, BARRIER_ALIGN),
+        ("warp_states", 4 * config.CONSUMERS, STATE_ALIGN),
+        ("captures", CAPTURE_BYTES, CAPTURE_ALIGN),
+    ]
+    placed, end = [], 0
+    for name, size, align in sorted(buffers, key=lambda b: -b[1]):     # stable: ties keep order
+        offset = -(-end // align) * align
+        placed.append((name, offset, size))
+        end = offset + size
+    return placed
+
+
+def shared_memory(config: Config) -> int:
+    """Bytes of shared memory the compiled kernel allocates (its ``metadata.shared``)."""
+    return max(offset + size for _, offset, size in shared_memory_layout(config))
+
+
+# ------------------------------------------------------------------------------------------------
+# registers
+# ------------------------------------------------------------------------------------------------
+def register_budget(config: Config) -> dict:
+    """Registers per thread for each role (setmaxnreg budgets: multiples of 8 in [24, 256])."""
+    threads = config.threads
+    launch = REGISTERS_PER_SM // threads // 8 * 8
+    consumer = (REGISTERS_PER_SM - 128 * PRODUCER_REGS) // (128 * config.CONSUMERS) // 8 * 8
+    consumer = min(consumer, SETMAXNREG_MAX)
+    return dict(launch=launch, consumer=consumer, producer=PRODUCER_REGS,
+                total=128 * (config.CONSUMERS * consumer + PRODUCER_REGS))
+
+
+def consumer_registers(config: Config) -> int:
+    """Estimated registers one consumer thread keeps live (see the module docstring)."""
+    d, _ = config._need()
+    o = config.BLOCK_M * d // 128
+    s = config.BLOCK_M * config.BLOCK_N // 128
+    p = config.BLOCK_M * config.BLOCK_N // 256
+    return o + s + p + 32
+
+
+# ------------------------------------------------------------------------------------------------
+# feasibility
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reasons: tuple = field(default_factory=tuple)
+
+    def __bool__(self):
+        return self.ok
+
+
+def feasible(config: Config, gpu: GPU = H100) -> Verdict:
+    """Can ``gpu`` run ``config``? Checks the kernel's shape rules, the shared memory per block,
+    the register budgets and the threads; ``reasons`` says what fails."""
+    d, _ = config._need()
+    why = []
+    if d not in SUPPORTED_HEAD_DIMS:
+        why.append(f"head dim {d} not in {SUPPORTED_HEAD_DIMS}")
+    if config.DTYPE not in SUPPORTED_DTYPES:
+        why.append(f"dtype {config.DTYPE} not in {SUPPORTED_DTYPES}")
+    if config.BLOCK_M % 64 or config.BLOCK_M < 64:
+        why.append(f"BLOCK_M={config.BLOCK_M}: a warpgroup's wgmma covers 64-row multiples")
+    if config.BLOCK_N not in (16, 32, 64, 128, 256):
+        why.append(f"BLOCK_N={config.BLOCK_N}: a power of two from 16 to 256 (wgmma N <= 256)")
+    if config.STAGES < 2:
+        why.append(f"STAGES={config.STAGES}: the ring needs 2 slots to overlap loads")
+    if config.CONSUMERS < 1:
+        why.append("at least one consumer warpgroup")
+    if config.threads > gpu.max_threads:
+        why.append(f"{config.threads} threads > {gpu.max_threads}")
+    smem = shared_memory(config)
+    if smem > gpu.smem_per_block:
+        why.append(f"shared memory {smem} B > {gpu.smem_per_block} B per block on {gpu.name}")
+    budget = register_budget(config)
+    if budget["total"] > gpu.regs_per_sm:
+        why.append(f"registers {budget['total']} > {gpu.regs_per_sm} per SM")
+    if not SETMAXNREG_MIN <= budget["consumer"] <= SETMAXNREG_MAX or budget["consumer"] % 8:
+        why.append(f"consumer budget {budget['consumer']} is not a setmaxnreg value")
+    need = consumer_registers(config)
+    if need > budget["consumer"]:
+        why.append(f"a consumer thread needs ~{need} registers > its {budget['consumer']} "
+                   "(spills)")
+    return Verdict(not why, tuple(why))
+
+
+# ------------------------------------------------------------------------------------------------
+# the speed model and the ranking
+# ------------------------------------------------------------------------------------------------
+L2_LATENCY, TILE_SYNC, EPILOGUE, WGMMA_EFFICIENCY = 1000, 520, 500, 0.726
+SOFTMAX_PER_SCORE, SOFTMAX_PER_ROW = 0.12, 2.1
+
+
+def _tile_cycles(config: Config) -> tuple[float, float, float]:
+    d, _ = config._need()
+    g = 4 * config.BLOCK_M * config.BLOCK_N * d / 4096 / WGMMA_EFFICIENCY
+    s = SOFTMAX_PER_SCORE * config.BLOCK_M * config.BLOCK_N + SOFTMAX_PER_ROW * config.BLOCK_M
+    tile = max(config.CONSUMERS * g, g + s) + TILE_SYNC
+    tile += max(0.0, L2_LATENCY - (config.STAGES - 1) * tile)
+    return g, s, tile
+
+
+def predict(config: Config, B: int, H: int, N_q: int, N_k: int | None = None,
+            causal: bool = False, gpu: GPU = H100) -> dict:
+    """The model's time (ms) and TFLOP/s for one problem (FLOPs: 4*N_q*N_k*d per head, half
+    of it for causal with N_q == N_k)."""
+    d, _ = config._need()
+    N_k = N_q if N_k is None else N_k
+    g, s, tile = _tile_cycles(config)
+    rows = config.rows_per_cta
+    m_blocks = -(-N_q // rows)
+    fill = L2_LATENCY + g + s + EPILOGUE
+
+    def tiles(mb):
+        return cta_tiles(mb, N_q, N_k, config.BLOCK_M, config.BLOCK_N, causal, config.CONSUMERS)
+
+    per_cta = [fill + tiles(mb) * tile for mb in range(m_blocks)]
+    if causal:
+        cycles = max(sum(per_cta) * B * H / gpu.sms, max(per_cta))
+    else:
+        cycles = math.ceil(m_blocks * B * H / gpu.sms) * per_cta[0]
+    ms = cycles / (gpu.clock_ghz * 1e9) * 1e3
+    flops = 4 * B * H * N_q * N_k * d * (0.5 if causal and N_q == N_k else 1.0)
+    return dict(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, tile_cycles=tile, g=g, s=s)
+
+
+def candidates(head_dim: int, dtype: str = "float16") -> list[Config]:
+    """The configs the kernel supports (two consumers) for one head dim and dtype."""
+    return [Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, OVERLAP=ov, HEAD_DIM=head_dim, DTYPE=dtype)
+            for bm in (64, 128) for bn in (64, 128, 256) for st in (2, 3, 4)
+            for ov in (True, False)]
+
+
+def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q: int = 16384,
+         N_k: int | None = None, causal: bool = False, gpu: GPU = H100,
+         configs: list[Config] | None = None) -> list[tuple[Config, dict]]:
+    """Feasible configs, fastest first by ``predict``; ties go to the smaller BLOCK_M (more CTAs
+    to balance), then the smaller shared memory, then OVERLAP (FA3's order)."""
+    out = []
+    for c in configs or candidates(head_dim, dtype):
+        c = c if c.HEAD_DIM else c.for_inputs(head_dim, dtype)
+        if feasible(c, gpu):
+            out.append((c, predict(c, B, H, N_q, N_k, causal, gpu)))
+    out.sort(key=lambda cp: (round(cp[1]["ms"], 9), cp[0].BLOCK_M, shared_memory(cp[0]),
+                             not cp[0].OVERLAP))
+    return out
+
+
+def best(head_dim: int, dtype: str = "float16", **problem) -> Config:
+    """The fastest feasible config by the model (``rank``'s first)."""
+    ranked = rank(head_dim, dtype, **problem)
+    if not ranked:
+        raise ValueError(f"planner: no feasible config for d={head_dim}, {dtype}.")
+    return ranked[0][0]

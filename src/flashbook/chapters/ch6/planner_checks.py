@@ -1,0 +1,610 @@
+"""Chapter 6, Exercise 3's graded check: a config planner for the chapter's Gluon kernel.
+
+The student writes, for a resolved ``planner.Config`` (``HEAD_DIM`` and ``DTYPE`` set):
+
+* ``smem_bytes(config)``: the shared memory the kernel allocates: a Q tile per consumer
+  warpgroup, ``STAGES`` slots of K and ``STAGES`` of V, 8 bytes per mbarrier, and the 228 bytes
+  ``gl.warp_specialize`` keeps for its worker warps (``WARP_SPECIALIZE_BYTES``);
+* ``register_budget(consumers)``: the registers a consumer thread gets from ``setmaxnreg`` once the
+  producer warpgroup has dropped to 24 (a multiple of 8, at most 256);
+* ``consumer_register_need(config)``: what one consumer thread keeps live (``planner``'s estimate);
+* ``fits(config, device)``: both fit on ``device`` (``Device``: the fields of
+  ``torch.cuda.get_device_properties`` the planner needs, under torch's names);
+* ``choose(d, dtype, candidates, device, **problem)``: the feasible candidate that
+  ``planner.predict(config, **problem)`` expects to be fastest (None if none fits).
+
+``check_planner`` compares them with what the kernel really needs. The shared memory of every
+config in ``compiled_table()`` (``data/ch6_compiled.json``: the kernel compiled ahead of time for
+sm_90a, with the provenance of the run) is ``metadata.shared`` of the compiled kernel; other
+configs use ``planner.shared_memory``, byte-exact with it. A student's figure may be below it by
+the alignment padding Triton's allocator adds (``SMEM_SLACK``), never above. The register
+estimate must predict exactly the configs where ptxas spilled. ``fits`` must agree with
+``planner.feasible`` and be exact at a device's per-block limit; ``choose`` must return a config
+that fits with the least predicted time. None of them may call the planner's own answer
+(``planner.shared_memory``, ``feasible``, ...); ``planner.predict`` is given.
+
+``TRITON_DEFAULT_FP_FUSION=1 python -m flashbook.chapters.ch6.planner_checks --out
+src/flashbook/data/ch6_compiled.json`` (without ``TRITON_INTERPRET``) regenerates the table:
+about 10 minutes on two cores, as configs that spill compile slowly. ``tests/test_ch6_planner.py``
+recompiles two entries (slow test) and checks they still match.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+from functools import cache
+from pathlib import Path
+
+from flashbook.check import CheckFailure, report, require_implemented
+
+from . import planner
+from .planner import Config
+
+__all__ = ["Device", "H100_PROPS", "H200_PROPS", "MBARRIER_BYTES", "WARP_SPECIALIZE_BYTES",
+           "REGISTERS_PER_SM", "PRODUCER_REGS", "SMEM_SLACK", "COMPILED_PATH", "compiled_table",
+           "compiled_entry", "planner_configs", "choice_problems", "check_planner",
+           "choice_table", "compile_entry"]
+
+MBARRIER_BYTES = 8                   # one mbarrier: a 64-bit word in shared memory
+# gl.warp_specialize keeps, in shared memory, the arguments it hands the worker partitions
+# (220 bytes for this kernel, planner.CAPTURE_BYTES) and 4 state bytes per consumer warpgroup
+WARP_SPECIALIZE_BYTES = planner.CAPTURE_BYTES + 4 * 2
+REGISTERS_PER_SM = planner.REGISTERS_PER_SM
+PRODUCER_REGS = planner.PRODUCER_REGS
+# Triton starts every barrier array at a multiple of 16 bytes (and the first after the 220-byte
+# argument block): at most 4 + 6 * 8 = 52 bytes of padding that a sum of the buffers leaves out
+SMEM_SLACK = 64
+
+COMPILED_PATH = Path(__file__).resolve().parents[2] / "data" / "ch6_compiled.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What the planner needs to know about a GPU, under the names of
+    ``torch.cuda.get_device_properties`` (so on a GPU its result can be passed instead)."""
+    name: str
+    shared_memory_per_block: int             # a block's limit unless the kernel opts in (48 KB)
+    shared_memory_per_block_optin: int       # the most one block may use: the SM's total less 1 KB
+    shared_memory_per_multiprocessor: int    # the SM's total (the spec sheet's figure)
+    regs_per_multiprocessor: int = REGISTERS_PER_SM
+    multi_processor_count: int = 132
+
+
+# compute capability 9.0 (CUDA C++ Programming Guide, "Technical Specifications per Compute
+# Capability"): 228 KB of shared memory per SM, at most 227 KB per block, 1 KB reserved per block
+H100_PROPS = Device("NVIDIA H100 80GB HBM3", 48 * 1024, 227 * 1024, 228 * 1024)
+H200_PROPS = Device("NVIDIA H200", 48 * 1024, 227 * 1024, 228 * 1024)
+
+
+def _key(d, dtype, bm, bn, stages) -> tuple:
+    return (int(d), str(dtype), int(bm), int(bn), int(stages))
+
+
+def _config_key(c: Config) -> tuple:
+    return _key(c.HEAD_DIM, c.DTYPE, c.BLOCK_M, c.BLOCK_N, c.STAGES)
+
+
+def _describe(c: Config) -> str:
+    return (f"d={c.HEAD_DIM} {c.DTYPE}, BLOCK_M={c.BLOCK_M}, BLOCK_N={c.BLOCK_N}, "
+            f"STAGES={c.STAGES}" + ("" if c.CONSUMERS == 2 else f", CONSUMERS={c.CONSUMERS}"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the compiled table (data/ch6_compiled.json)
+# ------------------------------------------------------------------------------------------------
+@cache
+def _load(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def compiled_table(path: Path | str = COMPILED_PATH) -> dict:
+    """``{"provenance": {...}, "configs": [entry, ...]}``; an entry: d, dtype, BLOCK_M, BLOCK_N,
+    STAGES, shared (``metadata.shared``), n_regs (the launch's register count), stack (local
+    bytes per thread, what Triton reports as ``n_spills`` on a GPU), spill_stores and spill_loads
+    (STL and LDL instructions in the SASS) and spilled (any of them)."""
+    return _load(str(path))
+
+
+def compiled_entry(config: Config, path: Path | str = COMPILED_PATH) -> dict | None:
+    """The compiled table's entry for ``config`` (two consumers, FA3's order), or None."""
+    if config.CONSUMERS != 2 or not config.OVERLAP:
+        return None
+    key = _config_key(config)
+    for e in compiled_table(path)["configs"]:
+        if _key(e["d"], e["dtype"], e["BLOCK_M"], e["BLOCK_N"], e["STAGES"]) == key:
+            return e
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# the cases
+# ------------------------------------------------------------------------------------------------
+def _grid(head_dims, dtypes) -> list[Config]:
+    return [Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=st).for_inputs(d, dt)
+            for d in head_dims for dt in dtypes
+            for bm in (64, 128) for bn in (64, 128, 256) for st in (2, 3, 4)]
+
+
+def planner_configs(hidden: bool = False) -> list[Config]:
+    """Visible: d=128 fp16, BLOCK_M 64/128, BLOCK_N 64/128/256, 2-4 stages (18 configs, all in
+    the compiled table). Hidden: also d=64 and bf16 (72 configs)."""
+    if not hidden:
+        return _grid((128,), ("float16",))
+    return _grid((128, 64), ("float16", "bfloat16"))
+
+
+def _tiles(stages_list=(2, 3, 4), bms=(64, 128), bns=(64, 128, 256)) -> list[Config]:
+    """Unresolved candidates (the tunables only), both orders of FA3's overlap."""
+    return [Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, OVERLAP=ov)
+            for bm in bms for bn in bns for st in stages_list for ov in (True, False)]
+
+
+def _small_device(kib: int) -> Device:
+    return Device(f"a GPU whose blocks may use {kib} KB", 48 * 1024, kib * 1024,
+                  (kib + 1) * 1024)
+
+
+def choice_problems(hidden: bool = False) -> list[tuple[str, int, str, list, Device, dict]]:
+    """(what, d, dtype, candidates, device, problem): ``problem`` holds ``planner.predict``'s
+    keywords (B, H, N_q, causal)."""
+    long = dict(B=1, H=16, N_q=16384, causal=False)
+    cases = [
+        ("d=128 fp16, every tile config, (1, 16, 16384) non-causal", 128, "float16", _tiles(),
+         H100_PROPS, long),
+        ("d=128, only 128-row consumers (none fits)", 128, "float16", _tiles(bms=(128,)),
+         H100_PROPS, long),
+    ]
+    if hidden:
+        cases += [
+            ("d=64 fp16, every tile config, (1, 16, 16384) non-causal", 64, "float16", _tiles(),
+             H100_PROPS, long),
+            ("d=128 bf16, every tile config, (2, 32, 4096) causal on an H200", 128, "bfloat16",
+             _tiles(), H200_PROPS, dict(B=2, H=32, N_q=4096, causal=True)),
+            ("d=64, only 128-row consumers", 64, "float16", _tiles(bms=(128,)), H100_PROPS,
+             long),
+            ("d=128, no 128-key tiles", 128, "float16", _tiles(bns=(64, 256)), H100_PROPS,
+             dict(B=4, H=8, N_q=8192, causal=True)),
+            ("d=128 on a GPU whose blocks may use 100 KB", 128, "float16", _tiles(),
+             _small_device(100), long),
+            ("d=64 on a GPU whose blocks may use 64 KB", 64, "bfloat16", _tiles(),
+             _small_device(64), dict(B=1, H=16, N_q=2048, causal=False)),
+        ]
+    return cases
+
+
+# ------------------------------------------------------------------------------------------------
+# the check
+# ------------------------------------------------------------------------------------------------
+def _as_int(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise CheckFailure(f"{what}: returned {value!r}; it should return a number (an int).")
+    try:
+        return operator.index(value)
+    except TypeError:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise CheckFailure(f"{what}: returned {value!r} ({type(value).__name__}); it should "
+                           f"return a whole number (an int).") from None
+
+
+def _as_bool(value, what: str) -> bool:
+    if isinstance(value, bool) or type(value).__name__ == "bool_":      # numpy's too
+        return bool(value)
+    raise CheckFailure(f"{what}: returned {value!r}; it should return True or False.")
+
+
+def _terms(c: Config) -> dict:
+    d, e = c.HEAD_DIM, 2
+    return dict(q_tile=c.BLOCK_M * d * e, kv_tile=c.BLOCK_N * d * e,
+                q=c.CONSUMERS * c.BLOCK_M * d * e, kv=2 * c.STAGES * c.BLOCK_N * d * e,
+                barriers=(2 * c.CONSUMERS + 4 * c.STAGES) * MBARRIER_BYTES,
+                scratch=WARP_SPECIALIZE_BYTES)
+
+
+def _smem_diagnosis(c: Config, got: int, want: int) -> str:
+    t = _terms(c)
+    model = t["q"] + t["kv"] + t["barriers"] + t["scratch"]
+    known = [
+        (-(c.CONSUMERS - 1) * t["q_tile"],
+         f"you counted one Q tile, but each of the {c.CONSUMERS} consumer warpgroups has its "
+         f"own BLOCK_M x d Q tile ({t['q_tile']:,} B each): a CTA computes "
+         f"{c.CONSUMERS} x BLOCK_M query rows."),
+        (-2 * (c.STAGES - 1) * t["kv_tile"],
+         f"you counted one slot of K and one of V, but the ring has STAGES={c.STAGES} slots of "
+         f"K and STAGES of V ({t['kv_tile']:,} B a tile): 2 x STAGES x BLOCK_N x d x 2 bytes."),
+        (-c.STAGES * t["kv_tile"],
+         f"you counted STAGES={c.STAGES} tiles for K and V together, but K and V each need "
+         f"their own STAGES slots ({t['kv_tile']:,} B a tile): 2 x STAGES x BLOCK_N x d x 2 "
+         f"bytes."),
+        (-t["barriers"],
+         f"the mbarriers are missing: 8 bytes each, 2 x CONSUMERS (Q landed, ping-pong) + "
+         f"4 x STAGES (K full/empty, V full/empty) = {t['barriers'] // MBARRIER_BYTES} of them."),
+        (-t["scratch"],
+         f"the {WARP_SPECIALIZE_BYTES} bytes gl.warp_specialize keeps for its worker warps "
+         "(WARP_SPECIALIZE_BYTES) are missing."),
+        (t["q"] + t["kv"], "the tiles look counted in 4-byte elements: fp16 and bf16 are 2 bytes."),
+    ]
+    for delta, hint in known:
+        if delta and got - model == delta:
+            return " " + hint[0].upper() + hint[1:]
+    return (f" The kernel's buffers: Q {t['q']:,} B (CONSUMERS x BLOCK_M x d x 2), K and V "
+            f"{t['kv']:,} B (2 x STAGES x BLOCK_N x d x 2), mbarriers {t['barriers']} B, "
+            f"warp_specialize {t['scratch']} B; planner.shared_memory_layout(config) lists where "
+            f"Triton puts each.")
+
+
+def _smem_reference(c: Config) -> tuple[int, str]:
+    e = compiled_entry(c)
+    if e is not None:
+        prov = compiled_table()["provenance"]
+        return e["shared"], (f"the compiled kernel's metadata.shared: triton {prov['triton']}, "
+                             f"sm_90a, data/ch6_compiled.json")
+    return planner.shared_memory(c), "planner.shared_memory, byte-exact with the compiled kernel"
+
+
+# the planner's answers: the exercise is to compute them (planner.predict and Config are given)
+_ANSWERS = ("shared_memory", "shared_memory_layout", "consumer_registers", "register_budget",
+            "feasible", "rank", "best")
+
+
+def _names(code) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
+
+
+def _no_shortcut(fn, what: str):
+    """Fail a function that calls the planner's own answer (``planner.shared_memory(config)``,
+    or the function imported under its name)."""
+    code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    if code is None:
+        return
+    names = _names(code)
+    answers = {getattr(planner, a): a for a in _ANSWERS}
+    used = [answers[env[n]] for n in names if callable(env.get(n)) and env.get(n) in answers]
+    if any(env.get(n) is planner for n in names):
+        used += [a for a in _ANSWERS if a in names]
+    if used:
+        raise CheckFailure(f"{what}: calls planner.{used[0]}, the answer the check compares "
+                           "with; compute it yourself (planner.predict and planner.Config are "
+                           "yours to use).")
+
+
+def _check_smem(smem_bytes, configs) -> int:
+    compiled = 0
+    for c in configs:
+        what = f"smem_bytes, {_describe(c)}"
+        got = _as_int(smem_bytes(c), what)
+        want, source = _smem_reference(c)
+        compiled += source.startswith("the compiled")
+        if not 0 <= want - got <= SMEM_SLACK:
+            side = "more" if got > want else "less"
+            raise CheckFailure(
+                f"{what}: {got:,} bytes, but the kernel needs {want:,} ({source}). Yours is "
+                f"{abs(want - got):,} bytes {side} (up to {SMEM_SLACK} bytes less is Triton's "
+                f"alignment padding, allowed).{_smem_diagnosis(c, got, want)}")
+    return compiled
+
+
+def _check_budget(register_budget, hidden: bool) -> int:
+    counts = (1, 2, 3, 4) if hidden else (1, 2, 3)
+    for n in counts:
+        what = f"register_budget({n})"
+        got = _as_int(register_budget(n), what)
+        want = planner.register_budget(Config(CONSUMERS=n))["consumer"]
+        if got == want:
+            continue
+        free = REGISTERS_PER_SM - 128 * PRODUCER_REGS
+        msg = (f"{what}: {got} registers a consumer thread, expected {want}: what the producer "
+               f"warpgroup leaves ({REGISTERS_PER_SM:,} - 128 x {PRODUCER_REGS} = {free:,}) shared "
+               f"by {n} x 128 consumer threads, rounded down to a multiple of 8, at most 256.")
+        if got % 8:
+            msg += (f" setmaxnreg takes a multiple of 8 ({got} is not): round "
+                    f"{free / (128 * n):.2f} down to {free // (128 * n) // 8 * 8}.")
+        elif got > planner.SETMAXNREG_MAX:
+            msg += (f" setmaxnreg can give a thread at most {planner.SETMAXNREG_MAX} registers, "
+                    f"not {got}: with one consumer there is more than it may take.")
+        elif 128 * (n * got + PRODUCER_REGS) > REGISTERS_PER_SM:
+            msg += (f" {n} x 128 x {got} + 128 x {PRODUCER_REGS} = "
+                    f"{128 * (n * got + PRODUCER_REGS):,} registers: more than the SM's "
+                    f"{REGISTERS_PER_SM:,}.")
+        raise CheckFailure(msg)
+    return len(counts)
+
+
+def _check_need(consumer_register_need, register_budget, configs) -> int:
+    spills = 0
+    for c in configs:
+        what = f"consumer_register_need, {_describe(c)}"
+        got = _as_int(consumer_register_need(c), what)
+        want = planner.consumer_registers(c)
+        if got != want:
+            d = c.HEAD_DIM
+            raise CheckFailure(
+                f"{what}: {got}, expected {want}: the fp32 O accumulator BLOCK_M x d / 128 = "
+                f"{c.BLOCK_M * d // 128}, the fp32 scores BLOCK_M x BLOCK_N / 128 = "
+                f"{c.BLOCK_M * c.BLOCK_N // 128}, P in 16 bits (two to a register) BLOCK_M x "
+                f"BLOCK_N / 256 = {c.BLOCK_M * c.BLOCK_N // 256}, plus 32 for addresses, "
+                f"counters and the row statistics (a warpgroup's 128 threads share each tile).")
+        e = compiled_entry(c)
+        if e is not None:
+            budget = _as_int(register_budget(c.CONSUMERS), f"register_budget({c.CONSUMERS})")
+            if (got > budget) != e["spilled"]:
+                raise CheckFailure(
+                    f"{what}: {got} registers against a budget of {budget}, but ptxas "
+                    + (f"spilled ({e['spill_stores']} stores to local memory)" if e["spilled"]
+                       else "did not spill") + " when it compiled this config "
+                    "(data/ch6_compiled.json).")
+            spills += e["spilled"]
+    return spills
+
+
+def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
+    n = 0
+    for c in configs:
+        verdict = planner.feasible(c, planner.H100)
+        got = _as_bool(fits(c, H100_PROPS), f"fits({_describe(c)}, H100_PROPS)")
+        if got != bool(verdict):
+            if got:
+                msg = (f"fits: says {_describe(c)} fits an H100, but it does not: "
+                       + "; ".join(verdict.reasons) + ".")
+            else:
+                need = planner.shared_memory(c)
+                msg = (f"fits: says {_describe(c)} does not fit an H100, but it does "
+                       f"({need:,} B of shared memory, at most "
+                       f"{H100_PROPS.shared_memory_per_block_optin:,} B a block; "
+                       f"{planner.consumer_registers(c)} registers a consumer thread, at most "
+                       f"{planner.register_budget(c)['consumer']}).")
+                if need > H100_PROPS.shared_memory_per_block:
+                    msg += (" Did you compare with shared_memory_per_block? That is the 48 KB a "
+                            "block gets unless the kernel opts in; the kernel opts in (Triton "
+                            "does it at launch) and may use shared_memory_per_block_optin.")
+            raise CheckFailure(msg)
+        n += 1
+    # at the limit: a device whose blocks may use exactly what the config needs, or a byte less
+    edge = [c for c in configs if planner.consumer_registers(c) <= planner.register_budget(c)[
+        "consumer"]]
+    for c in (edge if hidden else edge[:2]):
+        need = _as_int(smem_bytes(c), f"smem_bytes, {_describe(c)}")
+        exact = dataclasses.replace(H100_PROPS, name=f"a GPU whose blocks may use {need:,} B",
+                                    shared_memory_per_block_optin=need,
+                                    shared_memory_per_multiprocessor=need + 1024)
+        if not _as_bool(fits(c, exact), f"fits({_describe(c)}, {exact.name})"):
+            raise CheckFailure(
+                f"fits: {_describe(c)} needs {need:,} B (your smem_bytes) and {exact.name} "
+                f"(shared_memory_per_block_optin = {need:,}): it fits, the limit is inclusive "
+                "(<=), and the registers fit too.")
+        short = dataclasses.replace(H100_PROPS, name=f"a GPU whose blocks may use {need - 1:,} B",
+                                    shared_memory_per_block_optin=need - 1,
+                                    shared_memory_per_multiprocessor=need - 1 + 1024)
+        if _as_bool(fits(c, short), f"fits({_describe(c)}, {short.name})"):
+            raise CheckFailure(
+                f"fits: says {_describe(c)}, which needs {need:,} B (your smem_bytes), fits "
+                f"{short.name} (shared_memory_per_block_optin = {need - 1:,}, "
+                f"shared_memory_per_multiprocessor = {need - 1 + 1024:,}). A block may use at "
+                "most shared_memory_per_block_optin: the SM's total "
+                "(shared_memory_per_multiprocessor, 228 KB on an H100) less the 1 KB the system "
+                "reserves for every block, so 227 KB = 232,448 B on an H100/H200, not 228 KB.")
+        n += 2
+    return n
+
+
+def _predicted(c: Config, problem: dict) -> float:
+    return planner.predict(c, **problem)["ms"]
+
+
+def _check_choose(choose, hidden: bool) -> tuple[int, str]:
+    first = ""
+    for what, d, dtype, cands, device, problem in choice_problems(hidden):
+        resolved = [c.for_inputs(d, dtype) for c in cands]
+        ok = [c for c in resolved if planner.feasible(c, planner.H100)
+              and planner.shared_memory(c) <= device.shared_memory_per_block_optin]
+        best = min(ok, key=lambda c: _predicted(c, problem), default=None)
+        got = choose(d, dtype, list(cands), device, **problem)
+        label = f"choose, {what}"
+        if best is None:
+            if got is not None:
+                raise CheckFailure(f"{label}: returned {got}, but no candidate fits "
+                                   f"{device.name} (128-row consumers need more registers than "
+                                   "the 240 a consumer thread gets); return None then.")
+            continue
+        if not isinstance(got, Config):
+            raise CheckFailure(f"{label}: returned {got!r}; expected a planner.Config (one of the "
+                               "candidates, resolved with .for_inputs(d, dtype)).")
+        got = got if got.HEAD_DIM is not None else got.for_inputs(d, dtype)
+        if (got.HEAD_DIM, got.DTYPE) != (d, dtype):
+            raise CheckFailure(f"{label}: returned a config for d={got.HEAD_DIM}, {got.DTYPE}; "
+                               f"expected one for d={d}, {dtype}.")
+        if _config_key(got) not in {_config_key(c) for c in resolved}:
+            raise CheckFailure(f"{label}: returned {_describe(got)}, which is not a candidate.")
+        verdict = planner.feasible(got, planner.H100)
+        smem = planner.shared_memory(got)
+        if not verdict or smem > device.shared_memory_per_block_optin:
+            reasons = list(verdict.reasons)
+            if smem > device.shared_memory_per_block_optin:
+                reasons = [r for r in reasons if not r.startswith("shared memory")] + [
+                    f"shared memory {smem:,} B > {device.shared_memory_per_block_optin:,} B a "
+                    f"block may use on {device.name}"]
+            raise CheckFailure(
+                f"{label}: chose {_describe(got)} (predicted {_predicted(got, problem):.3f} ms), "
+                f"which does not fit: {'; '.join(reasons)}. The model does not know the limits: "
+                f"choose the fastest among the configs that fit (the answer: {_describe(best)}, "
+                f"{_predicted(best, problem):.3f} ms).")
+        t_got, t_best = _predicted(got, problem), _predicted(best, problem)
+        if t_got > t_best * (1 + 1e-9):
+            raise CheckFailure(
+                f"{label}: chose {_describe(got)}, predicted {t_got:.3f} ms, but "
+                f"{_describe(best)} fits too and is predicted {t_best:.3f} ms: choose the least "
+                "planner.predict(config, **problem)['ms'] among the configs that fit.")
+        if not first:
+            first = f"{got.BLOCK_M}x{got.BLOCK_N}, {got.STAGES} stages"
+    return len(choice_problems(hidden)), first
+
+
+def check_planner(smem_bytes, register_budget, consumer_register_need, fits, choose,
+                  hidden: bool = False):
+    """Exercise 3: shared memory within Triton's padding of the compiled kernel's, the
+    setmaxnreg budgets, the register estimate (it must predict where ptxas spilled), ``fits``
+    against ``planner.feasible`` and at a device's exact limit, and ``choose`` the fastest
+    config that fits."""
+    for fn, name in ((smem_bytes, "smem_bytes"), (register_budget, "register_budget"),
+                     (consumer_register_need, "consumer_register_need"), (fits, "fits"),
+                     (choose, "choose")):
+        require_implemented(fn, name)
+        _no_shortcut(fn, name)
+    configs = planner_configs(hidden)
+    compiled = _check_smem(smem_bytes, configs)
+    budgets = _check_budget(register_budget, hidden)
+    spilled = _check_need(consumer_register_need, register_budget, configs)
+    n_fits = _check_fits(fits, smem_bytes, configs, hidden)
+    n_choose, first = _check_choose(choose, hidden)
+    n = 2 * len(configs) + budgets + n_fits + n_choose
+    report("config planner", n, extra=(
+        f" (shared memory of {compiled} configs against the compiled kernel's, registers against "
+        f"the {spilled} that spilled, choice for d=128: {first})"), hidden=hidden)
+
+
+# ------------------------------------------------------------------------------------------------
+# the demo's table
+# ------------------------------------------------------------------------------------------------
+def choice_table(smem_bytes, register_budget, consumer_register_need, fits, choose, d: int,
+                 dtype: str = "float16", device: Device = H100_PROPS, **problem) -> str:
+    """A markdown table of the candidates (FA3's order) with the student's figures, the compiled
+    kernel's and the model's speed; the student's choice is marked."""
+    problem = problem or dict(B=1, H=16, N_q=16384, causal=False)
+    cands = [c for c in _tiles() if c.OVERLAP]
+    chosen = choose(d, dtype, cands, device, **problem)
+    chosen = chosen and _config_key(chosen.for_inputs(d, dtype) if chosen.HEAD_DIM is None
+                                    else chosen)
+    budget = register_budget(2)
+    lines = ["| tiles (Q x K/V) | stages | smem_bytes | compiled | registers / budget | "
+             "spilled | fits | model TFLOP/s |", "|---|---|---|---|---|---|---|---|"]
+    for c in cands:
+        c = c.for_inputs(d, dtype)
+        e = compiled_entry(c)
+        compiled = f"{e['shared']:,}" if e else "-"
+        spilled = ("yes" if e["spilled"] else "no") if e else "-"
+        mark = " **chosen**" if _config_key(c) == chosen else ""
+        lines.append(f"| {c.BLOCK_M} x {c.BLOCK_N} | {c.STAGES} | {smem_bytes(c):,} | "
+                     f"{compiled} | {consumer_register_need(c)} / {budget} | {spilled} | "
+                     f"{'yes' if fits(c, device) else 'no'} | "
+                     f"{planner.predict(c, **problem)['tflops']:.0f}{mark} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# regenerating the compiled table (needs triton with Gluon; no GPU)
+# ------------------------------------------------------------------------------------------------
+TABLE_CONFIGS = [(d, "float16", bm, bn, st) for d in (128, 64) for bm in (64, 128)
+                 for bn in (64, 128, 256) for st in (2, 3, 4)] + \
+                [(128, "bfloat16", 64, 128, 2), (128, "bfloat16", 128, 64, 2),
+                 (64, "bfloat16", 64, 128, 3), (64, "bfloat16", 128, 128, 2)]
+
+
+def _tool(name: str) -> str | None:
+    import os
+    import shutil
+    import triton
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return path if os.path.exists(path) else shutil.which(name)
+
+
+def compile_entry(d: int, dtype: str, bm: int, bn: int, stages: int) -> dict:
+    """Compile the chapter's kernel (``gluon_fa3.compile_for_sm90``, non-causal, FA3's order)
+    for one config and read what it needs: ``metadata.shared``, and from the cubin with
+    ``cuobjdump`` (bundled with Triton) the register count, the stack and the spill
+    instructions."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    from . import gluon_fa3
+    c = Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages).for_inputs(d, dtype)
+    k = gluon_fa3.compile_for_sm90(c, causal=False)
+    entry = dict(d=d, dtype=dtype, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
+                 shared=k.metadata.shared)
+    tool = _tool("cuobjdump")
+    if tool is None:
+        raise RuntimeError("cuobjdump not found (Triton bundles it in backends/nvidia/bin)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    try:
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+    fields = dict(re.findall(r"(\w+):(\d+)", usage.split("Function fa3_kernel:", 1)[1]))
+    stores = len(re.findall(r"\bSTL(\.\w+)*\b", sass))
+    loads = len(re.findall(r"\bLDL(\.\w+)*\b", sass))
+    entry.update(n_regs=int(fields["REG"]), stack=int(fields["STACK"]), spill_stores=stores,
+                 spill_loads=loads, spilled=bool(stores or loads or int(fields["STACK"])))
+    return entry
+
+
+def _provenance(command: str) -> dict:
+    import datetime
+    import hashlib
+    import os
+    import platform
+    import subprocess
+    import triton
+    from . import gluon_fa3
+    ptxas = _tool("ptxas")
+    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout \
+        if ptxas else ""
+    return dict(
+        what="Chapter 6's Gluon FA3 kernel (flashbook.chapters.ch6.gluon_fa3.fa3_kernel) "
+             "compiled ahead of time, non-causal, OVERLAP=True, two consumer warpgroups, with "
+             "the launch options and setmaxnreg budgets of gluon_fa3.kernel_args",
+        target="GPUTarget('cuda', 90, 32): sm_90a (H100/H200)",
+        triton=triton.__version__,
+        ptxas=(version.strip().splitlines() or [""])[-1],
+        python=platform.python_version(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=command,
+        env=dict(TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION"),
+                 TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET")),
+        kernel_source_sha256=hashlib.sha256(Path(gluon_fa3.__file__).read_bytes()).hexdigest(),
+        fields=dict(
+            shared="metadata.shared: bytes of dynamic shared memory a block needs",
+            n_regs="registers a thread at launch (cuobjdump -res-usage REG; what the driver "
+                   "reports as the kernel's n_regs): the maxnreg of 168, before setmaxnreg "
+                   "moves registers from the producer to the consumers",
+            stack="cuobjdump -res-usage STACK: bytes of local memory per thread",
+            spill_stores="STL instructions in the SASS (cuobjdump -sass)",
+            spill_loads="LDL instructions in the SASS",
+            spilled="any of stack, spill_stores, spill_loads"),
+        machine="no GPU: compiled on a CPU-only machine",
+    )
+
+
+def main(argv=None):
+    import argparse
+    import sys
+    import time
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(COMPILED_PATH))
+    args = p.parse_args(argv)
+    import os
+    fusion = os.environ.get("TRITON_DEFAULT_FP_FUSION")
+    command = ((f"TRITON_DEFAULT_FP_FUSION={fusion} " if fusion else "")
+               + "python -m flashbook.chapters.ch6.planner_checks "
+               + " ".join(sys.argv[1:] if argv is None else argv))
+    rows = []
+    for cfg in TABLE_CONFIGS:
+        t = time.time()
+        rows.append(compile_entry(*cfg))
+        print(json.dumps(rows[-1]), f"{time.time() - t:.1f} s", flush=True)
+    prov = json.dumps(_provenance(command.strip()), indent=1).replace("\n", "\n ")
+    lines = ",\n  ".join(json.dumps(r) for r in rows)          # one config a line
+    Path(args.out).write_text(f'{{\n "provenance": {prov},\n "configs": [\n  {lines}\n ]\n}}\n')
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

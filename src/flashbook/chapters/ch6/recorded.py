@@ -1,0 +1,154 @@
+"""Chapter 6's recorded H200 benchmark, read back: TFLOP/s of every kernel at every shape, causal
+and not, the chapter's comparisons in a few lines, one figure, and the sentences of the chapter
+that quote them.
+
+Rows come from ``flashbook bench ch6`` (``benchmark.py`` documents them). A row whose O was
+flagged far from cuDNN's (``WRONG`` in its note) is never quoted as a speed. Use with
+``results.recorded("ch6")``, which is None until the data exists::
+
+    found = results.recorded("ch6")
+    if found:
+        print(summary(found.rows))
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import matplotlib.pyplot as plt
+
+from flashbook import results
+
+OURS, PALLAS, JAX_FA3 = "ch6_gluon_fa3", "ch6_pallas_fa3", "jax_pallas_fa3"
+HEADLINE = (1, 16, 16384, 128)           # (B, H, N, d) of the sentences against cuDNN
+# The kernels in the order the plots and summaries give them; Chapter 3's kernel (non-causal)
+# and Chapter 4's (the same two-tile kernel with its causal mask) share one bar.
+LABELS = {OURS: "ours (Gluon FA3)", PALLAS: "students' Pallas FA3",
+          JAX_FA3: "JAX's Pallas FA3", "ch3_two_tiles": "Triton two-tile (ch3/ch4)",
+          "ch4_two_tiles": "Triton two-tile (ch3/ch4)", "sdpa_cudnn": "cuDNN SDPA",
+          "sdpa_flash": "FlashAttention-2 (SDPA)"}
+ORDER = list(LABELS)
+_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def shape(row) -> tuple:
+    return (row.B, row.H_q, row.N_q, row.d)
+
+
+def measured(row) -> bool:
+    """A row with a speed that may be quoted: timed, and its O agreed with cuDNN's."""
+    return row is not None and row.tflops is not None and "WRONG" not in (row.note or "")
+
+
+def find(rows, kernel: str, shape_: tuple, causal: bool, dtype: str = "float16"):
+    """The row of one kernel on one case, or None."""
+    for r in rows:
+        if r.kernel == kernel and shape(r) == tuple(shape_) and r.causal == causal and \
+                r.dtype == dtype:
+            return r
+    return None
+
+
+def shapes(rows, dtype: str = "float16") -> list[tuple]:
+    """The (B, H, N, d) of the rows of ``dtype``, in the order measured."""
+    return list(dict.fromkeys(shape(r) for r in rows if r.dtype == dtype))
+
+
+def _kernels(rows) -> list[str]:
+    present = {r.kernel for r in rows}
+    return [k for k in ORDER if k in present] + sorted(present - set(ORDER))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def _case(dtype, causal, s) -> str:
+    return f"{_SHORT.get(dtype, dtype)} {'causal' if causal else 'non-causal'} {s}"
+
+
+def summary(rows) -> str:
+    """One line per case: each kernel's TFLOP/s and ours against it; then what was not
+    measured (or computed a wrong O), and why."""
+    lines, failed = [], []
+    for dtype in dict.fromkeys(r.dtype for r in rows):
+        for s in shapes(rows, dtype):
+            for causal in (False, True):
+                here = [r for r in rows if r.dtype == dtype and shape(r) == s
+                        and r.causal == causal]
+                if not here:
+                    continue
+                ours = find(here, OURS, s, causal, dtype)
+                parts = []
+                for k in _kernels(here):
+                    r = find(here, k, s, causal, dtype)
+                    if not measured(r):
+                        failed.append(f"  {_case(dtype, causal, s)} {k}: {r.note}")
+                        continue
+                    part = f"{k} {_fmt(r.tflops)}"
+                    if k == OURS and r.pct_peak is not None:
+                        part += f" ({r.pct_peak:.0f}% of peak)"
+                    elif k != OURS and measured(ours):
+                        part += f" (ours {ours.tflops / r.tflops:.2f}x)"
+                    parts.append(part)
+                lines.append(f"{_case(dtype, causal, s)}: " + "; ".join(parts) + " TFLOP/s")
+    if failed:
+        lines += ["not measured or wrong:"] + failed
+    return "\n".join(lines)
+
+
+def plot_recorded(rows):
+    """TFLOP/s bars: one panel per (dtype, causal), a group of bars per shape, one bar per
+    kernel (none where a kernel was not measured or computed a wrong O)."""
+    dtypes = list(dict.fromkeys(r.dtype for r in rows))
+    fig, axes = plt.subplots(len(dtypes), 2, figsize=(13, 3.9 * len(dtypes)), squeeze=False)
+    for i, dtype in enumerate(dtypes):
+        for j, causal in enumerate((False, True)):
+            ax = axes[i][j]
+            here = [dataclasses.replace(r, kernel=LABELS.get(r.kernel, r.kernel),
+                                        tflops=r.tflops if measured(r) else None)
+                    for r in sorted(rows, key=lambda r: ORDER.index(r.kernel)
+                                    if r.kernel in ORDER else len(ORDER))
+                    if r.dtype == dtype and r.causal == causal]
+            if not here:
+                ax.set_visible(False)
+                continue
+            title = f"{_SHORT.get(dtype, dtype)}, {'causal' if causal else 'non-causal'}"
+            results.plot(here, "tflops", x=("B", "H_q", "N_q", "d"), by="kernel", kind="bar",
+                         ax=ax, values=True, title=title)
+            if (i, j) != (0, 0) and ax.get_legend():
+                ax.get_legend().remove()
+    fig.tight_layout()
+    return fig
+
+
+def _ratio_fragment(rows, s, causal) -> str:
+    ours, jax = find(rows, OURS, s, causal), find(rows, JAX_FA3, s, causal)
+    label = "causal" if causal else "non-causal"
+    if not measured(ours):
+        return f"{label}: ours not measured"
+    if jax is None or jax.tflops is None:
+        return f"{label}: JAX's not measured"
+    if not measured(jax):
+        return f"{label}: JAX's output wrong"
+    return f"{ours.tflops / jax.tflops:.2f}x {label} ({ours.tflops:.0f} against {jax.tflops:.0f})"
+
+
+def quoted_figures(rows) -> list[str]:
+    """The fragments of the chapter's closing section that quote the recorded H200 data (fp16):
+    our kernel against cuDNN at ``HEADLINE``, non-causal and causal, and against JAX's FA3 at
+    every shape. Raises ValueError when the headline rows are missing or wrong."""
+    out = []
+    for causal in (False, True):
+        ours, cudnn = find(rows, OURS, HEADLINE, causal), find(rows, "sdpa_cudnn", HEADLINE, causal)
+        if not (measured(ours) and measured(cudnn)):
+            raise ValueError(f"ch6: no measured {OURS} and sdpa_cudnn rows at {HEADLINE}, "
+                             f"causal={causal}, to quote")
+        out.append(f"{ours.tflops:.0f} TFLOP/s {'causal' if causal else 'non-causal'} at "
+                   f"`(1, 16, 16384, 128)`, {ours.tflops / cudnn.tflops:.2f}x cuDNN "
+                   f"({cudnn.tflops:.0f})")
+    for s in shapes(rows):
+        if find(rows, OURS, s, False) is None and find(rows, OURS, s, True) is None:
+            continue
+        out.append(f"against JAX's FA3 at `({', '.join(map(str, s))})`: "
+                   + ", ".join(_ratio_fragment(rows, s, c) for c in (False, True)))
+    return out

@@ -1,0 +1,96 @@
+"""Known-wrong answers to Chapter 6's exercises: each is a solution cell with one classic
+barrier bug edited in, and each must fail a check for its own reason."""
+from flashbook.contract import Variant
+
+VARIANTS = (
+    # ----------------------------------------------------------------- ch6_ring_producer
+    # refills a slot while the consumers may still read it: the race detector names the copy
+    # and the consumer's read (and the interpreter then sees consumed complete twice)
+    Variant('ring_skips_consumed_wait', 'ch6_ring_producer', (
+        ('plgpu.barrier_wait(consumed.at[slot])', 'pass'),
+    ), expect='data race'),
+    # waits for the release of the next slot, not the one it refills: the phases of the two
+    # consumed barriers drift apart until a wait can never complete
+    Variant('ring_waits_on_wrong_slot', 'ch6_ring_producer', (
+        ('consumed.at[slot]', 'consumed.at[lax.rem(step + 1, stages)]'),
+    ), expect='hung'),
+    # waits for a release before the first copies: the consumers wait for those tiles
+    Variant('ring_waits_before_first_fill', 'ch6_ring_producer', (
+        ('@pl.when(step >= stages)', '@pl.when(step >= 0)'),
+    ), expect='deadlock'),
+    # no drain: the interpreter finds consumed phases the producer never waited for
+    Variant('ring_no_drain', 'ch6_ring_producer', (
+        ('plgpu.barrier_wait(consumed.at[step % stages])', 'pass'),
+    ), expect='must wait for every one of its phases'),
+    # the copy arrives on another slot's full barrier: consumers read a slot whose copy their
+    # wait does not cover (they read early)
+    Variant('ring_copy_signals_wrong_barrier', 'ch6_ring_producer', (
+        ('ring.at[slot], full.at[slot])', 'ring.at[slot], full.at[lax.rem(step + 1, stages)])'),
+    ), expect='data race'),
+    # a protocol-perfect ring that loads the wrong rows: exact sums catch it
+    Variant('ring_loads_wrong_tile', 'ch6_ring_producer', (
+        ('pl.ds(step * block, block)', 'pl.ds(slot * block, block)'),
+    ), expect='result is wrong'),
+
+    # ----------------------------------------------------------------- ch6_pipeline_ring
+    Variant('consumed_expects_one_arrival', 'ch6_pipeline_ring', (
+        ('arrivals=pipe.consumers)', 'arrivals=1)'),
+    ), expect='one arrival per consumer'),     # the faster consumer's release refills the slot
+    Variant('producer_skips_the_consumed_wait', 'ch6_pipeline_ring', (
+        ('        yield pipe.wait(consumed[slot], pipe.phase(step) ^ 1)\n', ''),
+    ), expect='did not wait on any barrier'),  # refills a slot nobody has read yet
+    # ----------------------------------------------------------------- ch6_pipeline_consumer
+    Variant('release_before_pv_reads_v', 'ch6_pipeline_consumer', (
+        ('            yield pipe.pv(k - 1)'
+         '                                    # reads V of step k - 1\n'
+         '            yield pipe.arrive(consumed[pipe.slot(k - 1)])'
+         '           # its slot may be refilled\n',
+         '            yield pipe.arrive(consumed[pipe.slot(k - 1)])'
+         '           # its slot may be refilled\n'
+         '            yield pipe.pv(k - 1)'
+         '                                    # reads V of step k - 1\n'),
+    ), expect='before its last read'),         # the producer refills V under the PV GEMM
+    Variant('reads_before_the_full_wait', 'ch6_pipeline_consumer', (
+        ('            yield pipe.wait(full[pipe.slot(k)], pipe.phase(k))'
+         '      # step k has landed',
+         '            pass'),
+    ), expect='Data not ready'),               # QK of step 0 reads K while its TMA is in flight
+    Variant('no_pingpong', 'ch6_pipeline_consumer', (
+        ('            yield pipe.wait(turn[wg], (k + wg + 1) % 2)'
+         '             # my turn (warpgroup 0 first)',
+         '            pass'),
+    ), expect='shared the tensor core'),       # lockstep: 2g/(2g+s) instead of min(1, 2g/(g+s))
+    Variant('turn_not_passed_after_the_last_block', 'ch6_pipeline_consumer', (
+        ('        if turn is not None:\n            yield pipe.arrive(turn[1 - wg])',
+         '        if turn is not None and k < n:\n            yield pipe.arrive(turn[1 - wg])'),
+    ), expect='deadlock'),                     # the other consumer waits for a last turn forever
+
+    # ----------------------------------------------------------------- ch6_planner_resources
+    # one slot of K and one of V: the ring looks free, 3 and 4 stages "fit" at d=128
+    Variant('ring_counts_one_slot', 'ch6_planner_resources', (
+        ('kv = 2 * config.STAGES * config.BLOCK_N * d * size',
+         'kv = 2 * config.BLOCK_N * d * size'),
+    ), expect='one slot of K and one of V'),
+    # one Q tile for the CTA: the second consumer warpgroup's rows are forgotten
+    Variant('one_q_tile', 'ch6_planner_resources', (
+        ('q = config.CONSUMERS * config.BLOCK_M * d * size',
+         'q = config.BLOCK_M * d * size'),
+    ), expect='counted one Q tile'),
+    # 244 registers for two consumers: setmaxnreg takes multiples of 8
+    Variant('budget_not_a_multiple_of_8', 'ch6_planner_resources', (
+        ('return min(256, per_thread // 8 * 8)', 'return min(256, per_thread)'),
+    ), expect='multiple of 8'),
+    # one consumer would get 488 registers a thread: setmaxnreg stops at 256
+    Variant('budget_over_256', 'ch6_planner_resources', (
+        ('return min(256, per_thread // 8 * 8)', 'return per_thread // 8 * 8'),
+    ), expect='at most 256 registers'),
+    # ----------------------------------------------------------------- ch6_planner_choose
+    # the SM's 228 KB, not the 227 KB a block may use (1 KB is reserved per block)
+    Variant('smem_limit_is_the_sms_total', 'ch6_planner_choose', (
+        ('device.shared_memory_per_block_optin', 'device.shared_memory_per_multiprocessor'),
+    ), expect='not 228 KB'),
+    # the model's favourite, 128 x 256 tiles, fits neither shared memory nor registers
+    Variant('choose_ignores_feasibility', 'ch6_planner_choose', (
+        ('feasible = [c for c in configs if fits(c, device)]', 'feasible = configs'),
+    ), expect='which does not fit'),
+)

@@ -1,0 +1,295 @@
+"""Chapter 6's benchmark on a CPU: its FLOP and byte counts, row construction, the guard that turns
+any failure into a noted row, the students' kernel's lookup, and ``recorded.py`` on a small set
+of rows.
+
+The rows of ``fixture_rows`` are TEST FIXTURES with made-up numbers: they are not measurements
+and must never be written to ``src/flashbook/data/bench``. The real data comes only from
+``flashbook bench ch6`` on a GPU.
+"""
+import math
+import sys
+import types
+
+import matplotlib
+import pytest
+import torch
+
+from flashbook import results
+from flashbook.bench import Peak
+from flashbook.chapters.ch6 import benchmark as b
+from flashbook.chapters.ch6 import recorded
+
+matplotlib.use("Agg")
+
+H200 = Peak("H200", 989.0, 67.0, 4800.0)
+
+
+# ------------------------------------------------------------------------------ cases, rows
+
+def test_cases_are_fp16_everywhere_and_bf16_at_the_headline_shape():
+    cs = b.cases()
+    assert len(cs) == 2 * len(b.SHAPES) + 2 * len(b.BF16_SHAPES)
+    assert [c.causal for c in cs[:2]] == [False, True]
+    assert {c.shape for c in cs if c.dtype == torch.float16} == set(b.SHAPES)
+    assert {c.shape for c in cs if c.dtype == torch.bfloat16} == {(1, 16, 16384, 128)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flops_and_bytes_of_a_case(causal):
+    c = b.Case(1, 16, 16384, 128, torch.float16, causal)
+    pairs = 16384 * 16384 / (2 if causal else 1)
+    assert c.flops == 4 * 16 * pairs * 128                    # QK^T and PV, 2 FLOPs a MAC
+    assert c.nbytes == 2 * 4 * 16 * 16384 * 128               # read Q, K, V, write O in fp16
+    assert b.Case(4, 16, 4096, 64, torch.bfloat16, causal).flops == \
+        4 * 4 * 16 * 4096 * 4096 * 64 / (2 if causal else 1)
+
+
+def test_make_row_derives_the_rates():
+    c = b.Case(1, 16, 16384, 128, torch.float16, False)
+    r = b.make_row("ch6_gluon_fa3", "reference", c, 4.0, "cfg", peak=H200)
+    assert (r.B, r.H_q, r.H_kv, r.N_q, r.N_k, r.d, r.dtype, r.causal) == \
+        (1, 16, 16, 16384, 16384, 128, "float16", False)
+    assert r.tflops == pytest.approx(c.flops / 4e-3 / 1e12)
+    assert r.gbps == pytest.approx(c.nbytes / 4e-3 / 1e9)
+    assert r.pct_peak == pytest.approx(100 * r.tflops / 989.0)
+    assert r.note == "cfg" and r.peak_mib is None
+    none = b.make_row("sdpa_flash", "baseline", c, None, "not measured: x")
+    assert none.ms is None and none.tflops is None and none.gbps is None and none.pct_peak is None
+
+
+# ------------------------------------------------------------------------------ the guard
+
+def _case(causal=False, dtype=torch.float16):
+    return b.Case(1, 2, 256, 64, dtype, causal)
+
+
+@pytest.mark.parametrize("error, says", [
+    (RuntimeError("refused: cuDNN needs d <= 256\nsecond line"), "RuntimeError: refused: cuDNN"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40 GiB"), "out of memory"),
+    (ModuleNotFoundError("No module named 'jax'"), "ModuleNotFoundError: No module named 'jax'"),
+    (ValueError("exceeds available shared memory"), "ValueError: exceeds available shared"),
+])
+def test_guard_turns_any_failure_into_a_noted_row(error, says):
+    def setup():
+        raise error
+    r = b.measure("jax_pallas_fa3", "baseline", _case(), setup, note="block_q=64")
+    assert r.ms is None and r.tflops is None
+    assert r.note.startswith("block_q=64; not measured: ")
+    assert says in r.note and "second line" not in r.note
+
+
+def test_guard_names_where_a_bare_assert_failed():
+    def setup():
+        raise AssertionError        # what a bare ``assert x is not None`` raises (no message)
+    r = b.measure("jax_pallas_fa3", "baseline", _case(), setup)
+    assert r.note.startswith("not measured: AssertionError at test_ch6_benchmark.py:")
+    assert "(raise AssertionError" in r.note
+
+
+def test_guard_keeps_a_measured_row_and_joins_the_notes():
+    r = b.measure("sdpa_flash", "baseline", _case(), lambda: (0.5, "max|O-sdpa_cudnn|=1e-4"),
+                  note="first", peak=H200)
+    assert r.ms == 0.5 and r.tflops == pytest.approx(_case().flops / 0.5e-3 / 1e12)
+    assert r.note == "first; max|O-sdpa_cudnn|=1e-4"
+
+
+def test_graph_timed_setup_times_the_prepared_call(monkeypatch):
+    calls = []
+    monkeypatch.setattr(b.ch4, "_timed", lambda fn: (fn() or 2.0, "timed without CUDA graph"))
+    setup = b.graph_timed(lambda: ((lambda: calls.append(1)), "cfg"))
+    assert setup() == (2.0, "cfg; timed without CUDA graph") and calls == [1]
+
+
+def test_err_note_flags_a_wrong_output():
+    want = torch.zeros(1, 2, 4, 8)
+    assert b.err_note("sdpa_cudnn", want, want + 1e-3) == "max|O-sdpa_cudnn|=1.0e-03"
+    assert "WRONG" in b.err_note("sdpa_cudnn", want, want + 1.0)
+    assert "WRONG" in b.err_note("sdpa_cudnn", want, torch.full_like(want, math.nan))
+    assert "WRONG" in b.err_note("sdpa_cudnn", want, torch.zeros(1, 2, 4, 4))     # bad shape
+    assert b.err_note("", None, want) == ""
+    assert b.wrong(b.make_row("x", "variant", _case(), 1.0, b.err_note("c", want, want + 1)))
+
+
+def test_refused_setup_becomes_a_row():
+    r = b.measure("ch3_two_tiles", "variant", _case(), b.refused("fp16 only"))
+    assert r.ms is None and r.note == "not measured: RuntimeError: fp16 only"
+
+
+# ------------------------------------------------------------------------------ JAX helpers
+
+def test_jax_call_count_fills_the_target_within_limits():
+    assert b.jax_calls(3.0, 300, (10, 200)) == 100
+    assert b.jax_calls(100.0, 300, (10, 200)) == 10
+    assert b.jax_calls(0.01, 300, (10, 200)) == 200
+    assert b.jax_calls(0.0, 300, (10, 200)) == 200
+
+
+def test_jax_block_kv_keeps_the_order_of_jax_benchmark():
+    assert b.jax_block_kv(16384) == [256, 128, 64]
+    assert b.jax_block_kv(4224) == [128, 64]                   # 4224 = 33 * 128
+    assert b.jax_block_kv(100) == []
+
+
+@pytest.mark.parametrize("cupti_works", [True, False])
+def test_jax_time_takes_the_cupti_median_else_the_blocking_call(monkeypatch, cupti_works):
+    """JAX rows: CUPTI's per-call kernel times (median), do_bench of the blocking call as the
+    cross-check, and that wall-clock time where CUPTI fails (here both are stubs: no GPU)."""
+    pytest.importorskip("jax")
+    import triton.testing
+    from jax.experimental.mosaic.gpu import profiler
+
+    def measure(f, iterations=1):
+        if not cupti_works:
+            raise RuntimeError("CUPTI profiling is not supported on this platform")
+        return lambda *args: (f(*args), [3.0, 1.0, 2.0][:iterations])
+    monkeypatch.setattr(profiler, "measure", measure)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.5)[1])
+    ms, note = b.jax_time(lambda x: x + 1, [1.0])
+    if cupti_works:
+        assert ms == 2.0 and note.startswith("timed: CUPTI kernel time, median of 3 calls; ")
+        assert "do_bench(block_until_ready) 1.5 ms" in note
+    else:
+        assert ms == 1.5 and "CUPTI failed: RuntimeError: CUPTI profiling" in note
+    assert "jax 0." in note
+
+
+def test_missing_pallas_module_is_a_row_saying_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashbook.chapters.ch6.fa3_pallas", None)
+    case = _case()
+    r = b.measure("ch6_pallas_fa3", "variant", case, b.pallas_setup(case, None, {}))
+    assert r.ms is None and "fa3_pallas" in r.note and "not measured" in r.note
+
+
+def test_pallas_module_without_its_functions_is_a_row_saying_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashbook.chapters.ch6.fa3_pallas",
+                        types.ModuleType("flashbook.chapters.ch6.fa3_pallas"))
+    case = _case()
+    r = b.measure("ch6_pallas_fa3", "variant", case, b.pallas_setup(case, None, {}))
+    assert "fa3_pallas has no run_fa3, fa3_kernel, default_config" in r.note
+
+
+def test_a_solution_that_does_not_load_is_a_row_saying_so(monkeypatch):
+    from flashbook import sources
+
+    def broken(chapter, *a, **kw):
+        raise SyntaxError("invalid syntax (<cell ch3_attn_tile>, line 3)")
+    monkeypatch.setattr(sources, "solution_namespace", broken)
+    namespaces = b.solutions({"ch3_two_tiles"})
+    case = _case()
+    r = b.measure("ch3_two_tiles", "variant", case,
+                  b.graph_timed(b.ch3_prepare(case, None, namespaces)))
+    assert r.note == ("not measured: RuntimeError: the ch3 solution did not load: SyntaxError: "
+                      "invalid syntax (<cell ch3_attn_tile>, line 3)")
+
+
+def test_find_consumer_picks_the_function_fa3_kernel_can_call():
+    def consumer(pipe, wg, full, consumed, turn=None):           # Exercise 2's: not this one
+        pass
+
+    def fa3_consumer(wg, q_tile, p_smem, kT_ring, v_ring, k_full, v_full, k_consumed,
+                     v_consumed, schedule, *, steps, stages, scale, mask):
+        pass
+
+    def helper(*, steps, stages, scale, mask):
+        pass
+    assert b.find_consumer({"consumer": consumer, "helper": helper,
+                            "fa3_consumer": fa3_consumer}) is fa3_consumer
+    assert b.find_consumer({"consumer": consumer}, {"helper": helper}) is helper
+    assert b.find_consumer({"consumer": consumer}) is None
+
+
+def test_sort_rows_follows_cases_then_kernels():
+    cs = [_case(False), _case(True)]
+    rows = [b.make_row(k, "baseline", c, None) for c in reversed(cs)
+            for k in ("sdpa_flash", "jax_pallas_fa3", "ch6_gluon_fa3")]
+    got = [(r.causal, r.kernel) for r in b.sort_rows(rows, cs)]
+    assert got == [(False, "ch6_gluon_fa3"), (False, "jax_pallas_fa3"), (False, "sdpa_flash"),
+                   (True, "ch6_gluon_fa3"), (True, "jax_pallas_fa3"), (True, "sdpa_flash")]
+
+
+def test_run_on_cpu_never_crashes_and_gives_a_row_per_kernel_and_case(monkeypatch):
+    """No GPU here: every GPU kernel fails, each into its own row (the Triton kernels of
+    Chapters 3 and 4 are left out: the interpreter is slow)."""
+    monkeypatch.setitem(sys.modules, "flashbook.chapters.ch6.fa3_pallas", None)
+    kernels = ["ch6_gluon_fa3", "ch6_pallas_fa3", "sdpa_cudnn"]
+    rows = b.run(shapes=[(1, 2, 128, 64)], bf16_shapes=[], kernels=kernels, device="cpu")
+    assert [(r.kernel, r.causal) for r in rows] == [(k, c) for c in (False, True) for k in kernels]
+    for r in rows:
+        assert r.ms is None and r.note.startswith("not measured: "), r
+
+
+# ------------------------------------------------------------------------------ recorded.py
+
+SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64)]
+
+
+def fixture_rows():
+    """TEST FIXTURE: made-up TFLOP/s (not measurements), shaped like a run's rows."""
+    made_up = {"ch6_gluon_fa3": 600.0, "ch6_pallas_fa3": 400.0, "jax_pallas_fa3": 500.0,
+               "ch3_two_tiles": 520.0, "ch4_two_tiles": 450.0, "sdpa_cudnn": 550.0,
+               "sdpa_flash": 300.0}
+    rows = []
+    for case in b.cases(SHAPES, [SHAPES[0]]):
+        for kernel, role, _ in b.KERNELS:
+            if (kernel == "ch3_two_tiles" and case.causal) or \
+                    (kernel == "ch4_two_tiles" and not case.causal):
+                continue
+            tflops = made_up[kernel] * (0.8 if case.causal else 1.0) * (
+                0.5 if case.d == 64 else 1.0)
+            ms = case.flops / (tflops * 1e12) * 1e3
+            note = "max|O-sdpa_cudnn|=1.2e-04"
+            if kernel == "jax_pallas_fa3" and case.dtype == torch.bfloat16:
+                ms, note = None, "not measured: ValueError: bf16 unsupported (fixture)"
+            if kernel == "jax_pallas_fa3" and case.shape == SHAPES[2] and case.causal:
+                note = "max|O-sdpa_cudnn|=3.0e+00 WRONG (> 0.02)"
+            rows.append(b.make_row(kernel, role, case, ms, note, peak=H200))
+    return rows
+
+
+def test_recorded_quotes_the_comparisons():
+    quotes = recorded.quoted_figures(fixture_rows())
+    assert quotes[0] == "600 TFLOP/s non-causal at `(1, 16, 16384, 128)`, 1.09x cuDNN (550)"
+    assert quotes[1] == "480 TFLOP/s causal at `(1, 16, 16384, 128)`, 1.09x cuDNN (440)"
+    assert quotes[2] == ("against JAX's FA3 at `(1, 16, 16384, 128)`: 1.20x non-causal (600 "
+                         "against 500), 1.20x causal (480 against 400)")
+    assert len(quotes) == 2 + len(SHAPES)
+    assert quotes[-1].endswith("1.20x non-causal (300 against 250), causal: JAX's output wrong")
+
+
+def test_recorded_quotes_move_with_the_data_and_survive_the_csv(tmp_path):
+    rows = fixture_rows()
+    path = results.write(rows, tmp_path, "fixture", {"note": "test fixture, not data"})
+    back = results.read(path)
+    assert recorded.quoted_figures(back) == recorded.quoted_figures(rows)
+    faster = [r if r.kernel != "sdpa_cudnn" else
+              b.make_row(r.kernel, r.role, b.Case(r.B, r.H_q, r.N_q, r.d, torch.float16,
+                                                  r.causal), r.ms / 2, peak=H200)
+              for r in rows if r.dtype == "float16"]
+    assert recorded.quoted_figures(faster)[0].endswith("0.55x cuDNN (1100)")
+
+
+def test_recorded_refuses_to_quote_without_the_headline_rows():
+    rows = [r for r in fixture_rows() if r.kernel != "ch6_gluon_fa3"]
+    with pytest.raises(ValueError, match="no measured ch6_gluon_fa3"):
+        recorded.quoted_figures(rows)
+
+
+def test_recorded_summary_lists_ratios_and_failures():
+    text = recorded.summary(fixture_rows())
+    first = text.splitlines()[0]
+    assert first.startswith("fp16 non-causal (1, 16, 16384, 128): ch6_gluon_fa3 600 (61% of peak)")
+    assert "sdpa_cudnn 550 (ours 1.09x)" in first and "jax_pallas_fa3 500 (ours 1.20x)" in first
+    assert "bf16 causal (1, 16, 16384, 128) jax_pallas_fa3: not measured: ValueError" in text
+    assert "fp16 causal (4, 16, 4096, 64) jax_pallas_fa3: max|O-sdpa_cudnn|=3.0e+00 WRONG" in text
+
+
+def test_recorded_plot_has_a_panel_per_dtype_and_mask():
+    import matplotlib.pyplot as plt
+    fig = recorded.plot_recorded(fixture_rows())
+    axes = fig.get_axes()
+    assert len(axes) == 4
+    assert [a.get_title() for a in axes] == ["fp16, non-causal", "fp16, causal",
+                                            "bf16, non-causal", "bf16, causal"]
+    labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert labels[0] == "ours (Gluon FA3)" and "Triton two-tile (ch3/ch4)" in labels
+    plt.close(fig)

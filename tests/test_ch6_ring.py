@@ -1,0 +1,191 @@
+"""Chapter 6, Exercise 1: the K/V ring's producer in Pallas Mosaic GPU interpret mode, and the
+harness that runs it (``flashbook.chapters.ch6.interpret``): a fresh process with a time limit
+and a deadlock detector, the race detector on.
+
+The solution passes the visible and the hidden check; each known-wrong producer fails for its
+own reason (a data race, a deadlock, undrained barrier phases, wrong sums); a consumer that
+reads before its barrier is caught; a hang becomes a failed check within the time limit even
+with the deadlock detector off; without JAX the check says how to install it. The solution
+and the variants are the notebook's (``solutions/``, grade id ``ch6_ring_producer``) once the
+chapter is registered; until then this file carries its own copy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import linecache
+import time
+
+import numpy as np
+import pytest
+
+from flashbook import sources
+from flashbook.check import CheckFailure
+from flashbook.chapters.ch6 import interpret, ring, ring_checks
+
+needs_jax = pytest.mark.skipif(interpret.jax_problem() is not None,
+                               reason=f"needs JAX's interpret mode: {interpret.INSTALL}")
+
+# The solution cell, from the chapter's notebook: defined from source with no JAX import in
+# this process (the check's child process provides pl, plgpu and lax).
+_CELLS_OF_THE_NOTEBOOK = sources.cells_by_id(sources.read(sources.source("ch6").path))
+SOLUTION = _CELLS_OF_THE_NOTEBOOK['ch6_ring_producer']
+
+
+def line_of(code: str) -> int:
+    """The 1-based line of the solution cell on which ``code`` first appears."""
+    return next(i for i, line in enumerate(SOLUTION.splitlines(), 1) if code in line)
+
+# (name, old, new, text the failure must contain): the notebook's known-wrong variants
+VARIANTS = [
+    ("skips_consumed_wait", "plgpu.barrier_wait(consumed.at[slot])", "pass", "data race"),
+    ("waits_on_wrong_slot", "consumed.at[slot]", "consumed.at[lax.rem(step + 1, stages)]",
+     "hung"),
+    ("waits_before_first_fill", "@pl.when(step >= stages)", "@pl.when(step >= 0)",
+     "deadlock"),
+    ("no_drain", "plgpu.barrier_wait(consumed.at[step % stages])", "pass",
+     "must wait for every one of its phases"),
+    ("copy_signals_wrong_barrier", "ring.at[slot], full.at[slot])",
+     "ring.at[slot], full.at[lax.rem(step + 1, stages)])", "data race"),
+    ("loads_wrong_tile", "pl.ds(step * block, block)", "pl.ds(slot * block, block)",
+     "result is wrong"),
+]
+
+_CELLS = itertools.count()
+
+
+def define(source: str, name: str = "kv_producer", **globals_):
+    """Run ``source`` as a notebook cell would (its text in linecache); return ``name``."""
+    filename = f"<test_ch6_ring cell {next(_CELLS)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    ns = {"__name__": "test_ch6_ring_cells", **globals_}
+    exec(compile(source, filename, "exec"), ns)
+    return ns[name]
+
+
+def variant(old: str, new: str) -> str:
+    assert SOLUTION.count(old) == 1, old
+    return SOLUTION.replace(old, new)
+
+
+@needs_jax
+def test_solution_passes_visible_and_hidden(capsys):
+    producer = define(SOLUTION)
+    ring_checks.check_kv_ring(producer)
+    assert "PASSED K/V ring" in capsys.readouterr().out
+    ring_checks.check_kv_ring(producer, hidden=True)
+    assert capsys.readouterr().out == ""         # hidden runs are silent when they pass
+
+
+@needs_jax
+@pytest.mark.parametrize("name, old, new, expect", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_known_wrong_producer_fails_for_its_reason(name, old, new, expect):
+    producer = define(variant(old, new))
+    with pytest.raises(CheckFailure) as e:
+        ring_checks.check_kv_ring(producer, hidden=True)
+    message = str(e.value)
+    assert expect in message, message
+    assert message.startswith("K/V ring, case '"), message      # names the case
+    assert "NameError" not in message and "TypeError" not in message, message
+
+
+@needs_jax
+def test_race_report_names_both_lines():
+    with pytest.raises(CheckFailure) as e:
+        ring_checks.check_kv_ring(define(variant(*VARIANTS[0][1:3])))
+    message = str(e.value)
+    assert f"line {line_of('plgpu.copy_gmem_to_smem(')} of your `kv_producer`: " \
+        "`plgpu.copy_gmem_to_smem(" in message, message
+    assert "ring.py line" in message and "`tile = ring[slot]`" in message, message
+    assert "Hint:" in message and "consumed" in message
+
+
+EARLY_CONSUMER = '''\
+def early_consumer(ring, full, consumed, out_smem, wg, *, stages, steps):
+    def step_fn(step, acc):
+        slot = lax.rem(step, stages)
+        tile = ring[slot]                      # read before the barrier says it has landed
+        plgpu.barrier_wait(full.at[slot])
+        plgpu.barrier_arrive(consumed.at[slot])
+        return acc + tile * (1.0 + (wg + 1).astype(jnp.float32) * step.astype(jnp.float32))
+    out_smem[...] = lax.fori_loop(0, steps, step_fn, jnp.zeros(out_smem.shape, jnp.float32))
+'''
+
+
+@needs_jax
+def test_a_consumer_that_reads_early_is_caught():
+    """Exercise 4 hands the consumer to the student: the same harness catches an early read,
+    even though the copy (eager in the interpreter) usually lands before it."""
+    case = ring_checks.RingCase(2, 4)
+    call = ring_checks._call(case, 0)
+    functions = {"kv_producer": define(SOLUTION),
+                 "consumer": define(EARLY_CONSUMER, "early_consumer")}
+    with pytest.raises(CheckFailure) as e:
+        interpret.run_checked(ring_checks.TARGET, functions, [call], title="consumer")
+    message = str(e.value)
+    assert "data race on ring[" in message, message
+    assert "line 4 of your `early_consumer`: `tile = ring[slot]`" in message, message
+
+
+@needs_jax
+def test_a_hang_fails_within_the_time_limit_without_the_deadlock_detector():
+    producer = define(variant(*VARIANTS[2][1:3]))              # waits before the first fill
+    start = time.monotonic()
+    with pytest.raises(CheckFailure) as e:
+        ring_checks.check_kv_ring(producer, timeout=6, stall=None)
+    assert time.monotonic() - start < 30
+    message = str(e.value)
+    assert "did not finish within the time limit" in message, message
+    assert f"waits at line {line_of('plgpu.barrier_wait(consumed.at[slot])')} of your " \
+        "`kv_producer`: `plgpu.barrier_wait(consumed.at[slot])`" in message, message
+
+
+@needs_jax
+def test_an_error_in_the_students_code_names_its_line():
+    producer = define(variant("slot = lax.rem(step, stages)", "slot = lax.rem(step, n_slots)"))
+    with pytest.raises(CheckFailure,
+                       match=rf"line {line_of('slot = lax.rem(step, stages)')} of your "
+                             r"`kv_producer`.*n_slots"):
+        ring_checks.check_kv_ring(producer)
+
+
+def test_the_stub_is_not_implemented():
+    stub = define(SOLUTION.split("    ### BEGIN")[0] + "    raise NotImplementedError()\n")
+    with pytest.raises(CheckFailure, match="not implemented"):
+        ring_checks.check_kv_ring(stub)
+
+
+def test_without_jax_the_check_says_how_to_install_it(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "jax" else find_spec(name, *a))
+    with pytest.raises(CheckFailure) as e:
+        ring_checks.check_kv_ring(define(SOLUTION))
+    assert "jax is not installed" in str(e.value) and interpret.INSTALL in str(e.value)
+
+
+def test_shipping_takes_modules_constants_and_helpers():
+    import numpy as numpy_alias
+    helper = define("def tile_rows(i, block):\n    return i * BLOCK_SCALE * block\n",
+                    "tile_rows", BLOCK_SCALE=1)
+    fn = define("def producer(x):\n"
+                "    return np_(tile_rows(x, 2)) + CONST + len(ARRAY) + OBJECT\n", "producer",
+                np_=numpy_alias.asarray, tile_rows=helper, CONST=(1, 2), ARRAY=np.zeros(3),
+                OBJECT=object())
+    s = interpret.ship(fn, "kv_producer")
+    assert s.name == "kv_producer" and s.defines == "producer"
+    assert "CONST = (1, 2)" in s.prelude
+    assert "from numpy import asarray as np_" in s.prelude
+    assert [h.defines for h in s.helpers] == ["tile_rows"]
+    assert "BLOCK_SCALE = 1" in s.helpers[0].prelude
+    assert "ARRAY = __import__('numpy').asarray([0.0, 0.0, 0.0], dtype='float64')" in s.prelude
+    assert not any("OBJECT" in p for p in s.prelude)         # not shippable: left out
+    assert s.line(s.firstlineno + 1).startswith("return np_(")
+
+
+def test_reference_is_the_weighted_sum():
+    kv = np.arange(3 * 2 * 2, dtype=np.float32).reshape(6, 2)
+    out = ring.reference(kv, steps=3, num_consumers=2, block=2)
+    tiles = kv.reshape(3, 2, 2)
+    assert np.array_equal(out[0], tiles[0] + 2 * tiles[1] + 3 * tiles[2])
+    assert np.array_equal(out[1], tiles[0] + 3 * tiles[1] + 5 * tiles[2])
