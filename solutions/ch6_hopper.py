@@ -28,13 +28,14 @@
 #   barrier misuse.
 #
 # **What you need**: Chapters 3 and 4 (the online softmax, two query tiles per program).
-# The exercises run on any machine: Exercise 1 in JAX's interpret mode (`pip install
+# The exercises run on any machine: Exercises 1 and 4 in JAX's interpret mode (`pip install
 # "jax>=0.10.2" absl-py`, no GPU needed), Exercises 2 and 3 in plain Python. The chapter's kernel runs
 # for real on an H100 or H200.
 #
-# **Exercises** (11 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
+# **Exercises** (15 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
 # schedule of one producer and two consumers, (2a) the ring's barriers (3) and (2b) the
-# consumers' ping-pong (2); (3) a config planner for the chapter's kernel (3).
+# consumers' ping-pong (2); (3) a config planner for the chapter's kernel (3); (4) the consumer
+# warpgroups of an FA3-shaped kernel in Pallas Mosaic GPU (4).
 
 # %%
 import flashbook as fb
@@ -569,9 +570,235 @@ except NotImplementedError:
     print("Finish Exercise 3 to see your planner's choices.")
 
 # %% [markdown]
-# ## 6. The chapter's kernel, in Gluon
+# ## 6. The consumers, in Pallas
 #
-# `flashbook.chapters.ch6.gluon_fa3` is the structure of Sections 2-4 written in Triton's
+# Exercise 1 built the producer's ring; Exercise 2 simulated the whole schedule. Now the
+# consumers for real: the two warpgroups that multiply, in the same Pallas Mosaic GPU kernel,
+# checked on a CPU in interpret mode and run compiled on an H100 or H200.
+#
+# The kernel around your code is given (`flashbook.chapters.ch6.fa3_pallas`). One CTA computes
+# 128 query rows of one head with three warpgroups:
+#
+# - **warpgroup 2, the producer**, is Exercise 1's ring twice: K^T and V tiles of `block_kv`
+#   keys go into slot `step % stages` of their rings, each slot with its own *full* barrier
+#   (the TMA copy arrives) and *consumed* barrier (two arrivals, one per consumer). K and V have
+#   separate barriers, so a slot's K can be refilled as soon as both consumers are done with
+#   QK^T, while the PV GEMMs still read V.
+# - **warpgroups 0 and 1, the consumers**, each load their own 64-row Q tile into SMEM, call
+#   your `fa3_consumer`, and store what it returns: the normalised O tile (through the Q tile's
+#   SMEM, which is free by then) and the LSE of its rows.
+#
+# Your consumer runs this loop over the K/V steps, with `slot = step % stages`:
+#
+# 1. **Wait for K.** `plgpu.barrier_wait(k_full.at[slot])`: the TMA copy has landed.
+# 2. **S = Q K^T with `wgmma`.** `pl.run_scoped(qk, plgpu.ACC((64, block_kv), jnp.float32))`
+#    gives `qk` a fresh fp32 accumulator, zero, in registers; inside it
+#    `plgpu.wgmma(acc_ref, q_smem, kT_ring.at[slot])` *issues* the multiply: the tensor cores
+#    read both operands from SMEM and the instruction returns at once. Reading the accumulator,
+#    `acc_ref[...]`, *waits* for it (on the GPU: `wgmma.wait_group`). Whatever the warpgroup
+#    does between the two runs while the tensor cores work; here, that is its turn at the
+#    schedule barrier (below). K^T comes transposed from the host: this interpret mode cannot
+#    transpose an SMEM view (`plgpu.transpose_ref`), which FA3 uses to read K in place.
+# 3. **Release K.** `plgpu.barrier_arrive(k_consumed.at[slot])` as soon as S is in registers
+#    (FA3's early release): the producer may refill the slot during your softmax.
+# 4. **The online softmax, in base 2.** Chapter 3's update with `exp2` instead of `exp`, which
+#    is what the hardware computes (`ex2.approx`; `exp(x)` costs a multiply more). Fold the
+#    scale and log2(e) into one multiply, `s = S * (scale * log2(e))`, apply `mask(s, step)`
+#    (causal masking, given; it returns `s` unchanged when the kernel is not causal), and keep
+#    the running max `m` in these log2 units: `m_new = max(m, rowmax(s))`,
+#    `alpha = exp2(m - m_new)`, `p = exp2(s - m_new)`, `l = l * alpha + rowsum(p)`,
+#    `acc = acc * alpha`. Since 2^(x log2 e) = e^x, this is exactly the softmax in base e.
+# 5. **P to shared memory.** `p_smem[...] = p.astype(p_smem.dtype)` (fp16), then
+#    `plgpu.commit_smem()`, the fence that makes stores from registers visible to the tensor
+#    cores and the TMA (which read SMEM through another path, the *async proxy*). FlashAttention-3
+#    does not do this: `wgmma` can take its A operand from **registers**, and the S accumulator,
+#    converted to fp16 in place, is already laid out as that operand, so P never leaves the
+#    registers and costs no SMEM bandwidth. JAX 0.10.2's interpret mode accepts only an SMEM A
+#    operand, so this kernel takes the detour (64 x `block_kv` fp16 per step, 8-16 KB).
+# 6. **Wait for V and for your turn.** Arrive on the schedule barrier (softmax done), wait for
+#    V (`v_full.at[slot]`), then wait on the schedule barrier.
+# 7. **O += P V with `wgmma`.** A fresh ACC of (64, d) and `plgpu.wgmma(acc_ref, p_smem,
+#    v_ring.at[slot])`; add what it returns to `acc`. (FA3 accumulates in place, with
+#    `pl.run_state` and `plgpu.ACC.init(acc)`; interpret mode does not run `pl.run_state`.)
+# 8. **Release V** (`v_consumed.at[slot]`), only once the PV result has been read: until its
+#    wait, a wgmma may still be reading V, and a release before it lets the TMA overwrite the
+#    tile under the multiply.
+#
+# After the loop, return `(acc / l[:, None], m + log2(l))`: O and the LSE in **base 2**, as FA3
+# computes it (write log2(l) as `jnp.log(l) * log2e`: Mosaic GPU compiles `log`, and one
+# multiply is cheaper than `jnp.log2`'s division). The book's functions return the natural
+# log; the boundary converts (`lse = lse2 * ln 2`: `run_fa3` does, and so does the check).
+#
+# **The schedule barrier: ping-pong.** `schedule` is one barrier that completes after two
+# arrivals, one from each consumer; `arrive` then `wait` is a rendezvous with the other
+# warpgroup. Each step has two: between issuing QK^T and reading S, and between the end of the
+# softmax and the PV GEMM. Warpgroup 1 makes one extra rendezvous before its loop (which puts it
+# half a step behind) and warpgroup 0 one after its loop (so both arrive equally often; else the
+# last wait never completes: a deadlock). The effect is Exercise 2b's turns: a warpgroup reads
+# S (starts its softmax) only after the other has finished its softmax, and issues its PV and
+# next QK^T only after the other has issued its own GEMMs, so one warpgroup's softmax overlaps
+# the other's GEMMs:
+#
+# ```
+# tensor cores:  wg0 QK0 | wg1 QK0    | wg0 PV0 QK1 | wg1 PV0 QK1 | wg0 PV1 QK2 | ...
+# warpgroup 0:   QK0     | softmax 0  | PV0 QK1     | softmax 1   | PV1 QK2     | ...
+# warpgroup 1:   (wait)  | QK0        | softmax 0   | PV0 QK1     | softmax 1   | ...
+# ```
+#
+# | call | does |
+# |---|---|
+# | `pl.run_scoped(fn, plgpu.ACC((rows, cols), jnp.float32))` | calls `fn(acc_ref)` with a zeroed fp32 wgmma accumulator; returns what `fn` returns |
+# | `plgpu.wgmma(acc_ref, a_smem, b_smem)` | issues `acc += a @ b` on the tensor cores, `a` (64, k) and `b` (k, n) SMEM refs |
+# | `acc_ref[...]` | waits for the wgmma and reads the accumulator |
+# | `plgpu.barrier_wait(bar)`, `plgpu.barrier_arrive(bar)` | wait for this warpgroup's next phase of `bar`; one arrival on `bar` |
+# | `kT_ring.at[slot]`, `k_full.at[slot]` | a slot of a ring, a barrier of an array |
+# | `plgpu.commit_smem()` | fence: register stores to SMEM become visible to wgmma and the TMA |
+# | `lax.fori_loop(0, steps, step_fn, carry)` | the loop over K/V steps; `step_fn(step, carry)` returns the new carry |
+# | `pl.when(cond)(fn)` | calls `fn()` only where `cond` (a traced bool) holds |
+#
+# `jnp.exp2`, `jnp.log`, `jnp.maximum`, `s.max(axis=1)`, `p.sum(axis=1)` and `x[:, None]`
+# (broadcast a row vector over columns) work as in NumPy.
+
+# %%
+import math
+from flashbook.chapters.ch6 import fa3_checks, fa3_pallas, interpret
+try:                                  # the check runs your kernel in its own process; JAX must
+    import jax                        # be installed in this Python (no GPU needed)
+    import jax.numpy as jnp
+    from jax import lax
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+except ImportError:
+    print("JAX is not installed:", interpret.INSTALL)
+
+# %% [markdown]
+# **Exercise 4 (4 points).** Write the consumer warpgroups' part of the kernel,
+# `fa3_consumer`: the schedule barrier's extra rendezvous (warpgroup 1 before the loop,
+# warpgroup 0 after it), the loop of steps 1-8 above over `steps` K/V steps, and the final
+# normalisation. It returns `(o, lse2)`: O (64, d) fp32 divided by l, and the base-2 LSE (64,).
+# About 40 lines.
+#
+# The check runs the kernel with your consumer in interpret mode, in a separate process with a
+# time limit, with the race detector on (it also checks what each wgmma reads, up to its wait),
+# for N_q = 128 (your two warpgroups, 64 rows each), d = 64 and N_k = 128, 256 and 512: O within
+# fp16 tolerance of a float64 reference, the LSE right, no data race, no barrier misuse, no hang.
+# The hidden tests add causal masks, d = 128, 3-slot rings and 128-key tiles. A wrong O is
+# compared with what the classic online-softmax mistakes give, and the message says which one
+# it matches; a race names your line and the producer's; a hang lists the waits that never
+# complete.
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_fa3_consumer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def fa3_consumer(wg, q_smem, p_smem, kT_ring, v_ring, k_full, v_full, k_consumed, v_consumed,
+                 schedule, *, steps: int, stages: int, scale: float, mask):
+    """One consumer warpgroup of the FA3-shaped kernel.
+
+    wg:          this warpgroup's index, 0 or 1 (a traced int32)
+    q_smem:      SMEM ref (64, d): this warpgroup's Q tile (loaded)
+    p_smem:      SMEM ref (64, block_kv): this warpgroup's staging buffer for P (fp16)
+    kT_ring:     SMEM ref (stages, d, block_kv): K^T tiles; step j is in slot j % stages
+    v_ring:      SMEM ref (stages, block_kv, d): V tiles, same slots
+    k_full, v_full:          `stages` barriers each: the slot's K^T (V) tile has landed
+    k_consumed, v_consumed:  `stages` barriers each, 2 arrivals: release the slot's K^T (V)
+    schedule:    one barrier of 2 arrivals: the ping-pong between the two consumers
+    steps, stages: Python ints; scale: float (applied to S = Q K^T in fp32)
+    mask(s, step): s with -inf where a query may not see a key (causal), else s unchanged
+    Returns (o, lse2): o (64, d) float32 = softmax(S) V for this tile's rows, and lse2 (64,)
+    float32 = log2 of sum_j 2^(s_j), s in log2 units (the LSE in base 2).
+    """
+    ### BEGIN SOLUTION
+    block_q, d = q_smem.shape
+    block_kv = kT_ring.shape[2]
+    log2e = math.log2(math.e)
+
+    def schedule_barrier():                        # a rendezvous with the other consumer
+        plgpu.barrier_arrive(schedule)
+        plgpu.barrier_wait(schedule)
+
+    pl.when(wg == 1)(schedule_barrier)             # warpgroup 1 starts half a step behind
+
+    def step_fn(step, carry):
+        acc, m, l = carry                          # (64, d), (64,), (64,): fp32, m in log2 units
+        slot = lax.rem(step, stages)
+        plgpu.barrier_wait(k_full.at[slot])        # K^T of this step has landed
+
+        def qk(acc_ref):
+            plgpu.wgmma(acc_ref, q_smem, kT_ring.at[slot])   # issue S = Q K^T (async)
+            schedule_barrier()                     # the other's softmax ends while it runs
+            return acc_ref[...]                    # wait for the wgmma, read S
+        s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
+        plgpu.barrier_arrive(k_consumed.at[slot])  # K is free: the producer may refill it
+
+        s = mask(s * (scale * log2e), step)        # log2 units: exp2(s) = e^(scale * S)
+        m_new = jnp.maximum(m, s.max(axis=1))
+        alpha = jnp.exp2(m - m_new)                # rescales what was summed with the old max
+        p = jnp.exp2(s - m_new[:, None])
+        l = l * alpha + p.sum(axis=1)
+        acc = acc * alpha[:, None]
+        p_smem[...] = p.astype(p_smem.dtype)       # P via SMEM (FA3 keeps it in registers)
+        plgpu.commit_smem()                        # visible to the wgmma that reads it
+
+        plgpu.barrier_arrive(schedule)             # my softmax is done
+        plgpu.barrier_wait(v_full.at[slot])        # V of this step has landed
+        plgpu.barrier_wait(schedule)               # the other has issued its GEMMs: my turn
+
+        def pv(acc_ref):
+            plgpu.wgmma(acc_ref, p_smem, v_ring.at[slot])    # issue P V (async)
+            return acc_ref[...]                    # wait: V is no longer read after this
+        acc = acc + pl.run_scoped(pv, plgpu.ACC((block_q, d), jnp.float32))
+        plgpu.barrier_arrive(v_consumed.at[slot])  # V is free
+        return acc, m_new, l
+
+    init = (jnp.zeros((block_q, d), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32))
+    acc, m, l = lax.fori_loop(0, steps, step_fn, init)
+    pl.when(wg == 0)(schedule_barrier)             # balance warpgroup 1's extra rendezvous
+    return acc / l[:, None], m + jnp.log(l) * log2e       # O, and log2(l) = ln(l) log2(e)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_fa3_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+fa3_checks.check_fa3_consumer(fa3_consumer)
+### BEGIN HIDDEN TESTS
+fa3_checks.check_fa3_consumer(fa3_consumer, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# On an H100 or H200 the next cell compiles the same kernel, your consumer included, for the
+# GPU (no interpreter: `wgmma`, TMA and mbarriers for real) and runs it at full size, checks one
+# head against the float64 reference and times it; elsewhere it says why it cannot. Expect a
+# fraction of FA3's speed: K^T is transposed by the host, P goes through shared memory, the
+# tiles have no swizzled layout (bank conflicts), the registers are not reallocated between
+# the warpgroups, and the causal kernel visits every tile instead of skipping those above the
+# diagonal.
+
+# %% tags=["demo"]
+problem = fa3_pallas.sm90_problem()
+try:
+    fa3_consumer(*[None] * 10, steps=0, stages=0, scale=0.0, mask=None)
+except NotImplementedError:
+    problem = "Exercise 4 is not done yet"
+except Exception:  # noqa: BLE001 - a real consumer cannot run outside a kernel: it is written
+    pass
+if problem is None:
+    import numpy as np
+    for d in (64, 128):
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((1, 16, 4096, d)).astype(np.float16) for _ in range(3))
+        for causal in (False, True):
+            o, lse = fa3_pallas.run_fa3(fa3_consumer, q, k, v, causal=causal)
+            want_o, want_lse = fa3_pallas.reference(q[0, 0], k[0, 0], v[0, 0], causal=causal)
+            t = fa3_pallas.time_fa3(fa3_consumer, 1, 16, 4096, d, causal=causal)
+            print(f"(1, 16, 4096, {d}) causal={causal}: max|O - ref| = "
+                  f"{np.abs(o[0, 0] - want_o).max():.1e}, max|LSE - ref| = "
+                  f"{np.abs(lse[0, 0] - want_lse).max():.1e} (head 0); {t['ms']:.2f} ms, "
+                  f"{t['tflops']:.0f} TFLOP/s")
+else:
+    print(f"Skipped: the compiled kernel needs an sm_90 GPU (H100, H200), and here {problem}. "
+          "The check above ran the same kernel in JAX's interpret mode instead.")
+
+# %% [markdown]
+# ## 7. The chapter's kernel, in Gluon
+#
+# `flashbook.chapters.ch6.gluon_fa3` is the structure of Sections 2-6 written in Triton's
 # **Gluon** dialect, which exposes Hopper's machinery (`tma`, `mbarrier`, `warpgroup_mma`,
 # `warp_specialize`) with Triton's compiler underneath. One program owns `2 x BLOCK_M` query
 # rows of one head and three roles:

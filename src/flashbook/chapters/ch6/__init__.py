@@ -3,6 +3,7 @@
 ``ring`` and ``ring_checks`` give Exercise 1's K/V ring in Pallas Mosaic GPU and grade it in
 JAX's interpret mode, in a child process with a time limit (``interpret``); ``pipeline`` and
 ``pipeline_checks`` simulate one producer and two consumer warpgroups for Exercise 2;
+``fa3_pallas`` and ``fa3_checks`` give and grade Exercise 4's FA3-shaped Pallas kernel;
 ``planner_checks`` grades Exercise 3 against ``planner``, which computes the shared memory and registers of a configuration of the chapter's Gluon
 kernel (``gluon_fa3``, imported on demand: it needs Triton's Gluon dialect and, to run, an sm_90
 GPU)."""
@@ -12,12 +13,13 @@ from flashbook.contract import Chapter, Exercise
 
 from . import planner
 from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
+from .fa3_checks import check_fa3_consumer
 from .planner_checks import check_planner
 from .ring_checks import check_kv_ring
 from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "planner", "check_kv_ring", "check_ring_protocol", "check_pingpong",
-           "check_planner", "plot_gantt"]
+           "check_planner", "check_fa3_consumer", "plot_gantt"]
 
 CHAPTER = Chapter(
     id="ch6",
@@ -31,6 +33,7 @@ CHAPTER = Chapter(
         Exercise("ch6_planner_test", ("ch6_planner_resources", "ch6_planner_choose"),
                  ("smem_bytes", "register_budget", "consumer_register_need", "fits", "choose"),
                  check_planner),
+        Exercise("ch6_fa3_test", ("ch6_fa3_consumer",), ("fa3_consumer",), check_fa3_consumer),
     ),
     variants=VARIANTS,
 )

@@ -93,4 +93,41 @@ VARIANTS = (
     Variant('choose_ignores_feasibility', 'ch6_planner_choose', (
         ('feasible = [c for c in configs if fits(c, device)]', 'feasible = configs'),
     ), expect='which does not fit'),
+
+    # the accumulator keeps its old scale when the running max grows: O is a mix of terms
+    # weighed with different maxima; the check recognises the output and names the bug
+    Variant('fa3_no_rescale', 'ch6_fa3_consumer', (
+        ('        acc = acc * alpha[:, None]\n', ''),
+    ), expect='not rescaled'),
+    # P in base e of log2-domain scores and max: the keys are weighed wrongly
+    Variant('fa3_natural_exp', 'ch6_fa3_consumer', (
+        ('p = jnp.exp2(s - m_new[:, None])', 'p = jnp.exp(s - m_new[:, None])'),
+    ), expect='P = exp(s - m)'),
+    # S left in natural units before exp2: softmax(S ln 2), a flatter distribution
+    Variant('fa3_no_log2e', 'ch6_fa3_consumer', (
+        ('s * (scale * log2e)', 's * scale'),
+    ), expect='not multiplied by log2(e)'),
+    # the QK^T wgmma reads a K^T slot the TMA may still be writing: the race detector sees the
+    # copy and the wgmma's read unordered (and the interpreter then sees k_full complete twice)
+    Variant('fa3_skips_k_full_wait', 'ch6_fa3_consumer', (
+        ('        plgpu.barrier_wait(k_full.at[slot])        # K^T of this step has landed\n',
+         ''),
+    ), expect='data race on kT_ring'),
+    # V released between the PV wgmma's issue and its wait: the producer refills the slot
+    # while the tensor cores may still read it (right values in the interpreter, a race)
+    Variant('fa3_releases_v_before_pv_wait', 'ch6_fa3_consumer', (
+        ('            plgpu.wgmma(acc_ref, p_smem, v_ring.at[slot])    # issue P V (async)\n',
+         '            plgpu.wgmma(acc_ref, p_smem, v_ring.at[slot])    # issue P V (async)\n'
+         '            plgpu.barrier_arrive(v_consumed.at[slot])\n'),
+        ('        plgpu.barrier_arrive(v_consumed.at[slot])  # V is free\n', ''),
+    ), expect='data race on v_ring'),
+    # warpgroup 0 skips its closing rendezvous: warpgroup 1's last wait on the schedule
+    # barrier never completes, nor its last V release, nor the producer's drain
+    Variant('fa3_unbalanced_schedule', 'ch6_fa3_consumer', (
+        ('    pl.when(wg == 0)(schedule_barrier)', '    pass'),
+    ), expect='deadlock'),
+    # O returned unnormalised: off by the factor l of each row
+    Variant('fa3_no_normalisation', 'ch6_fa3_consumer', (
+        ('return acc / l[:, None],', 'return acc,'),
+    ), expect='not divided by l'),
 )

@@ -1,0 +1,239 @@
+"""Chapter 6, Exercise 4's check: the consumer warpgroups of the FA3-shaped Pallas kernel
+(``fa3_pallas``), run in JAX's Mosaic GPU interpret mode in a child process with a time limit
+(``interpret.py``), with the race detector on (and told about what each wgmma reads, up to its
+wait: ``fa3_pallas.track_wgmma_reads``).
+
+Each case runs one CTA: two consumer warpgroups of 64 query rows each (N_q = 128) and the given
+producer. The kernel's O must be within fp16 tolerance of a float64 reference, and its LSE
+(the consumer returns it in base 2; the check compares ``lse2 * ln 2`` with the natural-log
+reference, the book's convention) within 1e-3; the run must be free of data races, barrier
+misuse and hangs (unbalanced schedule barriers deadlock, and the watchdog reports the waits).
+A wrong O is compared with what the classic online-softmax mistakes produce (the same tiles,
+in float64), and the message names the one it matches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from flashbook.check import CheckFailure, report, require_implemented
+
+from . import fa3_pallas, interpret
+
+__all__ = ["check_fa3_consumer", "Fa3Case", "fa3_cases", "simulate", "BUGS"]
+
+TARGET = "flashbook.chapters.ch6.fa3_pallas:run_fa3_interpret"
+TITLE = "FA3 consumer"
+N_Q = fa3_pallas.CONSUMERS * fa3_pallas.BLOCK_Q        # one CTA: 128 query rows
+O_TOL = (2e-3, 2e-3)         # (atol, rtol): fp16 O against float64
+LSE_TOL = 1e-3               # absolute, natural log
+
+
+@dataclasses.dataclass(frozen=True)
+class Fa3Case:
+    n_k: int
+    d: int = 64
+    causal: bool = False
+    block_kv: int = 64
+    stages: int = 2
+    why: str = ""
+
+    @property
+    def steps(self) -> int:
+        return self.n_k // self.block_kv
+
+    def describe(self) -> str:
+        return (f"'N_q={N_Q}, N_k={self.n_k}, d={self.d}{', causal' if self.causal else ''}, "
+                f"block_kv={self.block_kv}, {self.stages} stages"
+                + (f": {self.why}'" if self.why else "'"))
+
+
+def fa3_cases(hidden: bool = False) -> list[Fa3Case]:
+    if not hidden:
+        return [Fa3Case(128, why="2 K/V steps, each slot filled once"),
+                Fa3Case(256, why="4 steps: every slot refilled"),
+                Fa3Case(512, why="8 steps")]
+    return [Fa3Case(256, causal=True, why="bottom-right causal mask"),
+            Fa3Case(320, d=128, stages=3, why="d = 128, a 3-slot ring"),
+            Fa3Case(512, causal=True, block_kv=128, why="causal, 128-key tiles"),
+            Fa3Case(192, stages=3, why="3 steps, 3 slots: nothing refilled")]
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+def _inputs(case: Fa3Case, seed: int):
+    """q (1,1,128,d), k, v (1,1,N_k,d) fp16. Q is scaled up a little so that the softmax is
+    peaked and the running max moves between tiles (a missing rescale shows)."""
+    rng = np.random.default_rng(seed)
+    q = (1.5 * rng.standard_normal((1, 1, N_Q, case.d))).astype(np.float16)
+    k = rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16)
+    v = rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16)
+    return q, k, v
+
+
+def _call(case: Fa3Case, seed: int) -> interpret.Call:
+    q, k, v = _inputs(case, seed)
+    kT = np.ascontiguousarray(np.swapaxes(k, -1, -2))
+    return interpret.Call(case.describe(), {"q": q, "kT": kT, "v": v},
+                          dict(causal=case.causal, stages=case.stages, block_kv=case.block_kv),
+                          thread_names=fa3_pallas.thread_names(),
+                          barrier_names=fa3_pallas.barrier_names(case.stages),
+                          smem_names=fa3_pallas.SMEM_NAMES)
+
+
+# ------------------------------------------------------- the kernel's arithmetic, and its bugs
+
+def simulate(q, k, v, *, block_kv: int, causal: bool = False, scale: float | None = None,
+             rescale: bool = True, exp2: bool = True, log2e: bool = True,
+             normalise: bool = True):
+    """The consumer's arithmetic in float64, tile by tile (``q`` (N_q, d), ``k``, ``v``
+    (N_k, d)): ``(o, lse)`` with LSE in natural log. The flags switch classic mistakes on:
+    ``rescale=False`` adds P V to an accumulator not multiplied by alpha; ``exp2=False`` takes
+    P = exp(s - m) of log2-domain s and m; ``log2e=False`` leaves S in natural units before
+    exp2; ``normalise=False`` returns the accumulator undivided by l."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    n_q, d = q.shape
+    n_k = k.shape[0]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    s_all = (q @ k.T) * (scale * (fa3_pallas.LOG2E if log2e else 1.0))
+    if causal:
+        keep = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+        s_all = np.where(keep, s_all, -np.inf)
+    m = np.full(n_q, -np.inf)
+    l = np.zeros(n_q)
+    acc = np.zeros((n_q, v.shape[1]))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for j in range(n_k // block_kv):
+            s = s_all[:, j * block_kv:(j + 1) * block_kv]
+            m_new = np.maximum(m, s.max(1))
+            alpha = np.exp2(m - m_new)
+            p = np.exp2(s - m_new[:, None]) if exp2 else np.exp(s - m_new[:, None])
+            l = l * alpha + p.sum(1)
+            acc = (acc * alpha[:, None] if rescale else acc) + p @ v[j * block_kv:
+                                                                   (j + 1) * block_kv]
+            m = m_new
+        o = acc / l[:, None] if normalise else acc
+        lse = (m + np.log2(l)) * fa3_pallas.LN2
+    return o, lse
+
+
+# (name, flags for ``simulate``, what the output matches, expect-able phrase first)
+BUGS = (
+    ("no_rescale", dict(rescale=False),
+     "O is what you get when the accumulator is not rescaled: when the running max grows from m "
+     "to m_new, multiply acc (like l) by alpha = exp2(m - m_new) before adding P V."),
+    ("natural_exp", dict(exp2=False),
+     "O is what you get with P = exp(s - m) where s and m are in log2 units: in the log2 domain "
+     "P is exp2(s - m) (and alpha exp2(m - m_new)); mixing bases weighs the keys wrongly."),
+    ("no_log2e", dict(log2e=False),
+     "O is what you get when S is not multiplied by log2(e) before exp2: exp2(x) = e^(x ln 2), "
+     "so that computes softmax(S ln 2). Fold log2(e) into the scale: s * (scale * log2(e))."),
+    ("no_normalise", dict(normalise=False),
+     "O is not divided by l: the accumulator holds sum_j exp2(s_j - m) v_j, and the softmax "
+     "needs one division by l = sum_j exp2(s_j - m) at the end, after the loop."),
+)
+
+
+def _diagnose(case: Fa3Case, call: interpret.Call, got: np.ndarray) -> str:
+    q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
+    k = kT.T
+    for _, flags, text in BUGS:
+        want, _ = simulate(q, k, v, block_kv=case.block_kv, causal=case.causal, **flags)
+        if np.isfinite(want).all() and np.allclose(got, want, atol=5e-3, rtol=5e-3):
+            return " " + text
+    return ""
+
+
+_HINT_VALUES = ("per step: s = (Q K^T) * (scale * log2(e)) (the mask applied), m_new = max(m, "
+                "rowmax(s)), alpha = exp2(m - m_new), p = exp2(s - m_new), l = l * alpha + "
+                "rowsum(p), acc = acc * alpha + p V; at the end O = acc / l and lse2 = m + "
+                "log2(l). Rows 0-63 are consumer warpgroup 0's, rows 64-127 warpgroup 1's.")
+
+
+def _compare(case: Fa3Case, call: interpret.Call, out: dict | None):
+    import torch
+    from flashbook.compare import assert_close
+
+    what = f"{TITLE}, case {case.describe()}"
+    q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
+    want_o, want_lse = fa3_pallas.reference(q, kT.T, v, causal=case.causal)
+    got_o = None if out is None else out.get("o")
+    got_lse = None if out is None else out.get("lse2")
+    if got_o is None or got_lse is None:
+        raise CheckFailure(f"{what}: the kernel returned no output.")
+    got_o, got_lse = got_o[0, 0].astype(np.float64), got_lse[0, 0].astype(np.float64)
+    ok = np.isfinite(got_o) & (np.abs(got_o - want_o) <= O_TOL[0] + O_TOL[1] * np.abs(want_o))
+    hint = (_diagnose(case, call, got_o) if not ok.all() else "").strip()
+    assert_close(torch.from_numpy(got_o), torch.from_numpy(want_o), what=f"{what}: O",
+                 dims=("row", "col"), atol=O_TOL[0], rtol=O_TOL[1],
+                 hint=(hint + " " if hint else "") + "The consumer's arithmetic, " + _HINT_VALUES)
+    assert_close(torch.from_numpy(got_lse * fa3_pallas.LN2), torch.from_numpy(want_lse),
+                 what=f"{what}: LSE (your lse2 times ln 2)", dims=("row",), atol=LSE_TOL,
+                 rtol=0.0,
+                 hint="return lse2 = m + log2(l) in base 2, with m the running max of the "
+                      "scaled scores in log2 units (s = Q K^T * scale * log2(e)); the check "
+                      "multiplies it by ln 2 to compare with the natural-log LSE.")
+
+
+# ------------------------------------------------------------------------ protocol failures
+
+_RULES = ("The consumer's rules, for each K/V step (slot = step % stages): (1) "
+          "`plgpu.barrier_wait(k_full.at[slot])` before the QK^T wgmma reads `kT_ring.at[slot]`, "
+          "and `plgpu.barrier_wait(v_full.at[slot])` before the PV wgmma reads "
+          "`v_ring.at[slot]`; (2) arrive on `k_consumed.at[slot]` once S has been read out of "
+          "its accumulator, and on `v_consumed.at[slot]` once the PV result has: a wgmma reads "
+          "its SMEM operands until the warpgroup waits for it (reading `acc_ref[...]`), so a "
+          "release before that lets the producer overwrite a tile still being multiplied; (3) "
+          "the schedule barrier: the two consumers must arrive on it equally often. Per step "
+          "each does a rendezvous (arrive, wait) between issuing the QK^T wgmma and reading S, "
+          "arrives when its softmax is done and waits before the PV wgmma; warpgroup 1 adds one "
+          "rendezvous before its loop and warpgroup 0 one after its loop.")
+
+
+def _hint(result: interpret.Run) -> str:
+    races = [r for c in result.calls for r in c["races"] if r.get("first")]
+    buffers = {r.get("buffer") or "" for r in races}
+    pending = {w.get("barrier") or "" for w in result.pending}
+    kinds = {p["kind"] for p in result.problems}
+    if any(b.startswith("kT_ring") for b in buffers):
+        lead = ("The QK^T wgmma read a K^T slot that no wait on its k_full barrier covered, or "
+                "the slot was refilled while it was read: rules (1) and (2). ")
+    elif any(b.startswith("v_ring") for b in buffers):
+        lead = ("The PV wgmma's read of a V slot is not ordered with the copy into it: the wait "
+                "on v_full is missing, or v_consumed was arrived on before the PV result was "
+                "read (the producer then refills V under the wgmma): rules (1) and (2). ")
+    elif "schedule" in pending:
+        lead = ("A warpgroup waits on the schedule barrier for an arrival that never comes: "
+                "the two consumers' arrivals are unbalanced, rule (3). ")
+    elif any(p.startswith(("k_consumed", "v_consumed")) for p in pending):
+        lead = ("The producer waits for a release that never comes: every step must arrive "
+                "once on k_consumed[slot] and once on v_consumed[slot], rule (2). ")
+    elif kinds & {"completed-again", "phase-passed", "unobserved-phases"}:
+        lead = "Each step waits exactly once on k_full[slot] and once on v_full[slot]. "
+    else:
+        lead = ""
+    return lead + _RULES
+
+
+def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None = None,
+                       stall: float | None = interpret.STALL_S):
+    """Exercise 4: the kernel with ``consumer`` as its two consumer warpgroups, in JAX's Mosaic
+    GPU interpret mode (one CTA, N_q = 128): O within fp16 tolerance of a float64 reference and
+    the base-2 LSE right, for several N_k (hidden: causal masks, d = 128, 3-slot rings, 128-key
+    tiles); no data race (``detect_races=True``, wgmma reads included), no barrier misuse, no
+    hang (a time limit and a deadlock detector)."""
+    require_implemented(consumer, "fa3_consumer")
+    cases = fa3_cases(hidden)
+    seed = 400 if hidden else 40
+    calls = [_call(c, seed + i) for i, c in enumerate(cases)]
+    outs = interpret.run_checked(TARGET, {"consumer": consumer}, calls, title=TITLE,
+                                 hint=_hint, timeout=timeout or interpret.TIMEOUT_S,
+                                 stall=stall)
+    for case, call, out in zip(cases, calls, outs):
+        _compare(case, call, out)
+    tracked = all(bool(o.get("wgmma_reads_checked", False)) for o in outs if o)
+    report(f"{TITLE} (Pallas Mosaic GPU, interpret mode, race detector on)", len(cases),
+           "" if tracked else " (with this JAX the race detector does not see what a wgmma "
+           f"reads: tested with JAX {interpret.JAX_VERSION})", hidden=hidden)
