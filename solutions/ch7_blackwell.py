@@ -1,0 +1,617 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 7: The Blackwell design (FlashAttention-4 era)
+#
+# **What you will learn**
+# - What changed on Blackwell (B200, sm_100): the `tcgen05` matrix multiply, issued by a single
+#   thread and fully asynchronous; **tensor memory** (TMEM), 128 lanes x 512 columns of 32-bit
+#   cells per SM, where the accumulators now live instead of registers; how TMEM is allocated;
+#   two 128-row query tiles per CTA.
+# - How the seed kernel (a warp-specialized SM100 forward in CuTe DSL) divides the work: its
+#   warp roles and the barriers between them, the register split between the roles, the
+#   persistent tile scheduler, and the TMEM column map where P overwrites the scores it came from.
+# - Why, once the tensor cores doubled, the **exponentials** of the softmax set the pace, and
+#   FlashAttention-4's two numerical answers {cite}`zadouri2026flashattention4`: **lazy
+#   rescaling** (rescale O only when the running max has grown past a threshold; exact after the
+#   final normalisation) and **exp2 by a polynomial** on the FMA units (range reduction and a
+#   cubic), with their error analysis.
+#
+# **What you need**: Chapter 3 (the online softmax, its Triton kernel) and Chapter 6 (warp
+# specialization, mbarriers, `setmaxnreg`). No Blackwell GPU: every exercise runs on a CPU (the
+# Triton ones in the interpreter) and on any GPU. About 2 hours.
+#
+# **Exercises** (11 points): (1) a TMEM column map for the seed's tile shapes (3); (2) lazy
+# rescaling in Chapter 3's Triton kernel, exact on adversarial logits, with a count of the
+# rescales it avoids (4); (3) exp2 by a polynomial in float32, (3a) with torch (2) and (3b) as a
+# Triton function inside a kernel (2).
+
+# %%
+import flashbook as fb
+backend = fb.setup()          # before triton is imported: on CPU it switches on the interpreter
+import math
+import torch
+import triton
+import triton.language as tl
+from flashbook.chapters import ch7
+
+# %% [markdown]
+# ## 1. What changed on Blackwell
+#
+# Chapter 6's Hopper kernel keeps its accumulators in registers: `wgmma` is issued by a whole
+# warpgroup, reads A from registers or shared memory and B from shared memory, and adds into
+# registers that the same 128 threads own. A 64 x 128 fp32 accumulator is 64 registers per
+# thread, and two query tiles of them decide how large the tiles can be. Blackwell's fifth
+# generation of tensor-core instructions, `tcgen05`, changes three things.
+#
+# **One thread issues the matrix multiply.** `tcgen05.mma` is issued by a single thread for the
+# whole CTA, runs asynchronously, and reports completion through `tcgen05.commit`, which makes an
+# mbarrier arrive when the multiplies issued so far are done. A is read from shared memory or
+# from tensor memory, B from shared memory, and the result D is accumulated in **tensor memory**.
+# One instruction computes a tile of up to M = 128 rows (M = 256 with a pair of CTAs, the 2-CTA
+# mode, which the seed does not use), so a single "MMA warp" can keep the tensor cores busy
+# while the other warps do everything else.
+#
+# **Tensor memory.** Each SM has 256 KB of TMEM: 128 **lanes** x 512 **columns** of 32-bit cells.
+# Lane i holds row i of a 128-row tile, so an fp32 accumulator of 128 x N occupies N columns, and
+# a buffer is simply a range of columns. Threads reach it only through explicit copies
+# (`tcgen05.ld` / `tcgen05.st` between TMEM and registers), and a warp sees only its quarter of
+# the lanes (warp w of a warpgroup: lanes 32(w mod 4) to 32(w mod 4) + 31), so a warpgroup of 128
+# threads owns one row per thread. TMEM is **allocated** at run time, like a heap: one warp
+# executes `tcgen05.alloc` for a power-of-two number of columns (32 to 512) and receives the base
+# address in shared memory; at the end the same warp frees it with `tcgen05.dealloc`, after every
+# warp that used it has said so on an mbarrier; before that, `relinquish_alloc_permit` declares
+# that this CTA will allocate no more.
+#
+# **Two query tiles per CTA.** A CTA of the seed takes 256 query rows as two tiles, Q0 and Q1, of
+# 128 rows each, and streams every K and V tile once for both. Each tile has its own scores
+# (S0, S1) and its own output accumulator (O0, O1), all in TMEM, so the registers of the softmax
+# warps hold only the row they are working on.
+#
+# | | Hopper (H100, sm_90) | Blackwell (B200, sm_100) |
+# |---|---|---|
+# | matrix multiply | `wgmma`, issued by a warpgroup (128 threads) | `tcgen05.mma`, issued by one thread |
+# | accumulator | registers of the issuing warpgroup | tensor memory, 128 x 512 x 32 bit per SM |
+# | A operand | registers or shared memory | shared memory or tensor memory |
+# | completion | `wgmma.wait_group` in the issuing warps | `tcgen05.commit` -> an mbarrier anyone can wait on |
+# | dense 16-bit FLOP per clock per SM | 4,096 | 8,192 |
+# | exponentials per clock per SM (MUFU) | 16 | 16 |
+#
+# The last two rows are the subject of Section 2. TMA, mbarriers, `setmaxnreg` and the 227 KB of
+# shared memory per block carry over from Chapter 6.
+#
+# ## 2. Where the time goes: the exponentials
+#
+# Count the work of one 128 x 128 tile of scores with head dimension d. The two matrix
+# multiplies, $S = QK^T$ and $O \mathrel{+}= PV$, are $4 \cdot 128 \cdot 128 \cdot d$ FLOPs;
+# the softmax needs $128 \cdot 128$ exponentials, and around each one a few more fp32
+# operations on the ordinary cores (the scale-and-subtract FMA, the max, the sum, half a
+# conversion to 16 bits). Per SM and clock an H100 does 4,096 dense 16-bit tensor-core FLOPs
+# (989 TFLOP/s over 132 SMs at 1.83 GHz) and a B200 8,192, while both compute **16**
+# exponentials on the special-function unit (MUFU) and 128 fp32 FMAs on the CUDA cores
+# {cite}`nvidia2025cudaguide`. The model below turns these into clock cycles per tile. It is a
+# back-of-the-envelope model (no latencies, no shared-memory traffic, perfect overlap), not a
+# measurement:
+#
+# $$\text{MMA} = \frac{4 \cdot 128^2 d}{\text{FLOP/clk}}, \qquad
+#   \text{exp} = \frac{128^2}{16}, \qquad \text{FMA} = \frac{3.5 \cdot 128^2}{128}.$$
+#
+# At d = 128 the H100 needs 2,048 cycles of tensor cores and 1,024 of exponentials: the matrix
+# multiplies set the pace and the softmax hides behind them (Chapter 6's ping-pong). The B200
+# needs 1,024 of each: the exponentials have caught up. At d = 64 they take twice as long as the
+# multiplies. Doubling the tensor cores without the special-function unit moved the bottleneck.
+# FlashAttention-4 {cite}`zadouri2026flashattention4` starts from this observation; its answers
+# are a pipeline that overlaps everything (Section 3) and two ways to need fewer, or cheaper,
+# exponentials and rescales (Sections 5 and 6). The third group of bars already uses Section 6:
+# if about 30 % of the exponentials are computed by a polynomial on the FMA units, both units
+# finish together and the softmax of a tile takes about 30 % fewer cycles.
+
+# %% tags=["demo"]
+for d in (64, 128):
+    for sm in (ch7.design.H100, ch7.design.B200):
+        cyc = ch7.tile_cycles(sm, d)
+        print(f"{sm.name:14s} d={d:3d}: MMA {cyc['mma']:5.0f}  exp {cyc['exp']:5.0f}  "
+              f"other FMA {cyc['fma']:4.0f} cycles per 128x128 tile")
+print(f"B200: emulate {ch7.best_emulated_fraction():.0%} of the exponentials to balance MUFU "
+      "and the FMA units")
+fig = ch7.plot_unit_cycles()
+
+# %% [markdown]
+# ## 3. The seed kernel: warp roles, barriers, registers, scheduler
+#
+# The seed is a persistent, warp-specialized forward kernel for SM100 written in CuTe DSL (the
+# Python front end of CUTLASS). A CTA has 16 warps, 512 threads, and each warp has exactly one
+# job:
+#
+# | warps | role | registers | what it does |
+# |---|---|---|---|
+# | 0-3 (warpgroup 0) | softmax0 | 192 | loads S0 from TMEM, one row per thread; masks; row max; exp2; writes P0 over S0; row sum |
+# | 4-7 (warpgroup 1) | softmax1 | 192 | the same for query tile 1 |
+# | 8-11 (warpgroup 2) | correction | 96 | rescales O0 and O1 in TMEM after every step, by 2^(old max - new max); at the end O / l and the LSE |
+# | 12 | MMA | 32 | allocates TMEM; issues every `tcgen05.mma` from one thread |
+# | 13 | load | 32 | TMA loads: Q0, K0, Q1, V0, then K and V tile after tile |
+# | 14 | epilogue | 32 | TMA stores of the finished O tiles |
+# | 15 | (empty) | 32 | nothing: it completes the fourth warpgroup |
+#
+# FlashAttention-4's forward pass {cite}`zadouri2026flashattention4` is organised the same way:
+# two softmax warpgroups, a correction warpgroup, an MMA warp, an epilogue warp and a load warp.
+#
+# **Registers.** `setmaxnreg` (Chapter 6) works per warpgroup, which is why warp 15 exists: warps
+# 12 to 15 form a warpgroup that gives registers back together. The split uses the SM's 65,536
+# registers exactly. The softmax threads need many (a thread holds a whole row of 128 scores),
+# the correction warps fewer (they rescale O in chunks of 16 columns), the single-purpose warps
+# almost none: the accumulators are in TMEM, not in anyone's registers.
+
+# %% tags=["demo"]
+print(ch7.register_table())
+
+# %% [markdown]
+# **Barriers.** The roles talk only through mbarrier pipelines, each a small ring of stages with
+# a producer and a consumer (Chapter 6's *full* and *consumed* barriers, wrapped as objects with
+# `acquire`, `commit`, `wait` and `release`). The figure shows the nine of the seed. Four carry
+# data: `load_q` and `load_kv` (K and V share one ring of 3 stages in shared memory) tell the MMA
+# warp that a TMA copy landed; `mma_s0` and `mma_s1` hand a score tile S_i to its softmax
+# warpgroup, and back: the softmax *releases* S_i when it has written P_i over it, which is the
+# MMA warp's signal that P_i is ready for $O_i \mathrel{+}= P_i V$. Two carry row statistics:
+# `s0_corr` and `s1_corr` give the correction warpgroup each step's old and new row max. Then
+# `mma_corr` tells it that a $P V$ has been accumulated into O_i, so O_i may be rescaled; the MMA
+# warp waits on the same pipeline before the next $P V$, so it never adds into an O that is
+# half rescaled. `corr_epi` passes the normalised O tiles to the epilogue warp. The last one,
+# `s0_s1_sequence`, carries nothing: the two softmax warpgroups take turns on the exponential
+# unit through it, Blackwell's form of Chapter 6's ping-pong.
+#
+# The MMA warp issues, for each KV tile i, $S_0 = Q_0 K_i^T$, then $O_1 \mathrel{+}= P_1
+# V_{i-1}$, then $S_1 = Q_1 K_i^T$, then $O_0 \mathrel{+}= P_0 V_i$: while softmax0 turns S0 into
+# P0, the tensor cores work on tile 1, and the other way round.
+
+# %% tags=["demo"]
+fig = ch7.plot_roles()
+
+# %% [markdown]
+# **The persistent tile scheduler.** The work is a grid of tiles of 256 query rows: $\lceil N_q /
+# 256 \rceil$ x heads x batch, the query block varying fastest. The kernel launches one CTA per
+# SM (at most one fits: it takes all of TMEM) and CTA c processes tiles c, c + G, c + 2G, ...
+# with G the number of CTAs. Every role walks this same list on its own, so no role waits for
+# another to be told what comes next, and the load warp can start on the next tile's K and V
+# while the softmax, correction and epilogue warps finish the last one. The schedule is static
+# and round-robin: with causal masks the tiles differ in cost, and an ordering that starts the
+# longest tiles first (as Chapter 4 did for its grid) balances better.
+
+# %% tags=["demo"]
+tiles = ch7.work_tiles(seqlen_q=1024, heads=3, batch=2)
+for cta, mine in enumerate(ch7.static_schedule(tiles, sms=5)):
+    print(f"CTA {cta}: tiles {mine} = (m_block, head, batch) "
+          f"{[ch7.tile_coord(t, 1024, 3) for t in mine]}")
+
+# %% [markdown]
+# ## 4. Tensor memory: the column map
+#
+# Everything the two query tiles accumulate lives in one TMEM allocation, and the seed lays it
+# out by hand. Each S_i is a 128 x 128 fp32 tile: 128 columns. Each O_i is 128 x d fp32: d
+# columns. Two S and two O tiles with d = 128 fill all 512 columns, which is why the seed stops
+# at d = 128. The probabilities P_i, in 16 bits, need 128 x 16 / 32 = 64 columns, and the row
+# statistics (the running max and sum a softmax warpgroup hands the correction warpgroup) two
+# more. There is no room left for them, and no need: once a softmax thread has loaded its row
+# of S_i into registers, those columns are free, so the seed writes the statistics over the
+# first columns of S_i and P_i over columns 32-95 of it. The tensor core then reads P_i straight
+# from TMEM as the A operand of $O_i \mathrel{+}= P_i V$. The aliasing is safe only because of
+# the barriers: the MMA warp overwrites S_i with the next $Q_i K^T$ only after the softmax
+# released it, after the $P_i V$ that reads P_i, and after the correction warps read the
+# statistics.
+
+# %% tags=["demo"]
+fig = ch7.plot_tmem(ch7.SEED_MAP, title="The seed's TMEM map (d = 128): P and the statistics "
+                    "alias S")
+
+# %% [markdown]
+# **Exercise 1 (3 points).** Write `plan_tmem(head_dim, block_n=128, p_bits=16)`, a planner for
+# any shape the kernel might use: it returns `(alloc_cols, plan)` with `plan` a dict from the
+# names `S0 S1 O0 O1 P0 P1 stats0 stats1` to `(first column, width)`. The rules
+# (`ch7.tmem_problems(plan, head_dim, block_n, p_bits)` lists the ones a plan breaks):
+#
+# - widths: S_i is `block_n` columns, O_i `head_dim`, P_i `block_n * p_bits // 32` (16-bit P:
+#   two values per column; 8-bit P: four), stats_i 2;
+# - alignment: every buffer starts on a multiple of 32 columns. This is our planner's
+#   convention: 32 columns is TMEM's allocation granule, and the seed keeps every offset on it
+#   (0, 32, 128, 160, 256, 384);
+# - allocation: `alloc_cols` is a power of two from 32 to 512, the smallest that holds two S and
+#   two O side by side (unlike the seed, which always takes 512): the rest of the SM's TMEM stays
+#   free for another CTA; no buffer may reach past it;
+# - aliasing: P_i and stats_i lie inside S_i (not inside the other tile's S), without
+#   overlapping each other; nothing else overlaps anything;
+# - a shape whose two S and two O need more than 512 columns raises a `ValueError` that says
+#   so (its message mentions 512).
+#
+# About 15 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch7_tmem_plan", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def plan_tmem(head_dim, block_n=128, p_bits=16):
+    """TMEM map for two query tiles of 128 rows: (alloc_cols, {name: (first column, width)})
+    for S0 S1 O0 O1 P0 P1 stats0 stats1; ValueError if the shape needs more than 512 columns."""
+    ### BEGIN SOLUTION
+    s = block_n                                   # fp32 scores: one column per key
+    p = block_n * p_bits // 32                    # P packs 32 / p_bits values per column
+    need = 2 * s + 2 * head_dim                   # S0, S1, O0, O1 side by side
+    if need > 512:
+        raise ValueError(f"plan_tmem: two S tiles and two O accumulators need {need} columns, "
+                         f"more than TMEM's 512 (head_dim={head_dim}, block_n={block_n}).")
+    alloc = 32
+    while alloc < need:                           # tcgen05.alloc: a power of two >= 32
+        alloc *= 2
+    plan = {}
+    for i in range(2):
+        plan[f"S{i}"] = (i * s, s)
+        plan[f"stats{i}"] = (i * s, 2)            # row max and sum, over S_i's first columns
+        plan[f"P{i}"] = (i * s + 32, p)           # after them, on the next 32-column boundary
+        plan[f"O{i}"] = (2 * s + i * head_dim, head_dim)
+    return alloc, plan
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch7_tmem_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+ch7.check_tmem_plan(plan_tmem)
+### BEGIN HIDDEN TESTS
+ch7.check_tmem_plan(plan_tmem, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your map for d = 64: the allocation is still 512 columns (two S and two O need 384, and
+# allocations come in powers of two). With 64-key tiles the same kernel would need only 256,
+# and two CTAs could share an SM's TMEM. Below it, what the rules say about a map that puts O0
+# where S1 is.
+
+# %% tags=["demo"]
+try:
+    fig = ch7.plot_tmem(plan_tmem(64), head_dim=64)
+    bad = plan_tmem(128)[1] | {"O0": (128, 128)}
+    print("\n".join(ch7.tmem_problems((512, bad), 128)))
+except NotImplementedError:
+    print("Finish Exercise 1 to draw your map.")
+
+# %% [markdown]
+# ## 5. Lazy rescaling
+#
+# Chapter 3's online softmax keeps, per row, the running max $m$, the running sum $\ell$ and
+# the unnormalised output $\tilde O$, all relative to $m$; when a tile raises the max to $m'$,
+# both are multiplied by $\alpha = 2^{m - m'}$ (base 2, with $\log_2 e$ folded into the scale):
+#
+# $$\ell \leftarrow \alpha \ell + \sum_j 2^{s_j c - m'}, \qquad
+#   \tilde O \leftarrow \alpha \tilde O + \sum_j 2^{s_j c - m'} v_j, \qquad
+#   O = \tilde O / \ell .$$
+#
+# On Blackwell that multiplication is not free: O lives in TMEM, so the correction warpgroup
+# loads all of it into registers, multiplies and stores it back, and the MMA warp must wait for
+# that before the next $P V$. The seed does it after every KV tile.
+#
+# **The observation.** Nothing in the algorithm needs $m$ to be the *true* max. Take any
+# reference $r$ per row and use it everywhere: $\ell = \sum_j 2^{s_j c - r}$ and $\tilde O =
+# \sum_j 2^{s_j c - r} v_j$. Then $\tilde O / \ell$ is the softmax-weighted average for every
+# $r$, because $2^{-r}$ cancels; and $\text{LSE} = (r + \log_2 \ell) \ln 2$ for every $r$. The
+# true max is only a safe choice of $r$: it keeps every $2^{s_j c - r} \le 1$. So
+# FlashAttention-4 {cite}`zadouri2026flashattention4` moves the reference only when the max has
+# grown by more than a threshold $\tau$ since the reference was last set, and otherwise keeps
+# the stale one and skips the rescale. Until then the exponentials may exceed 1, but never
+# $2^\tau$. The result stays **exact**: the final normalisation divides by an $\ell$ that shares
+# the reference of $\tilde O$.
+#
+# **Choosing $\tau$, and the error analysis.** The limit is overflow. P is converted to 16 bits
+# for the tensor cores: float16's largest value is 65504, just below $2^{16}$, so $\tau \le 15$
+# for float16 (bfloat16 reaches $2^{127}$); $\tilde O$ and $\ell$ stay in fp32, far from its
+# $2^{128}$. FlashAttention-4 uses $\tau = 8$ (a factor of 256) for 16-bit inputs. Rounding does
+# not get worse: a floating-point number's relative error does not depend on its scale, so each
+# $2^{s_j c - r}$ and each product is as accurate with a stale $r$ as with the true max, and
+# every skipped rescale is one multiplication, one rounding, fewer. What matters is that $\tilde
+# O$ and $\ell$ always use the *same* $r$. The tempting shortcut, to skip the multiplication but
+# still move the max, mixes two references and is wrong by up to $2^\tau$.
+#
+# **Who decides.** On Blackwell the decision is per row (a softmax thread owns a row), but the
+# work is per warp: the correction warpgroup's warps vote, and a warp skips its 32 rows of O
+# only if none of them needs a rescale {cite}`zadouri2026flashattention4`. A Triton program has
+# no warps to vote with; its unit is the tile: it rescales all its rows when any row's max has
+# grown by more than $\tau$ (each row to its own new max), and skips otherwise. With random
+# logits, as in the first case of the check below, the max of a row settles in the first tile
+# and every later tile skips; logits that keep growing are the adversarial case. The figure
+# follows one row whose logits drift upwards and then jump.
+
+# %% tags=["demo"]
+fig = ch7.plot_lazy_trace(tau=8.0)
+
+# %% [markdown]
+# **Exercise 2 (4 points).** Write `lazy_update`, the loop body of Chapter 3's kernel with lazy
+# rescaling, and the wrapper `attention_lazy`. The kernel `ch7.lazy.attn_fwd_lazy` is Chapter 3's
+# `attn_fwd_kernel` with its step handed in as a `tl.constexpr` argument: it loads each K and V
+# tile, calls your `lazy_update(acc, l_i, m_i, s, v, qk_scale, tau, EXP2, DOT_PRECISION)` with
+# the raw scores `s` (`-inf` for keys past the end), adds up the `rescaled` flags you return,
+# and ends with $O = \tilde O / \ell$ and LSE $= (m + \log_2 \ell) \ln 2$ from your `m_i`, the
+# reference max. In `lazy_update`:
+#
+# 1. the true running max `m_new = max(m_i, rowmax(s) * qk_scale)` (base 2), and
+#    `grow = tl.max(m_new - m_i, 0)`, the largest growth of any row since its reference was set
+#    (`+inf` on the first tile, where `m_i` is `-inf`);
+# 2. `rescale = grow > tau`; if so (a scalar `if`): `alpha = EXP2(m_i - m_new)`, multiply `acc`
+#    and `l_i` by it, and move the reference, `m_i = m_new`; if not, change nothing;
+# 3. `p = EXP2(s * qk_scale - m_i[:, None])` from the reference, add its row sums to `l_i`, and
+#    `acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)`;
+# 4. return `(acc, l_i, m_i, rescale.to(tl.int32))`.
+#
+# Use `EXP2` for every exponential (the kernel passes `ch7.hw_exp2`, the special-function unit's,
+# or Exercise 3's polynomial). `attention_lazy(q, k, v, scale=None, max_growth=256.0, exp2=None,
+# config=None)` turns `max_growth` (a factor: how large an exponential may grow before a
+# rescale) into the kernel's threshold `tau` and returns `ch7.launch_lazy(lazy_update, q, k, v,
+# tau=tau, scale=scale, exp2=exp2, config=config)`: `(O, LSE, rescales)`, with `rescales` the
+# count of each program. The check compares O and LSE with float64 attention on random logits,
+# logits that grow on every key tile, and a huge logit late in a row (and first in a row), and
+# replays the rule to compare the counts. About 15 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch7_lazy_update", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def lazy_update(acc, l_i, m_i, s, v, qk_scale, tau, EXP2: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """One online-softmax step with a lazy rescale. s (BLOCK_M, BLOCK_N): raw scores, -inf where
+    masked; v (BLOCK_N, d): the V tile; m_i (BLOCK_M,): the reference max (base 2); tau: the
+    threshold (base 2). Returns (acc, l_i, m_i, rescaled), rescaled int32 1 if this step moved
+    the reference (and rescaled acc and l_i), else 0."""
+    ### BEGIN SOLUTION
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)                  # the true running max
+    grow = tl.max(m_new - m_i, 0)                                     # the worst row's growth
+    rescale = grow > tau
+    if rescale:                                                       # the whole tile
+        alpha = EXP2(m_i - m_new)                                     # 0 on the first tile
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+    p = EXP2(s * qk_scale - m_i[:, None])                             # at most 2^tau
+    l_i = l_i + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_i, rescale.to(tl.int32)
+    ### END SOLUTION
+
+
+def attention_lazy(q, k, v, scale=None, max_growth=256.0, exp2=None, config=None):
+    """O, LSE, rescales = attention_lazy(q, k, v): Chapter 3's kernel with lazy rescaling; an
+    exponential may grow to max_growth (a factor) before O is rescaled."""
+    ### BEGIN SOLUTION
+    tau = math.log2(max_growth)                   # m and qk_scale are in base 2
+    return ch7.launch_lazy(lazy_update, q, k, v, tau=tau, scale=scale, exp2=exp2, config=config)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch7_lazy_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+ch7.check_lazy_attention(attention_lazy)
+### BEGIN HIDDEN TESTS
+ch7.check_lazy_attention(attention_lazy, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# How many rescales the threshold saves depends on the logits. With random logits the max of a
+# row settles within the first tiles; with logits that grow steadily (here every query row
+# leans on a direction along which the keys grow) the threshold turns one rescale per tile into
+# one every few tiles. `max_growth=1` is the eager rule: rescale whenever a max grows.
+
+# %% tags=["demo"]
+try:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 96, 32, generator=g) for _ in range(3))
+    q_up, k_up = q.clone(), k.clone()
+    q_up[..., 0], k_up[..., 0] = 4.0, torch.linspace(0, 20, 96)     # logits grow with the key
+    for name, (qq, kk) in (("random logits", (q, k)), ("growing logits", (q_up, k_up))):
+        qq, kk, vv = (t.to(backend.device) for t in (qq, kk, v))
+        want = fb.reference.attention(qq.double(), kk.double(), vv.double())
+        for growth in (1.0, 256.0):
+            o, lse, rescales = attention_lazy(qq, kk, vv, max_growth=growth)
+            print(f"{name}, max_growth {growth:3g}: {int(rescales.sum()):3d} rescales in "
+                  f"{rescales.numel()} programs, max |O - O_ref| = "
+                  f"{(o.double() - want).abs().max().item():.1e}")
+except NotImplementedError:
+    print("Finish Exercise 2 to count your kernel's rescales.")
+
+# %% [markdown]
+# ## 6. exp2 by a polynomial on the FMA units
+#
+# Section 2's model says that on a B200 the special-function unit's 16 exponentials per clock
+# are as slow as the tensor cores at d = 128 and slower below, while the FMA units, 128 per
+# clock, are partly idle. FlashAttention-4 {cite}`zadouri2026flashattention4` therefore computes
+# a share of the exponentials in software, with instructions that run on the FMA units, and
+# leaves the rest on MUFU. The method is the one every math library uses, cut down to what a
+# 16-bit P needs:
+#
+# 1. **Range reduction.** Write $x = n + f$ with $n$ an integer, $2^x = 2^n \cdot 2^f$. With
+#    $n = \text{round}(x)$, $f \in [-\tfrac12, \tfrac12]$; with $n = \lfloor x \rfloor$, $f \in
+#    [0, 1)$. The subtraction $f = x - n$ is exact in floating point (Sterbenz's lemma: $x$ and
+#    $n$ are within a factor of two of each other, or $n = 0$).
+# 2. **A polynomial for $2^f$** on that small interval, evaluated by Horner's rule: a cubic is
+#    three FMAs, $((c_3 f + c_2) f + c_1) f + c_0$.
+# 3. **$2^n$ for free.** A float32 is $(-1)^s \cdot 2^{e - 127} \cdot 1.m$ with the exponent
+#    field $e$ in bits 23-30, so $2^n$ is the integer $(n + 127) \ll 23$ read as a float32,
+#    exactly, for $-126 \le n \le 127$. Multiplying by it, or adding $n \ll 23$ to the integer
+#    bits of $p(f)$ as FlashAttention-4 does, costs one integer instruction.
+#
+# Below $x = -126$ the result would be a subnormal number; clamp there. A softmax weight of
+# $2^{-126}$ is 0 in every 16-bit format, and a masked score of $-\infty$ then gives $2^{-126}$
+# instead of NaN. FlashAttention-4 reduces with $\lfloor x \rfloor$ computed by one addition:
+# $x + 1.5 \cdot 2^{23}$ rounded towards $-\infty$ leaves $\lfloor x \rfloor$ in the low bits of
+# the sum, and subtracting $1.5 \cdot 2^{23}$ again gives it as a float; its polynomial is a cubic
+# on $[0, 1)$.
+#
+# **The error analysis.** Three sources, measured as relative error, the only kind that
+# survives the multiplication by $2^n$:
+#
+# - *the reduction* is exact (above), and so is $2^n$;
+# - *the polynomial*: the best polynomial of degree k for $2^f$ on an interval of length 1 has
+#   a largest relative error close to $(\ln 2)^{k+1} / ((k+1)!\, 2^{2k+1})$ (Chebyshev's bound:
+#   the (k+1)-th derivative of $2^f$ is $(\ln 2)^{k+1} 2^f$, and the half-width is
+#   $\tfrac12$): $1.7 \cdot 10^{-3}$ for k = 2, $7.5 \cdot 10^{-5}$ for k = 3, $2.7 \cdot
+#   10^{-6}$ for k = 4, a factor of about 25 a degree. The shift of the interval does not
+#   matter: $2^{f + 1/2} = \sqrt2 \cdot 2^f$, so a relative fit on $[0, 1)$ is the fit on
+#   $[-\tfrac12, \tfrac12]$ moved over. What matters is that the reduction and the fit agree;
+# - *float32 rounding* in Horner's rule and the final multiplication: a few units of $2^{-24}
+#   \approx 6 \cdot 10^{-8}$, negligible next to the cubic's $7.5 \cdot 10^{-5}$.
+#
+# P is then rounded to 16 bits, which costs up to $2^{-11} \approx 4.9 \cdot 10^{-4}$
+# (float16) or $2^{-9} \approx 2 \cdot 10^{-3}$ (bfloat16) anyway: a cubic is enough, a
+# quadratic is not. In the output, weights $p_j (1 + \epsilon_j)$ with $|\epsilon_j| \le
+# \epsilon$ move $O = \sum_j p_j v_j / \sum_j p_j$ by at most about $2 \epsilon \max_j |v_j|$.
+# The check's bound is $\epsilon \le 10^{-4}$, a fifth of float16's rounding.
+#
+# `ch7.fit_exp2(degree)` returns the coefficients $(c_0, \dots, c_k)$ of the best relative fit
+# on $[-\tfrac12, \tfrac12]$ as float32 values (`ch7.fit_exp2(degree, 0, 1)` fits $[0, 1)$).
+# The figure measures $2^n p(f)$ in float32 for three degrees.
+
+# %% tags=["demo"]
+for deg in (2, 3, 4):
+    print(f"degree {deg}: c = {[round(c, 8) for c in ch7.fit_exp2(deg)]}, largest relative "
+          f"error {ch7.fit_error(deg):.2e}")
+fig = ch7.plot_exp2_error()
+
+# %% [markdown]
+# **Exercise 3a (2 points).** Write `exp2_poly(x)` for a float32 tensor `x`, with torch, in
+# float32: clamp at -126, `n = torch.round(x)`, `f = x - n`, Horner's rule with the coefficients
+# of `ch7.fit_exp2(degree)` for the lowest degree whose error is below the bound in the figure,
+# and $2^n$ from the bits (`((n.to(torch.int32) + 127) << 23).view(torch.float32)`). The check
+# measures the largest relative error against float64 on a dense set: every float32 in
+# $[-1, -\tfrac12)$ (8,388,608 numbers), a uniform grid of a million points of $[-126, 0]$, every
+# integer there, and $(0, 8]$, where Exercise 2's lazy rescale takes the argument; the bound is
+# `ch7.BOUND` = $10^{-4}$. Below -126 (and at $-\infty$) the result must lie in $[0, 2^{-126}]$.
+# About 8 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch7_exp2_poly", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def exp2_poly(x):
+    """2^x of a float32 tensor, by range reduction and a polynomial, in float32: within ch7.BOUND
+    relative error on [-126, 8]; in [0, 2^-126] below -126."""
+    ### BEGIN SOLUTION
+    coeffs = ch7.fit_exp2(3)                      # degree 3: 7.5e-5 < 1e-4 (degree 2: 1.7e-3)
+    x = torch.clamp(x, min=-126.0)                # 2^-126: float32's smallest normal number
+    n = torch.round(x)                            # x = n + f, f in [-1/2, 1/2]
+    f = x - n                                     # exact
+    p = torch.full_like(x, coeffs[-1])
+    for c in reversed(coeffs[:-1]):               # Horner: one FMA per coefficient
+        p = p * f + c
+    two_n = ((n.to(torch.int32) + 127) << 23).view(torch.float32)   # exponent field n + 127
+    return p * two_n
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch7_exp2_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch7.check_exp2_poly(exp2_poly)
+### BEGIN HIDDEN TESTS
+ch7.check_exp2_poly(exp2_poly, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Exercise 3b (2 points).** The same inside a Triton kernel: write `exp2_poly_tl(x)`, a
+# `@triton.jit` function of a float32 tensor, with the cubic's coefficients `C0`, `C1`, `C2`,
+# `C3` (given below as `tl.constexpr` globals, which a Triton function may read). Round with
+# `tl.floor(x + 0.5)`, and read the integer bits as a float with `.to(tl.float32,
+# bitcast=True)`. The check runs it inside a kernel over the dense set (every 8th float32 of
+# $[-1, -\tfrac12)$ in CPU mode: the interpreter is slower), below -126, and as the exponential
+# of a base-2 softmax over rows with masked tails and huge logits. About 6 lines.
+
+# %%
+C0, C1, C2, C3 = (tl.constexpr(c) for c in ch7.fit_exp2(3))
+
+# %% nbgrader={"grade": false, "grade_id": "ch7_exp2_poly_tl", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def exp2_poly_tl(x):
+    """2^x (float32) on the FMA units: clamp, round, a cubic by Horner's rule, 2^n from the
+    exponent bits."""
+    ### BEGIN SOLUTION
+    x = tl.maximum(x, -126.0)
+    n = tl.floor(x + 0.5)                         # round to nearest: f in [-1/2, 1/2]
+    f = x - n
+    p = ((C3 * f + C2) * f + C1) * f + C0         # three FMAs
+    two_n = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return p * two_n
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch7_exp2_triton_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch7.check_exp2_poly_triton(exp2_poly_tl)
+### BEGIN HIDDEN TESTS
+ch7.check_exp2_poly_triton(exp2_poly_tl, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Both tricks at once.** Your lazy kernel takes its exponential as an argument: with
+# `exp2=exp2_poly_tl` every exponential of the softmax is a polynomial. The analysis bounds the
+# output's move by $2 \epsilon \max |v|$ (the weights' errors partly cancel, so it moves less)
+# and the LSE's, the logarithm of a sum of the same weights, by about $\epsilon$.
+# FlashAttention-4 emulates only a share of the exponentials and leaves the rest on MUFU, so
+# that both units finish together.
+
+# %% tags=["demo"]
+try:
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 96, 32, generator=g).to(backend.device) for _ in range(3))
+    want, want_lse = fb.reference.attention(q.double(), k.double(), v.double(), return_lse=True)
+    for name, fn in (("special-function unit", None), ("polynomial", exp2_poly_tl)):
+        o, lse, rescales = attention_lazy(q, k, v, exp2=fn)
+        print(f"exp2 on the {name:21s}: max |O - O_ref| = {(o.double() - want).abs().max():.1e}"
+              f" (2 eps max|v| = {2 * ch7.fit_error(3) * v.abs().max():.1e}), max |LSE - "
+              f"LSE_ref| = {(lse.double() - want_lse.double()).abs().max():.1e}")
+except NotImplementedError:
+    print("Finish Exercises 2 and 3b to combine them.")
+
+# %% [markdown]
+# ## 7. Five warp roles, simulated
+#
+# *This section follows.* It will run the seed's roles (load, MMA, two softmax warpgroups,
+# correction, epilogue) as a simulation on a CPU, with the pipelines of Section 3 between them,
+# and check that its O and LSE match the reference.
+
+# %% [markdown]
+# ## 8. The kernel, compiled for sm_100a
+#
+# *This section follows.* It will compile a Blackwell kernel with `tcgen05` and tensor memory
+# ahead of time for sm_100a on a machine without such a GPU, and read what the compiler made of
+# it.
+
+# %% [markdown]
+# ## 9. Benchmark
+#
+# There is no Blackwell GPU among the machines this book is measured on, so this chapter records
+# no benchmark of its own; the lazy kernel of Exercise 2 runs on any GPU, but on a Hopper or
+# older GPU the rescale it skips is a multiplication in registers and its saving is small. On a
+# GPU the next cell times it with and without the threshold (`max_growth` 256 against 1, which
+# rescales whenever a max grows); on a CPU it says why it does nothing.
+#
+# The published figures are FlashAttention-4's own {cite}`zadouri2026flashattention4`, measured
+# by its authors on a B200 in BF16, not by us: up to 1.3x the speed of cuDNN 9.13 and 2.7x that
+# of Triton, and up to 1,613 TFLOP/s, 71 % of the GPU's peak, with the kernel written in CuTe
+# DSL.
+
+# %% tags=["demo"]
+if backend.gpu:
+    try:
+        q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+        flops = fb.reference.attention_flops(4, 16, 4096, 4096, 128)
+        for growth in (1.0, 256.0):
+            ms = triton.testing.do_bench(lambda: attention_lazy(q, k, v, max_growth=growth))
+            print(f"max_growth {growth:5g}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+    except NotImplementedError:
+        print("Finish Exercise 2 to time it.")
+else:
+    print("CPU mode: the interpreter's timings say nothing about a GPU; nothing to measure.")
+
+# %% [markdown]
+# ## What was measured, and what is left
+#
+# Nothing in this chapter was measured on a Blackwell GPU. The cycle model of Section 2 is
+# arithmetic on published per-SM throughputs; the exactness of lazy rescaling and the error of
+# the polynomial exp2 were checked in float32 on a CPU, against float64, on the inputs the
+# checks list: the cubic's largest relative error is $7.5 \cdot 10^{-5}$ on every input tried,
+# and the lazy rescale stays within float32 rounding of the reference, as the eager one does,
+# while it skips most rescales. The speed-ups these tricks buy on a B200 are FlashAttention-4's
+# published figures, quoted in Section 9. Sections 7 and 8 will simulate the warp roles and
+# compile the kernel for sm_100a.
+#
+# **Further reading**
+# * FlashAttention-4 {cite}`zadouri2026flashattention4`: the Blackwell pipelines, the
+#   software exponential, conditional rescaling, and the backward pass with 2-CTA MMAs.
+# * FlashAttention-3 {cite}`shah2024flashattention3`: the Hopper design this one extends.
+# * The CUDA C++ Programming Guide {cite}`nvidia2025cudaguide`: the arithmetic throughput per SM
+#   used in Section 2.

@@ -1,0 +1,42 @@
+"""Chapter 7: the Blackwell design (FlashAttention-4 era).
+
+No Blackwell GPU is needed: ``design`` models the seed kernel's warp roles, registers, pipelines,
+persistent scheduler and per-tile cycle budget; ``tmem`` gives Exercise 1's tensor-memory map
+rules, check and picture; ``lazy`` runs Exercise 2's lazy rescaling inside Chapter 3's Triton
+kernel (interpreter or any GPU) and counts the rescales it avoids; ``exp2poly`` fits and grades
+Exercise 3's polynomial exp2, in torch and inside a Triton kernel.
+"""
+from __future__ import annotations
+
+from flashbook.contract import Chapter, Exercise
+
+from . import design, exp2poly, lazy, tmem
+from .design import ROLES, PIPELINES, plot_roles, plot_unit_cycles, register_table, \
+    static_schedule, tile_coord, tile_cycles, best_emulated_fraction, work_tiles
+from .exp2poly import BOUND, check_exp2_poly, check_exp2_poly_triton, fit_exp2, fit_error, \
+    plot_exp2_error, run_exp2
+from .lazy import check_lazy_attention, hw_exp2, launch_lazy, plot_lazy_trace, \
+    simulate_rescales
+from .tmem import SEED_MAP, check_tmem_plan, plot_tmem, problems as tmem_problems
+from .variants import VARIANTS
+
+__all__ = ["CHAPTER", "design", "tmem", "lazy", "exp2poly", "ROLES", "PIPELINES", "plot_roles",
+           "plot_unit_cycles", "register_table", "static_schedule", "tile_coord", "tile_cycles",
+           "best_emulated_fraction", "work_tiles", "BOUND", "check_exp2_poly",
+           "check_exp2_poly_triton", "fit_exp2", "fit_error", "plot_exp2_error", "run_exp2",
+           "check_lazy_attention", "hw_exp2", "launch_lazy", "plot_lazy_trace",
+           "simulate_rescales", "SEED_MAP", "check_tmem_plan", "plot_tmem", "tmem_problems"]
+
+CHAPTER = Chapter(
+    id="ch7",
+    title="The Blackwell design (FlashAttention-4 era)",
+    exercises=(
+        Exercise("ch7_tmem_test", ("ch7_tmem_plan",), ("plan_tmem",), check_tmem_plan),
+        Exercise("ch7_lazy_test", ("ch7_lazy_update",), ("attention_lazy",),
+                 check_lazy_attention),
+        Exercise("ch7_exp2_test", ("ch7_exp2_poly",), ("exp2_poly",), check_exp2_poly),
+        Exercise("ch7_exp2_triton_test", ("ch7_exp2_poly_tl",), ("exp2_poly_tl",),
+                 check_exp2_poly_triton),
+    ),
+    variants=VARIANTS,
+)

@@ -1,0 +1,347 @@
+"""Chapter 7, Exercise 2: lazy (conditional) rescaling, FlashAttention-4's first numerical trick,
+in Chapter 3's Triton kernel.
+
+``attn_fwd_lazy`` is Chapter 3's forward kernel (one query tile per program, unmasked full key
+tiles, one masked tail tile, deferred normalisation) with its loop body handed in as
+``UPDATE``, the student's ``lazy_update``, and its exponential as ``EXP2`` (``hw_exp2``, the
+special-function unit's, or Exercise 3's polynomial). ``UPDATE`` returns, besides the state,
+whether it moved the reference max (and so rescaled); the kernel counts those per program and
+stores the count in an int32 tensor, so the check can count the rescales the threshold avoided.
+
+The rule: a step rescales only when some row of the tile would see its exponentials grow past
+``2**tau`` (``tau`` in base-2 units, ``m`` kept in base 2 as in Chapter 3): then every row moves
+its reference to its new max. ``simulate_rescales`` replays that rule in float64.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from flashbook.cases import seeded, validate_qkv, validate_scale
+from flashbook.check import CheckFailure, assert_close, report, require_implemented, run_student
+from flashbook.chapters.ch3.launch import LOG2E, Config
+from flashbook.device import current
+from flashbook.reference import attention
+
+DTYPES = (torch.float16, torch.float32)
+HEAD_DIMS = (16, 32, 64, 128)
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def hw_exp2(x):
+    """2^x on the special-function unit (MUFU.EX2 on NVIDIA GPUs)."""
+    return tl.math.exp2(x)
+
+
+@triton.jit
+def attn_fwd_lazy(Q, K, V, O, LSE, RESCALES,
+                  stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                  stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                  H, N_q, N_k, qk_scale, tau,
+                  UPDATE: tl.constexpr, EXP2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Chapter 3's forward kernel with the online-softmax step ``UPDATE``. Q, O: (B, H, N_q, d);
+    K, V: (B, H, N_k, d); LSE: (B*H, N_q) float32, natural log; RESCALES: (B*H, cdiv(N_q,
+    BLOCK_M)) int32, the steps of each program that moved its reference max.
+    Grid: (cdiv(N_q, BLOCK_M), B*H)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_q
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)                      # read BLOCK_M*d, once
+    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None]
+    v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)               # the reference max
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    n_rescaled = 0
+    n_full = (N_k // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):                         # full tiles: no masks
+        s = tl.dot(q, tl.load(k_ptrs + start_n * stride_kn), input_precision=DOT_PRECISION)
+        v = tl.load(v_ptrs + start_n * stride_vn)                     # read 2*BLOCK_N*d
+        acc, l_i, m_i, rescaled = UPDATE(acc, l_i, m_i, s, v, qk_scale, tau, EXP2,
+                                         DOT_PRECISION)
+        n_rescaled += rescaled
+    if n_full < N_k:                                                  # the one tail tile
+        kv_ok = (n_full + offs_n) < N_k
+        kT = tl.load(k_ptrs + n_full * stride_kn, mask=kv_ok[None, :], other=0.0)
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        s = tl.where(kv_ok[None, :], s, float("-inf"))
+        v = tl.load(v_ptrs + n_full * stride_vn, mask=kv_ok[:, None], other=0.0)
+        acc, l_i, m_i, rescaled = UPDATE(acc, l_i, m_i, s, v, qk_scale, tau, EXP2,
+                                         DOT_PRECISION)
+        n_rescaled += rescaled
+    # acc and l share the reference max m_i, whatever it lags behind: O = acc / l is exact,
+    # and LSE = m_i + log2(l) (base 2) is the log of the sum whatever m_i is.
+    has_key = l_i > 0.0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = tl.where(has_key, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
+             o.to(O.dtype.element_ty), mask=row_ok[:, None])          # write BLOCK_M*d
+    tl.store(LSE + pid_bh * N_q + offs_m, lse, mask=row_ok)
+    tl.store(RESCALES + pid_bh * tl.num_programs(0) + pid_m, n_rescaled)
+
+
+def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:
+    """Chapter 3's one-tile configs; 16 x 16 tiles in CPU mode (many steps per row)."""
+    if capability is None:
+        return Config(16, 16, 4, 1)
+    from flashbook.chapters.ch3.launch import pick_config as ch3_pick
+    return ch3_pick(d, dtype, capability)
+
+
+def launch_lazy(update, q, k, v, *, tau: float, scale: float | None = None, exp2=None,
+                config: Config | None = None):
+    """Run ``attn_fwd_lazy`` with ``UPDATE=update`` on q (B, H, N_q, d), k and v (B, H, N_k, d).
+    ``tau``: the threshold in base-2 units (exponentials may grow to 2**tau before a rescale).
+    Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the rescale counts
+    (B, H, cdiv(N_q, BLOCK_M)) int32, one per program."""
+    B, H, _, N_q, N_k, d = validate_qkv(q, k, v, name="attention_lazy", dtypes=DTYPES,
+                                        head_dims=HEAD_DIMS)
+    scale = validate_scale(scale, d)
+    if not (isinstance(tau, (int, float)) and tau >= 0 and math.isfinite(tau)):
+        raise ValueError(f"attention_lazy: tau must be a finite number >= 0, got {tau!r}.")
+    if q.dtype == torch.float16 and tau >= 15.9:
+        raise ValueError(f"attention_lazy: tau={tau:g} lets an exponential reach 2^{tau:g}, past "
+                         "float16's largest value 65504 (2^15.9) when P is cast to float16.")
+    cfg = config or pick_config(d, q.dtype, current().capability)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    m_blocks = triton.cdiv(N_q, cfg.BLOCK_M)
+    counts = torch.zeros((B, H, m_blocks), dtype=torch.int32, device=q.device)
+    if B * H * N_q == 0:
+        return o, lse, counts
+    attn_fwd_lazy[(m_blocks, B * H)](
+        q, k, v, o, lse, counts,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        H, N_q, N_k, scale * LOG2E, float(tau),
+        UPDATE=update, EXP2=exp2 or hw_exp2, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return o, lse, counts
+
+
+# --------------------------------------------------------------------- the rule, replayed
+
+def simulate_rescales(q, k, *, tau: float, scale: float | None = None, block_m: int,
+                      block_n: int) -> tuple[torch.Tensor, float]:
+    """The rescale count of every program under the lazy rule, in float64, with the kernel's
+    tiling (padded query rows score 0 against every key, as their Q rows load as 0).
+    Returns (counts (B, H, m_blocks), the smallest |growth - tau| met: how close a decision
+    came to the threshold)."""
+    q, k = q.cpu(), k.cpu()
+    B, H, N_q, d = q.shape
+    N_k = k.shape[2]
+    c = (scale if scale is not None else 1 / math.sqrt(d)) * LOG2E
+    s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * c      # (B, H, N_q, N_k)
+    m_blocks = -(-N_q // block_m)
+    pad_rows = m_blocks * block_m - N_q
+    s = torch.cat([s, torch.zeros(B, H, pad_rows, N_k, dtype=s.dtype)], 2)
+    s = s.view(B, H, m_blocks, block_m, N_k)
+    counts = torch.zeros(B, H, m_blocks, dtype=torch.int32)
+    margin = math.inf
+    ref = torch.full((B, H, m_blocks, block_m), -math.inf, dtype=torch.float64)
+    for start in range(0, N_k, block_n):
+        new = torch.maximum(ref, s[..., start:start + block_n].amax(-1))
+        grow = (new - ref).amax(-1)                                      # (B, H, m_blocks)
+        finite = torch.isfinite(grow)
+        if finite.any():
+            margin = min(margin, float((grow[finite] - tau).abs().min()))
+        move = grow > tau
+        counts += move.to(torch.int32)
+        ref = torch.where(move[..., None], new, ref)
+    return counts, margin
+
+
+# ------------------------------------------------------------------------ the check
+
+def _growing(B, H, N, d, per_tile, block_n, seed, dtype):
+    """Logits that grow along the keys by about ``per_tile`` (base 2) per key tile, in every
+    row: the running max rises on every tile, so Chapter 3's kernel rescales on every one."""
+    q = seeded((B, H, N, d), seed, scale=0.1, device="cpu")
+    k = seeded((B, H, N, d), seed + 1, scale=0.1, device="cpu")
+    v = seeded((B, H, N, d), seed + 2, device="cpu")
+    q[..., 0] = 1.0
+    c = 1 / math.sqrt(d) * LOG2E
+    k[..., 0] = torch.arange(N, dtype=torch.float32) * per_tile / (block_n * c)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def lazy_cases(hidden: bool = False):
+    """(name, q, k, v, max_growth)"""
+    bn = pick_config(16, torch.float32, current().capability).BLOCK_N
+    dev = current().device
+    cases = [
+        ("random logits", *(seeded((1, 2, 40, 16), 7 + i, device="cpu") for i in range(3)),
+         256.0),
+        ("logits growing 3 (base 2) per key tile", *_growing(1, 2, 96, 16, 3.0, bn, 11,
+                                                             torch.float32), 256.0),
+        ("a huge logit late in the row (key 70 of 77)", *_spike(1, 2, 33, 16, 70, 21,
+                                                                torch.float32, 77), 256.0),
+        ("a huge logit first, then normal ones", *_spike(1, 1, 32, 16, 0, 31, torch.float32),
+         256.0),
+    ]
+    if hidden:
+        cases += [
+            ("float16, logits growing 5 per key tile", *_growing(2, 1, 64, 32, 5.0, bn, 41,
+                                                                 torch.float16), 256.0),
+            ("float16, a huge logit in the middle", *_spike(1, 2, 48, 32, 40, 51,
+                                                            torch.float16), 256.0),
+            ("max_growth 16: logits growing 1.5 per tile", *_growing(1, 2, 64, 16, 1.5, bn, 61,
+                                                                     torch.float32), 16.0),
+            ("max_growth 4096, growing 5 per tile", *_growing(1, 1, 80, 64, 5.0, bn, 71,
+                                                              torch.float32), 4096.0),
+        ]
+    return [(name, q.to(dev), k.to(dev), v.to(dev), g) for name, q, k, v, g in cases]
+
+
+def _spike(B, H, N, d, at, seed, dtype, N_k=None, size=800.0):
+    """Normal logits, then one key (``at``) whose logits are huge for (almost) every row: in base
+    2 far past 128, so an exponential taken from a stale max overflows float32."""
+    N_k = N_k or N
+    q = seeded((B, H, N, d), seed, device="cpu")
+    k = seeded((B, H, N_k, d), seed + 1, device="cpu")
+    v = seeded((B, H, N_k, d), seed + 2, device="cpu")
+    direction = q.mean(2)
+    direction = direction / direction.norm(dim=-1, keepdim=True)
+    q = q + 2 * direction[:, :, None, :]                 # every row leans towards the spike key
+    k[:, :, at] = direction * size                       # q.k of about 2 * size for every row
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _describe_counts(got, want):
+    bad = torch.nonzero(got != want).tolist()
+    b, h, m = bad[0]
+    return (f"program (b={b}, h={h}, query tile {m}) rescaled {int(got[b, h, m])} times, "
+            f"expected {int(want[b, h, m])}; programs off: {len(bad)} of {got.numel()}")
+
+
+def check_lazy_attention(attention_lazy, hidden: bool = False):
+    """Exercise 2: ``attention_lazy(q, k, v, max_growth=...) -> (O, LSE, rescales)`` is exact
+    (O and LSE against float64 attention) on adversarial logits, and its rescale counts are
+    those of the lazy rule, step by step."""
+    require_implemented(attention_lazy, "attention_lazy")
+    cfg = pick_config(16, torch.float32, current().capability)
+    steps = avoided = 0
+    n = 0
+    for name, q, k, v, growth in lazy_cases(hidden):
+        what = f"attention_lazy, case '{name}' ({tuple(q.shape)}, N_k={k.shape[2]}, " \
+               f"{str(q.dtype).replace('torch.', '')}, max_growth={growth:g})"
+        out = run_student(attention_lazy, q, k, v, max_growth=growth, config=cfg, what=what)
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise CheckFailure(f"{what}: expected (O, LSE, rescales), got {type(out).__name__}.")
+        o, lse, counts = out
+        if not torch.isfinite(o).all():
+            raise CheckFailure(
+                f"{what}: O is not finite ({int((~torch.isfinite(o)).sum())} values inf or NaN): "
+                "an exponential overflowed. With a reference max that lags the true max, "
+                "p = 2^(s*c - m_ref) grows with every larger logit; past 2^128 it is inf in "
+                "float32. The reference max must follow any growth beyond tau, however late "
+                "it comes.")
+        want_o, want_lse = attention(q.double(), k.double(), v.double(), return_lse=True)
+        assert_close(o, want_o, what=f"{what}, output O", dims=("b", "h", "row", "col"),
+                     dtype=q.dtype,
+                     hint="acc and l must always share one reference max: a step that skips the "
+                          "rescale keeps the old reference for the exponentials of this tile "
+                          "too, and a step that rescales multiplies both acc and l by "
+                          "2^(m_old - m_new).")
+        assert_close(lse, want_lse, what=f"{what}, LSE", dims=("b", "h", "row"),
+                     dtype=torch.float32, atol=2e-4, rtol=1e-4,
+                     hint="LSE = (m_ref + log2 l) * ln 2 with the reference max the kernel kept.")
+        want, margin = simulate_rescales(q, k, tau=math.log2(growth), block_m=cfg.BLOCK_M,
+                                         block_n=cfg.BLOCK_N)
+        assert margin > 0.05, f"internal: case '{name}' decides within {margin} of tau"
+        counts = counts.cpu()
+        if counts.shape != want.shape or counts.dtype != torch.int32:
+            raise CheckFailure(f"{what}: rescales should be a {tuple(want.shape)} int32 tensor "
+                               f"(one count per program), got {tuple(counts.shape)} {counts.dtype}.")
+        if not torch.equal(counts, want):
+            raise CheckFailure(f"{what}: wrong rescale counts: {_describe_counts(counts, want)}."
+                               + _diagnose(q, k, counts, growth, cfg))
+        tiles = -(-k.shape[2] // cfg.BLOCK_N)
+        steps += counts.numel() * tiles
+        avoided += counts.numel() * tiles - int(counts.sum())
+        n += 1
+    report("lazy rescaling", n, hidden=hidden,
+           extra=f" (exact; {avoided} of {steps} rescales avoided: Chapter 3's kernel rescales "
+                 f"on every step)")
+
+
+def _diagnose(q, k, counts, growth, cfg) -> str:
+    """Name the bug when the counts are those of another rule."""
+    tiles = -(-k.shape[2] // cfg.BLOCK_N)
+    if torch.equal(counts, torch.full_like(counts, tiles)):
+        return (" Your kernel rescaled on every tile: the threshold never lets a step skip "
+                "(compare the growth with tau, not with 0, and skip when it is within tau).")
+    if torch.equal(counts, torch.ones_like(counts)):
+        return (" Your kernel moved its reference max only on the first tile: it never "
+                "rescales after that.")
+    alternatives = {f"tau = ln({growth:g}) = {math.log(growth):.3g}: the threshold is in natural-"
+                    "log units, but m and qk_scale are in base 2 (tau = log2(max_growth))":
+                    math.log(growth),
+                    f"tau = {growth:g} itself: max_growth is a factor, tau its base-2 logarithm":
+                    growth}
+    for text, tau in alternatives.items():
+        sim, _ = simulate_rescales(q, k, tau=tau, block_m=cfg.BLOCK_M, block_n=cfg.BLOCK_N)
+        if torch.equal(counts, sim):
+            return f" Your counts are those of {text}."
+    return (" A step must rescale exactly when some row's max has grown by more than tau since "
+            "the reference was last moved (grow = max over rows of m_new - m_ref > tau).")
+
+
+# -------------------------------------------------------------------------- picture
+
+def lazy_trace(logits_log2: np.ndarray, block_n: int, tau: float):
+    """One row: (running max per tile, reference max per tile, steps that rescaled)."""
+    ref, refs, runs, moved, run = -np.inf, [], [], [], -np.inf
+    for t, start in enumerate(range(0, len(logits_log2), block_n)):
+        run = max(run, float(logits_log2[start:start + block_n].max()))
+        if run - ref > tau:
+            ref = run
+            moved.append(t)
+        runs.append(run)
+        refs.append(ref)
+    return np.array(runs), np.array(refs), moved
+
+
+def plot_lazy_trace(tau: float = 8.0, block_n: int = 128, tiles: int = 24, seed: int = 0):
+    """A row whose logits drift upwards with a jump: the running max (what Chapter 3's kernel
+    rescales to, on every tile it grows), the lazy reference max, and the largest exponential
+    2^(max - ref) each tile then computes."""
+    rng = np.random.default_rng(seed)
+    n = tiles * block_n
+    x = rng.normal(0, 1.0, n) + np.linspace(0, 30, n)
+    x[int(n * 0.62)] += 25.0
+    runs, refs, moved = lazy_trace(x, block_n, tau)
+    grew = int(np.sum(np.diff(runs) > 0)) + 1
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True,
+                                  gridspec_kw=dict(height_ratios=(2, 1)))
+    t = np.arange(tiles)
+    ax.step(t, runs, where="post", label="running max (eager: rescale when it grows)")
+    ax.step(t, refs, where="post", label=f"reference max (lazy, tau = {tau:g})")
+    ax.plot(moved, refs[moved], "o", color="C1", label=f"lazy rescales: {len(moved)}")
+    ax.set_ylabel("max logit (base 2)")
+    ax.set_title(f"One row over {tiles} key tiles: the max grows on {grew} of them; "
+                 f"the lazy rule rescales {len(moved)} times", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax2.bar(t, np.exp2(runs - refs), color="C2")
+    ax2.axhline(2 ** tau, color="C3", ls="--", lw=1)
+    ax2.text(0, 2 ** tau * 1.05, f"2^tau = {2 ** tau:g}", color="C3", fontsize=8)
+    ax2.set_ylabel("largest p")
+    ax2.set_xlabel("key tile")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
