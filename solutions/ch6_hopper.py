@@ -89,15 +89,26 @@ from flashbook.chapters.ch6 import planner
 #   until ring slot `j % stages` has been *consumed* by both consumers, tells the slot's *full*
 #   barrier how many bytes are coming, and issues the TMA copies of K_j and V_j onto it.
 # - **The consumers** (warpgroups 1 and 2) each own a Q tile. For step j a consumer waits on the
-#   slot's full barrier, computes S = Q K_j^T (wgmma), the online-softmax update of Chapter 3
-#   (in base 2: `exp2`, with m kept in log2 units), then O += P V_j (wgmma, P staged through
-#   shared memory or held in registers), and arrives on the slot's consumed barrier. The
-#   consumed barrier expects **two** arrivals, one per consumer: the producer may refill the
-#   slot only when both are done with it.
+#   slot's full barrier, computes $S_j = Q K_j^T$ (wgmma), the online-softmax update of
+#   Chapter 3 in base 2 (below), then $O \mathrel{+}= \tilde P_j V_j$ (wgmma, $\tilde P_j$ staged
+#   through shared memory or held in registers), and arrives on the slot's consumed barrier.
+#   The consumed barrier expects **two** arrivals, one per consumer: the producer may refill
+#   the slot only when both are done with it.
+#
+#   With the scale folded into $c = \log_2 e / \sqrt{d}$, the running maximum $m$ is kept in
+#   base-2 units, so one `exp2` per score replaces `exp`:
+#
+#   $$m_j = \max\big(m_{j-1},\ c \max_k S_{j,k}\big), \qquad
+#   \tilde P_j = 2^{\,c S_j - m_j}, \qquad \alpha_j = 2^{\,m_{j-1} - m_j},$$
+#
+#   $$\ell_j = \alpha_j \ell_{j-1} + \textstyle\sum_k \tilde P_{j,k}, \qquad
+#   O_j = \alpha_j O_{j-1} + \tilde P_j V_j, \qquad
+#   O = O_n / \ell_n, \quad \text{LSE} = (m_n + \log_2 \ell_n) \ln 2 .$$
 # - **Ping-pong.** The two consumers share the tensor cores. A pair of *schedule barriers* makes
 #   them take turns: consumer 1 issues its GEMMs while consumer 2 computes its softmax, then
-#   they swap. With GEMM time g and softmax time s per step, one consumer alone keeps the tensor
-#   cores busy g/(g+s) of the time; two in ping-pong reach min(1, 2g/(g+s)).
+#   they swap. With GEMM time $g$ and softmax time $s$ per step, one consumer alone keeps the
+#   tensor cores busy a fraction $\frac{g}{g+s}$ of the time; two in ping-pong reach
+#   $\min\!\big(1, \frac{2g}{g+s}\big)$: at $g = s$, 100 % against 50 %.
 # - **Intra-warpgroup overlap.** Inside one consumer, the QK^T of step j+1 is issued before the
 #   softmax of step j, so the multiply runs while the exponentials are computed.
 # - **Causal.** Tiles wholly below the diagonal need no mask, tiles on it do, tiles above it

@@ -29,10 +29,12 @@
 # specialization, mbarriers, `setmaxnreg`). No Blackwell GPU: every exercise runs on a CPU (the
 # Triton ones in the interpreter) and on any GPU. About 2 hours.
 #
-# **Exercises** (11 points): (1) a TMEM column map for the seed's tile shapes (3); (2) lazy
+# **Exercises** (18 points): (1) a TMEM column map for the seed's tile shapes (3); (2) lazy
 # rescaling in Chapter 3's Triton kernel, exact on adversarial logits, with a count of the
 # rescales it avoids (4); (3) exp2 by a polynomial in float32, (3a) with torch (2) and (3b) as a
-# Triton function inside a kernel (2).
+# Triton function inside a kernel (2); (4) the MMA and correction roles of a five-role schedule,
+# simulated (4); (5) the resources of the chapter's Gluon kernel, against what the compiler
+# reports for sm_100a (3).
 
 # %%
 import flashbook as fb
@@ -556,18 +558,327 @@ except NotImplementedError:
     print("Finish Exercises 2 and 3b to combine them.")
 
 # %% [markdown]
-# ## 7. Five warp roles, simulated
+# ## 7. Five warp roles, simulated (Exercise 4)
 #
-# *This section follows.* It will run the seed's roles (load, MMA, two softmax warpgroups,
-# correction, epilogue) as a simulation on a CPU, with the pipelines of Section 3 between them,
-# and check that its O and LSE match the reference.
+# Chapter 6 had one producer and two consumers that each ran their own GEMMs. On Blackwell the
+# GEMMs leave the warpgroups: **one thread** of the MMA warp issues every `tcgen05` MMA, the
+# accumulators live in **tensor memory** (TMEM), and the CTA splits into five roles that talk only
+# through mbarriers:
+#
+# | role | warps | does | its actions |
+# |---|---|---|---|
+# | load | 1 | TMA: Q0 and Q1 once, then K and V of each key step into a ring of `stages` slots each | `pipe.load_q`, `pipe.load_k`, `pipe.load_v` |
+# | MMA | 1 | `S_t = Q_t K_j^T` into TMEM; `O_t (+)= P_t V_j` with P read from TMEM | `pipe.qk(t, j)`, `pipe.pv(t, j)`, `pipe.commit(bar)` |
+# | softmax 0, softmax 1 | 4 + 4 | tile t's S from TMEM, the row max for the correction, `P = exp2(S - m)` written **into S's columns** | `pipe.rowmax`, `pipe.exp`, `pipe.rowsum` |
+# | correction | 4 | O_t in TMEM times `exp2(m_old - m_new)` between two PV MMAs; at the end O / l into shared memory | `pipe.rescale(t, j)`, `pipe.finish(t)` |
+# | epilogue | 1 | TMA store of each O tile | `pipe.store` |
+#
+# `flashbook.chapters.ch7.roles` simulates them on top of Chapter 6's engine (the same
+# barriers: `pipe.barrier`, `yield pipe.wait(bar, parity)`, `yield pipe.arrive(bar)`). What is new
+# is the MMA warp: `yield pipe.qk(t, j)` **returns at once**. The tensor core runs the MMAs one
+# after the other in the order they were issued, and `yield pipe.commit(bar)` (PTX
+# `tcgen05.commit`) arrives on `bar` when every MMA issued before it has finished. That is how the
+# MMA warp tells the others that S is ready or that a K slot may be refilled: an `arrive` would
+# say so the moment the MMA is *issued*, long before it has read anything.
+#
+# The simulator also models what lives where, and reports a **hazard** when a role touches a
+# buffer at the wrong time. The three that tensor memory adds:
+#
+# * **S overwritten before softmax read it**: QK of the next step writes S_t while softmax t has
+#   not read this step's scores;
+# * **P read by the MMA before softmax wrote it**: PV_t reads P_t from S_t's columns too early
+#   (P *is* S's storage: until softmax writes P there, those columns hold the scores);
+# * **O rescaled while an MMA accumulates into it**: the correction and a PV MMA work on O_t at
+#   the same time, or in the wrong order.
+#
+# The chapter gives the load warp, the softmax warpgroups, the epilogue warp and the barriers
+# (`roles.make_barriers`: `q_full[t]`, `k_full[s]`/`k_free[s]`, `v_full[s]`/`v_free[s]`,
+# `s_ready[t]`, `p_ready[t]`, `stats[t]`, `o_done[t]`, `o_ready[t]`, `l_ready[t]`,
+# `epi_ready[t]`, one arrival a phase each; `help(roles.make_barriers)` says who arrives on
+# which). You write the two roles Hopper did not have.
+#
+# **`mma(pipe, bars)`** (about 22 lines). Wait for both Q tiles, then for each key step `j` issue,
+# in this order, `QK0(j)`, `PV1(j-1)` (from step 1 on), `QK1(j)`, `PV0(j)`, and after the loop
+# `PV1(n-1)`. While softmax 0 works on S0, the tensor core runs tile 1's PV and QK, and the other
+# way round: the two Q tiles take the place of Chapter 6's ping-pong. Before each MMA wait for its
+# inputs (K or V of step `j` landed: `k_full`/`v_full` of slot `pipe.slot(j)`, parity
+# `pipe.phase(j)`; P_t written: `p_ready[t]`, parity `j % 2`; for `j > 0`, O_t rescaled:
+# `o_ready[t]`, parity `(j - 1) % 2`), and after it commit what it produces or frees: `s_ready[t]`
+# after a QK; `o_done[t]` after a PV; `k_free` after `QK1(j)` and `v_free` after `PV1(j)`, the
+# last MMAs that read the slot. S_t and P_t share columns, so `QK_t(j)` may only come after
+# `PV_t(j-1)`: the issue order does that for you.
+#
+# **`correction(pipe, bars)`** (about 12 lines). For each step `j` and tile `t`: wait for softmax t's
+# row max of step `j` (`stats[t]`, parity `j % 2`: wait for step 0's too, or the parities drift);
+# from step 1 on, wait until `PV_t(j-1)` has finished (`o_done[t]`, parity `(j - 1) % 2`), rescale
+# O_t and tell the MMA warp (`o_ready[t]`). After the loop, for each tile: wait for the row sum
+# (`l_ready[t]`, parity 0) and the last PV (`o_done[t]`), `finish(t)`, and tell the epilogue
+# (`epi_ready[t]`).
+#
+# **`KV_STAGES`**, the slots of each ring, is given. Section 3's tiles are 128 x 128 in 16 bits
+# (32 KB each): two Q tiles and `KV_STAGES` K and V tiles must fit in the 227 KB of shared memory a
+# block may use. Once your schedule passes, set it to 1 and look at the chart below.
+#
+# The check runs your roles with rings of 1 to 3 slots, 1 to 5 steps and two timings: no hazard,
+# no deadlock, every MMA, softmax step, rescale and store done once. Then it measures the tensor
+# core in the steady state with `KV_STAGES` slots. Per key step it has `2g` of work (`g = qk +
+# pv`, one tile's MMAs); a tile waits `rowmax + max(exp, rescale)` between its QK and its PV, and
+# the other tile's MMAs fill that wait, so a step lasts `max(2g, g + rowmax + max(exp,
+# rescale), 2 rescale)` and the tensor core is busy `2g` of it: at `g = s`, 100%.
+
+# %%
+from flashbook.chapters.ch7 import roles
+from flashbook.chapters.ch7.roles import Timing, simulate
+from flashbook.chapters.ch7.roles_checks import check_roles_schedule, plot_schedule
+
+# %% nbgrader={"grade": false, "grade_id": "ch7_roles_schedule", "locked": false, "schema_version": 3, "solution": true, "task": false}
+KV_STAGES = 2          # slots in the K ring and in the V ring (32 KB a tile)
+
+
+def mma(pipe, bars):
+    """The MMA warp: one thread issues every MMA (they run in issue order) and commits."""
+    ### BEGIN SOLUTION
+    n = pipe.n_steps
+
+    def pv(t, j):                                            # O_t (+)= P_t V_j
+        yield pipe.wait(bars.p_ready[t], j % 2)              # softmax t wrote P_t of step j
+        if j > 0:
+            yield pipe.wait(bars.o_ready[t], (j - 1) % 2)    # the correction rescaled O_t
+        yield pipe.pv(t, j)
+        yield pipe.commit(bars.o_done[t])                    # O_t is the correction's again
+
+    for t in (0, 1):
+        yield pipe.wait(bars.q_full[t], 0)
+    for j in range(n):
+        s, ph = pipe.slot(j), pipe.phase(j)
+        yield pipe.wait(bars.k_full[s], ph)                  # K of step j has landed
+        yield pipe.qk(0, j)
+        yield pipe.commit(bars.s_ready[0])
+        if j > 0:
+            yield from pv(1, j - 1)
+            yield pipe.commit(bars.v_free[pipe.slot(j - 1)])  # both PVs read V of step j - 1
+        yield pipe.qk(1, j)
+        yield pipe.commit(bars.s_ready[1])
+        yield pipe.commit(bars.k_free[s])                    # both QKs read K of step j
+        yield pipe.wait(bars.v_full[s], ph)                  # V of step j has landed
+        yield from pv(0, j)
+    if n:
+        yield from pv(1, n - 1)
+        yield pipe.commit(bars.v_free[pipe.slot(n - 1)])
+    ### END SOLUTION
+
+
+def correction(pipe, bars):
+    """The correction warpgroup: rescales O_t between two PV MMAs, then finishes both tiles."""
+    ### BEGIN SOLUTION
+    n = pipe.n_steps
+    for j in range(n):
+        for t in (0, 1):
+            yield pipe.wait(bars.stats[t], j % 2)            # softmax t's row max of step j
+            if j > 0:
+                yield pipe.wait(bars.o_done[t], (j - 1) % 2)  # no MMA accumulates into O_t now
+                yield pipe.rescale(t, j)
+                yield pipe.arrive(bars.o_ready[t])           # PV_t(j) may accumulate
+    for t in (0, 1):
+        yield pipe.wait(bars.l_ready[t], 0)                  # the row sum
+        yield pipe.wait(bars.o_done[t], (n - 1) % 2)         # the last PV_t has finished
+        yield pipe.finish(t)
+        yield pipe.arrive(bars.epi_ready[t])
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch7_roles_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+check_roles_schedule(KV_STAGES, mma, correction)
+### BEGIN HIDDEN TESTS
+check_roles_schedule(KV_STAGES, mma, correction, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your schedule at work, `g = s` (top): the tensor core alternates between the tiles and never
+# waits; the MMA warp's row shows where it waits on a barrier (▲ marks each MMA it issues, long
+# before the tensor core runs it). Below, the same roles with one slot per ring: the load of K of
+# step `j + 1` can start only when both QKs of step `j` have finished, its TMA latency is no
+# longer hidden, and the MMAs serialise behind the loads.
+
+# %% tags=["demo"]
+timing = Timing()                                   # tma 3, qk 1, pv 1, rowmax 0.5, exp 1.5
+try:
+    runs = [simulate(mma, correction, stages=stages, n_steps=6, timing=timing)
+            for stages in (KV_STAGES, 1)]
+    fig = plot_schedule(*runs)
+except NotImplementedError:
+    print("Finish Exercise 4 to see your schedule.")
+
+# %% [markdown]
+# And what the checks catch: the same MMA warp without its wait on `p_ready`. PV0 of step 0 reads
+# S0's columns while softmax 0 is still turning the scores into P; the run stops there (the
+# dashed line) and says why.
+
+# %% tags=["demo"]
+def mma_too_early(pipe, bars):
+    """Your MMA warp without its waits on p_ready."""
+    for action in mma(pipe, bars):
+        if not str(action).startswith("wait(p_ready"):
+            yield action
+
+
+try:
+    broken = simulate(mma_too_early, correction, stages=2, n_steps=4, timing=timing)
+    print(broken.error)
+    fig = plot_schedule(broken)
+except NotImplementedError:
+    print("Finish Exercise 4 to see what the checks catch.")
 
 # %% [markdown]
 # ## 8. The kernel, compiled for sm_100a
 #
-# *This section follows.* It will compile a Blackwell kernel with `tcgen05` and tensor memory
-# ahead of time for sm_100a on a machine without such a GPU, and read what the compiler made of
-# it.
+# `flashbook.chapters.ch7.gluon_fa4` is Exercise 4's schedule written in Triton's **Gluon**
+# dialect for sm_100a. One program owns `2 x 128` query rows of one head and forks into the
+# roles with `gl.warp_specialize`: the **correction** warpgroup is the default partition (4
+# warps), then **softmax 0** and **softmax 1** (4 warps each, one thread per query row), and the
+# **MMA**, **load** and **epilogue** warps (1 warp each). The barriers are Exercise 4's, one
+# `mbarrier` each; the MMA warp's `commit` is the `mbarriers=[...]` argument of
+# `tcgen05_mma`, which arrives on them when the MMA (and every one issued before it) has
+# finished.
+#
+# What Blackwell adds shows up in three places of the source:
+#
+# - `allocate_tensor_memory` takes S0, S1 (`BLOCK_N` fp32 columns each) and O0, O1 (`d` each)
+#   in tensor memory: 512 columns of 128 lanes for d = 128, the whole SM's;
+# - the softmax writes P as 16-bit values **into S's own columns** (`reinterpret` of the same
+#   TMEM as fp16), and alpha and the final row max and sum into the columns after P;
+# - `tcgen05_mma(q_tile, k_tile.permute((1, 0)), s_tmem.index(t), use_acc=False,
+#   mbarriers=[s_ready.index(t)])` reads both operands from shared memory, while
+#   `tcgen05_mma(p_tmem, v_tile, o_tmem.index(t), use_acc=j > 0, mbarriers=[o_done.index(t)])`
+#   reads **P from tensor memory**: no trip through registers or shared memory.
+#
+# This kernel **cannot run here, nor on an H100/H200** (sm_90 has neither tensor memory nor
+# tcgen05): it needs a B200. But Triton compiles it for sm_100a on any machine. The tests do
+# that with triton 3.9 (and it was checked with triton 3.6, the version of the GPU images and
+# Colab; `gluon_fa4.SHIM` lists the names that differ) and read what the kernel needs from the
+# result: `metadata.shared` (bytes of shared memory), `metadata.tmem_size` (tensor-memory
+# columns, also the operand of the PTX's `tcgen05.alloc`), the PTX's `.reqntid` (threads),
+# `.maxnreg` (registers a thread at launch) and its `setmaxnreg` budgets. The results, with
+# their provenance, are stored in `data/ch7_compiled.json`, so this notebook does not compile.
+
+# %%
+from flashbook.chapters.ch7 import planner
+
+table = planner.compiled_table()
+print(table["provenance"]["what"])
+print("compiled with triton", table["provenance"]["triton"], "for",
+      table["provenance"]["target"], "on", table["provenance"]["date"][:10])
+print("| d | dtype | BLOCK_N | stages | causal | shared (B) | TMEM columns | threads | "
+      ".maxnreg | setmaxnreg | MMAs (SS / TS) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for e in table["configs"]:
+    print(f"| {e['d']} | {e['dtype']} | {e['BLOCK_N']} | {e['STAGES']} | {e['causal']} | "
+          f"{e['shared']:,} | {e['tmem_size']} | {e['reqntid']} | {e['maxnreg']} | "
+          f"{e['setmaxnreg']} | {e['mma_ss']} / {e['mma_ts']} |")
+
+# %% [markdown]
+# **Exercise 5: what the kernel costs, before it is compiled.**
+#
+# A configuration that does not fit fails at launch (shared memory), at compile time (tensor
+# memory) or silently slows down (registers spill). Compute what the kernel needs from the
+# source alone and compare with the compiled kernel (3 points). Write
+# `kernel_resources(config)` for a `planner.Config` (`HEAD_DIM`, `DTYPE`, `BLOCK_M = 128`,
+# `BLOCK_N`, `STAGES`; 16-bit values), returning a dict with:
+#
+# - `smem_buffers`: a `(name, bytes)` pair for every shared-memory buffer the kernel allocates:
+#   the Q tiles (two of `BLOCK_M x d`, reused for O at the end), the K ring and the V ring
+#   (`STAGES` tiles of `BLOCK_N x d` each), and one array per mbarrier name, 8 bytes a barrier:
+#   eight per Q tile (`q_full`, `s_ready`, `p_ready`, `stats`, `o_done`, `o_ready`, `l_ready`,
+#   `epi_ready`, two barriers each) and four per ring slot (`k_full`, `k_free`, `v_full`,
+#   `v_free`, `STAGES` barriers each). The check places them as Triton's allocator does
+#   (`planner.place`: largest first, tiles at multiples of 1024 bytes, barrier arrays of 16) and
+#   adds what `gl.warp_specialize` keeps for its worker warps;
+# - `tmem_columns`: the columns `tcgen05.alloc` takes: S0 and S1 (`BLOCK_N` each) and O0 and O1
+#   (`d` each) — P and the statistics live inside S — rounded up to a power of two, at least 32;
+# - `threads`: the partitions' warps (4 + 4 + 4 + 1 + 1 + 1), padded to whole warpgroups
+#   (`setmaxnreg` works per warpgroup), times 32;
+# - `launch_registers`: the SM's 65,536 registers shared by those threads;
+# - `correction_registers`: the correction's `setmaxnreg` budget: what the two softmax
+#   warpgroups (192 a thread) and the warpgroup of the one-warp roles (24) leave, per thread of
+#   its 128, rounded down to a multiple of 8.
+#
+# About 15 lines. The check compares with the compiled kernel for the five configs of the table
+# above (the hidden test with more, against `planner`, which matches the compiled kernel byte
+# for byte).
+
+# %% nbgrader={"grade": false, "grade_id": "ch7_resources", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def kernel_resources(config):
+    """Shared-memory buffers, tensor-memory columns, threads and register budgets of
+    gluon_fa4's kernel for a resolved planner.Config."""
+    ### BEGIN SOLUTION
+    d, size = config.HEAD_DIM, 2                                 # fp16 / bf16
+    smem = [("q", 2 * config.BLOCK_M * d * size),                 # Q0, Q1 (O at the end)
+            ("k", config.STAGES * config.BLOCK_N * d * size),
+            ("v", config.STAGES * config.BLOCK_N * d * size)]
+    smem += [(name, 2 * 8) for name in ("q_full", "s_ready", "p_ready", "stats", "o_done",
+                                        "o_ready", "l_ready", "epi_ready")]
+    smem += [(name, config.STAGES * 8) for name in ("k_full", "k_free", "v_full", "v_free")]
+    used = 2 * config.BLOCK_N + 2 * d                             # S0, S1, O0, O1
+    columns = max(32, 1 << (used - 1).bit_length())
+    warps = 4 + 4 + 4 + 1 + 1 + 1                                 # correction, softmax x 2, ...
+    threads = 32 * (-(-warps // 4) * 4)                           # whole warpgroups
+    correction = (65536 - 128 * (2 * 192 + 24)) // 128 // 8 * 8
+    return dict(smem_buffers=smem, tmem_columns=columns, threads=threads,
+                launch_registers=65536 // threads, correction_registers=correction)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch7_resources_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+planner.check_resources(kernel_resources)
+### BEGIN HIDDEN TESTS
+planner.check_resources(kernel_resources, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# What the figures say. At d = 128 the two Q tiles and two slots of K and V take 196,608 of the
+# 232,448 bytes a block may use, so a third slot (another 65,536) cannot fit: that is why
+# Exercise 4's `KV_STAGES` is 2, and why the seed shares one ring between K and V (three tiles,
+# 96 KB). Tensor memory is full at d = 128 (512 of 512 columns), so d = 256 would need another
+# map (the seed supports d <= 128 for the same reason). One CTA per SM, 512 threads, 128
+# registers each at launch; then the softmax threads, which hold a whole row of S, get 192.
+
+# %% tags=["demo"]
+rows = ["| config | your shared memory (B) | compiled | your TMEM columns | compiled | fits a B200 |",
+        "|---|---|---|---|---|---|"]
+for config in planner.resource_cases(hidden=True)[:8]:
+    try:
+        mine = kernel_resources(config)
+    except NotImplementedError:
+        print("Finish Exercise 5 to compare your figures with the compiled kernel's.")
+        break
+    placed = planner.place([(n, b, 1024 if b >= 1024 else 16) for n, b in mine["smem_buffers"]]
+                           + planner.warp_specialize_buffers(config))
+    smem = max(o + b for _, o, b in placed)
+    entry = planner.compiled_entry(config)
+    verdict = planner.feasible(config)
+    rows.append(f"| {config.describe()} | {smem:,} | "
+                f"{entry['shared'] if entry else planner.shared_memory(config):,} | "
+                f"{mine['tmem_columns']} | "
+                f"{entry['tmem_size'] if entry else planner.tmem_columns(config)} | "
+                + ("yes |" if verdict else "no: " + "; ".join(verdict.reasons) + " |"))
+print("\n".join(rows))
+
+# %% [markdown]
+# On an sm_100 GPU the next cell runs the kernel against PyTorch's SDPA; elsewhere it says why it
+# cannot.
+
+# %% tags=["demo"]
+import torch
+
+if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10:
+    from flashbook.chapters.ch7.gluon_fa4 import attention_fa4
+    q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    for causal in (False, True):
+        o, lse = attention_fa4(q, k, v, causal=causal)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        print(f"causal={causal}: max |O - SDPA| = {(o - want).abs().max().item():.1e}")
+else:
+    print("The Gluon Blackwell kernel needs an sm_100 GPU (B200, GB200); this runtime has "
+          + (torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU") + ".")
 
 # %% [markdown]
 # ## 9. Benchmark

@@ -18,6 +18,8 @@ from .exp2poly import BOUND, check_exp2_poly, check_exp2_poly_triton, fit_exp2, 
 from .lazy import check_lazy_attention, hw_exp2, launch_lazy, plot_lazy_trace, \
     simulate_rescales
 from .tmem import SEED_MAP, check_tmem_plan, plot_tmem, problems as tmem_problems
+from . import planner
+from .roles_checks import check_roles_schedule
 from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "design", "tmem", "lazy", "exp2poly", "ROLES", "PIPELINES", "plot_roles",
@@ -25,7 +27,8 @@ __all__ = ["CHAPTER", "design", "tmem", "lazy", "exp2poly", "ROLES", "PIPELINES"
            "best_emulated_fraction", "work_tiles", "BOUND", "check_exp2_poly",
            "check_exp2_poly_triton", "fit_exp2", "fit_error", "plot_exp2_error", "run_exp2",
            "check_lazy_attention", "hw_exp2", "launch_lazy", "plot_lazy_trace",
-           "simulate_rescales", "SEED_MAP", "check_tmem_plan", "plot_tmem", "tmem_problems"]
+           "simulate_rescales", "SEED_MAP", "check_tmem_plan", "plot_tmem", "tmem_problems",
+           "planner", "check_roles_schedule"]
 
 CHAPTER = Chapter(
     id="ch7",
@@ -37,6 +40,10 @@ CHAPTER = Chapter(
         Exercise("ch7_exp2_test", ("ch7_exp2_poly",), ("exp2_poly",), check_exp2_poly),
         Exercise("ch7_exp2_triton_test", ("ch7_exp2_poly_tl",), ("exp2_poly_tl",),
                  check_exp2_poly_triton),
+        Exercise("ch7_roles_test", ("ch7_roles_schedule",), ("KV_STAGES", "mma", "correction"),
+                 check_roles_schedule),
+        Exercise("ch7_resources_test", ("ch7_resources",), ("kernel_resources",),
+                 planner.check_resources),
     ),
     variants=VARIANTS,
 )

@@ -69,4 +69,75 @@ VARIANTS = (
     Variant('exp2_tl_floor_with_round_fit', 'ch7_exp2_poly_tl', (
         ('n = tl.floor(x + 0.5)', 'n = tl.floor(x)'),
     ), expect='outside the interval'),
+
+    # PV reads P_t from S_t's columns while softmax t is still writing it (or before): the
+    # scores are still there
+    Variant('pv_before_softmax_wrote_p', 'ch7_roles_schedule', (
+        ('        yield pipe.wait(bars.p_ready[t], j % 2)              # softmax t wrote P_t of '
+         'step j\n', ''),
+    ), expect='P read by the MMA before softmax'),
+    # the PV MMA accumulates into O_t while (or before) the correction rescales it
+    Variant('pv_skips_the_rescale', 'ch7_roles_schedule', (
+        ('            yield pipe.wait(bars.o_ready[t], (j - 1) % 2)    # the correction rescaled '
+         'O_t\n', '            pass\n'),
+    ), expect='O rescaled while an MMA accumulates into it'),
+    # QK_1(j) issued before PV_1(j-1): it overwrites P_1 (S_1's columns) before the PV read it
+    Variant('qk_before_the_pv_that_reads_p', 'ch7_roles_schedule', (
+        ('        if j > 0:\n'
+         '            yield from pv(1, j - 1)\n'
+         '            yield pipe.commit(bars.v_free[pipe.slot(j - 1)])  # both PVs read V of step '
+         'j - 1\n'
+         '        yield pipe.qk(1, j)\n',
+         '        yield pipe.qk(1, j)\n'
+         '        if j > 0:\n'
+         '            yield from pv(1, j - 1)\n'
+         '            yield pipe.commit(bars.v_free[pipe.slot(j - 1)])  # both PVs read V of step '
+         'j - 1\n'),
+    ), expect='overwritten before PV1'),
+    # the K slot released when QK1 is issued, not when it has finished: the load warp refills it
+    # while the QK MMAs may still read it
+    Variant('release_k_with_arrive', 'ch7_roles_schedule', (
+        ('yield pipe.commit(bars.k_free[s])', 'yield pipe.arrive(bars.k_free[s])'),
+    ), expect='not pipe.arrive'),
+    # the correction never tells the MMA warp that O_t is rescaled: PV_t(1) waits forever
+    Variant('correction_never_signals_o_ready', 'ch7_roles_schedule', (
+        ('                yield pipe.arrive(bars.o_ready[t])           # PV_t(j) may accumulate\n',
+         ''),
+    ), expect='deadlock'),
+    # the correction reads O_t for the output before the last PV_t has finished
+    Variant('finish_before_the_last_pv', 'ch7_roles_schedule', (
+        ('        yield pipe.wait(bars.o_done[t], (n - 1) % 2)         # the last PV_t has '
+         'finished\n', ''),
+    ), expect='finish('),
+    # one slot per ring: the loads no longer overlap the MMAs (serialisation below the bound)
+    Variant('one_slot_per_ring', 'ch7_roles_schedule', (
+        ('KV_STAGES = 2 ', 'KV_STAGES = 1 '),
+    ), expect='The ring is too short'),
+    # three slots per ring do not fit in shared memory with two Q tiles
+    Variant('three_slots_do_not_fit', 'ch7_roles_schedule', (
+        ('KV_STAGES = 2 ', 'KV_STAGES = 3 '),
+    ), expect='shared memory'),
+
+    # one Q tile for the CTA: but each softmax warpgroup owns its own 128 rows
+    Variant('one_q_tile', 'ch7_resources', (
+        ('[("q", 2 * config.BLOCK_M * d * size)', '[("q", config.BLOCK_M * d * size)'),
+    ), expect='one Q tile'),
+    # the per-slot barriers forgotten
+    Variant('no_ring_barriers', 'ch7_resources', (
+        ('    smem += [(name, config.STAGES * 8) for name in ("k_full", "k_free", "v_full", '
+         '"v_free")]\n', ''),
+    ), expect='mbarrier arrays'),
+    # the columns used, not what tcgen05.alloc takes (384 at d = 64, Triton allocates 512)
+    Variant('tmem_not_a_power_of_two', 'ch7_resources', (
+        ('    columns = max(32, 1 << (used - 1).bit_length())\n', '    columns = used\n'),
+    ), expect='power of two'),
+    # P counted in columns of its own: it lives in S's
+    Variant('p_in_its_own_columns', 'ch7_resources', (
+        ('    used = 2 * config.BLOCK_N + 2 * d ',
+         '    used = 2 * config.BLOCK_N + config.BLOCK_N + 2 * d '),
+    ), expect="live in S's columns"),
+    # 15 warps, not padded to whole warpgroups: 480 threads
+    Variant('threads_not_whole_warpgroups', 'ch7_resources', (
+        ('    threads = 32 * (-(-warps // 4) * 4) ', '    threads = 32 * warps '),
+    ), expect='whole warpgroups'),
 )

@@ -1,0 +1,591 @@
+"""Chapter 7's Blackwell kernel: the seed's five roles written in Triton Gluon for sm_100a.
+
+One program (CTA) owns ``2 * BLOCK_M`` query rows of one (batch, head), as two Q tiles of
+``BLOCK_M = 128`` rows, and forks into the roles of Exercise 4's schedule
+(``flashbook.chapters.ch7.roles``), each in its own warps (``gl.warp_specialize``):
+
+* **correction** (the default partition, 4 warps): between two PV MMAs of a tile it rescales
+  O_t in tensor memory by ``alpha = exp2(m_old - m_new)``; after the last one it divides O_t by
+  the row sum, writes it to shared memory (into Q_t's tile, free by then) and the LSE (natural
+  log) to global memory;
+* **softmax 0** and **softmax 1** (4 warps each, one thread per query row): S_t from TMEM, the
+  row max, alpha into a TMEM column for the correction, ``P = exp2(S * scale - m)`` in 16 bits
+  written back **into S_t's own columns** (P aliases S), the row sum kept in registers;
+* **MMA** (1 warp; one thread issues): ``tcgen05_mma`` with accumulators in TMEM,
+  ``S_t = Q_t K_j^T`` (A and B from shared memory) and ``O_t (+)= P_t V_j`` (A = P from tensor
+  memory), in the issue order ``QK0(j), PV1(j-1), QK1(j), PV0(j)`` so that one tile's softmax
+  runs under the other tile's MMAs. Each MMA names the barriers its completion arrives on
+  (``tcgen05.commit``);
+* **load** (1 warp): TMA copies of Q0 and Q1, then K and V of each key step into two rings of
+  ``STAGES`` slots;
+* **epilogue** (1 warp): the TMA stores of the two O tiles.
+
+The barriers are Exercise 4's (``roles.make_barriers``): ``q_full``, ``k_full``/``k_free`` and
+``v_full``/``v_free`` per slot, and per tile ``s_ready`` (QK done), ``p_ready`` (P written),
+``stats`` (alpha written), ``o_done`` (PV done), ``o_ready`` (O rescaled), ``l_ready`` (final
+row max and sum written) and ``epi_ready`` (O in shared memory). Tensor memory, 32-bit columns
+of 128 lanes (one lane a query row): S0 at 0, S1 at ``BLOCK_N``, O0 and O1 after them (``d``
+columns each); P_t is S_t's first ``BLOCK_N / 2`` columns (two 16-bit values a column), alpha
+lives in S_t's column ``BLOCK_N / 2``, the final row max and sum in the two after it. With d =
+128 that is all 512 columns of an SM's tensor memory.
+
+Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}; outputs O (like q) and the
+LSE ``(B, H, N_q)`` float32 in natural log; ``causal`` masks bottom-right (key j is visible to
+query i when ``j <= i + N_k - N_q``); a row that sees no key gets O = 0 and LSE = -inf.
+
+**This kernel cannot run here, nor on the lent H200** (sm_90 has no tensor memory and no
+tcgen05): it needs an sm_100 GPU (B200, GB200). Gluon has no CPU interpreter. The correctness
+argument is the structure — the same protocol as Exercise 4's simulated schedule, which is
+checked for hazards and deadlock — plus ahead-of-time compilation: ``compile_for_sm100`` builds
+it for ``GPUTarget("cuda", 100, 32)`` on any machine, and ``tests/test_ch7_gluon.py`` checks the
+PTX (tcgen05.mma, tcgen05.alloc, TMA, mbarriers, setmaxnreg) and compares the shared memory,
+tensor-memory columns and registers with ``planner``.
+
+Written for triton 3.9 (the CPU image) and 3.6 (the GPU images, Colab); the names that differ
+are in the shim below.
+"""
+from __future__ import annotations
+
+import math
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import blackwell as _bw
+from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLayout,
+                                                                 allocate_tensor_memory,
+                                                                 fence_async_shared, mbarrier,
+                                                                 tcgen05_mma, tma)
+
+from . import planner
+from .planner import Config
+
+__all__ = ["Config", "fa4_kernel", "kernel_args", "compile_for_sm100", "tile_layout",
+           "TRITON_VERSION", "SHIM", "attention_fa4", "DTYPES", "HEAD_DIMS"]
+
+TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
+HEAD_DIMS = (64, 128)
+
+# ---------------------------------------------------------------------------------------------
+# The compatibility shim: what this kernel uses whose name or form differs between triton 3.6
+# (the GPU images, Colab) and 3.9 (the CPU image). Everything else is spelled the same in both:
+# TensorMemoryLayout(block, col_stride), allocate_tensor_memory, tcgen05_mma(a, b, acc,
+# use_acc=, mbarriers=), tensor-memory .index/.slice/.load(layout)/.store, mbarrier.init/
+# expect/wait/arrive, tma.store_wait, gl.warp_specialize(pairs, warps, registers).
+#
+#   TMA global -> shared   3.6 tma.async_copy_global_to_shared   3.9 tma.async_load (the old
+#                          name still exists in 3.9 but raises "has been removed")
+#   TMA shared -> global   3.6 tma.async_copy_shared_to_global   3.9 tma.async_store
+#   TMEM register layout   3.6 blackwell.get_tmem_reg_layout(dtype, shape, layout, num_warps)
+#                          3.9 gone; tensor_memory_descriptor_type(dtype, shape, layout,
+#                          shape).get_reg_layout(num_warps) (and .load() may omit the layout)
+#   TMEM reinterpret       3.6 desc._reinterpret(dtype, shape, layout)   3.9 desc.reinterpret
+#   GluonASTSource         3.6 triton.experimental.gluon._runtime   3.9 also exported from
+#                          triton.experimental.gluon (for compile_for_sm100)
+#   tcgen05_mma with A in tensor memory: 3.6's docstring still says "a: shared memory, b: shared
+#                          or tensor memory" (3.9: "a: shared or tensor memory"); both compile
+#                          P (TMEM) V (SMEM) into tcgen05.mma's A-from-TMEM form (the tests
+#                          compile the kernel with both versions).
+# ---------------------------------------------------------------------------------------------
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+_HAS_GET_TMEM_REG_LAYOUT = hasattr(_bw, "get_tmem_reg_layout")
+SHIM = dict(tma_load=tma_load.__name__, tma_store=tma_store.__name__,
+            tmem_reg_layout="get_tmem_reg_layout" if _HAS_GET_TMEM_REG_LAYOUT
+            else "tensor_memory_descriptor_type.get_reg_layout",
+            tmem_reinterpret="reinterpret" if hasattr(_bw.tensor_memory_descriptor, "reinterpret")
+            else "_reinterpret")
+
+
+@gluon.constexpr_function
+def tmem_reg_layout(dtype, shape, layout, num_warps):
+    """The register layout of a tcgen05.ld/st of a TMEM buffer (32x32b: thread i of warp w holds
+    row 32 w + i, so each thread owns whole rows: row max and sum need no shuffles)."""
+    if _HAS_GET_TMEM_REG_LAYOUT:                                       # triton 3.6
+        return _bw.get_tmem_reg_layout(dtype, shape, layout, num_warps)
+    ty = _bw.tensor_memory_descriptor_type(dtype, shape, layout, shape)  # triton 3.9
+    return ty.get_reg_layout(num_warps=num_warps)
+
+
+@gluon.jit
+def _tmem_view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """``buf`` reinterpreted (same columns) as another dtype, shape and TMEM layout."""
+    if hasattr(buf, "reinterpret"):
+        return buf.reinterpret(dtype, shape, layout)
+    else:
+        return buf._reinterpret(dtype, shape, layout)
+
+
+LOG2E = 1.4426950408889634          # log2(e): the kernel's exponentials are exp2
+LN2 = 0.6931471805599453            # ln(2): the LSE back to natural log
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile bookkeeping every role shares (they must agree on every count, or a barrier waits
+# forever): the CTA's 2 * BLOCK_M rows walk the same K/V tiles.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr):
+    """(tiles, full): the K/V tiles the CTA's rows read (at least 1: the host handles N_K = 0,
+    and a tile fully masked for some rows is harmless), and how many of the first ones need no
+    mask for any of its rows."""
+    row0 = m_block * 2 * BLOCK_M
+    if CAUSAL:
+        off = N_K - N_Q                                  # bottom-right alignment
+        hi = gl.maximum(gl.minimum(row0 + 2 * BLOCK_M + off, N_K), 0)
+        lo = gl.maximum(gl.minimum(row0 + off + 1, N_K), 0)
+        tiles = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+        full = lo // BLOCK_N
+    else:
+        tiles = gl.cdiv(N_K, BLOCK_N)
+        full = N_K // BLOCK_N
+    return tiles, full
+
+
+@gluon.jit
+def _m_block():
+    """The CTA's block of 2*BLOCK_M query rows. Causal: the last blocks (the most work) first."""
+    return gl.num_programs(0) - 1 - gl.program_id(0)
+
+
+@gluon.jit
+def _smem_tile(ring, slot, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Slot ``slot`` of a ring of (1, ROWS, d) TMA boxes as the (ROWS, d) matrix the MMA reads."""
+    return ring.index(slot).reshape([ROWS, HEAD_DIM])
+
+
+# ---------------------------------------------------------------------------------------------
+# The load warp
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _load_role(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, k_free, v_full,
+               v_free, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    m_block = _m_block()
+    bh = gl.program_id(1)
+    n_tiles, n_full = _cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for t in gl.static_range(2):                          # Q0, Q1: once, one barrier each
+        mbarrier.expect(q_full.index(t), q_desc.block_type.nbytes)
+        tma_load(q_desc, [bh, m_block * 2 * BLOCK_M + t * BLOCK_M, 0], q_full.index(t),
+                 q_smem.index(t))
+    for j in range(n_tiles):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        # round r of a slot waits for the MMAs of round r - 1 (round 0: parity 1 passes at once)
+        mbarrier.wait(k_free.index(s), ph ^ 1)
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
+        tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
+        mbarrier.wait(v_free.index(s), ph ^ 1)
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+
+
+# ---------------------------------------------------------------------------------------------
+# The MMA warp: one thread issues every tcgen05 MMA; each names the barriers its completion
+# arrives on (tcgen05.commit), and the tensor core runs them in issue order.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _pv(t: gl.constexpr, j, s_tmem, o_tmem, v_smem, p_ready, o_ready, o_done, v_free,
+        release_v: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """O_t (+)= P_t V_j, with P_t read from S_t's tensor-memory columns (the A operand)."""
+    p_layout: gl.constexpr = TensorMemoryLayout((BLOCK_M, BLOCK_N), col_stride=1)
+    s = j % STAGES
+    mbarrier.wait(p_ready.index(t), j & 1)                  # softmax t wrote P_t of step j
+    mbarrier.wait(o_ready.index(t), (j - 1) & 1, pred=j > 0)  # the correction rescaled O_t
+    p_cols = _tmem_view(s_tmem.index(t), v_smem.dtype, [BLOCK_M, BLOCK_N], p_layout)
+    v_tile = _smem_tile(v_smem, s, BLOCK_N, HEAD_DIM)
+    if release_v:                                           # tile 1 reads V_j last
+        tcgen05_mma(p_cols, v_tile, o_tmem.index(t), use_acc=j > 0,
+                    mbarriers=[o_done.index(t), v_free.index(s)])
+    else:
+        tcgen05_mma(p_cols, v_tile, o_tmem.index(t), use_acc=j > 0,
+                    mbarriers=[o_done.index(t)])
+
+
+@gluon.jit
+def _mma_role(q_smem, k_smem, v_smem, s_tmem, o_tmem, q_full, k_full, k_free, v_full, v_free,
+              s_ready, p_ready, o_ready, o_done, N_Q, N_K, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    m_block = _m_block()
+    n_tiles, n_full = _cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    q0 = _smem_tile(q_smem, 0, BLOCK_M, HEAD_DIM)
+    q1 = _smem_tile(q_smem, 1, BLOCK_M, HEAD_DIM)
+    mbarrier.wait(q_full.index(0), 0)
+    mbarrier.wait(q_full.index(1), 0)
+    for j in range(n_tiles):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        mbarrier.wait(k_full.index(s), ph)
+        k_t = _smem_tile(k_smem, s, BLOCK_N, HEAD_DIM).permute((1, 0))   # (d, BLOCK_N) view
+        # S0 = Q0 K_j^T: S0 (holding P0 of step j-1) is free, PV0(j-1) was issued before
+        tcgen05_mma(q0, k_t, s_tmem.index(0), use_acc=False, mbarriers=[s_ready.index(0)])
+        if j > 0:                                          # PV1(j-1): tile 1's softmax is done
+            _pv(1, j - 1, s_tmem, o_tmem, v_smem, p_ready, o_ready, o_done, v_free, True,
+                BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
+        tcgen05_mma(q1, k_t, s_tmem.index(1), use_acc=False,
+                    mbarriers=[s_ready.index(1), k_free.index(s)])   # both QKs read K_j
+        mbarrier.wait(v_full.index(s), ph)
+        _pv(0, j, s_tmem, o_tmem, v_smem, p_ready, o_ready, o_done, v_free, False,
+            BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
+    _pv(1, n_tiles - 1, s_tmem, o_tmem, v_smem, p_ready, o_ready, o_done, v_free, True,
+        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
+
+
+# ---------------------------------------------------------------------------------------------
+# A softmax warpgroup (one per Q tile): one thread per query row
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _softmax_role(t: gl.constexpr, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  dtype: gl.constexpr):
+    s_layout: gl.constexpr = TensorMemoryLayout((BLOCK_M, BLOCK_N), col_stride=1)
+    col_layout: gl.constexpr = TensorMemoryLayout((BLOCK_M, 1), col_stride=1)
+    s_regs: gl.constexpr = tmem_reg_layout(gl.float32, [BLOCK_M, BLOCK_N], s_layout, 4)
+    p_regs: gl.constexpr = tmem_reg_layout(dtype, [BLOCK_M, BLOCK_N], s_layout, 4)
+    col_regs: gl.constexpr = tmem_reg_layout(gl.float32, [BLOCK_M, 1], col_layout, 4)
+    rows_l: gl.constexpr = gl.SliceLayout(1, s_regs)
+    cols_l: gl.constexpr = gl.SliceLayout(0, s_regs)
+
+    m_block = _m_block()
+    n_tiles, n_full = _cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    s_buf = s_tmem.index(t)
+    p_buf = _tmem_view(s_buf, dtype, [BLOCK_M, BLOCK_N], s_layout)      # P: S's first columns
+    stat_cols = _tmem_view(s_buf, gl.float32, [BLOCK_M, BLOCK_N], col_layout)
+    alpha_buf = stat_cols.slice(BLOCK_N // 2, 1)                        # after P's columns
+    m_buf = stat_cols.slice(BLOCK_N // 2 + 1, 1)
+    l_buf = stat_cols.slice(BLOCK_N // 2 + 2, 1)
+
+    rows = m_block * 2 * BLOCK_M + t * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_l)
+    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, rows_l)
+    l_i = gl.zeros([BLOCK_M], gl.float32, rows_l)
+    for j in range(n_tiles):
+        mbarrier.wait(s_ready.index(t), j & 1)              # QK_t(j) has finished
+        s = s_buf.load(s_regs)                              # the whole row in one thread
+        if j >= n_full:                                     # the diagonal / the tail
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols_l)
+            keep = gl.expand_dims(cols < N_K, 0)
+            if CAUSAL:
+                keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + (N_K - N_Q), 1))
+            s = gl.where(keep, s, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        m_use = gl.where(m_new == -float("inf"), 0.0, m_new)     # no key yet: no NaN
+        alpha = gl.exp2(m_i - m_use)
+        alpha_buf.store(gl.convert_layout(gl.expand_dims(alpha, 1), col_regs))
+        mbarrier.arrive(stats.index(t))                     # the correction may rescale O_t
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        p_buf.store(gl.convert_layout(p.to(dtype), p_regs))
+        mbarrier.arrive(p_ready.index(t))                   # PV_t(j) may read P_t
+        m_i = m_new
+    m_buf.store(gl.convert_layout(gl.expand_dims(m_i, 1), col_regs))
+    l_buf.store(gl.convert_layout(gl.expand_dims(l_i, 1), col_regs))
+    mbarrier.arrive(l_ready.index(t))
+
+
+@gluon.jit
+def _softmax0(s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              dtype: gl.constexpr):
+    _softmax_role(0, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
+                  BLOCK_N, CAUSAL, dtype)
+
+
+@gluon.jit
+def _softmax1(s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              dtype: gl.constexpr):
+    _softmax_role(1, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
+                  BLOCK_N, CAUSAL, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The correction warpgroup (the default partition)
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _correction_role(q_smem, s_tmem, o_tmem, stats, o_done, o_ready, l_ready, epi_ready, LSE,
+                     N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr):
+    # O goes through registers in column chunks (a whole row of O would not fit the
+    # correction's registers): CHUNK columns for the rescale, EPI_CHUNK (one 128-byte swizzle
+    # row of 16-bit values) for the output
+    CHUNK: gl.constexpr = 32
+    EPI_CHUNK: gl.constexpr = 64
+    col_layout: gl.constexpr = TensorMemoryLayout((BLOCK_M, 1), col_stride=1)
+    chunk_layout: gl.constexpr = TensorMemoryLayout((BLOCK_M, CHUNK), col_stride=1)
+    epi_layout: gl.constexpr = TensorMemoryLayout((BLOCK_M, EPI_CHUNK), col_stride=1)
+    col_regs: gl.constexpr = tmem_reg_layout(gl.float32, [BLOCK_M, 1], col_layout, 4)
+    chunk_regs: gl.constexpr = tmem_reg_layout(gl.float32, [BLOCK_M, CHUNK], chunk_layout, 4)
+    epi_regs: gl.constexpr = tmem_reg_layout(gl.float32, [BLOCK_M, EPI_CHUNK], epi_layout, 4)
+    lse_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+
+    m_block = _m_block()
+    bh = gl.program_id(1)
+    n_tiles, n_full = _cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for j in range(n_tiles):
+        for t in gl.static_range(2):
+            mbarrier.wait(stats.index(t), j & 1)            # alpha of step j is in TMEM
+            if j > 0:
+                mbarrier.wait(o_done.index(t), (j - 1) & 1)  # PV_t(j-1) has finished
+                cols = _tmem_view(s_tmem.index(t), gl.float32, [BLOCK_M, BLOCK_N], col_layout)
+                alpha = cols.slice(BLOCK_N // 2, 1).load(col_regs)          # (BLOCK_M, 1)
+                alpha = gl.convert_layout(gl.reshape(alpha, [BLOCK_M]),
+                                          gl.SliceLayout(1, chunk_regs))
+                for c in gl.static_range(HEAD_DIM // CHUNK):
+                    o_part = o_tmem.index(t).slice(c * CHUNK, CHUNK)
+                    o_part.store(o_part.load(chunk_regs) * gl.expand_dims(alpha, 1))
+                mbarrier.arrive(o_ready.index(t))           # PV_t(j) may accumulate
+    for t in gl.static_range(2):
+        mbarrier.wait(l_ready.index(t), 0)                  # final row max and sum
+        mbarrier.wait(o_done.index(t), (n_tiles - 1) & 1)   # the last PV_t has finished
+        cols = _tmem_view(s_tmem.index(t), gl.float32, [BLOCK_M, BLOCK_N], col_layout)
+        m_i = gl.reshape(cols.slice(BLOCK_N // 2 + 1, 1).load(col_regs), [BLOCK_M])
+        l_i = gl.reshape(cols.slice(BLOCK_N // 2 + 2, 1).load(col_regs), [BLOCK_M])
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, epi_regs))
+        inv = gl.expand_dims(gl.where(l_o > 0.0, 1.0 / l_o, 0.0), 1)
+        # Q_t's tile is free: every QK_t finished before the last PV_t (issue order)
+        o_smem = _smem_tile(q_smem, t, BLOCK_M, HEAD_DIM)
+        for c in gl.static_range(HEAD_DIM // EPI_CHUNK):
+            o = o_tmem.index(t).slice(c * EPI_CHUNK, EPI_CHUNK).load(epi_regs) * inv
+            o_smem.slice(c * EPI_CHUNK, EPI_CHUNK, dim=1).store(o.to(q_smem.dtype))
+        fence_async_shared()                                # generic writes -> the TMA store
+        mbarrier.arrive(epi_ready.index(t))
+        lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, -float("inf"))
+        rows = m_block * 2 * BLOCK_M + t * BLOCK_M + gl.arange(0, BLOCK_M, layout=lse_l)
+        gl.store(LSE + bh * N_Q + rows, gl.convert_layout(lse, lse_l), mask=rows < N_Q)
+
+
+# ---------------------------------------------------------------------------------------------
+# The epilogue warp
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _epilogue_role(o_desc, q_smem, epi_ready, BLOCK_M: gl.constexpr):
+    m_block = _m_block()
+    bh = gl.program_id(1)
+    for t in gl.static_range(2):
+        mbarrier.wait(epi_ready.index(t), 0)
+        tma_store(o_desc, [bh, m_block * 2 * BLOCK_M + t * BLOCK_M, 0], q_smem.index(t))
+    tma.store_wait(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel: allocate shared and tensor memory, initialise the barriers, fork the roles.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit(do_not_specialize=["N_Q", "N_K"])     # one binary for every length
+def fa4_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+               STAGES: gl.constexpr, CAUSAL: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
+               SINGLE_WARP_REGS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    # shared memory: Q0 and Q1 (reused for O), STAGES K tiles and STAGES V tiles, 128-byte
+    # swizzled (what TMA writes and tcgen05 reads), then the mbarriers (8 bytes each)
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_full = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    s_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    stats = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    o_done = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    o_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    epi_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+    for i in gl.static_range(2):
+        mbarrier.init(q_full.index(i), count=1)             # the TMA's expect-tx arrival
+        mbarrier.init(s_ready.index(i), count=1)            # one tcgen05.commit
+        mbarrier.init(p_ready.index(i), count=1)            # softmax t (one arrive a warpgroup)
+        mbarrier.init(stats.index(i), count=1)
+        mbarrier.init(o_done.index(i), count=1)             # one tcgen05.commit
+        mbarrier.init(o_ready.index(i), count=1)            # the correction
+        mbarrier.init(l_ready.index(i), count=1)
+        mbarrier.init(epi_ready.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(i), count=1)
+        mbarrier.init(k_free.index(i), count=1)             # the commit after QK1
+        mbarrier.init(v_full.index(i), count=1)
+        mbarrier.init(v_free.index(i), count=1)             # the commit after PV1
+    fence_async_shared()                                    # the inits, before TMA or MMA use
+
+    # tensor memory: S0, S1 (fp32, BLOCK_N columns each; P and the row statistics alias them),
+    # O0, O1 (fp32, HEAD_DIM columns each)
+    s_tmem = allocate_tensor_memory(gl.float32, [2, BLOCK_M, BLOCK_N],
+                                    TensorMemoryLayout((BLOCK_M, BLOCK_N), col_stride=1))
+    o_tmem = allocate_tensor_memory(gl.float32, [2, BLOCK_M, HEAD_DIM],
+                                    TensorMemoryLayout((BLOCK_M, HEAD_DIM), col_stride=1))
+
+    gl.warp_specialize([
+        (_correction_role, (q_smem, s_tmem, o_tmem, stats, o_done, o_ready, l_ready, epi_ready,
+                            LSE, N_Q, N_K, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)),
+        (_softmax0, (s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
+                     BLOCK_N, CAUSAL, dtype)),
+        (_softmax1, (s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
+                     BLOCK_N, CAUSAL, dtype)),
+        (_mma_role, (q_smem, k_smem, v_smem, s_tmem, o_tmem, q_full, k_full, k_free, v_full,
+                     v_free, s_ready, p_ready, o_ready, o_done, N_Q, N_K, BLOCK_M, BLOCK_N,
+                     HEAD_DIM, STAGES, CAUSAL)),
+        (_load_role, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, k_free,
+                      v_full, v_free, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_epilogue_role, (o_desc, q_smem, epi_ready, BLOCK_M)),
+    ], [4, 4, 1, 1, 1], [SOFTMAX_REGS, SOFTMAX_REGS, SINGLE_WARP_REGS, SINGLE_WARP_REGS,
+                         SINGLE_WARP_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch arguments, the launcher, and the ahead-of-time compile
+# ---------------------------------------------------------------------------------------------
+_GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16}
+_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def kernel_args(config: Config) -> dict:
+    """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
+    the ahead-of-time compile build the same kernel from this). ``num_warps`` is the default
+    partition's (the correction); Triton adds the workers' warps and computes ``.maxnreg``."""
+    return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+                                HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
+                                CAUSAL=bool(config.CAUSAL), SOFTMAX_REGS=planner.SOFTMAX_REGS,
+                                SINGLE_WARP_REGS=planner.SINGLE_WARP_REGS),
+                options=dict(num_warps=planner.PARTITION_WARPS[0][1]))
+
+
+def tile_layout(rows: int, head_dim: int, dtype: str):
+    """The shared-memory layout of one (1, rows, d) TMA box: 128-byte swizzle, what tcgen05
+    reads."""
+    return gl.NVMMASharedLayout.get_default_for([1, rows, head_dim], _GL_DTYPES[dtype])
+
+
+def _gluon_ast_source():
+    try:                                   # triton 3.9 exports it
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:                    # triton 3.6 keeps it in _runtime
+        from triton.experimental.gluon._runtime import GluonASTSource
+    return GluonASTSource
+
+
+def compile_for_sm100(config: Config):
+    """Compile ``fa4_kernel`` for sm_100a (``GPUTarget("cuda", 100, 32)``) with a resolved
+    ``config``; returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``,
+    ``.metadata.shared``, ``.metadata.tmem_size``). Works without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    if config.HEAD_DIM is None or config.DTYPE is None:
+        raise ValueError("compile_for_sm100: resolve the config first (Config.for_inputs).")
+    d, short = config.HEAD_DIM, _SHORT[config.DTYPE]
+
+    def desc(rows):
+        return f"tensordesc<{short}[1,{rows},{d}],{tile_layout(rows, d, config.DTYPE)!r}>"
+
+    args = kernel_args(config)
+    constexprs = args["constexprs"]
+    signature = dict(q_desc=desc(config.BLOCK_M), k_desc=desc(config.BLOCK_N),
+                     v_desc=desc(config.BLOCK_N), o_desc=desc(config.BLOCK_M), LSE="*fp32",
+                     N_Q="i32", N_K="i32", qk_scale="fp32")
+    signature.update({n: "constexpr" for n in constexprs})
+    source = _gluon_ast_source()(fn=fa4_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 100, 32), options=args["options"])
+
+
+def _torch_dtypes():
+    import torch
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+DTYPES = ("float16", "bfloat16")
+
+
+def _validate(q, k, v, causal, softmax_scale, config):
+    import torch
+    name = "attention_fa4"
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {label} must be 4-D (B, H, N, d), got shape "
+                             f"{tuple(t.shape)}.")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{name}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}.")
+    names = _torch_dtypes()
+    if q.dtype not in names:
+        raise ValueError(f"{name}: dtype {q.dtype} is not supported; the kernel takes "
+                         "torch.float16 or torch.bfloat16 (convert with .half()).")
+    B, H, N_q, d = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
+        raise ValueError(f"{name}: k and v must be (B, H, N_k, d) = ({B}, {H}, N_k, {d}) like q; "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}.")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{name}: head dim d={d} is not supported; the kernel takes d in "
+                         f"{HEAD_DIMS} (tensor memory: 2 x 128 columns of S + 2 x d of O <= 512).")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: {label} must be contiguous (B, H, N, d), got strides "
+                             f"{t.stride()}; call .contiguous() first.")
+    if B * H > 65535:
+        raise ValueError(f"{name}: B*H = {B * H} exceeds the grid's 65535 programs in y.")
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if not scale > 0 or math.isinf(scale):
+        raise ValueError(f"{name}: softmax_scale must be a positive finite number, got {scale}.")
+    config = config or planner.best(d, names[q.dtype], bool(causal))
+    if not isinstance(config, Config):
+        raise ValueError(f"{name}: config must be a {__name__}.Config, got "
+                         f"{type(config).__name__}.")
+    if config.HEAD_DIM not in (None, d) or config.DTYPE not in (None, names[q.dtype]):
+        raise ValueError(f"{name}: config is for d={config.HEAD_DIM}, {config.DTYPE}; the inputs "
+                         f"are d={d}, {names[q.dtype]}.")
+    from dataclasses import replace
+    config = replace(config.for_inputs(d, names[q.dtype]), CAUSAL=bool(causal))
+    verdict = planner.feasible(config)
+    if not verdict:
+        raise ValueError(f"{name}: config {config} does not fit a B200: "
+                         + "; ".join(verdict.reasons) + ".")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: {label} is on {t.device.type}; this Gluon kernel runs only "
+                             "on a CUDA GPU of compute capability 10.0 (B200, GB200). Gluon has no "
+                             "CPU interpreter; compile_for_sm100 builds it ahead of time.")
+    cap = tuple(torch.cuda.get_device_capability(q.device))
+    if cap[0] != 10:
+        raise ValueError(f"{name}: needs an sm_100 GPU (tensor memory, tcgen05); "
+                         f"{torch.cuda.get_device_name(q.device)} is sm_{cap[0]}{cap[1]} (an "
+                         "H100/H200 is sm_90: use Chapter 6's kernel there).")
+    return config, scale
+
+
+def attention_fa4(q, k, v, causal: bool = False, softmax_scale: float | None = None,
+                  config: Config | None = None):
+    """softmax(scale * Q K^T [+ causal mask]) V with the chapter's Gluon kernel on a B200.
+
+    q ``(B, H, N_q, d)``, k and v ``(B, H, N_k, d)``, contiguous, fp16 or bf16, d in {64, 128}.
+    ``causal`` aligns bottom-right. Returns O (like q) and the LSE ``(B, H, N_q)`` float32 in
+    natural log (-inf, with O = 0, for a row that sees no key). Never run by the book's tests:
+    no sm_100 GPU was available (see the module docstring)."""
+    import torch
+    from triton.experimental.gluon.nvidia.blackwell import TensorDescriptor
+    config, scale = _validate(q, k, v, causal, softmax_scale, config)
+    B, H, N_q, d = q.shape
+    N_k = k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    if N_q == 0 or B * H == 0:
+        return o, lse
+    if N_k == 0:                                   # no key at all: the empty-row convention
+        return o.zero_(), lse.fill_(-float("inf"))
+    bm, bn = config.BLOCK_M, config.BLOCK_N
+    q3, k3, v3, o3 = (t.view(B * H, t.shape[2], d) for t in (q, k, v, o))
+    rows, keys = tile_layout(bm, d, config.DTYPE), tile_layout(bn, d, config.DTYPE)
+    q_desc = TensorDescriptor(q3, list(q3.shape), list(q3.stride()), [1, bm, d], rows)
+    o_desc = TensorDescriptor(o3, list(o3.shape), list(o3.stride()), [1, bm, d], rows)
+    k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, bn, d], keys)
+    v_desc = TensorDescriptor(v3, list(v3.shape), list(v3.stride()), [1, bn, d], keys)
+    args = kernel_args(config)
+    grid = (triton.cdiv(N_q, 2 * bm), B * H)
+    with torch.cuda.device(q.device):
+        fa4_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, N_q, N_k, scale * LOG2E,
+                         **args["constexprs"], **args["options"])
+    return o, lse

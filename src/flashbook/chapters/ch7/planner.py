@@ -1,0 +1,628 @@
+"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``), and Exercise 5.
+
+What a configuration of the kernel costs in shared memory, tensor memory and registers, and
+whether one CTA fits on an sm_100 SM (B200). Pure Python: no GPU, no Triton. Every figure is
+compared with the kernel compiled ahead of time for sm_100a on a CPU machine: the stored table
+``data/ch7_compiled.json`` (``compiled_table``; regenerate it with ``python -m
+flashbook.chapters.ch7.planner --out src/flashbook/data/ch7_compiled.json``, about a minute) and,
+in a slow test, a fresh compile.
+
+A config fixes the head dim d (64 or 128), the 16-bit dtype, ``BLOCK_M = 128`` query rows per Q
+tile (two tiles a CTA), ``BLOCK_N`` keys per K/V tile, ``STAGES`` slots of the K ring and of the V
+ring, and whether the kernel masks causally (it changes what the worker warps capture).
+
+**Shared memory** (``shared_memory``, byte-exact against ``metadata.shared``). Triton places
+every buffer once (all are live together), sorted by size, largest first (ties in program
+order), each at the next multiple of its alignment:
+
+* the tiles, 128-byte swizzled (alignment 1024): Q ``2 * BLOCK_M * d * 2`` (reused for O at
+  the end), K and V ``STAGES * BLOCK_N * d * 2`` each;
+* the mbarriers, 8 bytes each, one array per name (alignment 16): eight per-tile arrays of 2
+  (``q_full``, ``s_ready``, ``p_ready``, ``stats``, ``o_done``, ``o_ready``, ``l_ready``,
+  ``epi_ready``) and four per-slot arrays of ``STAGES`` (``k_full``, ``k_free``, ``v_full``,
+  ``v_free``);
+* what ``gl.warp_specialize`` keeps for the worker partitions (``warp_specialize_buffers``):
+  their captured arguments, packed (8 bytes a tensor-memory or tensor descriptor, ``8 + 4 *
+  rank`` a shared-memory view, 4 an i32 or f32; 320 bytes for this kernel, 324 when it is causal
+  and the workers also need N_Q), and one state byte per worker warp (12).
+
+So d = 128, 2 stages: 196,608 bytes of tiles + 320 + 12 x 16 + 12 = 197,132 bytes, of the
+232,448 a block may use.
+
+**Tensor memory** (``tmem_columns``): 512 columns of 128 lanes x 32 bits per SM. The kernel
+allocates S0 and S1 (``BLOCK_N`` fp32 columns each) and O0 and O1 (d each); P (16-bit, two to a
+column), alpha and the final row max and sum live inside S's columns (``tmem_map``). Triton
+allocates the sum rounded up to a power of two (at least 32): ``metadata.tmem_size``, the
+operand of the PTX ``tcgen05.alloc``. d = 128: 2 x 128 + 2 x 128 = 512; d = 64: 384 -> 512.
+
+**Registers** (``register_budget``): the partitions have 4 (correction, the default
+partition), 4, 4 (the softmax warpgroups), 1, 1 and 1 warps (MMA, load, epilogue): 15, padded
+to whole warpgroups, 16 warps = 512 threads (``.reqntid 512``). The launch gives each thread
+65,536 / 512 = 128 registers (``.maxnreg 128``, what cuobjdump reports as REG); then
+``setmaxnreg`` moves them: the softmax warpgroups ask for 192, the single-warp roles for 24
+(their warpgroup shares one budget), and the correction gets the rest, ``(65,536 - 128 x (2 x
+192 + 24)) / 128`` rounded down to a multiple of 8 = 104. A softmax thread holds a whole row of
+S (``BLOCK_N`` fp32 registers) — the reason for its 192; the correction moves O through
+registers in 32-column chunks, so 104 are enough.
+"""
+from __future__ import annotations
+
+import json
+import operator
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+
+__all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES",
+           "TMEM_COLUMNS", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
+           "PARTITION_WARPS", "tile_bytes", "smem_buffers", "warp_specialize_buffers", "place",
+           "shared_memory_layout", "shared_memory", "tmem_map", "tmem_columns_used",
+           "tmem_columns", "warps", "threads", "register_budget", "feasible", "candidates",
+           "best", "COMPILED_PATH", "compiled_table", "compiled_entry", "compile_entry",
+           "check_resources", "resource_cases", "resources"]
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = ("float16", "bfloat16")
+TMEM_COLUMNS = 512                  # per SM: 512 columns x 128 lanes x 32 bits = 256 KB
+TMEM_MIN_ALLOC = 32
+REGISTERS_PER_SM = 65536
+SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
+SOFTMAX_REGS = 192                  # what the kernel asks setmaxnreg for, per softmax thread
+SINGLE_WARP_REGS = 24               # ... and for the MMA, load and epilogue warps
+# (role, warps): the default partition first, as gl.warp_specialize lists them
+PARTITION_WARPS = (("correction", 4), ("softmax 0", 4), ("softmax 1", 4), ("mma", 1),
+                   ("load", 1), ("epilogue", 1))
+MBARRIER_BYTES = 8
+TILE_ALIGN, BARRIER_ALIGN, CAPTURE_ALIGN, STATE_ALIGN = 1024, 16, 8, 4
+PER_TILE_BARRIERS = ("q_full", "s_ready", "p_ready", "stats", "o_done", "o_ready", "l_ready",
+                     "epi_ready")
+PER_SLOT_BARRIERS = ("k_full", "k_free", "v_full", "v_free")
+CORRECTION_CHUNK = 32               # columns of O the correction holds in registers at once
+
+
+@dataclass(frozen=True)
+class Config:
+    """The kernel's tunables. ``HEAD_DIM`` and ``DTYPE`` may stay None until the inputs fill
+    them in (``for_inputs``); the planner needs them set."""
+    BLOCK_M: int = 128         # query rows per Q tile (tcgen05's M; two tiles a CTA)
+    BLOCK_N: int = 128         # keys per K/V tile
+    STAGES: int = 2            # slots in the K ring and in the V ring
+    CAUSAL: bool = False
+    HEAD_DIM: int | None = None
+    DTYPE: str | None = None   # "float16" or "bfloat16"
+
+    def for_inputs(self, head_dim: int, dtype: str) -> "Config":
+        return replace(self, HEAD_DIM=head_dim, DTYPE=dtype)
+
+    def _need(self) -> tuple[int, int]:
+        if self.HEAD_DIM is None or self.DTYPE is None:
+            raise ValueError(f"planner: {self} needs HEAD_DIM and DTYPE (Config.for_inputs).")
+        return self.HEAD_DIM, 2
+
+    def describe(self) -> str:
+        return (f"d={self.HEAD_DIM} {self.DTYPE}, BLOCK_N={self.BLOCK_N}, STAGES={self.STAGES}"
+                + (", causal" if self.CAUSAL else ""))
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    sms: int
+    smem_per_block: int            # the most dynamic shared memory one block may use
+    tmem_columns: int = TMEM_COLUMNS
+    regs_per_sm: int = REGISTERS_PER_SM
+    max_threads: int = 1024
+
+
+# compute capability 10.0: 228 KB of shared memory per SM, at most 227 KB per block
+B200 = GPU("B200", sms=148, smem_per_block=232448)
+
+
+# ------------------------------------------------------------------------------ shared memory
+def tile_bytes(config: Config, which: str) -> int:
+    """Bytes of one tile: "q" (BLOCK_M x d) or "k" / "v" (BLOCK_N x d), 16-bit values."""
+    d, e = config._need()
+    return (config.BLOCK_M if which == "q" else config.BLOCK_N) * d * e
+
+
+def smem_buffers(config: Config) -> list[tuple[str, int, int]]:
+    """``(name, bytes, alignment)`` of the buffers the kernel allocates, in program order."""
+    s = config.STAGES
+    bufs = [("q", 2 * tile_bytes(config, "q"), TILE_ALIGN),
+            ("k", s * tile_bytes(config, "k"), TILE_ALIGN),
+            ("v", s * tile_bytes(config, "v"), TILE_ALIGN)]
+    order = ("q_full", "k_full", "k_free", "v_full", "v_free", "s_ready", "p_ready", "stats",
+             "o_done", "o_ready", "l_ready", "epi_ready")
+    for name in order:
+        n = 2 if name in PER_TILE_BARRIERS else s
+        bufs.append((name, n * MBARRIER_BYTES, BARRIER_ALIGN))
+    return bufs
+
+
+def _capture_bytes(config: Config) -> int:
+    """The worker partitions' captured arguments, packed: 2 tensor-memory descriptors (S, O;
+    8 each), 3 shared-memory tile views of rank 4 (8 + 4*4 each), 12 barrier arrays of rank 2
+    (8 + 2*4 each), 4 tensor descriptors (8 each), N_K and qk_scale (4 each), and N_Q (4) when
+    the workers mask causally."""
+    return 2 * 8 + 3 * 24 + 12 * 16 + 4 * 8 + 2 * 4 + (4 if config.CAUSAL else 0)
+
+
+def warps(config: Config | None = None) -> int:
+    """Warps of a CTA: the partitions' (15), padded to whole warpgroups (setmaxnreg works per
+    warpgroup): 16."""
+    n = sum(w for _, w in PARTITION_WARPS)
+    return -(-n // 4) * 4
+
+
+def threads(config: Config | None = None) -> int:
+    return 32 * warps(config)
+
+
+def warp_specialize_buffers(config: Config) -> list[tuple[str, int, int]]:
+    """What Triton adds for ``gl.warp_specialize``: the captured arguments and one state byte
+    per worker warp (every warp but the default partition's 4)."""
+    return [("captures", _capture_bytes(config), CAPTURE_ALIGN),
+            ("warp_states", warps(config) - PARTITION_WARPS[0][1], STATE_ALIGN)]
+
+
+def place(buffers: list) -> list[tuple[str, int, int]]:
+    """Triton's placement of buffers that are all live at once: sorted by size, largest first
+    (ties keep their order), each at the next multiple of its alignment. ``buffers``:
+    ``(name, bytes, alignment)``. Returns ``(name, offset, bytes)``."""
+    placed, end = [], 0
+    for name, size, align in sorted(buffers, key=lambda b: -b[1]):
+        offset = -(-end // align) * align
+        placed.append((name, offset, size))
+        end = offset + size
+    return placed
+
+
+def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
+    """``(name, offset, bytes)`` of every buffer, as Triton's allocator places them."""
+    return place(smem_buffers(config) + warp_specialize_buffers(config))
+
+
+def shared_memory(config: Config) -> int:
+    """Bytes of dynamic shared memory the compiled kernel needs (its ``metadata.shared``)."""
+    return max(offset + size for _, offset, size in shared_memory_layout(config))
+
+
+# ------------------------------------------------------------------------------ tensor memory
+def tmem_map(config: Config) -> list[tuple[str, int, int, str]]:
+    """``(buffer, first column, columns, what)``: the allocations (S0, S1, O0, O1) and what
+    lives inside S's columns."""
+    d, _ = config._need()
+    bn = config.BLOCK_N
+    rows = []
+    for t in (0, 1):
+        s0 = t * bn
+        rows += [(f"S{t}", s0, bn, f"Q{t} K^T, fp32 (MMA -> softmax {t})"),
+                 (f"P{t}", s0, bn // 2, f"exp2(S{t} - m), 16-bit, two a column: inside S{t} "
+                                        f"(softmax {t} -> MMA, the A operand of PV)"),
+                 (f"alpha{t}", s0 + bn // 2, 1, f"exp2(m_old - m_new) (softmax {t} -> "
+                                                f"correction)"),
+                 (f"m{t}, l{t}", s0 + bn // 2 + 1, 2, f"final row max and sum (softmax {t} -> "
+                                                      f"correction)")]
+    for t in (0, 1):
+        rows.append((f"O{t}", 2 * bn + t * d, d, f"P{t} V accumulator, fp32 (MMA, rescaled "
+                                                 f"by the correction)"))
+    return rows
+
+
+def tmem_columns_used(config: Config) -> int:
+    """Columns the kernel's tensor-memory buffers take: 2 BLOCK_N (S0, S1) + 2 d (O0, O1)."""
+    d, _ = config._need()
+    return 2 * config.BLOCK_N + 2 * d
+
+
+def tmem_columns(config: Config) -> int:
+    """Columns Triton allocates (``metadata.tmem_size``, the ``tcgen05.alloc`` operand): the
+    columns used, rounded up to a power of two, at least 32."""
+    used = tmem_columns_used(config)
+    return max(TMEM_MIN_ALLOC, 1 << (used - 1).bit_length())
+
+
+# ------------------------------------------------------------------------------ registers
+def register_budget(config: Config | None = None) -> dict:
+    """Registers per thread: ``launch`` (every thread at the start: ``.maxnreg``) and the
+    ``setmaxnreg`` budget of each role (multiples of 8 in [24, 256])."""
+    launch = REGISTERS_PER_SM // threads(config) // 8 * 8
+    rest = REGISTERS_PER_SM - 128 * (2 * SOFTMAX_REGS + SINGLE_WARP_REGS)
+    correction = min(SETMAXNREG_MAX, rest // 128 // 8 * 8)
+    return dict(launch=launch, softmax=SOFTMAX_REGS, correction=correction,
+                single_warp=SINGLE_WARP_REGS,
+                total=128 * (2 * SOFTMAX_REGS + correction + SINGLE_WARP_REGS))
+
+
+# ------------------------------------------------------------------------------ feasibility
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reasons: tuple = field(default_factory=tuple)
+
+    def __bool__(self):
+        return self.ok
+
+
+def feasible(config: Config, gpu: GPU = B200) -> Verdict:
+    """Can one CTA of ``config`` run on ``gpu``? Shape rules, shared memory per block, tensor
+    memory, registers; ``reasons`` says what fails."""
+    d, _ = config._need()
+    why = []
+    if d not in SUPPORTED_HEAD_DIMS:
+        why.append(f"head dim {d} not in {SUPPORTED_HEAD_DIMS}")
+    if config.DTYPE not in SUPPORTED_DTYPES:
+        why.append(f"dtype {config.DTYPE} not in {SUPPORTED_DTYPES}")
+    if config.BLOCK_M != 128:
+        why.append(f"BLOCK_M={config.BLOCK_M}: the kernel's Q tiles are tcgen05's 128 rows")
+    if config.BLOCK_N not in (64, 128):
+        why.append(f"BLOCK_N={config.BLOCK_N}: 64 or 128 keys a tile")
+    if config.STAGES < 1:
+        why.append(f"STAGES={config.STAGES}: the rings need at least one slot")
+    if threads(config) > gpu.max_threads:
+        why.append(f"{threads(config)} threads > {gpu.max_threads}")
+    cols = tmem_columns_used(config)
+    if cols > gpu.tmem_columns:
+        why.append(f"tensor memory: 2 x {config.BLOCK_N} (S) + 2 x {d} (O) = {cols} columns > "
+                   f"{gpu.tmem_columns}")
+    smem = shared_memory(config)
+    if smem > gpu.smem_per_block:
+        why.append(f"shared memory {smem:,} B > {gpu.smem_per_block:,} B per block on {gpu.name}")
+    budget = register_budget(config)
+    if budget["total"] > gpu.regs_per_sm:
+        why.append(f"registers {budget['total']} > {gpu.regs_per_sm} per SM")
+    if config.BLOCK_N + 32 > SOFTMAX_REGS:
+        why.append(f"a softmax thread holds a row of {config.BLOCK_N} fp32 scores plus ~32 "
+                   f"registers of bookkeeping: more than its {SOFTMAX_REGS}")
+    return Verdict(not why, tuple(why))
+
+
+def candidates(head_dim: int, dtype: str = "float16", causal: bool = False) -> list[Config]:
+    return [Config(BLOCK_N=bn, STAGES=st, CAUSAL=causal).for_inputs(head_dim, dtype)
+            for bn in (128, 64) for st in range(1, 9)]
+
+
+def best(head_dim: int, dtype: str = "float16", causal: bool = False) -> Config:
+    """The chapter's choice: 128-key tiles (the fewest MMAs and barrier round trips per key),
+    and 2 slots a ring: what Exercise 4's model needs to hide the TMA latency, and the most that
+    fit at d = 128 (3 need 262,144 bytes of tiles alone)."""
+    config = Config(BLOCK_N=128, STAGES=2, CAUSAL=causal).for_inputs(head_dim, dtype)
+    if not feasible(config):
+        raise ValueError(f"planner: no feasible config for d={head_dim}, {dtype}: "
+                         + "; ".join(feasible(config).reasons))
+    return config
+
+
+# ------------------------------------------------------------------------------ the compiled table
+COMPILED_PATH = Path(__file__).resolve().parents[2] / "data" / "ch7_compiled.json"
+# (d, dtype, BLOCK_N, STAGES, causal): the chapter's config, a 1-slot ring, causal, d = 64
+# (tensor memory rounded up), the deepest ring that fits at d = 64
+TABLE_CONFIGS = [(128, "float16", 128, 2, False), (128, "bfloat16", 128, 1, True),
+                 (64, "float16", 128, 2, False), (64, "bfloat16", 128, 3, True),
+                 (64, "float16", 64, 6, False)]
+
+
+@cache
+def _load(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def compiled_table(path: Path | str = COMPILED_PATH) -> dict:
+    """``{"provenance": {...}, "configs": [entry, ...]}`` (see ``provenance.fields``)."""
+    return _load(str(path))
+
+
+def _key(d, dtype, bn, stages, causal) -> tuple:
+    return (int(d), str(dtype), int(bn), int(stages), bool(causal))
+
+
+def compiled_entry(config: Config, path: Path | str = COMPILED_PATH) -> dict | None:
+    """The stored compile of ``config``, or None."""
+    key = _key(config.HEAD_DIM, config.DTYPE, config.BLOCK_N, config.STAGES, config.CAUSAL)
+    for e in compiled_table(path)["configs"]:
+        if _key(e["d"], e["dtype"], e["BLOCK_N"], e["STAGES"], e["causal"]) == key:
+            return e
+    return None
+
+
+def _tool(name: str) -> str | None:
+    import os
+    import shutil
+    import triton
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return path if os.path.exists(path) else shutil.which(name)
+
+
+def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool) -> dict:
+    """Compile the chapter's kernel (``gluon_fa4.compile_for_sm100``) for one config and read
+    what it needs: ``metadata.shared``, ``metadata.tmem_size`` and ``metadata.num_warps``; from
+    the PTX the ``tcgen05.alloc`` operand, ``.reqntid``, ``.maxnreg``, the ``setmaxnreg``
+    values and the MMAs (SS: both operands in shared memory; TS: A in tensor memory); from the
+    cubin (``cuobjdump``, bundled with Triton) the registers, the stack and the spill
+    instructions. Needs Triton with Gluon; no GPU."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    from . import gluon_fa4
+    c = Config(BLOCK_N=block_n, STAGES=stages, CAUSAL=causal).for_inputs(d, dtype)
+    k = gluon_fa4.compile_for_sm100(c)
+    ptx = k.asm["ptx"]
+    md = k.metadata
+    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16\s+\[[^\]]*\],\s*(\[?)", ptx)
+    entry = dict(d=d, dtype=dtype, BLOCK_M=c.BLOCK_M, BLOCK_N=block_n, STAGES=stages,
+                 causal=causal, shared=md.shared, tmem_size=md.tmem_size,
+                 num_warps=md.num_warps,
+                 tmem_alloc=[int(x) for x in re.findall(r"tcgen05\.alloc\S*\s+\[[^\]]*\],\s*(\d+);",
+                                                         ptx)],
+                 reqntid=int(re.search(r"\.reqntid (\d+)", ptx).group(1)),
+                 maxnreg=int(re.search(r"\.maxnreg (\d+)", ptx).group(1)),
+                 setmaxnreg=sorted({int(x) for x in
+                                    re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);",
+                                               ptx)}),
+                 mma_ss=sum(1 for a in mma if not a), mma_ts=sum(1 for a in mma if a),
+                 tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global",
+                                          ptx)),
+                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::\w+",
+                                           ptx)))
+    tool = _tool("cuobjdump")
+    if tool is None:
+        raise RuntimeError("cuobjdump not found (Triton bundles it in backends/nvidia/bin)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    try:
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+    fields = dict(re.findall(r"(\w+):(\d+)", usage.split("Function fa4_kernel:", 1)[1]))
+    entry.update(n_regs=int(fields["REG"]), stack=int(fields["STACK"]),
+                 spill_stores=len(re.findall(r"\bSTL(\.\w+)*\b", sass)),
+                 spill_loads=len(re.findall(r"\bLDL(\.\w+)*\b", sass)),
+                 utcmma=len(re.findall(r"\bUTC\w*MMA\w*\b", sass)))
+    return entry
+
+
+def _provenance(command: str) -> dict:
+    import datetime
+    import hashlib
+    import os
+    import platform
+    import subprocess
+    import triton
+    from . import gluon_fa4
+    ptxas = _tool("ptxas-blackwell") or _tool("ptxas")
+    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout \
+        if ptxas else ""
+    return dict(
+        what="Chapter 7's Gluon Blackwell kernel (flashbook.chapters.ch7.gluon_fa4.fa4_kernel) "
+             "compiled ahead of time with the launch options and setmaxnreg requests of "
+             "gluon_fa4.kernel_args",
+        target="GPUTarget('cuda', 100, 32): sm_100a (B200)",
+        triton=triton.__version__,
+        ptxas=(version.strip().splitlines() or [""])[-1],
+        python=platform.python_version(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=command,
+        env=dict(TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION"),
+                 TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET")),
+        kernel_source_sha256=hashlib.sha256(Path(gluon_fa4.__file__).read_bytes()).hexdigest(),
+        machine="no GPU: compiled on a CPU-only machine (the kernel needs an sm_100 GPU to run)",
+        fields=dict(
+            shared="metadata.shared: bytes of dynamic shared memory a block needs",
+            tmem_size="metadata.tmem_size: tensor-memory columns the CTA allocates",
+            tmem_alloc="the operand of each tcgen05.alloc in the PTX (columns)",
+            num_warps="metadata.num_warps: the partitions' warps, padded to warpgroups",
+            reqntid="PTX .reqntid: threads per CTA",
+            maxnreg="PTX .maxnreg: registers a thread at launch",
+            setmaxnreg="the values of every setmaxnreg in the PTX (the roles' budgets and "
+                       "Triton's own: 256 while the CTA sets up, 80 for idle worker warps)",
+            mma_ss="tcgen05.mma instructions with A and B in shared memory (S = Q K^T)",
+            mma_ts="tcgen05.mma instructions with A in tensor memory (O += P V)",
+            tma_loads="TMA loads (cp.async.bulk.tensor global -> shared) in the PTX",
+            tma_stores="TMA stores (cp.async.bulk.tensor shared -> global) in the PTX",
+            n_regs="cuobjdump -res-usage REG: registers a thread at launch (= maxnreg)",
+            stack="cuobjdump -res-usage STACK: bytes of local memory per thread",
+            spill_stores="STL instructions in the SASS (cuobjdump -sass)",
+            spill_loads="LDL instructions in the SASS",
+            utcmma="UTC*MMA instructions (tcgen05.mma) in the SASS"),
+    )
+
+
+# ------------------------------------------------------------------------------ Exercise 5
+def resource_cases(hidden: bool = False) -> list[Config]:
+    """Visible: the compiled table's configs (the student's figures are compared with the
+    compiled kernel's). Hidden: more configs, compared with this planner (byte-exact with the
+    compiled kernel wherever both exist)."""
+    stored = [Config(BLOCK_N=bn, STAGES=st, CAUSAL=ca).for_inputs(d, dt)
+              for d, dt, bn, st, ca in TABLE_CONFIGS]
+    if not hidden:
+        return stored
+    more = [Config(BLOCK_N=bn, STAGES=st, CAUSAL=ca).for_inputs(d, dt)
+            for d in (64, 128) for dt in ("float16",) for bn in (64, 128) for st in (1, 2, 3, 4)
+            for ca in (False, True)]
+    return stored + [c for c in more if c not in stored]
+
+
+def _truth(config: Config) -> tuple[dict, str]:
+    """What the kernel really needs: the compiled table's entry where there is one, else this
+    planner (checked byte-exact against every entry)."""
+    e = compiled_entry(config)
+    budget = register_budget(config)
+    if e is not None:
+        prov = compiled_table()["provenance"]
+        return (dict(shared=e["shared"], tmem=e["tmem_size"], threads=e["reqntid"],
+                     launch=e["maxnreg"], budgets=set(e["setmaxnreg"])),
+                f"the compiled kernel (triton {prov['triton']}, sm_100a, data/ch7_compiled.json)")
+    return (dict(shared=shared_memory(config), tmem=tmem_columns(config),
+                 threads=threads(config), launch=budget["launch"],
+                 budgets={budget["correction"], budget["softmax"], budget["single_warp"]}),
+            "the planner (byte-exact with the compiled kernel)")
+
+
+def _as_int(value, what: str) -> int:
+    from flashbook.check import CheckFailure
+    if isinstance(value, bool):
+        raise CheckFailure(f"{what}: {value!r}; it should be a whole number (an int).")
+    try:
+        return operator.index(value)
+    except TypeError:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise CheckFailure(f"{what}: {value!r} ({type(value).__name__}); it should be a whole "
+                           "number (an int).") from None
+
+
+def _smem_hint(config: Config, sizes: list[int]) -> str:
+    from collections import Counter
+    want = Counter(b for _, b, _ in smem_buffers(config))
+    got = Counter(sizes)
+    missing, extra = want - got, got - want
+    q, k = tile_bytes(config, "q"), tile_bytes(config, "k")
+    tiles = [b for b in want if b >= 1024]
+    if extra and all(b // 2 in tiles or b // 2 in want for b in extra) and \
+            any(b >= 2048 for b in extra):
+        return " The tiles look counted in 4-byte elements: fp16 and bf16 are 2 bytes."
+    if missing[2 * q] and extra[q]:
+        return (f" You counted one Q tile ({q:,} B), but the CTA has two (Q0 and Q1, BLOCK_M "
+                f"rows each), one per softmax warpgroup: 2 x BLOCK_M x d x 2 bytes.")
+    if config.STAGES > 1 and missing[config.STAGES * k] and extra[k]:
+        return (f" You counted one K (or V) tile, but each ring has STAGES={config.STAGES} "
+                f"slots: STAGES x BLOCK_N x d x 2 bytes for K, the same for V.")
+    barriers = sum(n for b, n in got.items() if b < 1024)
+    want_b = sum(n for b, n in want.items() if b < 1024)
+    if barriers != want_b:
+        return (f" The kernel has {want_b} mbarrier arrays (8 bytes a barrier): "
+                f"{', '.join(PER_TILE_BARRIERS)} (one per Q tile: 16 bytes each) and "
+                f"{', '.join(PER_SLOT_BARRIERS)} (one per slot: 8 x STAGES bytes each); yours "
+                f"lists {barriers} buffers under 1 KB.")
+    return (" The kernel's buffers (bytes): "
+            + ", ".join(f"{n} {b:,}" for n, b, _ in smem_buffers(config)) + ".")
+
+
+def _check_case(resources, config: Config):
+    from flashbook.check import CheckFailure
+    what = f"kernel_resources, {config.describe()}"
+    got = resources(config)
+    if not isinstance(got, dict):
+        raise CheckFailure(f"{what}: returned {type(got).__name__}; it should return a dict "
+                           "with smem_buffers, tmem_columns, threads, launch_registers and "
+                           "correction_registers.")
+    missing = [k for k in ("smem_buffers", "tmem_columns", "threads", "launch_registers",
+                           "correction_registers") if k not in got]
+    if missing:
+        raise CheckFailure(f"{what}: the dict has no {', '.join(missing)}.")
+    truth, source = _truth(config)
+    try:
+        bufs = [(str(n), _as_int(b, f"{what}: the size of smem buffer {n!r}"))
+                for n, b in got["smem_buffers"]]
+    except (TypeError, ValueError):
+        raise CheckFailure(f"{what}: smem_buffers should be a list of (name, bytes) pairs, got "
+                           f"{got['smem_buffers']!r:.200}.") from None
+    align = [(n, b, TILE_ALIGN if b >= 1024 else BARRIER_ALIGN) for n, b in bufs]
+    placed = place(align + warp_specialize_buffers(config))
+    smem = max((o + b for _, o, b in placed), default=0)
+    if smem != truth["shared"]:
+        raise CheckFailure(
+            f"{what}: your buffers, placed as Triton places them (planner.place, with "
+            f"warp_specialize's own {sum(b for _, b, _ in warp_specialize_buffers(config))} "
+            f"bytes), need {smem:,} bytes of shared memory, but the kernel needs "
+            f"{truth['shared']:,} ({source}).{_smem_hint(config, [b for _, b in bufs])}")
+    cols = _as_int(got["tmem_columns"], f"{what}: tmem_columns")
+    if cols != truth["tmem"]:
+        used = tmem_columns_used(config)
+        hint = (f" S0 and S1 take BLOCK_N = {config.BLOCK_N} fp32 columns each, O0 and O1 d = "
+                f"{config.HEAD_DIM} each: {used} columns")
+        if cols == used:
+            hint += (f"; but tcgen05.alloc takes a power of two of at least 32 columns, so "
+                     f"Triton allocates {truth['tmem']}.")
+        elif cols > truth["tmem"]:
+            hint += (". P, alpha and the row statistics take no columns of their own: they live "
+                     "in S's columns (P in 16 bits, two values a column).")
+        else:
+            hint += ", rounded up to a power of two (at least 32)."
+        raise CheckFailure(f"{what}: tmem_columns = {cols}, but the kernel allocates "
+                           f"{truth['tmem']} ({source}).{hint}")
+    n_threads = _as_int(got["threads"], f"{what}: threads")
+    if n_threads != truth["threads"]:
+        raise CheckFailure(
+            f"{what}: threads = {n_threads}, but the CTA has {truth['threads']} ({source}: "
+            f".reqntid). The partitions have 4 + 4 + 4 + 1 + 1 + 1 = 15 warps; setmaxnreg "
+            f"works per warpgroup, so Triton pads them to whole warpgroups (the seed does the "
+            f"same with its idle 16th warp).")
+    launch = _as_int(got["launch_registers"], f"{what}: launch_registers")
+    if launch != truth["launch"]:
+        raise CheckFailure(
+            f"{what}: launch_registers = {launch}, but every thread starts with "
+            f"{truth['launch']} ({source}: .maxnreg): the SM's {REGISTERS_PER_SM:,} registers "
+            f"shared by the CTA's {truth['threads']} threads.")
+    corr = _as_int(got["correction_registers"], f"{what}: correction_registers")
+    want = register_budget(config)["correction"]
+    if corr != want or corr not in truth["budgets"]:
+        total = 128 * (2 * SOFTMAX_REGS + corr + SINGLE_WARP_REGS)
+        msg = (f"{what}: correction_registers = {corr}, but setmaxnreg gives the correction "
+               f"warpgroup {want} ({source}: the setmaxnreg values are "
+               f"{sorted(truth['budgets'])}): what the two softmax warpgroups (192 each) and the "
+               f"warpgroup of the single-warp roles (24) leave of {REGISTERS_PER_SM:,}, per "
+               f"thread of 128, rounded down to a multiple of 8.")
+        if total > REGISTERS_PER_SM:
+            msg += f" With {corr}: 128 x (2 x 192 + {corr} + 24) = {total:,}, too many."
+        elif corr % 8:
+            msg += f" setmaxnreg takes a multiple of 8, and {corr} is not."
+        raise CheckFailure(msg)
+    return smem, cols
+
+
+def check_resources(kernel_resources, hidden: bool = False):
+    """Exercise 5: the shared memory (byte-exact once placed by Triton's rule), tensor-memory
+    columns, threads and register budgets of the chapter's kernel, against the kernel compiled
+    ahead of time for sm_100a (the stored table) and, for more configs, the planner."""
+    from flashbook.check import report, require_implemented
+    require_implemented(kernel_resources, "kernel_resources")
+    cases = resource_cases(hidden)
+    first = None
+    for config in cases:
+        smem, cols = _check_case(kernel_resources, config)
+        first = first or (config, smem, cols)
+    config, smem, cols = first
+    report("kernel resources against the compiled kernel", len(cases), hidden=hidden,
+           extra=f" ({config.describe()}: {smem:,} bytes of shared memory, {cols} TMEM columns)")
+
+
+def resources(config: Config) -> dict:
+    """The planner's answer to Exercise 5, in the exercise's form (for the demo's table)."""
+    budget = register_budget(config)
+    return dict(smem_buffers=[(n, b) for n, b, _ in smem_buffers(config)],
+                tmem_columns=tmem_columns(config), threads=threads(config),
+                launch_registers=budget["launch"], correction_registers=budget["correction"])
+
+
+# ------------------------------------------------------------------------------ regenerate
+def main(argv=None):
+    import argparse
+    import os
+    import sys
+    import time
+    p = argparse.ArgumentParser(description="Compile Chapter 7's Gluon kernel for sm_100a and "
+                                            "store what it needs (no GPU needed).")
+    p.add_argument("--out", default=str(COMPILED_PATH))
+    args = p.parse_args(argv)
+    fusion = os.environ.get("TRITON_DEFAULT_FP_FUSION")
+    command = ((f"TRITON_DEFAULT_FP_FUSION={fusion} " if fusion else "")
+               + "python -m flashbook.chapters.ch7.planner "
+               + " ".join(sys.argv[1:] if argv is None else argv))
+    rows = []
+    for cfg in TABLE_CONFIGS:
+        t = time.time()
+        rows.append(compile_entry(*cfg))
+        print(json.dumps(rows[-1]), f"{time.time() - t:.1f} s", flush=True)
+    prov = json.dumps(_provenance(command.strip()), indent=1).replace("\n", "\n ")
+    lines = ",\n  ".join(json.dumps(r) for r in rows)          # one config a line
+    Path(args.out).write_text(f'{{\n "provenance": {prov},\n "configs": [\n  {lines}\n ]\n}}\n')
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
