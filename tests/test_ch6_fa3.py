@@ -25,122 +25,15 @@ from flashbook import sources
 from flashbook.check import CheckFailure
 from flashbook.contract import Variant
 from flashbook.chapters.ch6 import fa3_checks, fa3_pallas, interpret
+from flashbook.chapters.ch6 import variants as ch6_variants
 
 needs_jax = pytest.mark.skipif(interpret.jax_problem() is not None,
                                reason=f"needs JAX's interpret mode: {interpret.INSTALL}")
 GRADE_ID = "ch6_fa3_consumer"
 
-# A copy of the solution cell, used until the chapter's notebook has it.
-_OWN_SOLUTION = '''\
-def fa3_consumer(wg, q_smem, p_smem, kT_ring, v_ring, k_full, v_full, k_consumed, v_consumed,
-                 schedule, *, steps: int, stages: int, scale: float, mask):
-    """One consumer warpgroup of the FA3-shaped kernel.
-
-    wg:          this warpgroup's index, 0 or 1 (a traced int32)
-    q_smem:      SMEM ref (64, d): this warpgroup's Q tile (loaded)
-    p_smem:      SMEM ref (64, block_kv): this warpgroup's staging buffer for P (fp16)
-    kT_ring:     SMEM ref (stages, d, block_kv): K^T tiles; step j is in slot j % stages
-    v_ring:      SMEM ref (stages, block_kv, d): V tiles, same slots
-    k_full, v_full:          `stages` barriers each: the slot's K^T (V) tile has landed
-    k_consumed, v_consumed:  `stages` barriers each, 2 arrivals: release the slot's K^T (V)
-    schedule:    one barrier of 2 arrivals: the ping-pong between the two consumers
-    steps, stages: Python ints; scale: float (applied to S = Q K^T in fp32)
-    mask(s, step): s with -inf where a query may not see a key (causal), else s unchanged
-    Returns (o, lse2): o (64, d) float32 = softmax(S) V for this tile's rows, and lse2 (64,)
-    float32 = log2 of sum_j 2^(s_j), s in log2 units (the LSE in base 2).
-    """
-    ### BEGIN SOLUTION
-    block_q, d = q_smem.shape
-    block_kv = kT_ring.shape[2]
-    log2e = math.log2(math.e)
-
-    def schedule_barrier():                        # a rendezvous with the other consumer
-        plgpu.barrier_arrive(schedule)
-        plgpu.barrier_wait(schedule)
-
-    pl.when(wg == 1)(schedule_barrier)             # warpgroup 1 starts half a step behind
-
-    def step_fn(step, carry):
-        acc, m, l = carry                          # (64, d), (64,), (64,): fp32, m in log2 units
-        slot = lax.rem(step, stages)
-        plgpu.barrier_wait(k_full.at[slot])        # K^T of this step has landed
-
-        def qk(acc_ref):
-            plgpu.wgmma(acc_ref, q_smem, kT_ring.at[slot])   # issue S = Q K^T (async)
-            schedule_barrier()                     # the other's softmax ends while it runs
-            return acc_ref[...]                    # wait for the wgmma, read S
-        s = pl.run_scoped(qk, plgpu.ACC((block_q, block_kv), jnp.float32))
-        plgpu.barrier_arrive(k_consumed.at[slot])  # K is free: the producer may refill it
-
-        s = mask(s * (scale * log2e), step)        # log2 units: exp2(s) = e^(scale * S)
-        m_new = jnp.maximum(m, s.max(axis=1))
-        alpha = jnp.exp2(m - m_new)                # rescales what was summed with the old max
-        p = jnp.exp2(s - m_new[:, None])
-        l = l * alpha + p.sum(axis=1)
-        acc = acc * alpha[:, None]
-        p_smem[...] = p.astype(p_smem.dtype)       # P via SMEM (FA3 keeps it in registers)
-        plgpu.commit_smem()                        # visible to the wgmma that reads it
-
-        plgpu.barrier_arrive(schedule)             # my softmax is done
-        plgpu.barrier_wait(v_full.at[slot])        # V of this step has landed
-        plgpu.barrier_wait(schedule)               # the other has issued its GEMMs: my turn
-
-        def pv(acc_ref):
-            plgpu.wgmma(acc_ref, p_smem, v_ring.at[slot])    # issue P V (async)
-            return acc_ref[...]                    # wait: V is no longer read after this
-        acc = acc + pl.run_scoped(pv, plgpu.ACC((block_q, d), jnp.float32))
-        plgpu.barrier_arrive(v_consumed.at[slot])  # V is free
-        return acc, m_new, l
-
-    init = (jnp.zeros((block_q, d), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
-            jnp.zeros((block_q,), jnp.float32))
-    acc, m, l = lax.fori_loop(0, steps, step_fn, init)
-    pl.when(wg == 0)(schedule_barrier)             # balance warpgroup 1's extra rendezvous
-    return acc / l[:, None], m + jnp.log(l) * log2e       # O, and log2(l) = ln(l) log2(e)
-    ### END SOLUTION'''
-
-
-# (name, edits, text the failure must contain): the notebook's known-wrong variants (a copy of
-# those in the chapter's variants.py, used until it has them)
-_OWN_VARIANTS = (
-    Variant('fa3_no_rescale', GRADE_ID, (
-        ('        acc = acc * alpha[:, None]\n', ''),
-    ), expect='not rescaled'),
-    Variant('fa3_natural_exp', GRADE_ID, (
-        ('p = jnp.exp2(s - m_new[:, None])', 'p = jnp.exp(s - m_new[:, None])'),
-    ), expect='P = exp(s - m)'),
-    Variant('fa3_no_log2e', GRADE_ID, (
-        ('s * (scale * log2e)', 's * scale'),
-    ), expect='not multiplied by log2(e)'),
-    Variant('fa3_skips_k_full_wait', GRADE_ID, (
-        ('        plgpu.barrier_wait(k_full.at[slot])        # K^T of this step has landed\n',
-         ''),
-    ), expect='data race on kT_ring'),
-    Variant('fa3_releases_v_before_pv_wait', GRADE_ID, (
-        ('            plgpu.wgmma(acc_ref, p_smem, v_ring.at[slot])    # issue P V (async)\n',
-         '            plgpu.wgmma(acc_ref, p_smem, v_ring.at[slot])    # issue P V (async)\n'
-         '            plgpu.barrier_arrive(v_consumed.at[slot])\n'),
-        ('        plgpu.barrier_arrive(v_consumed.at[slot])  # V is free\n', ''),
-    ), expect='data race on v_ring'),
-    Variant('fa3_unbalanced_schedule', GRADE_ID, (
-        ('    pl.when(wg == 0)(schedule_barrier)', '    pass'),
-    ), expect='deadlock'),
-    Variant('fa3_no_normalisation', GRADE_ID, (
-        ('return acc / l[:, None],', 'return acc,'),
-    ), expect='not divided by l'),
-)
-
-
-def _from_the_notebook():
-    cells = sources.cells_by_id(sources.read(sources.source("ch6").path))
-    if GRADE_ID not in cells:
-        return _OWN_SOLUTION, _OWN_VARIANTS
-    from flashbook.chapters.ch6 import variants
-    mine = tuple(v for v in variants.VARIANTS if v.cell == GRADE_ID)
-    return cells[GRADE_ID], mine or _OWN_VARIANTS
-
-
-SOLUTION, VARIANTS = _from_the_notebook()
+# The solution cell and its known-wrong variants, as the chapter has them.
+SOLUTION = sources.cells_by_id(sources.read(sources.source("ch6").path))[GRADE_ID]
+VARIANTS = tuple(v for v in ch6_variants.VARIANTS if v.cell == GRADE_ID)
 _CELLS = itertools.count()
 
 

@@ -13,58 +13,23 @@ import torch
 
 from flashbook import sources
 from flashbook.check import CheckFailure
+from flashbook.chapters.ch7 import variants as ch7_variants
 from flashbook.chapters.ch7 import planner
 from flashbook.chapters.ch7.planner import Config
 from flashbook.sources import exec_cell, fresh_module
 
 from aot_compile import compile_script
 
-RESOURCES_COPY = '''\
-def kernel_resources(config):
-    """Shared-memory buffers, tensor-memory columns, threads and register budgets of
-    gluon_fa4's kernel for a resolved planner.Config."""
-    ### BEGIN SOLUTION
-    d, size = config.HEAD_DIM, 2                                 # fp16 / bf16
-    smem = [("q", 2 * config.BLOCK_M * d * size),                 # Q0, Q1 (O at the end)
-            ("k", config.STAGES * config.BLOCK_N * d * size),
-            ("v", config.STAGES * config.BLOCK_N * d * size)]
-    smem += [(name, 2 * 8) for name in ("q_full", "s_ready", "p_ready", "stats", "o_done",
-                                        "o_ready", "l_ready", "epi_ready")]
-    smem += [(name, config.STAGES * 8) for name in ("k_full", "k_free", "v_full", "v_free")]
-    used = 2 * config.BLOCK_N + 2 * d                             # S0, S1, O0, O1
-    columns = max(32, 1 << (used - 1).bit_length())
-    warps = 4 + 4 + 4 + 1 + 1 + 1                                 # correction, softmax x 2, ...
-    threads = 32 * (-(-warps // 4) * 4)                           # whole warpgroups
-    correction = (65536 - 128 * (2 * 192 + 24)) // 128 // 8 * 8
-    return dict(smem_buffers=smem, tmem_columns=columns, threads=threads,
-                launch_registers=65536 // threads, correction_registers=correction)
-    ### END SOLUTION
-'''
-
 
 def _resources_cell() -> str:
-    try:
-        cells = sources.cells_by_id(sources.read(sources.source("ch7").path))
-    except Exception:                       # the chapter's notebook is not there (yet)
-        return RESOURCES_COPY
-    return cells.get("ch7_resources", RESOURCES_COPY)
+    """The solution cell, as the chapter's notebook has it."""
+    return sources.cells_by_id(sources.read(sources.source("ch7").path))['ch7_resources']
 
 
 RESOURCES_CELL = _resources_cell()
 
-VARIANTS = [
-    ("one_q_tile", '[("q", 2 * config.BLOCK_M * d * size)', '[("q", config.BLOCK_M * d * size)',
-     "one Q tile"),
-    ("no_ring_barriers",
-     '    smem += [(name, config.STAGES * 8) for name in ("k_full", "k_free", "v_full", '
-     '"v_free")]\n', "", "mbarrier arrays"),
-    ("tmem_not_a_power_of_two", "    columns = max(32, 1 << (used - 1).bit_length())\n",
-     "    columns = used\n", "power of two"),
-    ("p_in_its_own_columns", "    used = 2 * config.BLOCK_N + 2 * d ",
-     "    used = 2 * config.BLOCK_N + config.BLOCK_N + 2 * d ", "live in S's columns"),
-    ("threads_not_whole_warpgroups", "    threads = 32 * (-(-warps // 4) * 4) ",
-     "    threads = 32 * warps ", "whole warpgroups"),
-]
+VARIANTS = [(v.name, *v.edits[0], v.expect) for v in ch7_variants.VARIANTS
+            if v.cell == 'ch7_resources']
 CRASH = ("NameError", "SyntaxError", "IndentationError", "TypeError")
 _names = iter(range(10**6))
 

@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 from flashbook import sources  # noqa: E402
 from flashbook.check import CheckFailure  # noqa: E402
 from flashbook.chapters.ch6 import pipeline as ch6_pipeline  # noqa: E402
+from flashbook.chapters.ch7 import variants as ch7_variants  # noqa: E402
 from flashbook.chapters.ch7 import roles  # noqa: E402
 from flashbook.chapters.ch7.roles import RolePipeline, Timing, fa4_model, serial_model, \
     simulate  # noqa: E402
@@ -25,103 +26,17 @@ from flashbook.chapters.ch7.roles_checks import check_roles_schedule, plot_sched
     protocol_cases, steady_utilisation, utilisation_cases  # noqa: E402
 from flashbook.sources import exec_cell, fresh_module  # noqa: E402
 
-SCHEDULE_COPY = '''\
-KV_STAGES = 2          # slots in the K ring and in the V ring (32 KB a tile)
-
-
-def mma(pipe, bars):
-    """The MMA warp: one thread issues every MMA (they run in issue order) and commits."""
-    ### BEGIN SOLUTION
-    n = pipe.n_steps
-
-    def pv(t, j):                                            # O_t (+)= P_t V_j
-        yield pipe.wait(bars.p_ready[t], j % 2)              # softmax t wrote P_t of step j
-        if j > 0:
-            yield pipe.wait(bars.o_ready[t], (j - 1) % 2)    # the correction rescaled O_t
-        yield pipe.pv(t, j)
-        yield pipe.commit(bars.o_done[t])                    # O_t is the correction's again
-
-    for t in (0, 1):
-        yield pipe.wait(bars.q_full[t], 0)
-    for j in range(n):
-        s, ph = pipe.slot(j), pipe.phase(j)
-        yield pipe.wait(bars.k_full[s], ph)                  # K of step j has landed
-        yield pipe.qk(0, j)
-        yield pipe.commit(bars.s_ready[0])
-        if j > 0:
-            yield from pv(1, j - 1)
-            yield pipe.commit(bars.v_free[pipe.slot(j - 1)])  # both PVs read V of step j - 1
-        yield pipe.qk(1, j)
-        yield pipe.commit(bars.s_ready[1])
-        yield pipe.commit(bars.k_free[s])                    # both QKs read K of step j
-        yield pipe.wait(bars.v_full[s], ph)                  # V of step j has landed
-        yield from pv(0, j)
-    if n:
-        yield from pv(1, n - 1)
-        yield pipe.commit(bars.v_free[pipe.slot(n - 1)])
-    ### END SOLUTION
-
-
-def correction(pipe, bars):
-    """The correction warpgroup: rescales O_t between two PV MMAs, then finishes both tiles."""
-    ### BEGIN SOLUTION
-    n = pipe.n_steps
-    for j in range(n):
-        for t in (0, 1):
-            yield pipe.wait(bars.stats[t], j % 2)            # softmax t's row max of step j
-            if j > 0:
-                yield pipe.wait(bars.o_done[t], (j - 1) % 2)  # no MMA accumulates into O_t now
-                yield pipe.rescale(t, j)
-                yield pipe.arrive(bars.o_ready[t])           # PV_t(j) may accumulate
-    for t in (0, 1):
-        yield pipe.wait(bars.l_ready[t], 0)                  # the row sum
-        yield pipe.wait(bars.o_done[t], (n - 1) % 2)         # the last PV_t has finished
-        yield pipe.finish(t)
-        yield pipe.arrive(bars.epi_ready[t])
-    ### END SOLUTION
-'''
-
 
 def _schedule_cell() -> str:
-    try:
-        cells = sources.cells_by_id(sources.read(sources.source("ch7").path))
-    except Exception:                       # the chapter's notebook is not there (yet)
-        return SCHEDULE_COPY
-    return cells.get("ch7_roles_schedule", SCHEDULE_COPY)
+    """The solution cell, as the chapter's notebook has it."""
+    return sources.cells_by_id(sources.read(sources.source("ch7").path))['ch7_roles_schedule']
 
 
 SCHEDULE_CELL = _schedule_cell()
 
 # (name, old, new, text the failure must contain): each old occurs once in the cell
-VARIANTS = [
-    ("pv_before_softmax_wrote_p",
-     "        yield pipe.wait(bars.p_ready[t], j % 2)              # softmax t wrote P_t of "
-     "step j\n", "", "P read by the MMA before softmax"),
-    ("pv_skips_the_rescale",
-     "            yield pipe.wait(bars.o_ready[t], (j - 1) % 2)    # the correction rescaled "
-     "O_t\n", "            pass\n", "O rescaled while an MMA accumulates into it"),
-    ("qk_before_the_pv_that_reads_p",
-     "        if j > 0:\n"
-     "            yield from pv(1, j - 1)\n"
-     "            yield pipe.commit(bars.v_free[pipe.slot(j - 1)])  # both PVs read V of step "
-     "j - 1\n"
-     "        yield pipe.qk(1, j)\n",
-     "        yield pipe.qk(1, j)\n"
-     "        if j > 0:\n"
-     "            yield from pv(1, j - 1)\n"
-     "            yield pipe.commit(bars.v_free[pipe.slot(j - 1)])  # both PVs read V of step "
-     "j - 1\n", "overwritten before PV1"),
-    ("release_k_with_arrive", "yield pipe.commit(bars.k_free[s])",
-     "yield pipe.arrive(bars.k_free[s])", "not pipe.arrive"),
-    ("correction_never_signals_o_ready",
-     "                yield pipe.arrive(bars.o_ready[t])           # PV_t(j) may accumulate\n",
-     "", "deadlock"),
-    ("finish_before_the_last_pv",
-     "        yield pipe.wait(bars.o_done[t], (n - 1) % 2)         # the last PV_t has "
-     "finished\n", "", "finish("),
-    ("one_slot_per_ring", "KV_STAGES = 2 ", "KV_STAGES = 1 ", "The ring is too short"),
-    ("three_slots_do_not_fit", "KV_STAGES = 2 ", "KV_STAGES = 3 ", "shared memory"),
-]
+VARIANTS = [(v.name, *v.edits[0], v.expect) for v in ch7_variants.VARIANTS
+            if v.cell == 'ch7_roles_schedule']
 CRASH = ("NameError", "SyntaxError", "IndentationError", "TypeError")
 _names = iter(range(10**6))
 
