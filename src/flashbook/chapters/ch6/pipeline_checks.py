@@ -35,13 +35,15 @@ def _mode(consumers: int, pingpong: bool) -> str:
 
 def ring_cases(hidden: bool = False) -> list[tuple[int, int, Timing]]:
     """(stages, n_steps, timing). Visible: 3 ring sizes x 3 lengths; hidden: every stages in
-    {2, 3, 4} and n_steps in 1..9, each with a balanced, a TMA-bound and a GEMM-bound timing."""
+    {2, 3, 4} with n_steps in 1..9 at a balanced timing, and with 1, 2, 3, 5 and 8 steps (fewer
+    than, equal to and past the ring, each slot reused once and twice) at a TMA-bound and a
+    GEMM-bound timing."""
     balanced = Timing(tma=3, qk=1, pv=1, softmax=2)
     if not hidden:
         return [(s, n, balanced) for s in (2, 3, 4) for n in (1, 4, 9)]
-    timings = (balanced, Timing(tma=9, qk=1, pv=1, softmax=1),
-               Timing(tma=1, qk=2, pv=3, softmax=0.5))
-    return [(s, n, t) for t in timings for s in (2, 3, 4) for n in range(1, 10)]
+    skewed = (Timing(tma=9, qk=1, pv=1, softmax=1), Timing(tma=1, qk=2, pv=3, softmax=0.5))
+    return [(s, n, balanced) for s in (2, 3, 4) for n in range(1, 10)] + \
+        [(s, n, t) for t in skewed for s in (2, 3, 4) for n in (1, 2, 3, 5, 8)]
 
 
 def pingpong_cases(hidden: bool = False) -> list[Timing]:
