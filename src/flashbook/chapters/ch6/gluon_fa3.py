@@ -45,6 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from flashbook.aot import gluon_ast_source
+
 from . import planner
 from .planner import Config
 
@@ -493,14 +495,6 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
 # ---------------------------------------------------------------------------------------------
 # Ahead of time: compile for sm_90a on any machine (no GPU needed)
 # ---------------------------------------------------------------------------------------------
-def _gluon_ast_source():
-    try:                                   # triton 3.9 exports it
-        from triton.experimental.gluon import GluonASTSource
-    except ImportError:                    # triton 3.6 keeps it in _runtime
-        from triton.experimental.gluon._runtime import GluonASTSource
-    return GluonASTSource
-
-
 def compile_for_sm90(config: Config, causal: bool = False):
     """Compile ``fa3_kernel`` for sm_90a (``GPUTarget("cuda", 90, 32)``) with a resolved
     ``config`` (``Config.for_inputs``); returns Triton's compiled kernel (``.asm["ptx"]``,
@@ -521,5 +515,5 @@ def compile_for_sm90(config: Config, causal: bool = False):
                      v_desc=desc(config.BLOCK_N), o_desc=desc(config.BLOCK_M), LSE="*fp32",
                      N_Q="i32", N_K="i32", qk_scale="fp32")
     signature.update({n: "constexpr" for n in constexprs})
-    source = _gluon_ast_source()(fn=fa3_kernel, signature=signature, constexprs=constexprs)
+    source = gluon_ast_source()(fn=fa3_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=args["options"])

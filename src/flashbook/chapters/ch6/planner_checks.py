@@ -36,6 +36,7 @@ import operator
 from functools import cache
 from pathlib import Path
 
+from flashbook.aot import write_compiled_table
 from flashbook.check import CheckFailure, report, require_implemented
 
 from . import planner
@@ -585,25 +586,10 @@ def _provenance(command: str) -> dict:
 
 def main(argv=None):
     import argparse
-    import sys
-    import time
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(COMPILED_PATH))
     args = p.parse_args(argv)
-    import os
-    fusion = os.environ.get("TRITON_DEFAULT_FP_FUSION")
-    command = ((f"TRITON_DEFAULT_FP_FUSION={fusion} " if fusion else "")
-               + "python -m flashbook.chapters.ch6.planner_checks "
-               + " ".join(sys.argv[1:] if argv is None else argv))
-    rows = []
-    for cfg in TABLE_CONFIGS:
-        t = time.time()
-        rows.append(compile_entry(*cfg))
-        print(json.dumps(rows[-1]), f"{time.time() - t:.1f} s", flush=True)
-    prov = json.dumps(_provenance(command.strip()), indent=1).replace("\n", "\n ")
-    lines = ",\n  ".join(json.dumps(r) for r in rows)          # one config a line
-    Path(args.out).write_text(f'{{\n "provenance": {prov},\n "configs": [\n  {lines}\n ]\n}}\n')
-    print("wrote", args.out)
+    write_compiled_table(args.out, "flashbook.chapters.ch6.planner_checks", argv, TABLE_CONFIGS, compile_entry, _provenance)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                  fence_async_shared, mbarrier,
                                                                  tcgen05_mma, tma)
 
+from flashbook.aot import gluon_ast_source
+
 from . import planner
 from .planner import Config
 
@@ -461,14 +463,6 @@ def tile_layout(rows: int, head_dim: int, dtype: str):
     return gl.NVMMASharedLayout.get_default_for([1, rows, head_dim], _GL_DTYPES[dtype])
 
 
-def _gluon_ast_source():
-    try:                                   # triton 3.9 exports it
-        from triton.experimental.gluon import GluonASTSource
-    except ImportError:                    # triton 3.6 keeps it in _runtime
-        from triton.experimental.gluon._runtime import GluonASTSource
-    return GluonASTSource
-
-
 def compile_for_sm100(config: Config):
     """Compile ``fa4_kernel`` for sm_100a (``GPUTarget("cuda", 100, 32)``) with a resolved
     ``config``; returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``,
@@ -487,7 +481,7 @@ def compile_for_sm100(config: Config):
                      v_desc=desc(config.BLOCK_N), o_desc=desc(config.BLOCK_M), LSE="*fp32",
                      N_Q="i32", N_K="i32", qk_scale="fp32")
     signature.update({n: "constexpr" for n in constexprs})
-    source = _gluon_ast_source()(fn=fa4_kernel, signature=signature, constexprs=constexprs)
+    source = gluon_ast_source()(fn=fa4_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 100, 32), options=args["options"])
 
 

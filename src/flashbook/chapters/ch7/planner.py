@@ -53,6 +53,8 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
+from flashbook.aot import write_compiled_table
+
 __all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES",
            "TMEM_COLUMNS", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
            "PARTITION_WARPS", "tile_bytes", "smem_buffers", "warp_specialize_buffers", "place",
@@ -602,26 +604,10 @@ def resources(config: Config) -> dict:
 # ------------------------------------------------------------------------------ regenerate
 def main(argv=None):
     import argparse
-    import os
-    import sys
-    import time
-    p = argparse.ArgumentParser(description="Compile Chapter 7's Gluon kernel for sm_100a and "
-                                            "store what it needs (no GPU needed).")
+    p = argparse.ArgumentParser(description="Compile Chapter 7's Gluon kernel for sm_100a and store what it needs (no GPU needed).")
     p.add_argument("--out", default=str(COMPILED_PATH))
     args = p.parse_args(argv)
-    fusion = os.environ.get("TRITON_DEFAULT_FP_FUSION")
-    command = ((f"TRITON_DEFAULT_FP_FUSION={fusion} " if fusion else "")
-               + "python -m flashbook.chapters.ch7.planner "
-               + " ".join(sys.argv[1:] if argv is None else argv))
-    rows = []
-    for cfg in TABLE_CONFIGS:
-        t = time.time()
-        rows.append(compile_entry(*cfg))
-        print(json.dumps(rows[-1]), f"{time.time() - t:.1f} s", flush=True)
-    prov = json.dumps(_provenance(command.strip()), indent=1).replace("\n", "\n ")
-    lines = ",\n  ".join(json.dumps(r) for r in rows)          # one config a line
-    Path(args.out).write_text(f'{{\n "provenance": {prov},\n "configs": [\n  {lines}\n ]\n}}\n')
-    print("wrote", args.out)
+    write_compiled_table(args.out, "flashbook.chapters.ch7.planner", argv, TABLE_CONFIGS, compile_entry, _provenance)
 
 
 if __name__ == "__main__":
