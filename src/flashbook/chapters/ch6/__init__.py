@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flashbook.contract import Chapter, Exercise
 
-from . import planner
+from . import benchmark, planner
 from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
 from .fa3_checks import check_fa3_consumer
 from .planner_checks import check_planner
@@ -36,4 +36,6 @@ CHAPTER = Chapter(
         Exercise("ch6_fa3_test", ("ch6_fa3_consumer",), ("fa3_consumer",), check_fa3_consumer),
     ),
     variants=VARIANTS,
+    benchmark=benchmark.run,
+    graph_timer=benchmark.GRAPH_TIMER,
 )

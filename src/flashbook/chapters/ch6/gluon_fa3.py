@@ -52,7 +52,7 @@ from .planner import Config
 
 __all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args", "tile_layout",
            "TRITON_VERSION", "tma_load", "tma_store", "DTYPES", "HEAD_DIMS",
-           "compile_for_sm90"]
+           "compile_for_sm90", "EXP2_MODES", "EXP2_CUBIC"]
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
@@ -150,6 +150,41 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_
 
 
 # ---------------------------------------------------------------------------------------------
+# Chapter 7's experiments on this kernel (constexprs; the defaults compile the kernel above):
+#   EXP2_MODE 0: exp2 on the special-function unit (MUFU.EX2), the kernel as Chapter 6 ships it;
+#             1: exp2 by a cubic on the FMA units (Chapter 7, Exercise 3: C0..C3 below);
+#             2: each exponential computed twice (two MUFU ops, same value): a timing probe;
+#             3: no exponential at all (a clamp on the FMA units): a timing probe, O is wrong.
+#   LAZY, TAU: FlashAttention-4's conditional rescaling (Chapter 7, Exercise 2): the reference
+#             max moves, and O and l are rescaled, only when some row's max grew by more than
+#             TAU (base 2) since the last move; otherwise alpha = 1 and O's multiply is skipped.
+# ---------------------------------------------------------------------------------------------
+EXP2_MODES = {"hw": 0, "poly": 1, "doubled": 2, "removed": 3}
+# the cubic for 2^f on [-1/2, 1/2] (max relative error 7.5e-5): Chapter 7's fit_exp2(3) in
+# float32 (tests/test_ch7_bench.py compares them)
+EXP2_CUBIC = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716648042202)
+_C0, _C1, _C2, _C3 = (gl.constexpr(c) for c in EXP2_CUBIC)
+
+
+@gluon.jit
+def _exp2(x, EXP2_MODE: gl.constexpr):
+    if EXP2_MODE == 0:
+        y = gl.exp2(x)
+    elif EXP2_MODE == 1:
+        x = gl.maximum(x, -126.0)
+        n = gl.floor(x + 0.5)                     # f in [-1/2, 1/2]
+        f = x - n
+        p = ((_C3 * f + _C2) * f + _C1) * f + _C0     # three FMAs
+        y = p * ((n.to(gl.int32) + 127) << 23).to(gl.float32, bitcast=True)
+    elif EXP2_MODE == 2:
+        # two exponentials whose product is 2^(x (1 + 2^-24)); distinct, so neither is folded
+        y = gl.exp2(x * 0.5) * gl.exp2(x * 0.50000006)
+    else:
+        y = gl.maximum(x * 0.125 + 1.0, 0.0)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
 # The consumers: the tensor-core token (ping-pong) and one K/V tile of work.
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
@@ -171,9 +206,11 @@ def _token_release(sched, WG: gl.constexpr):
 
 @gluon.jit
 def _tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
-          alpha, row0, N_Q, N_K, n_full, qk_scale, WG: gl.constexpr, FIRST: gl.constexpr,
-          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-          STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+          alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG: gl.constexpr,
+          FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+          OVERLAP: gl.constexpr, EXP2_MODE: gl.constexpr, LAZY: gl.constexpr,
+          TAU: gl.constexpr):
     """Tile j of one consumer. In one turn at the tensor cores: issue S = Q K_j^T, rescale O by
     tile j-1's alpha, issue O += P_{j-1} V_{j-1}. Then the online softmax of tile j.
 
@@ -205,7 +242,7 @@ def _tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o,
     k_t = _tile_2d(k_smem, s, BLOCK_N, HEAD_DIM).permute((1, 0))   # (d, BLOCK_N) view of K
     s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
     if not FIRST:
-        o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        o = _rescale(o, alpha, rescaled, o_rows, LAZY)
         o_tok = warpgroup_mma(p, _tile_2d(v_smem, sp, BLOCK_N, HEAD_DIM), o, is_async=True)
     _token_release(sched, WG)
     if FIRST:
@@ -226,9 +263,13 @@ def _tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o,
             keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
         s_acc = gl.where(keep, s_acc, -float("inf"))
     m_new = gl.maximum(m_i, gl.max(s_acc, axis=1) * qk_scale)
+    if LAZY:                                   # move the reference only past TAU (whole tile)
+        grow = gl.max(gl.where(m_new == -float("inf"), 0.0, m_new - m_i), axis=0)
+        rescaled = grow > TAU
+        m_new = gl.where(rescaled, m_new, m_i)
     m_use = gl.where(m_new == -float("inf"), 0.0, m_new)      # a row with no key yet: no NaN
     alpha = gl.exp2(m_i - m_use)
-    p_f32 = gl.exp2(s_acc * qk_scale - gl.expand_dims(m_use, 1))   # one FMA + one exp2 each
+    p_f32 = _exp2(s_acc * qk_scale - gl.expand_dims(m_use, 1), EXP2_MODE)  # FMA + exp2 each
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
     if OVERLAP:
         if not FIRST:
@@ -237,14 +278,26 @@ def _tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o,
     # P to 16 bits after that wait: the PV of tile j-1 reads the old P until then (ptxas gives
     # the new P the same registers)
     p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)      # registers only
-    return o, m_new, l_i, p, alpha
+    return o, m_new, l_i, p, alpha, rescaled
+
+
+@gluon.jit
+def _rescale(o, alpha, rescaled, o_rows: gl.constexpr, LAZY: gl.constexpr):
+    """O * alpha per row; with LAZY, only when the last tile moved the reference."""
+    if LAZY:
+        if rescaled:
+            o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    else:
+        o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    return o
 
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched, o_desc,
               LSE, N_Q, N_K, qk_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+              CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, EXP2_MODE: gl.constexpr,
+              LAZY: gl.constexpr, TAU: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -267,18 +320,19 @@ def _consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, 
     l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
     alpha = gl.zeros([BLOCK_M], gl.float32, s_rows)
     p = gl.zeros([BLOCK_M, BLOCK_N], q_tile.dtype, p_layout)
+    rescaled = gl.max(l_i, axis=0) == 0.0          # a scalar flag (True); used with LAZY only
 
     mbarrier.wait(q_bars.index(WG), 0)
     if n_tiles > 0:
-        o, m_i, l_i, p, alpha = _tile(0, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty,
-                                      sched, o, m_i, l_i, p, alpha, row0, N_Q, N_K, n_full,
-                                      qk_scale, WG, True, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                      CAUSAL, OVERLAP)
+        o, m_i, l_i, p, alpha, rescaled = _tile(
+            0, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
+            alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, True, BLOCK_M, BLOCK_N,
+            HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2_MODE, LAZY, TAU)
     for j in range(1, n_tiles):
-        o, m_i, l_i, p, alpha = _tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty,
-                                      sched, o, m_i, l_i, p, alpha, row0, N_Q, N_K, n_full,
-                                      qk_scale, WG, False, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                      CAUSAL, OVERLAP)
+        o, m_i, l_i, p, alpha, rescaled = _tile(
+            j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
+            alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, False, BLOCK_M, BLOCK_N,
+            HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2_MODE, LAZY, TAU)
 
     # the last PV, in turn n_tiles (taken even with no tile, so both consumers take as many turns)
     jl = gl.maximum(n_tiles - 1, 0)
@@ -286,7 +340,7 @@ def _consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, 
     mbarrier.wait(v_full.index(sl), (jl // STAGES) & 1, pred=n_tiles > 0)
     _token_acquire(sched, n_tiles, WG)
     if n_tiles > 0:
-        o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        o = _rescale(o, alpha, rescaled, o_rows, LAZY)
         o_tok = warpgroup_mma(p, _tile_2d(v_smem, sl, BLOCK_N, HEAD_DIM), o, is_async=True)
         _token_release(sched, WG)
         o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
@@ -327,7 +381,8 @@ def _consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, 
 def fa3_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+               EXP2_MODE: gl.constexpr, LAZY: gl.constexpr, TAU: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     # shared memory: two Q tiles (reused for O), STAGES K tiles and STAGES V tiles, 128-byte
     # swizzled (NVMMA layouts, what TMA writes and wgmma reads), then 8-byte mbarriers
@@ -353,10 +408,10 @@ def fa3_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
     gl.warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
                      o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                     CAUSAL, OVERLAP)),
+                     CAUSAL, OVERLAP, EXP2_MODE, LAZY, TAU)),
         (_consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
                      o_desc, LSE, N_Q, N_K, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                     CAUSAL, OVERLAP)),
+                     CAUSAL, OVERLAP, EXP2_MODE, LAZY, TAU)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
                      v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -375,14 +430,17 @@ def pick_config(head_dim: int, dtype: torch.dtype = torch.float16, causal: bool 
                         causal=causal)
 
 
-def kernel_args(config: Config) -> dict:
+def kernel_args(config: Config, exp2: str = "hw", rescale_tau: float | None = None) -> dict:
     """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
-    the ahead-of-time tests build the same kernel from this)."""
+    the ahead-of-time tests build the same kernel from this). ``exp2`` and ``rescale_tau``
+    are Chapter 7's experiments (``EXP2_MODES``; None: rescale on every tile)."""
     budget = planner.register_budget(config)
     return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
                                 OVERLAP=config.OVERLAP, CONSUMER_REGS=budget["consumer"],
-                                PRODUCER_REGS=budget["producer"]),
+                                PRODUCER_REGS=budget["producer"], EXP2_MODE=EXP2_MODES[exp2],
+                                LAZY=rescale_tau is not None,
+                                TAU=float(rescale_tau or 0.0)),
                 options=dict(num_warps=4, maxnreg=budget["launch"]))
 
 
@@ -460,14 +518,21 @@ def _validate(q, k, v, causal, softmax_scale, config):
 
 
 def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = None,
-                  config: Config | None = None):
+                  config: Config | None = None, exp2: str = "hw",
+                  rescale_tau: float | None = None):
     """softmax(scale * Q K^T [+ causal mask]) V with the Gluon FA3 kernel on an H100/H200.
 
     q ``(B, H, N_q, d)``, k and v ``(B, H, N_k, d)``, contiguous, fp16 or bf16, d in {64, 128}.
     ``causal`` aligns bottom-right (key j visible to query i when j <= i + N_k - N_q).
     ``softmax_scale`` defaults to 1/sqrt(d). ``config``: a ``Config`` (None: ``pick_config``).
     Returns O (like q) and the LSE ``(B, H, N_q)`` float32 in natural log (-inf, with O = 0,
-    for a row that sees no key)."""
+    for a row that sees no key). ``exp2`` and ``rescale_tau`` select Chapter 7's experiments
+    (see ``EXP2_MODES``; "removed" computes a wrong O on purpose)."""
+    if exp2 not in EXP2_MODES:
+        raise ValueError(f"attention_fa3: exp2 must be one of {sorted(EXP2_MODES)}, got {exp2!r}.")
+    if rescale_tau is not None and not (0.0 <= float(rescale_tau) <= 64.0):
+        raise ValueError("attention_fa3: rescale_tau (base 2) must be in [0, 64] or None, got "
+                         f"{rescale_tau}.")
     config, scale = _validate(q, k, v, causal, softmax_scale, config)
     B, H, N_q, d = q.shape
     N_k = k.shape[2]
@@ -484,7 +549,7 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
     o_desc = TensorDescriptor(o3, list(o3.shape), list(o3.stride()), [1, bm, d], row_layout)
     k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, bn, d], key_layout)
     v_desc = TensorDescriptor(v3, list(v3.shape), list(v3.stride()), [1, bn, d], key_layout)
-    args = kernel_args(config)
+    args = kernel_args(config, exp2, rescale_tau)
     grid = (triton.cdiv(N_q, 2 * bm), B * H)
     with torch.cuda.device(q.device):
         fa3_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, N_q, N_k, scale * LOG2E,
@@ -495,7 +560,8 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
 # ---------------------------------------------------------------------------------------------
 # Ahead of time: compile for sm_90a on any machine (no GPU needed)
 # ---------------------------------------------------------------------------------------------
-def compile_for_sm90(config: Config, causal: bool = False):
+def compile_for_sm90(config: Config, causal: bool = False, exp2: str = "hw",
+                     rescale_tau: float | None = None):
     """Compile ``fa3_kernel`` for sm_90a (``GPUTarget("cuda", 90, 32)``) with a resolved
     ``config`` (``Config.for_inputs``); returns Triton's compiled kernel (``.asm["ptx"]``,
     ``.asm["cubin"]``, ``.metadata.shared``). Works without a GPU."""
@@ -509,7 +575,7 @@ def compile_for_sm90(config: Config, causal: bool = False):
     def desc(rows):
         return f"tensordesc<{short}[1,{rows},{d}],{tile_layout(rows, d, dtype)!r}>"
 
-    args = kernel_args(config)
+    args = kernel_args(config, exp2, rescale_tau)
     constexprs = dict(args["constexprs"], CAUSAL=bool(causal))
     signature = dict(q_desc=desc(config.BLOCK_M), k_desc=desc(config.BLOCK_N),
                      v_desc=desc(config.BLOCK_N), o_desc=desc(config.BLOCK_M), LSE="*fp32",

@@ -1,0 +1,230 @@
+"""Chapter 7 benchmark: FlashAttention-4's two numerical tricks, each on and off, on a Hopper GPU
+(``flashbook bench ch7``, an H100/H200).
+
+Two kernels carry the tricks:
+
+* ``ch3_two_tiles*``: Chapter 3's two-tile Triton kernel (the solution's ``attn_fwd_two_tiles``,
+  ``ch3.pick_config``), with its ``attn_update`` rebound before anything compiles (as
+  ``ch3.benchmark`` rebinds the step for its ablation): lazy rescaling is the solution's
+  ``lazy_update`` of Exercise 2 with ``TAU`` (exponentials may grow to 2^TAU = 256 before O is
+  rescaled), the polynomial is the solution's ``exp2_poly_tl`` of Exercise 3b.
+* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with its ``exp2`` and ``rescale_tau``
+  experiment switches (``gluon_fa3.EXP2_MODES``), the planner's config.
+
+Suffixes: ``_lazy`` (lazy rescaling), ``_poly`` (every exponential of P by the cubic),
+``_lazy_poly`` (both), ``_poly_half`` (Triton only: the cubic on every second column, the rest on
+the special-function unit: FlashAttention-4's split between the units), and two timing probes
+that are not attention: ``_exp_x2`` (every exponential of P computed twice: two MUFU.EX2, the
+same value) and ``_no_exp`` (no exponential: a clamp on the FMA units; O is wrong on purpose).
+The probes bound the share of the kernel's time spent in the exponentials: the slowdown of
+``_exp_x2`` is what one more exponential per score costs, the speed-up of ``_no_exp`` what the
+exponentials cost at most.
+
+Cases: Chapter 3's shapes (``ch3.benchmark.SHAPES``), non-causal (Chapter 3's kernel has no
+mask), fp16; and the first shape in bf16 (``BF16_SHAPES``). Chapter 3's wrappers take fp16 and
+fp32 only; the kernel itself is dtype-generic (P is cast to V's dtype), so this module launches
+it directly (``launch_two_tiles``). ``sdpa_cudnn`` is the baseline of every case.
+
+Every row's note gives the config and ``err``: max |O - O_ref| on head (0, 0) against float64
+attention computed on the GPU (so the error change of a trick is read beside its speed change).
+Timing: replayed from a CUDA graph (``bench.measure_attention(graph=True)``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from flashbook import sources
+from flashbook.bench import measure_attention, sdpa, sdpa_supports
+from flashbook.chapters.ch3.benchmark import SHAPES
+from flashbook.chapters.ch3.launch import LOG2E, pick_config
+from flashbook.results import Row
+
+GRAPH_TIMER = True
+BF16_SHAPES = SHAPES[:1]
+TAU = 8.0                      # base 2: an exponential may grow to 256 before O is rescaled
+TRICKS = {                     # suffix: (exp2, rescale threshold or None)
+    "": ("hw", None),
+    "_lazy": ("hw", TAU),
+    "_poly": ("poly", None),
+    "_lazy_poly": ("poly", TAU),
+    "_poly_half": ("poly_half", None),
+    "_exp_x2": ("doubled", None),
+    "_no_exp": ("removed", None),
+}
+GLUON_EXP2 = ("hw", "poly", "doubled", "removed")        # Gluon has no _poly_half
+PROBES = ("_exp_x2", "_no_exp")
+# the rows that are Chapter 7's solutions (Exercises 2 and 3b in Chapter 3's kernel)
+REFERENCES = ("ch3_two_tiles_lazy", "ch3_two_tiles_poly")
+
+# The exponentials the Triton variants may use (``BENCH_EXP2``); the cubic is the Chapter 7
+# solution's ``exp2_poly_tl``, put beside these in the namespace.
+EXP2_FUNCTIONS = '''
+@triton.jit
+def exp2_hw(x):
+    return tl.math.exp2(x)
+
+
+@triton.jit
+def exp2_doubled(x):
+    # two exponentials whose product is 2^(x (1 + 2^-24)); distinct, so neither is folded away
+    return tl.math.exp2(x * 0.5) * tl.math.exp2(x * 0.50000006)
+
+
+@triton.jit
+def exp2_removed(x):
+    return tl.maximum(x * 0.125 + 1.0, 0.0)
+
+
+@triton.jit
+def exp2_poly_half(x):
+    """(M, N): even columns on the special-function unit, odd columns on the cubic."""
+    M: tl.constexpr = x.shape[0]
+    N: tl.constexpr = x.shape[1]
+    even, odd = tl.split(tl.reshape(x, [M, N // 2, 2]))
+    return tl.reshape(tl.join(tl.math.exp2(even), exp2_poly_tl(odd)), [M, N])
+'''
+
+# Chapter 3's update with its exponential of P swapped (alpha stays on MUFU: one per row).
+EAGER_UPDATE = '''
+@triton.jit
+def attn_update(acc, l_i, m_i, s, v_ptrs, start_n, N_k, qk_scale, offs_n,
+                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = BENCH_EXP2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if MASKED:
+        v = tl.load(v_ptrs, mask=((start_n + offs_n) < N_k)[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+'''
+
+# Chapter 3's update replaced by the Chapter 7 solution's lazy_update (its count is dropped).
+LAZY_UPDATE = '''
+@triton.jit
+def attn_update(acc, l_i, m_i, s, v_ptrs, start_n, N_k, qk_scale, offs_n,
+                MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    if MASKED:
+        v = tl.load(v_ptrs, mask=((start_n + offs_n) < N_k)[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc, l_i, m_i, rescaled = lazy_update(acc, l_i, m_i, s, v, qk_scale, BENCH_TAU, BENCH_EXP2,
+                                          DOT_PRECISION)
+    return acc, l_i, m_i
+'''
+
+
+def triton_namespace(exp2: str, tau: float | None) -> dict:
+    """Chapter 3's solution namespace with ``attn_update`` rebound to one trick setting (a fresh
+    namespace each call, so nothing compiled for another setting is reused)."""
+    import triton.language as tl
+
+    from flashbook.chapters.ch7.exp2poly import fit_exp2
+    ns = sources.solution_namespace("ch3")
+    # the two solution cells of Chapter 7 that the tricks are, with the cubic's coefficients
+    # they read (the chapter's cell before Exercise 3b makes the same constexprs)
+    ns.update({f"C{i}": tl.constexpr(c) for i, c in enumerate(fit_exp2(3))})
+    cells = sources.cells_by_id(sources.read(sources.source("ch7").path))
+    for cell in ("ch7_lazy_update", "ch7_exp2_poly_tl"):
+        sources.exec_cell(cells[cell], f"<ch7 benchmark: {cell}>", ns)
+    sources.exec_cell(EXP2_FUNCTIONS, "<ch7 benchmark: exponentials>", ns)
+    names = {"hw": "exp2_hw", "poly": "exp2_poly_tl", "poly_half": "exp2_poly_half",
+             "doubled": "exp2_doubled", "removed": "exp2_removed"}
+    ns["BENCH_EXP2"] = ns[names[exp2]]
+    ns["BENCH_TAU"] = tl.constexpr(float(tau or 0.0))
+    sources.exec_cell(LAZY_UPDATE if tau is not None else EAGER_UPDATE,
+                      f"<ch7 benchmark: attn_update exp2={exp2} tau={tau}>", ns)
+    return ns
+
+
+def launch_two_tiles(kernel, q, k, v, config):
+    """Chapter 3's launch of ``attn_fwd_two_tiles`` (``ch3.attention_forward``) without its
+    dtype check: fp16 or bf16 q, k, v (B, H, N, d) contiguous; returns O."""
+    B, H, N_q, d = q.shape
+    N_k = k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    kernel[(triton.cdiv(N_q, config.BLOCK_M), B * H)](
+        q, k, v, o, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+        k.stride(2), v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1),
+        o.stride(2), H, N_q, N_k, LOG2E / math.sqrt(d), HEAD_DIM=d, BLOCK_M=config.BLOCK_M,
+        BLOCK_N=config.BLOCK_N, DOT_PRECISION="tf32", num_warps=config.num_warps,
+        num_stages=config.num_stages)
+    return o
+
+
+def head0_reference(q, k, v) -> torch.Tensor:
+    """float64 attention of head (0, 0), (N_q, d), in query chunks (a (2048, N_k) float64 S at
+    a time: 256 MiB at N_k = 16384)."""
+    q0, k0, v0 = (t[0, 0].double() for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return torch.cat([torch.softmax(c @ k0.T * scale, dim=-1) @ v0 for c in q0.split(2048)])
+
+
+def error(o, want) -> float:
+    return (o[0, 0].double() - want).abs().max().item()
+
+
+def cases():
+    return [(s, torch.float16) for s in SHAPES] + [(s, torch.bfloat16) for s in BF16_SHAPES]
+
+
+def _row(name, fn, want, note, **kw) -> Row:
+    role = "reference" if name in REFERENCES else "variant"
+    try:
+        err = f"err={error(fn(), want):.1e}"
+    except Exception as e:                      # a variant that does not compile: say why
+        return Row(kernel=name, role=role, **_columns(kw), ms=None, tflops=None, gbps=None,
+                   pct_peak=None, peak_mib=None, note=f"{note}; failed: {type(e).__name__}: "
+                   f"{str(e).splitlines()[0][:160] if str(e) else ''}")
+    r = measure_attention(name, role, fn, graph=True, **kw)
+    r.note = f"{note}; {err}" + ("; a timing probe, not attention" if name.endswith(PROBES)
+                                 else "")
+    return r
+
+
+def _columns(kw) -> dict:
+    return dict(B=kw["B"], H_q=kw["H"], H_kv=kw["H"], N_q=kw["N_q"], N_k=kw["N_k"], d=kw["d"],
+                dtype=str(kw["dtype"]).replace("torch.", ""), causal=False)
+
+
+def run(case_list=None) -> list[Row]:
+    from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, pick_config as gluon_config
+    cap = torch.cuda.get_device_capability(0)
+    namespaces = {suffix: triton_namespace(*trick) for suffix, trick in TRICKS.items()}
+    rows = []
+    for (B, H, N, d), dtype in case_list or cases():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype, generator=g)
+                   for _ in range(3))
+        want = head0_reference(q, k, v)
+        kw = dict(B=B, H=H, N_q=N, N_k=N, d=d, dtype=dtype)
+        cfg = pick_config(d, dtype, cap, two_tiles=True)
+        for suffix, (exp2, tau) in TRICKS.items():
+            kernel = namespaces[suffix]["attn_fwd_two_tiles"]
+            note = (f"exp2={exp2} tau={tau}; BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} "
+                    f"warps={cfg.num_warps} stages={cfg.num_stages}")
+            rows.append(_row(f"ch3_two_tiles{suffix}",
+                             lambda: launch_two_tiles(kernel, q, k, v, cfg), want, note, **kw))
+        gcfg = gluon_config(d, dtype, False, B, H, N, N)
+        for suffix, (exp2, tau) in TRICKS.items():
+            if exp2 not in GLUON_EXP2:
+                continue
+            note = (f"exp2={exp2} tau={tau}; BLOCK_M={gcfg.BLOCK_M} BLOCK_N={gcfg.BLOCK_N} "
+                    f"STAGES={gcfg.STAGES}")
+            rows.append(_row(f"ch6_gluon_fa3{suffix}",
+                             lambda: attention_fa3(q, k, v, config=gcfg, exp2=exp2,
+                                                   rescale_tau=tau)[0], want, note, **kw))
+        if sdpa_supports("sdpa_cudnn", q, k, v):
+            f = sdpa("sdpa_cudnn")
+            rows.append(_row("sdpa_cudnn", lambda: f(q, k, v), want, "baseline", **kw))
+            rows[-1].role = "baseline"
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows

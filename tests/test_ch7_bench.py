@@ -1,0 +1,89 @@
+"""Chapter 7's benchmark without a GPU: every trick setting of Chapter 3's kernel computes
+attention in the interpreter (the probes as documented), every setting of both kernels compiles
+for sm_90 ahead of time, and the Gluon kernel's cubic is Chapter 7's."""
+import math
+
+import pytest
+import torch
+
+from flashbook.chapters.ch3.launch import pick_config
+from flashbook.chapters.ch7 import benchmark as bench
+from flashbook.chapters.ch7.exp2poly import fit_exp2
+from flashbook.reference import attention
+
+from aot_compile import compile_script
+
+
+def test_gluon_cubic_is_the_chapter_fit():
+    from flashbook.chapters.ch6.gluon_fa3 import EXP2_CUBIC
+    assert EXP2_CUBIC == pytest.approx(fit_exp2(3), rel=1e-7)
+
+
+def test_head0_reference_is_float64_attention():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 70, 16, generator=g) for _ in range(3))
+    want = attention(q.double(), k.double(), v.double())[0, 0]
+    torch.testing.assert_close(bench.head0_reference(q, k, v), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("suffix", list(bench.TRICKS))
+def test_trick_settings_in_chapter3_kernel(suffix):
+    """N = 100 with 32-key tiles: full tiles and a masked tail; the threshold is crossed on the
+    first tile only (random logits), so lazy rows stay exact to fp16 rounding."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 100, 64, generator=g).half() for _ in range(3))
+    want = bench.head0_reference(q, k, v)
+    ns = bench.triton_namespace(*bench.TRICKS[suffix])
+    o = bench.launch_two_tiles(ns["attn_fwd_two_tiles"], q, k, v,
+                               pick_config(64, torch.float16, None, two_tiles=True))
+    err = bench.error(o, want)
+    if suffix == "_no_exp":
+        assert err > 0.05, "the probe without exponentials must not compute attention"
+    else:
+        assert err < 2e-3, f"{suffix}: max |O - O_ref| = {err:.1e}"
+    assert math.isfinite(err)
+
+
+AOT = r'''
+from flashbook.chapters.ch7 import benchmark as bench
+from flashbook.chapters.ch6 import gluon_fa3, planner
+from flashbook.chapters.ch3.launch import pick_config
+GLUON = ("", "_lazy_poly", "_exp_x2")     # the Gluon code paths: as shipped, both tricks, a probe
+res = []
+for suffix, (exp2, tau) in bench.TRICKS.items():
+    k = bench.triton_namespace(exp2, tau)["attn_fwd_two_tiles"]
+    for dtype, t in ((torch.float16, "fp16"), (torch.bfloat16, "bf16"))[:2 if not suffix else 1]:
+        cfg = pick_config(128, dtype, (9, 0), two_tiles=True)
+        const = dict(HEAD_DIM=128, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, DOT_PRECISION="tf32")
+        s = signature(k, dict(Q="*" + t, K="*" + t, V="*" + t, O="*" + t, LSE="*fp32",
+                              qk_scale="fp32"), const)
+        c = triton.compile(ASTSource(fn=k, signature=s, constexprs=const),
+                           target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        ptx = c.asm["ptx"]
+        res.append(dict(kernel="ch3" + suffix, dtype=t, ex2=ptx.count("ex2.approx"),
+                        shared=c.metadata.shared))
+    if suffix in GLUON:
+        c = gluon_fa3.compile_for_sm90(planner.best(128).for_inputs(128, "float16"), False,
+                                       exp2, tau)
+        res.append(dict(kernel="gluon" + suffix, dtype="fp16",
+                        ex2=c.asm["ptx"].count("ex2.approx"), shared=c.metadata.shared))
+print("RESULT" + json.dumps(res))
+'''
+
+
+@pytest.mark.slow
+def test_every_setting_compiles_for_sm90(tmp_path):
+    """The GPU run must not be where a setting first fails to compile; the PTX shows what each
+    setting does to the special-function unit's exponentials."""
+    res = {(r["kernel"], r["dtype"]): r for r in compile_script(AOT, tmp_path)}
+    assert len(res) == len(bench.TRICKS) + 1 + 3          # bf16 for Chapter 3's kernel as is
+    assert res["ch3", "bf16"]["shared"] == res["ch3", "fp16"]["shared"]
+    gluon = {s: res["gluon" + s, "fp16"]["ex2"] for s in ("", "_lazy_poly", "_exp_x2")}
+    assert gluon["_exp_x2"] > 1.8 * gluon[""] and gluon["_lazy_poly"] < 0.2 * gluon[""]
+    ex2 = {s: res["ch3" + s, "fp16"]["ex2"] for s in bench.TRICKS}
+    base = ex2[""]
+    assert ex2["_exp_x2"] > 1.8 * base               # two exponentials per score
+    assert ex2["_poly"] < 0.2 * base                 # only alpha's (one per row) stay
+    assert ex2["_no_exp"] < 0.2 * base
+    assert 0.4 * base < ex2["_poly_half"] < 0.7 * base
