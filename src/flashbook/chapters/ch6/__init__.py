@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flashbook.contract import Chapter, Exercise
 
-from . import benchmark, planner
+from . import benchmark, planner, recorded
 from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
 from .fa3_checks import check_fa3_consumer
 from .planner_checks import check_planner
@@ -38,4 +38,5 @@ CHAPTER = Chapter(
     variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
+    quotes=recorded.quoted_figures,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flashbook.contract import Chapter, Exercise
 
-from . import benchmark, design, exp2poly, lazy, tmem
+from . import benchmark, design, exp2poly, lazy, recorded, tmem
 from .design import ROLES, PIPELINES, plot_roles, plot_unit_cycles, register_table, \
     static_schedule, tile_coord, tile_cycles, best_emulated_fraction, work_tiles
 from .exp2poly import BOUND, check_exp2_poly, check_exp2_poly_triton, fit_exp2, fit_error, \
@@ -48,4 +48,5 @@ CHAPTER = Chapter(
     variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
+    quotes=recorded.quoted_figures,
 )
