@@ -161,3 +161,21 @@ def test_reference_is_the_weighted_sum():
     tiles = kv.reshape(3, 2, 2)
     assert np.array_equal(out[0], tiles[0] + 2 * tiles[1] + 3 * tiles[2])
     assert np.array_equal(out[1], tiles[0] + 3 * tiles[1] + 5 * tiles[2])
+
+
+@needs_jax
+def test_jobs_share_one_warm_parent_and_a_hang_does_not_break_it(monkeypatch):
+    """Jobs are forked by one zygote (JAX imported once); a job killed at its time limit leaves
+    the zygote serving the next, and a fresh process per job (the fallback) grades alike."""
+    monkeypatch.delenv("FLASHBOOK_INTERPRET_FRESH", raising=False)
+    ring_checks.check_kv_ring(define(SOLUTION))
+    first = interpret._zygote
+    assert first is not None and first.alive()
+    with pytest.raises(CheckFailure, match="did not finish within the time limit"):
+        ring_checks.check_kv_ring(define(variant(*VARIANTS[2][1:3])), timeout=6, stall=None)
+    assert interpret._zygote is first and first.alive()
+    ring_checks.check_kv_ring(define(SOLUTION))
+    assert interpret._zygote is first
+    monkeypatch.setenv("FLASHBOOK_INTERPRET_FRESH", "1")
+    with pytest.raises(CheckFailure, match="data race"):
+        ring_checks.check_kv_ring(define(variant(*VARIANTS[0][1:3])))

@@ -15,6 +15,8 @@ functions *as source text* (``inspect.getsource``, plus the globals they use: mo
 statements, constants by value, helper functions by their own source) to a child process
 ``python interpret.py JOBDIR``, which rebuilds them, calls a chapter's kernel builder (the
 *target*, ``"flashbook.chapters.ch6.ring:run_ring"``) on NumPy inputs and writes NumPy outputs.
+The child is forked from a warm parent that has imported JAX once (``zygote``; a fresh
+``python interpret.py JOBDIR`` where that cannot start), still one process per job.
 Inside the child, a watchdog notices when the process stops using CPU (every warpgroup blocked:
 a deadlock, or the rest of the kernel after a barrier error) and reports the barrier waits that
 are pending, naming the barriers and the source lines; a hard time limit backs it up, and the
@@ -309,10 +311,7 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
         env.pop("PYTHONSTARTUP", None)
         start = time.monotonic()
         with open(job_dir / _STDOUT, "wb") as out, open(job_dir / _STDERR, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-u", str(Path(__file__).resolve()),
-                                     str(job_dir)], stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=err, env=env, cwd=job_dir,
-                                    start_new_session=True)
+            proc = _start(job_dir, env, out, err)
             killed = False
             try:
                 proc.wait(timeout=timeout + 30)       # the child enforces ``timeout`` itself
@@ -326,7 +325,30 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
-def _kill(proc: subprocess.Popen):
+_zygote = None           # the warm parent of this process's jobs (``zygote``), once started
+
+
+def _start(job_dir: Path, env: dict, out, err):
+    """The job's process: forked by the warm zygote (started on first use, restarted if it died
+    or the environment changed), else a fresh ``python interpret.py JOBDIR``.
+    ``FLASHBOOK_INTERPRET_FRESH=1`` always starts a fresh process."""
+    global _zygote
+    if os.environ.get("FLASHBOOK_INTERPRET_FRESH") != "1":
+        try:
+            from . import zygote
+            if _zygote is None or not _zygote.alive() or _zygote.env != env:
+                if _zygote is not None:
+                    _zygote.close()
+                _zygote = zygote.Zygote(env)
+            return _zygote.start(job_dir)
+        except (OSError, RuntimeError, ImportError):
+            _zygote = None
+    return subprocess.Popen([sys.executable, "-u", str(Path(__file__).resolve()), str(job_dir)],
+                            stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                            cwd=job_dir, start_new_session=True)
+
+
+def _kill(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)           # the child's own session: only its tree
     except (ProcessLookupError, PermissionError, AttributeError):
@@ -904,6 +926,9 @@ def _bare_packages():
 if __name__ == "__main__":
     sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
     _bare_packages()
+    if sys.argv[1] == "--zygote":            # the warm parent of later jobs (``zygote``)
+        importlib.import_module("flashbook.chapters.ch6.zygote").serve()
+        os._exit(0)
     _child = importlib.import_module("flashbook.chapters.ch6.interpret")._Child(Path(sys.argv[1]))
     try:
         _child.main()
