@@ -32,6 +32,12 @@
 # "jax>=0.10.2" absl-py`, no GPU needed), Exercises 2 and 3 in plain Python. The chapter's kernel runs
 # for real on an H100 or H200.
 #
+# **Versions.** The interpret-mode checks are tested with JAX 0.10.2 (the version the book's
+# test suite pins, CPU wheels); the Pallas kernels compiled and ran on an H200 with JAX 0.11.2.
+# The Gluon kernel is one source for Triton 3.6 (which it ran on, on the H200) and Triton 3.9
+# (which compiles it for sm_90a in the test suite, without a GPU); the few names that differ
+# between the two are mapped at the top of `gluon_fa3.py`.
+#
 # **Exercises** (15 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
 # schedule of one producer and two consumers, (2a) the ring's barriers (3) and (2b) the
 # consumers' ping-pong (2); (3) a config planner for the chapter's kernel (3); (4) the consumer
@@ -866,18 +872,17 @@ else:
 # Where it falls short, and why. At d = 64 each K/V tile carries half the matmul work, so the
 # per-tile costs that do not shrink with d (the barrier waits, the token hand-over, the row
 # statistics) weigh twice as much; JAX's kernel takes 256-key tiles there, which this kernel
-# cannot hold in registers with two 64-row consumers (the planner rules them out, and every
-# feasible configuration was timed: the planner's choice was the fastest). In the short causal
-# case, half of the programs finish early and the tail of the grid runs half empty; a
+# cannot hold in registers with two 64-row consumers (the planner rules them out). In the
+# short causal case, half of the programs finish early and the tail of the grid runs half empty; a
 # persistent scheduler that hands out the longest tiles first (Chapter 7's seed kernel has
-# one) is the fix this kernel does not have yet. And at d = 128 the kernel stays near cuDNN, not
-# the 1.1x FlashAttention-3 reports on an H100: ptxas moves the wait for the warpgroup's own PV
-# to the top of the softmax (the SASS shows it), so the intra-warpgroup overlap of Section 6 is
-# only partly realised, and each K/V tile pays a few hundred cycles of barrier traffic
-# (`planner.TILE_SYNC`). Your Pallas kernel of Exercise 4 is correct at full size and about
-# two-thirds of the Gluon kernel's speed non-causal: it streams 64-key tiles through a two-slot ring,
-# P through shared memory, and no causal skipping of masked tiles, which is why its causal rows
-# are far slower.
+# one) is the fix this kernel does not have yet. And at d = 128 the kernel stays near cuDNN,
+# short of the up to 740 TFLOP/s FlashAttention-3 reports on an H100: ptxas moves the wait for
+# the warpgroup's own PV to the top of the softmax (the SASS shows it), so the intra-warpgroup
+# overlap of Section 6 is only partly realised, and each K/V tile pays a few hundred cycles of
+# barrier traffic (`planner.TILE_SYNC`). Your Pallas kernel of Exercise 4 is correct at full
+# size and about two-thirds as fast as the Gluon kernel non-causal: it streams 64-key tiles
+# through a two-slot ring, passes P through shared memory and skips no masked tile, which is
+# why its causal rows are far slower.
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
