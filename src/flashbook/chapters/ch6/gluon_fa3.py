@@ -46,6 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
+from flashbook.gluon_kit import m_block as _m_block, smem_tile as _tile_2d, tma_load, \
+    tma_store
 
 from . import planner
 from .planner import Config
@@ -56,18 +58,10 @@ __all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args"
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
-# ---------------------------------------------------------------------------------------------
-# The compatibility shim: the only names that differ between triton 3.6 (the GPU image, Colab)
-# and 3.9 (the CPU image) for what this kernel uses.
-#   TMA global -> shared: 3.6 ``tma.async_copy_global_to_shared``; 3.9 ``tma.async_load`` (the old
-#                         name still exists in 3.9 but raises "has been removed").
-#   TMA shared -> global: 3.6 ``tma.async_copy_shared_to_global``; 3.9 ``tma.async_store``.
-# Everything else is spelled the same in both (positional ``mbarrier.expect(bar, nbytes)``,
-# ``gl.warp_specialize(pairs, warps, regs)``, ``warpgroup_mma(..., is_async=True)``).
-# ---------------------------------------------------------------------------------------------
-tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-
+# The names that differ between triton 3.6 and 3.9 (TMA copies) are in flashbook.gluon_kit;
+# everything else this kernel uses is spelled the same in both (positional
+# ``mbarrier.expect(bar, nbytes)``, ``gl.warp_specialize(pairs, warps, regs)``,
+# ``warpgroup_mma(..., is_async=True)``).
 LOG2E = 1.4426950408889634          # log2(e): the kernel's exponentials are exp2
 LN2 = 0.6931471805599453            # ln(2): LSE back to natural log (written out in the kernel)
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -104,18 +98,6 @@ def _cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     t0, f0 = _kv_tiles(m_block * 2 * BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     t1, f1 = _kv_tiles(m_block * 2 * BLOCK_M + BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     return gl.maximum(t0, t1)
-
-
-@gluon.jit
-def _m_block():
-    """The CTA's block of 2*BLOCK_M query rows. Causal: the last blocks (the most work) first."""
-    return gl.num_programs(0) - 1 - gl.program_id(0)
-
-
-@gluon.jit
-def _tile_2d(ring, slot, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Slot ``slot`` of a ring of (1, ROWS, d) TMA boxes as the (ROWS, d) matrix wgmma reads."""
-    return ring.index(slot).reshape([ROWS, HEAD_DIM])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                  tcgen05_mma, tma)
 
 from flashbook.aot import gluon_ast_source
+from flashbook.gluon_kit import m_block as _m_block, smem_tile as _smem_tile, tma_load, \
+    tma_store
 
 from . import planner
 from .planner import Config
@@ -75,9 +77,7 @@ HEAD_DIMS = (64, 128)
 # use_acc=, mbarriers=), tensor-memory .index/.slice/.load(layout)/.store, mbarrier.init/
 # expect/wait/arrive, tma.store_wait, gl.warp_specialize(pairs, warps, registers).
 #
-#   TMA global -> shared   3.6 tma.async_copy_global_to_shared   3.9 tma.async_load (the old
-#                          name still exists in 3.9 but raises "has been removed")
-#   TMA shared -> global   3.6 tma.async_copy_shared_to_global   3.9 tma.async_store
+#   TMA copies             flashbook.gluon_kit (tma_load, tma_store), shared with Chapter 6
 #   TMEM register layout   3.6 blackwell.get_tmem_reg_layout(dtype, shape, layout, num_warps)
 #                          3.9 gone; tensor_memory_descriptor_type(dtype, shape, layout,
 #                          shape).get_reg_layout(num_warps) (and .load() may omit the layout)
@@ -89,8 +89,6 @@ HEAD_DIMS = (64, 128)
 #                          P (TMEM) V (SMEM) into tcgen05.mma's A-from-TMEM form (the tests
 #                          compile the kernel with both versions).
 # ---------------------------------------------------------------------------------------------
-tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 _HAS_GET_TMEM_REG_LAYOUT = hasattr(_bw, "get_tmem_reg_layout")
 SHIM = dict(tma_load=tma_load.__name__, tma_store=tma_store.__name__,
             tmem_reg_layout="get_tmem_reg_layout" if _HAS_GET_TMEM_REG_LAYOUT
@@ -143,18 +141,6 @@ def _cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         tiles = gl.cdiv(N_K, BLOCK_N)
         full = N_K // BLOCK_N
     return tiles, full
-
-
-@gluon.jit
-def _m_block():
-    """The CTA's block of 2*BLOCK_M query rows. Causal: the last blocks (the most work) first."""
-    return gl.num_programs(0) - 1 - gl.program_id(0)
-
-
-@gluon.jit
-def _smem_tile(ring, slot, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Slot ``slot`` of a ring of (1, ROWS, d) TMA boxes as the (ROWS, d) matrix the MMA reads."""
-    return ring.index(slot).reshape([ROWS, HEAD_DIM])
 
 
 # ---------------------------------------------------------------------------------------------
