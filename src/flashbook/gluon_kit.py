@@ -15,7 +15,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-__all__ = ["tma_load", "tma_store", "m_block", "smem_tile"]
+__all__ = ["tma_load", "tma_store", "m_block", "smem_tile", "head_descriptors"]
 
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
@@ -33,3 +33,18 @@ def smem_tile(ring, slot, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Slot ``slot`` of a shared-memory ring of (1, ROWS, d) TMA boxes, as the (ROWS, d) matrix
     the tensor cores read."""
     return ring.index(slot).reshape([ROWS, HEAD_DIM])
+
+
+def head_descriptors(descriptor_type, q, k, v, o, block_m: int, block_n: int, row_layout,
+                     key_layout) -> tuple:
+    """TMA descriptors of q, k, v, o ``(B, H, N, d)`` viewed as ``(B*H, N, d)``: boxes of
+    ``(1, block_m, d)`` rows for q and o and ``(1, block_n, d)`` keys for k and v, so a box past
+    the end of a head reads zeros and a store past it is clipped. ``descriptor_type``: Gluon's
+    Hopper or Blackwell ``TensorDescriptor``."""
+    d = q.shape[-1]
+    out = []
+    for t, rows, layout in ((q, block_m, row_layout), (k, block_n, key_layout),
+                            (v, block_n, key_layout), (o, block_m, row_layout)):
+        t3 = t.view(t.shape[0] * t.shape[1], t.shape[2], d)
+        out.append(descriptor_type(t3, list(t3.shape), list(t3.stride()), [1, rows, d], layout))
+    return tuple(out)

@@ -46,8 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
-from flashbook.gluon_kit import m_block as _m_block, smem_tile as _tile_2d, tma_load, \
-    tma_store
+from flashbook.gluon_kit import head_descriptors, m_block as _m_block, smem_tile as _tile_2d, \
+    tma_load, tma_store
 
 from . import planner
 from .planner import Config
@@ -525,12 +525,9 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
     if N_k == 0:                                   # no key at all: the empty-row convention
         return o.zero_(), lse.fill_(-float("inf"))
     bm, bn = config.BLOCK_M, config.BLOCK_N
-    q3, k3, v3, o3 = (t.view(B * H, t.shape[2], d) for t in (q, k, v, o))
-    row_layout, key_layout = tile_layout(bm, d, q.dtype), tile_layout(bn, d, q.dtype)
-    q_desc = TensorDescriptor(q3, list(q3.shape), list(q3.stride()), [1, bm, d], row_layout)
-    o_desc = TensorDescriptor(o3, list(o3.shape), list(o3.stride()), [1, bm, d], row_layout)
-    k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, bn, d], key_layout)
-    v_desc = TensorDescriptor(v3, list(v3.shape), list(v3.stride()), [1, bn, d], key_layout)
+    q_desc, k_desc, v_desc, o_desc = head_descriptors(
+        TensorDescriptor, q, k, v, o, bm, bn, tile_layout(bm, d, q.dtype),
+        tile_layout(bn, d, q.dtype))
     args = kernel_args(config, exp2, rescale_tau)
     grid = (triton.cdiv(N_q, 2 * bm), B * H)
     with torch.cuda.device(q.device):

@@ -58,8 +58,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                  tcgen05_mma, tma)
 
 from flashbook.aot import gluon_ast_source
-from flashbook.gluon_kit import m_block as _m_block, smem_tile as _smem_tile, tma_load, \
-    tma_store
+from flashbook.gluon_kit import head_descriptors, m_block as _m_block, \
+    smem_tile as _smem_tile, tma_load, tma_store
 
 from . import planner
 from .planner import Config
@@ -557,12 +557,9 @@ def attention_fa4(q, k, v, causal: bool = False, softmax_scale: float | None = N
     if N_k == 0:                                   # no key at all: the empty-row convention
         return o.zero_(), lse.fill_(-float("inf"))
     bm, bn = config.BLOCK_M, config.BLOCK_N
-    q3, k3, v3, o3 = (t.view(B * H, t.shape[2], d) for t in (q, k, v, o))
-    rows, keys = tile_layout(bm, d, config.DTYPE), tile_layout(bn, d, config.DTYPE)
-    q_desc = TensorDescriptor(q3, list(q3.shape), list(q3.stride()), [1, bm, d], rows)
-    o_desc = TensorDescriptor(o3, list(o3.shape), list(o3.stride()), [1, bm, d], rows)
-    k_desc = TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, bn, d], keys)
-    v_desc = TensorDescriptor(v3, list(v3.shape), list(v3.stride()), [1, bn, d], keys)
+    q_desc, k_desc, v_desc, o_desc = head_descriptors(
+        TensorDescriptor, q, k, v, o, bm, bn, tile_layout(bm, d, config.DTYPE),
+        tile_layout(bn, d, config.DTYPE))
     args = kernel_args(config)
     grid = (triton.cdiv(N_q, 2 * bm), B * H)
     with torch.cuda.device(q.device):
