@@ -1,0 +1,218 @@
+"""Chapter 8's own tests (the contract tests in test_chapters.py run its exercises, stubs and
+known-wrong variants): the merge references, the split count, the wrapper's argument checks,
+the mesh simulator, the ring harness's teardown (a hang and a raise in the student's code), the
+figures, and the split-KV kernels compiling ahead of time for sm_75 and sm_90."""
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashbook import sources
+from flashbook.chapters import ch8
+from flashbook.chapters.ch8 import mesh, ring
+from flashbook.check import CheckFailure
+
+from aot_compile import compile_script, too_big
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return sources.solution_namespace("ch8", ROOT)
+
+
+# ------------------------------------------------------------------------------ the merge
+
+def test_merge_lse_matches_the_whole_row_and_handles_empty_sides():
+    s = torch.randn(3, 10, dtype=torch.float64) * 4
+    v = torch.randn(10, 2, dtype=torch.float64)
+    a = ch8.state_of(s[:, :4], v[:4])
+    b = ch8.state_of(s[:, 4:], v[4:])
+    m, l, o = ch8.merge_states(a, b)
+    torch.testing.assert_close(o, torch.softmax(s, -1) @ v)
+    torch.testing.assert_close(m + torch.log(l), torch.logsumexp(s, -1))
+    o2, lse2 = ch8.merge_lse(a[2], a[0] + torch.log(a[1]), b[2], b[0] + torch.log(b[1]))
+    torch.testing.assert_close(o2, o)
+    empty = ch8.identity((3,), 2)
+    m, l, o = ch8.merge_states(empty, empty)
+    assert torch.all(m == -math.inf) and torch.all(l == 0) and torch.all(o == 0)
+
+
+def test_wire_fp16_state_loses_accuracy_that_fp32_lse_keeps():
+    err = ch8.wire_roundtrip_error(boost=12.0)
+    assert err["fp32 m, l, O"] < 1e-5
+    assert err["fp16 m, l, O (the seed)"] > 3 * err["fp32 LSE, fp16 O"]
+
+
+# ---------------------------------------------------------------------- split-KV launch
+
+@pytest.mark.parametrize("batch, context, want", [(1, 131072, 32), (32, 8192, 2), (4, 131072, 9),
+                                                 (1, 1000, 8)])
+def test_split_count_fills_the_sms_with_whole_tiles(batch, context, want):
+    s = ch8.choose_num_splits(batch, 8, context, 132, 128)
+    assert s == want
+    tiles = -(-context // 128)
+    per = -(-tiles // s)
+    assert -(-tiles // per) == s                           # every split but the last: per tiles
+
+
+def test_split_count_on_cpu_gives_several_splits():
+    assert ch8.choose_num_splits(1, 2, 64, None, 16) == 1
+    assert ch8.choose_num_splits(1, 2, 256, None, 16) == 4
+
+
+@pytest.mark.parametrize("change, arg", [
+    (dict(q=torch.randn(1, 2, 4, 16)), "q"),
+    (dict(cache_seqlens=torch.tensor([70], dtype=torch.int32)), "cache_seqlens"),
+    (dict(cache_seqlens=torch.tensor([5])), "cache_seqlens"),
+    (dict(k_cache=torch.randn(1, 64, 3, 16)), "k_cache"),
+    (dict(num_splits=0), "num_splits"),
+])
+def test_wrapper_rejects_bad_arguments(solution, change, arg):
+    call = dict(q=torch.randn(1, 1, 4, 16), k_cache=torch.randn(1, 64, 2, 16),
+                v_cache=torch.randn(1, 64, 2, 16),
+                cache_seqlens=torch.tensor([50], dtype=torch.int32))
+    call.update(change)
+    if "k_cache" in change:
+        call["v_cache"] = change["k_cache"]
+    with pytest.raises(ValueError, match=arg):
+        solution["decode_split_kv"](**call)
+
+
+def test_split_kv_matches_chapter5_decode(solution):
+    from flashbook.chapters import ch5
+    ns5 = sources.solution_namespace("ch5", ROOT)
+    q = torch.randn(2, 1, 8, 16)
+    k, v = torch.randn(2, 80, 2, 16), torch.randn(2, 80, 2, 16)
+    lens = torch.tensor([80, 33], dtype=torch.int32)
+    o, lse = solution["decode_split_kv"](q, k, v, lens, num_splits=3)
+    o5, lse5 = ns5["decode"](q, k, v, lens)
+    torch.testing.assert_close(o, o5, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, lse5, atol=1e-5, rtol=1e-5)
+    assert ch5 is not None
+
+
+# ------------------------------------------------------------------------- the mesh
+
+def test_seed_chain_deadlocks_on_a_partial_row_and_reports_who_waits():
+    states = [ch8.identity((1,), 1) for _ in range(6)]
+    with pytest.raises(mesh.Deadlock, match="PE 5 .* waits on PE 6, not in the group"):
+        mesh.simulate(mesh.seed_chain_reduce, states, 4, merge=ch8.merge_states)
+    r = mesh.simulate(mesh.seed_chain_reduce, states[:4] * 2, 4, merge=ch8.merge_states)
+    assert (r.messages, r.steps, r.hops) == (7, 4, 7)
+
+
+def test_simulator_rejects_a_plain_function_and_counts_unreceived_messages():
+    def not_a_generator(pe, n, cols, state):
+        return state
+
+    with pytest.raises(TypeError, match="generator"):
+        mesh.simulate(not_a_generator, [1, 2], 2)
+
+    def sends_twice(pe, n, cols, state):
+        if pe == 1:
+            yield mesh.send(0, state)
+            yield mesh.send(0, state)
+        else:
+            state += yield mesh.recv(1)
+        return state
+    r = mesh.simulate(sends_twice, [1, 2], 2)
+    assert r.result == 3 and r.unreceived == [(1, 0)]
+
+
+def test_reduction_costs_table_and_figure(solution):
+    costs = ch8.reduction_costs({"chain": solution["chain_reduce"],
+                                 "tree": solution["tree_reduce"]}, (4, 16, 64), cols=8)
+    assert [c[2] for c in costs["chain"]] == [3, 8, 14]
+    assert [c[2] for c in costs["tree"]] == [2, 4, 6]
+    assert all(c[1] == c[0] - 1 for rows in costs.values() for c in rows)
+    ch8.plot_reduction_costs(costs)
+
+
+# -------------------------------------------------------------------- the ring harness
+
+def test_zigzag_positions_cover_the_sequence_and_balance_causal_work():
+    for P in (2, 3, 4):
+        pos = [ring.zigzag_positions(8 * P, P, r) for r in range(P)]
+        assert sorted(torch.cat(pos).tolist()) == list(range(8 * P))
+        assert len({ring.causal_work(p) for p in pos}) == 1
+    contiguous = [ring.causal_work(ring.contiguous_positions(16, 4, r)) for r in range(4)]
+    assert contiguous == sorted(contiguous) and contiguous[0] < contiguous[-1]
+
+
+def _hangs(q, k, v, q_pos, k_pos, causal=False):
+    import torch.distributed as dist
+    dist.recv(torch.empty_like(k), (dist.get_rank() + 1) % dist.get_world_size())
+    return q, q[..., 0]
+
+
+def _raises_on_rank_1(q, k, v, q_pos, k_pos, causal=False):
+    import torch.distributed as dist
+    if dist.get_rank() == 1:
+        raise RuntimeError("student bug on rank 1")
+    dist.recv(torch.empty_like(k), 1)
+    return q, q[..., 0]
+
+
+def _alive():
+    import subprocess
+    out = subprocess.run(["pgrep", "-f", "chapters/ch8/ring.py"], capture_output=True, text=True)
+    return [p for p in out.stdout.split()]
+
+
+def test_a_hanging_ring_fails_within_its_limit_and_leaves_no_process():
+    t = time.monotonic()
+    with pytest.raises(CheckFailure, match="no result within 6 s: a deadlock"):
+        ch8.check_ring_attention(_hangs, timeout=6)
+    assert time.monotonic() - t < 20
+    assert not _alive()
+
+
+def test_a_raising_rank_is_named_and_the_others_are_killed():
+    with pytest.raises(CheckFailure, match="(?s)rank 1 failed .*student bug on rank 1"):
+        ch8.check_ring_attention(_raises_on_rank_1, timeout=30)
+    assert not _alive()
+
+
+# ------------------------------------------------------------------------------ figures
+
+def test_figures_draw():
+    ch8.plot_zigzag_work(4, 64)
+    ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
+    c = ch8.cp_costs(131072, 2)
+    assert c["sent_per_step_mib"] == pytest.approx(2 * 65536 * 16 * 128 * 2 / 2**20)
+
+
+# ------------------------------------------------------------------ ahead-of-time compile
+
+AOT = r'''
+ns = sources.solution_namespace("ch8")
+out = []
+for cc, (BN, warps, stages) in ((75, (64, 4, 3)), (90, (128, 4, 2))):
+    target = GPUTarget("cuda", cc, 32)
+    k = ns["split_kv_kernel"]
+    sig = signature(k, {n: "*fp16" for n in ("Q", "K", "V")} | {"O_PART": "*fp32",
+                    "LSE_PART": "*fp32", "CACHE_SEQLENS": "*i32", "qk_scale": "fp32"},
+                    ("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "DOT_PRECISION"))
+    c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=dict(
+        GROUP=4, HEAD_DIM=128, BLOCK_M=16, BLOCK_N=BN, DOT_PRECISION="tf32")), target=target,
+        options={"num_warps": warps, "num_stages": stages})
+    out.append(dict(name="split", cc=cc, shared=c.metadata.shared))
+    k = ns["combine_kernel"]
+    sig = signature(k, {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*fp16", "LSE": "*fp32"},
+                    ("HEAD_DIM", "BLOCK_S"))
+    c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=dict(HEAD_DIM=128, BLOCK_S=64)),
+                       target=target, options={"num_warps": 4, "num_stages": 1})
+    out.append(dict(name="combine", cc=cc, shared=c.metadata.shared))
+print("RESULT" + json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+def test_split_kv_kernels_compile_for_t4_and_h200(tmp_path):
+    got = compile_script(AOT, tmp_path)
+    assert len(got) == 4
+    assert not too_big(got), got
