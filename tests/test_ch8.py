@@ -216,3 +216,38 @@ def test_split_kv_kernels_compile_for_t4_and_h200(tmp_path):
     got = compile_script(AOT, tmp_path)
     assert len(got) == 4
     assert not too_big(got), got
+
+
+# ------------------------------------------------------------- the multi-GPU ring's logic
+
+def test_ring_bench_ring_is_exact_on_cpu_with_torchrun_and_gloo():
+    """ring_bench's Ring (zig-zag steps, its Triton merge in the interpreter, the hops) run by
+    torchrun as 2 gloo processes with reference attention, against one process."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), FLASHBOOK_FORCE_CPU="1",
+               TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={port}", "-m", "flashbook.chapters.ch8.ring_bench",
+                           "--cpu-check"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "CPU CHECK max error" in proc.stdout
+
+
+def test_ring_bench_rows_and_benchmark_summary():
+    from flashbook.chapters.ch8 import benchmark, ring_bench
+    case = dict(N=131072, causal=True, world_size=2, ring_ms=40.0, one_gpu_ms=70.0,
+                efficiency=70 / 80, max_err_o=1e-3, max_err_lse=1e-4, hop_ms=2.0,
+                hop_bytes=2**29, steps_rank0=[dict(step=0, compute_ms=20, wait_ms=0.1)],
+                flops=4 * 16 * 131072 ** 2 * 128 / 2)
+    rows = ring_bench.rows_of([case], 989.0)   # made-up numbers: a unit test of the arithmetic
+    assert [r.kernel for r in rows] == ["ch8_ring", "ch5_two_tiles"]
+    assert rows[0].tflops == pytest.approx(case["flops"] / 40e-3 / 1e12)
+    assert rows[0].pct_peak == pytest.approx(100 * rows[0].tflops / (2 * 989.0))
+    assert "scaling efficiency 87.5 %" in rows[0].note
+    assert "split-KV" not in benchmark.summary(rows)
