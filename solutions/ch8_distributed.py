@@ -546,10 +546,11 @@ ch8.check_ring_attention(ring_attention, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Overlap on GPUs.** With zig-zag shards every ring step after the first is half a block of
-# plain (unmasked) attention on every rank: rank $r$'s queries see all of a block from an earlier
-# rank's first chunk, or its second chunk sees all of a later rank's block; the first step is
-# the rank's own shard with a causal mask. So every step costs the same on every rank, and the
+# **Overlap on GPUs.** With zig-zag shards every ring step after the first is the same amount of
+# plain (unmasked) attention on every rank: a block from an earlier rank is seen by all of rank
+# $r$'s queries, but only through its first chunk (its second chunk lies after both of rank
+# $r$'s); a block from a later rank is seen whole, but only by rank $r$'s second chunk. The first
+# step is the rank's own shard with a causal mask. So every step costs the same on every rank, and the
 # hop of step $t + 1$'s block only has to be shorter than step $t$'s compute to disappear. The
 # chapter's multi-GPU benchmark (`python -m torch.distributed.run --nproc-per-node=P -m
 # flashbook.chapters.ch8.ring_bench`) runs this ring with NCCL and Chapter 5's fastest Triton
@@ -584,6 +585,22 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 # `hbm_read` measured in the same run. Decode rows report the bytes of K and V read per second.
 # The multi-GPU ring runs at N = 32768, 131072 and 262144, causal (zig-zag) and not, against one
 # GPU running the whole problem with the same kernel. Neither is recorded yet.
+
+# %% tags=["demo"]
+if fb.bench.needs_gpu("the split-KV benchmark") and not fb.check.is_stub(split_kv_kernel):
+    B, h_q, h_kv, context, d = 1, 32, 8, 131072, 128
+    q = torch.randn(B, 1, h_q, d, device="cuda", dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(B, context, h_kv, d, device="cuda", dtype=torch.float16)
+                        for _ in range(2))
+    lengths = torch.full((B,), context, dtype=torch.int32, device="cuda")
+    q4, k4, v4 = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
+    kv_bytes = k_cache.nbytes + v_cache.nbytes
+    for name, fn in (("split-KV (yours)", lambda: ch8.launch_split_kv(
+                         split_kv_kernel, combine_kernel, q, k_cache, v_cache, lengths)),
+                     ("torch SDPA", lambda: torch.nn.functional.scaled_dot_product_attention(
+                         q4, k4, v4, enable_gqa=True))):
+        ms = fb.bench.time_ms(fn)
+        print(f"{name:17s} {ms:.3f} ms: {kv_bytes / ms / 1e6:.0f} GB/s of K and V read")
 
 # %% tags=["demo"]
 recorded = results.recorded("ch8", "h200")
