@@ -207,14 +207,22 @@ for cc, (BN, warps, stages) in ((75, (64, 4, 3)), (90, (128, 4, 2))):
     c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=dict(HEAD_DIM=128, BLOCK_S=64)),
                        target=target, options={"num_warps": 4, "num_stages": 1})
     out.append(dict(name="combine", cc=cc, shared=c.metadata.shared))
+from flashbook.chapters.ch8.ring_bench import _merge_kernel
+k = _merge_kernel()
+sig = signature(k, {"O_ACC": "*fp32", "LSE_ACC": "*fp32", "O_NEW": "*fp16", "LSE_NEW": "*fp32"},
+                ("H", "HEAD_DIM", "BLOCK_R"))
+c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=dict(H=16, HEAD_DIM=128,
+                   BLOCK_R=64)), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": 4, "num_stages": 1})
+out.append(dict(name="ring merge", cc=90, shared=c.metadata.shared))
 print("RESULT" + json.dumps(out))
 '''
 
 
 @pytest.mark.slow
-def test_split_kv_kernels_compile_for_t4_and_h200(tmp_path):
+def test_split_kv_and_ring_merge_kernels_compile_for_t4_and_h200(tmp_path):
     got = compile_script(AOT, tmp_path)
-    assert len(got) == 4
+    assert len(got) == 5
     assert not too_big(got), got
 
 

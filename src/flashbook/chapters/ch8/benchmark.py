@@ -8,7 +8,8 @@ valid (``cache_seqlens`` = 131072). Rows:
 * ``ch8_split_kv`` (reference): ``launch_split_kv`` with the solution's ``split_kv_kernel`` and
   ``combine_kernel``, the split count from ``choose_num_splits`` for this GPU's SMs (note
   ``num_splits=S (chosen)``); then (variant) the same kernels with ``num_splits`` in
-  ``SPLIT_SWEEP`` (note ``num_splits=S``): the heuristic against its neighbours.
+  ``SPLIT_SWEEP`` (note ``num_splits=S``): the heuristic against its neighbours; and with the
+  chosen count, the tile configs of ``TILE_SWEEP`` (BLOCK_N, num_warps, num_stages).
 * ``ch5_decode`` (variant): Chapter 5's decode kernel, one program per (sequence, K/V head):
   8 programs for 132 SMs.
 * ``sdpa_cudnn``, ``sdpa_flash`` (baselines): SDPA with ``enable_gqa=True`` on q (1, 32, 1, d),
@@ -45,16 +46,20 @@ GRAPH_TIMER = True
 DTYPE = torch.float16
 LONG = (1, 32, 8, 131072, 128)            # (B, h_q, h_kv, context, d), one new token
 SPLIT_SWEEP = (8, 16, 24, 48, 64, 128)
+TILE_SWEEP = ((128, 4, 3), (128, 8, 2), (64, 4, 4), (256, 8, 2))   # beside split_config's
 READ_BYTES, COPY_BYTES = ch5b.READ_BYTES, ch5b.COPY_BYTES
 
 
-def split_setup(ns, q, k, v, lens, num_splits, check):
-    """A setup for ``measure``: one checked call, then the launch timed (no host-side checks)."""
+def split_setup(ns, q, k, v, lens, num_splits, check, tiles=None):
+    """A setup for ``measure``: one checked call, then the launch timed (no host-side checks).
+    ``tiles``: (BLOCK_N, num_warps, num_stages), default ``split_config``'s."""
     from flashbook.chapters.ch8.launch import launch_split_kv
+    bn, warps, stages = tiles or (None, None, None)
 
     def setup():
         f = functools.partial(launch_split_kv, ns["split_kv_kernel"], ns["combine_kernel"], q, k,
-                              v, lens, num_splits)
+                              v, lens, num_splits, block_n=bn, num_warps=warps,
+                              num_stages=stages)
         return f, check(f()[0])
     return setup
 
@@ -92,6 +97,11 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
                 rows.append(ch5b.measure("ch8_split_kv", "variant",
                                          split_setup(ns, q, kc, vc, lens, s, check),
                                          note=f"num_splits={s}", **kw))
+        for tiles in TILE_SWEEP:
+            rows.append(ch5b.measure("ch8_split_kv", "variant",
+                                     split_setup(ns, q, kc, vc, lens, chosen, check, tiles),
+                                     note=f"num_splits={chosen}; BLOCK_N, num_warps, num_stages "
+                                          f"= {tiles}", **kw))
         ch4b._free()
         rows.append(ch5b.measure("ch5_decode", "variant",
                                  ch4b.ours(ns5, "decode", (q, kc, vc, lens), check),

@@ -121,6 +121,7 @@ class Ring:
         self.rank, self.P = dist.get_rank(), dist.get_world_size()
         self.merge_kernel = _merge_kernel()
         self.cu = {}
+        self.bufs = None
 
     def _attn(self, q, k, v, causal):
         dev = q.device
@@ -155,7 +156,9 @@ class Ring:
         """Ring attention over the local q (n, H, d) and K/V buffer kv (2, n, H, d)."""
         P, rank = self.P, self.rank
         nxt_rank, prv_rank = (rank + 1) % P, (rank - 1) % P
-        cur, spare = kv, torch.empty_like(kv)
+        if getattr(self, "bufs", None) is None or self.bufs[0].shape != kv.shape:
+            self.bufs = (torch.empty_like(kv), torch.empty_like(kv))   # kv itself is never
+        cur = kv                                                      # received into
         o_acc, lse_acc = None, None
         events = []
         for step in range(P):
@@ -163,8 +166,9 @@ class Ring:
             e0.record()
             reqs = []
             if step < P - 1:
+                incoming = self.bufs[step % 2]
                 reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, cur, nxt_rank),
-                                               dist.P2POp(dist.irecv, spare, prv_rank)])
+                                               dist.P2POp(dist.irecv, incoming, prv_rank)])
             if step == 0:                                        # the own shard
                 o, lse = self._attn(q, kv[0], kv[1], self.causal)
                 o_acc, lse_acc = o.float(), lse
@@ -180,7 +184,7 @@ class Ring:
             e2.record()
             events.append((e0, e1, e2))
             if step < P - 1:
-                cur, spare = spare, cur
+                cur = incoming
         if timeline is not None:
             timeline.append(events)
         return o_acc.to(q.dtype), lse_acc
