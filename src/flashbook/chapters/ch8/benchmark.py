@@ -46,7 +46,7 @@ GRAPH_TIMER = True
 DTYPE = torch.float16
 LONG = (1, 32, 8, 131072, 128)            # (B, h_q, h_kv, context, d), one new token
 SPLIT_SWEEP = (8, 16, 24, 48, 64, 128)
-TILE_SWEEP = ((128, 4, 3), (128, 8, 2), (64, 4, 4), (256, 8, 2))   # beside split_config's
+TILE_SWEEP = ((128, 4, 3), (128, 8, 2), (64, 4, 4), (64, 4, 2))   # beside split_config's
 READ_BYTES, COPY_BYTES = ch5b.READ_BYTES, ch5b.COPY_BYTES
 
 
