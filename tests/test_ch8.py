@@ -269,8 +269,11 @@ from flashbook import sources
 from flashbook.grade import sandbox
 from flashbook.chapters import ch8
 ns = sources.solution_namespace("ch8")
-work = tempfile.mkdtemp()
-abi = sandbox.landlock(rw=[work, "/dev", "/tmp", f"/proc/{os.getpid()}"],
+work = tempfile.mkdtemp()                 # as the sandbox's launcher: HOME and TMPDIR in it
+os.makedirs(os.path.join(work, "tmp"))
+os.environ.update(HOME=work, TMPDIR=os.path.join(work, "tmp"))
+tempfile.tempdir = None
+abi = sandbox.landlock(rw=[work, "/dev", f"/proc/{os.getpid()}"],
                        ro=sandbox.read_only_paths(), tcp_bind_ports=[])
 if abi >= 4:
     for port in (22, 80, 443):
