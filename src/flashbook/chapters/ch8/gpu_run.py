@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--skip-ring", action="store_true")
+    p.add_argument("--ring-timeout", type=float, default=420.0)
     args = p.parse_args(argv)
     out = Path(args.out)
     import flashbook
@@ -88,7 +89,13 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "-m",
                "flashbook.chapters.ch8.ring_bench", "--out", str(out / "ring")]
         print(" ".join(cmd), flush=True)
-        rc = subprocess.run(cmd, env=env).returncode
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.ring_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)                 # torchrun and its workers: their own group
+            proc.wait()
+            rc = "killed after its time limit"
         print(f"[{time.monotonic() - t0:.0f} s] ring benchmark on {n} GPUs: exit {rc}", flush=True)
         if rc:
             return rc

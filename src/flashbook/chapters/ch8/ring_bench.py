@@ -26,7 +26,9 @@ time; the same kernel on one GPU over the whole problem (``ch5_two_tiles`` rows)
 time in attention and merge and the time the stream then waited for the K/V transfer (the
 exposed communication: the timeline); and the transfer alone, without compute. Exactness: each
 rank's O and LSE against the one-GPU result at the same positions. Rank 0 writes
-``DIR/<gpu>x<P>.csv`` (``results.Row``s: ``ch8_ring`` reference, ``ch5_two_tiles`` variant)
+``DIR/<gpu>x<P>.csv`` (``results.Row``s: ``ch8_ring`` reference, ``ch5_two_tiles`` variant,
+and last, once those are written, ``context_parallel`` baselines: PyTorch's prototype around SDPA
+where it runs, a noted row where it fails)
 and ``<gpu>x<P>.json`` (provenance, world size, NCCL version, per-step timeline), and a
 ``torch.profiler`` trace of one causal ring forward at N = 131072
 (``DIR/ring_trace_rank0.json``, Chrome trace format).
@@ -318,6 +320,8 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-check", action="store_true",
                    help="gloo on CPU, reference attention: check the ring logic, no timing")
     p.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    p.add_argument("--no-context-parallel", dest="context_parallel", action="store_false",
+                   help="skip PyTorch's prototype context_parallel rows")
     p.add_argument("--reps", type=int, default=REPS)
     args = p.parse_args(argv)
     import flashbook
@@ -331,7 +335,9 @@ def main(argv=None) -> int:
         return 0 if err < 1e-4 else 1
     local = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    import datetime
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local),
+                            timeout=datetime.timedelta(seconds=300))   # a hung collective aborts
     rank, P = dist.get_rank(), dist.get_world_size()
     from flashbook import results, sources
     from flashbook.bench import gpu_peak
@@ -369,12 +375,54 @@ def main(argv=None) -> int:
                     nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"),
                     timeline={f"N={c['N']},causal={c['causal']}": c["steps_rank0"]
                               for c in cases})
-        path = results.write(rows_of(cases, peak.tensor_tflops if peak else None), out, slug,
-                             prov)
+        rows = rows_of(cases, peak.tensor_tflops if peak else None)
+        path = results.write(rows, out, slug, prov)
         print(f"wrote {path}")
+    if args.context_parallel:                     # after the rows are safe on disk
+        cp_rows = []
+        for n in args.sizes:
+            for causal in (True, False):
+                ms, note = context_parallel_ms(n, causal, args.reps)
+                if rank == 0:
+                    cp_rows.append(cp_row(n, causal, P, ms, note,
+                                          peak.tensor_tflops if peak else None))
+                    print(f"N={n:7d} {'causal    ' if causal else 'non-causal'} P={P}: "
+                          f"context_parallel " + (f"{ms:8.2f} ms" if ms else note), flush=True)
+        if rank == 0:
+            results.write(rows + cp_rows, out, slug, prov)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def context_parallel_ms(n: int, causal: bool, reps: int):
+    """(ms, note) of PyTorch's prototype ``context_parallel`` (SDPA made ring attention over the
+    device mesh, its own load balancing for causal) on the same problem, or (None, why not)."""
+    import torch.nn.functional as F
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+        mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+        g = torch.Generator(device="cuda").manual_seed(1234)
+        q, k, v = (torch.randn(1, H, n, D, device="cuda", dtype=DTYPE, generator=g)
+                   for _ in range(3))
+        with context_parallel(mesh, buffers=(q, k, v), buffer_seq_dims=(2, 2, 2)):
+            ms, _ = _time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                          reps)
+        return ms, "torch.distributed.tensor.experimental.context_parallel around SDPA"
+    except Exception as e:  # noqa: BLE001 - a prototype: a failure is a noted row
+        torch.cuda.synchronize()
+        return None, f"not measured: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:140]}"
+
+
+def cp_row(n, causal, P, ms, note, peak_tflops):
+    from flashbook.reference import attention_flops
+    from flashbook.results import Row
+    tflops = attention_flops(1, H, n, n, D, causal) / (ms * 1e-3) / 1e12 if ms else None
+    pct = 100 * tflops / (peak_tflops * P) if tflops and peak_tflops else None
+    return Row(kernel="context_parallel", role="baseline", B=1, H_q=H, H_kv=H, N_q=n, N_k=n, d=D,
+               dtype="float16", causal=causal, ms=ms, tflops=tflops, gbps=None, pct_peak=pct,
+               note=f"world_size={P}; {note}")
 
 
 if __name__ == "__main__":
