@@ -304,3 +304,19 @@ def test_ring_check_runs_inside_the_autograders_sandbox(tmp_path):
     assert "NOT BLOCKED" not in proc.stdout
     abi = int(proc.stdout.split("ABI ")[1].split()[0])
     assert proc.stdout.count("blocked") == (3 if abi >= 4 else 0)
+
+
+def test_benchmark_runs_end_to_end_at_a_tiny_size_on_cpu():
+    """The GPU benchmark's code path (every row, the checks in the notes, the summary) in the
+    interpreter at a tiny size. CPU timings: a test of the code, never recorded."""
+    from flashbook.chapters.ch8 import benchmark
+    rows = benchmark.run(shape=(1, 8, 2, 256, 16), sweep=(2,), read_bytes=2**20,
+                         copy_bytes=2**20, device="cpu", compile_flex=False)
+    kernels = [r.kernel for r in rows]
+    assert kernels[0] == "ch8_split_kv" and rows[0].role == "reference"
+    assert {"ch5_decode", "sdpa_flash", "flex_attention", "hbm_read", "d2d_copy"} <= set(kernels)
+    for r in rows:
+        if r.kernel in ("ch8_split_kv", "ch5_decode"):
+            err = float(r.note.split("max|O-")[1].split("=")[1].split(";")[0])
+            assert err < 1e-2, r
+    assert len([r for r in rows if r.kernel == "ch8_split_kv"]) == 2 + len(benchmark.TILE_SWEEP)

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--skip-ring", action="store_true")
-    p.add_argument("--ring-timeout", type=float, default=420.0)
+    p.add_argument("--ring-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
     out = Path(args.out)
     import flashbook
