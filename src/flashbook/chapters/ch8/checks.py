@@ -10,7 +10,6 @@ import torch
 from flashbook.cases import seeded
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
-from flashbook.device import current
 
 from . import mesh, ring
 from .launch import launch_combine, launch_split_kv
@@ -161,7 +160,6 @@ def _cache(B, max_len, h_kv, d, lengths, dtype, seed):
 
 def _check_combine(combine_kernel, hidden: bool) -> int:
     """The combine kernel alone, on random partials with empty splits and huge LSEs."""
-    dev = current().device
     n = 0
     shapes = [(2, 3, 4, 16), (1, 2, 5, 32)] + ([(2, 2, 7, 16)] if hidden else [])
     for i, (B, H, S, d) in enumerate(shapes):

@@ -3,7 +3,6 @@ critical path of a chain and a tree reduction on a mesh, and what context parall
 moves per GPU as N grows (arithmetic, no measurement)."""
 from __future__ import annotations
 
-import math
 
 import matplotlib.pyplot as plt
 import torch

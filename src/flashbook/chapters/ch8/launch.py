@@ -15,7 +15,6 @@ context 131072, h_q = 32, S = 32, d = 128).
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import triton

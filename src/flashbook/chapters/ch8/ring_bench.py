@@ -36,7 +36,6 @@ and ``<gpu>x<P>.json`` (provenance, world size, NCCL version, per-step timeline)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -230,7 +229,7 @@ def run_case(attention, n: int, causal: bool, reps: int, profile_dir: Path | Non
     err_lse = (lse_ring - shard_lse(lse_full, n, P, rank, causal)).abs().max()
     errs = torch.stack([err_o, err_lse])
     dist.all_reduce(errs, op=dist.ReduceOp.MAX)
-    del o_full, lse_full, q, k, v
+    o_full = lse_full = q = k = v = one = None            # free the one-GPU problem
     torch.cuda.empty_cache()
     tp, times = _time(lambda: ring.forward(q_loc, kv), reps)
     timeline = []
@@ -379,12 +378,13 @@ def main(argv=None) -> int:
         path = results.write(rows, out, slug, prov)
         print(f"wrote {path}")
     if args.context_parallel:                     # after the rows are safe on disk
+        from flashbook.chapters.ch8.cp_baseline import context_parallel_ms, cp_row
         cp_rows = []
         for n in args.sizes:
             for causal in (True, False):
-                ms, note = context_parallel_ms(n, causal, args.reps)
+                ms, note = context_parallel_ms(n, causal, args.reps, H, D, DTYPE, _time)
                 if rank == 0:
-                    cp_rows.append(cp_row(n, causal, P, ms, note,
+                    cp_rows.append(cp_row(n, causal, P, ms, note, H, D,
                                           peak.tensor_tflops if peak else None))
                     print(f"N={n:7d} {'causal    ' if causal else 'non-causal'} P={P}: "
                           f"context_parallel " + (f"{ms:8.2f} ms" if ms else note), flush=True)
@@ -393,36 +393,6 @@ def main(argv=None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
-
-
-def context_parallel_ms(n: int, causal: bool, reps: int):
-    """(ms, note) of PyTorch's prototype ``context_parallel`` (SDPA made ring attention over the
-    device mesh, its own load balancing for causal) on the same problem, or (None, why not)."""
-    import torch.nn.functional as F
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.experimental import context_parallel
-        mesh = init_device_mesh("cuda", (dist.get_world_size(),))
-        g = torch.Generator(device="cuda").manual_seed(1234)
-        q, k, v = (torch.randn(1, H, n, D, device="cuda", dtype=DTYPE, generator=g)
-                   for _ in range(3))
-        with context_parallel(mesh, buffers=(q, k, v), buffer_seq_dims=(2, 2, 2)):
-            ms, _ = _time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                          reps)
-        return ms, "torch.distributed.tensor.experimental.context_parallel around SDPA"
-    except Exception as e:  # noqa: BLE001 - a prototype: a failure is a noted row
-        torch.cuda.synchronize()
-        return None, f"not measured: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:140]}"
-
-
-def cp_row(n, causal, P, ms, note, peak_tflops):
-    from flashbook.reference import attention_flops
-    from flashbook.results import Row
-    tflops = attention_flops(1, H, n, n, D, causal) / (ms * 1e-3) / 1e12 if ms else None
-    pct = 100 * tflops / (peak_tflops * P) if tflops and peak_tflops else None
-    return Row(kernel="context_parallel", role="baseline", B=1, H_q=H, H_kv=H, N_q=n, N_k=n, d=D,
-               dtype="float16", causal=causal, ms=ms, tflops=tflops, gbps=None, pct_peak=pct,
-               note=f"world_size={P}; {note}")
 
 
 if __name__ == "__main__":
