@@ -337,9 +337,10 @@ else:
 # does everyone who waits on it. The simulator below runs PE programs written as Python
 # generators: `x = yield recv(src)` blocks until PE `src` sends, `yield send(dst, x)` sends (the
 # sender goes on); a message takes one time step; and when every unfinished PE is blocked, it
-# reports a deadlock. Here is the seed's rule:
+# reports a deadlock. Here is the seed's rule, drawn for a group of 6, then run:
 
 # %% tags=["demo"]
+fig = ch8.plot_mesh_chain(6, 4)
 states = [ch8.identity((1,), 1) for _ in range(16)]
 for n in (4, 8, 16, 6):
     try:

@@ -181,6 +181,8 @@ def test_a_raising_rank_is_named_and_the_others_are_killed():
 
 def test_figures_draw():
     ch8.plot_zigzag_work(4, 64)
+    ch8.plot_mesh_chain(6, 4)
+    ch8.plot_mesh_chain(8, 4)
     ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
     c = ch8.cp_costs(131072, 2)
     assert c["sent_per_step_mib"] == pytest.approx(2 * 65536 * 16 * 128 * 2 / 2**20)

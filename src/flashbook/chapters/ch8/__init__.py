@@ -16,8 +16,8 @@ from flashbook.contract import Chapter, Exercise
 from . import mesh, ring
 from .checks import check_chain_reduce, check_merge, check_ring_attention, check_split_kv, \
     check_tree_reduce, check_zigzag, mesh_cases, merge_cases, ring_cases, split_cases
-from .figures import cp_costs, plot_cp_costs, plot_reduction_costs, plot_zigzag_work, \
-    reduction_costs
+from .figures import cp_costs, plot_cp_costs, plot_mesh_chain, plot_reduction_costs, \
+    plot_zigzag_work, reduction_costs
 from .launch import MAX_SPLITS, choose_num_splits, launch_combine, launch_split_kv, sm_count, \
     split_config, validate_split_decode
 from .mesh import Deadlock, recv, send, seed_chain_reduce, simulate
@@ -29,7 +29,7 @@ from .variants import VARIANTS
 __all__ = ["CHAPTER", "mesh", "ring", "check_merge", "check_split_kv", "check_chain_reduce",
            "check_tree_reduce", "check_zigzag", "check_ring_attention", "merge_cases",
            "split_cases", "mesh_cases", "ring_cases", "plot_zigzag_work", "reduction_costs",
-           "plot_reduction_costs", "cp_costs", "plot_cp_costs", "MAX_SPLITS",
+           "plot_reduction_costs", "plot_mesh_chain", "cp_costs", "plot_cp_costs", "MAX_SPLITS",
            "choose_num_splits", "launch_split_kv", "launch_combine", "sm_count", "split_config",
            "validate_split_decode", "Deadlock", "send", "recv", "simulate", "seed_chain_reduce",
            "zigzag_positions", "contiguous_positions", "block_attention", "identity",

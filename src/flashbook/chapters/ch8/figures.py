@@ -23,6 +23,7 @@ def plot_zigzag_work(world_size: int = 4, n: int = 64):
                            (0.2, "zig-zag", ring.zigzag_positions)):
         work = [ring.causal_work(f(n, world_size, r)) for r in ranks]
         ax.bar([r + off for r in ranks], work, width=0.4, label=layout)
+    ax.set_xticks(list(ranks))
     ax.set_xlabel("rank")
     ax.set_ylabel("causal (query, key) pairs")
     ax.set_title(f"work per rank, N={n}, {world_size} ranks")
@@ -110,5 +111,36 @@ def plot_cp_costs(P: int = 8, sizes=(8192, 32768, 131072, 524288, 1048576), peak
     ax2.legend()
     for a in (ax, ax2):
         a.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig
+
+
+def plot_mesh_chain(n: int = 6, cols: int = 4):
+    """The seed's chain on a group of n PEs in rows of ``cols``: row chains flowing west, the
+    column bridge flowing north to PE 0; in red, the east neighbours the seed waits on that are
+    not in the group (its deadlock when n is not a multiple of cols)."""
+    cols = min(cols, n)
+    rows = -(-n // cols)
+    fig, ax = plt.subplots(figsize=(1.3 * cols + 1, 1.2 * rows + 0.8))
+    for pe in range(n):
+        r, c = divmod(pe, cols)
+        ax.add_patch(plt.Rectangle((c - 0.3, -r - 0.3), 0.6, 0.6, color="C0" if pe else "C2"))
+        ax.text(c, -r, f"PE {pe}", ha="center", va="center", color="white", fontsize=9)
+        if c < cols - 1:                                   # the seed receives from the east
+            missing = pe + 1 >= n
+            ax.annotate("", xy=(c + 0.32, -r), xytext=(c + 0.68, -r),
+                        arrowprops=dict(arrowstyle="->", color="red" if missing else "k",
+                                        ls="--" if missing else "-"))
+            if missing:
+                ax.text(c + 1, -r, f"PE {pe + 1}?\n(not in\nthe group)", ha="center",
+                        va="center", color="red", fontsize=8)
+        if c == 0 and r < rows - 1:
+            ax.annotate("", xy=(0, -r - 0.32), xytext=(0, -r - 0.68),
+                        arrowprops=dict(arrowstyle="->", color="k"))
+    ax.set_xlim(-0.6, cols - 0.4 + (1 if n % cols else 0))
+    ax.set_ylim(-rows + 0.4, 0.6)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"the seed's chain: {n} PEs, {cols} columns (PE 0, green, is the root)")
     fig.tight_layout()
     return fig
