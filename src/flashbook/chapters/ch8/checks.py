@@ -7,9 +7,11 @@ import math
 
 import torch
 
+from flashbook import oob
 from flashbook.cases import seeded
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
+from flashbook.device import current
 
 from . import mesh, ring
 from .launch import launch_combine, launch_split_kv
@@ -185,6 +187,34 @@ def _check_combine(combine_kernel, hidden: bool) -> int:
     return n
 
 
+def _count_k_loads(split_kernel, combine_kernel) -> str:
+    """CPU mode: the K tiles loaded in all must be each (K/V head, split)'s tiles once: the G
+    query heads of a K/V head share every tile (the M-fold), and no split reads another's."""
+    if current().gpu:
+        return " (K tile loads are counted in CPU mode only)"
+    B, h_q, h_kv, d, length, max_len, S, BN = 1, 8, 2, 16, 50, 64, 3, 16
+    q = seeded((B, 1, h_q, d), 5, torch.float32)
+    k, v = _cache(B, max_len, h_kv, d, (length,), torch.float32, 6)
+    lens = torch.tensor([length], dtype=torch.int32)
+    what = (f"split-KV decode (h_q={h_q}, h_kv={h_kv}, length {length}, {S} splits, "
+            f"{BN}-key tiles)")
+    counter = oob.Guard()
+    with counter:
+        run_student(launch_split_kv, split_kernel, combine_kernel, q, k, v, lens, S,
+                    what=what, guard=True)
+    per = -(-(-(-max_len // S)) // BN) * BN                  # keys_per_split, as launched
+    need = h_kv * sum(-(-max(0, min(lo + per, length) - lo) // BN)
+                      for lo in range(0, S * per, per))
+    got = sum(c for (_, name), c in counter.loads.items() if name == "K")
+    if got != need:
+        raise CheckFailure(
+            f"{what}: the kernels loaded {got} K tiles in all; each (K/V head, split)'s tiles "
+            f"once is {need}." + (" The G query heads of a K/V head must share each tile "
+                                  "(rows of one tile), and a split reads its own keys only."
+                                  if got > need else ""))
+    return f" (K tiles loaded: {got}, each once for the {h_q // h_kv} query heads of its K/V head)"
+
+
 def check_split_kv(split_kernel, combine_kernel, hidden: bool = False):
     """Exercise 2: the combine kernel on random partials, then both kernels against float64
     attention over each sequence's cache (NaN in every slot past its length)."""
@@ -214,7 +244,8 @@ def check_split_kv(split_kernel, combine_kernel, hidden: bool = False):
                      dtype=torch.float32, atol=2e-4, rtol=1e-4,
                      hint="each split's LSE is m + log(l) in natural log (-inf when empty).")
         n += 1
-    report("split-KV decode (partials and combine)", n, hidden=hidden)
+    extra = "" if hidden else _count_k_loads(split_kernel, combine_kernel)
+    report("split-KV decode (partials and combine)", n, extra=extra, hidden=hidden)
 
 
 # ------------------------------------------------------ Exercise 3: chain and tree reduces
