@@ -1,7 +1,7 @@
 """Chapter 8 on GPUs, in one command: check the split-KV kernels at full size, record the
 one-GPU benchmark, and run the ring benchmark on every visible GPU (``torchrun``, NCCL)::
 
-    python -m flashbook.chapters.ch8.gpu_run --out DIR
+    python -m flashbook.chapters.ch8.gpu_run --out DIR      (from the repository's root)
 
 1. Checks (each prints a line, and a failure stops the run): split-KV decode (the solution's
    kernels) against fp32 torch attention and cuDNN at (B, h_q, h_kv, context, d) = (1, 32, 8,
@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     p.add_argument("--ring-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
     out = Path(args.out)
+    if "FLASHBOOK_ROOT" not in os.environ and (Path.cwd() / "solutions").is_dir():
+        os.environ["FLASHBOOK_ROOT"] = str(Path.cwd())    # an installed copy finds the sources
     import flashbook
     flashbook.setup()
     t0 = time.monotonic()
