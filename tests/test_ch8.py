@@ -322,3 +322,10 @@ def test_benchmark_runs_end_to_end_at_a_tiny_size_on_cpu():
             err = float(r.note.split("max|O-")[1].split("=")[1].split(";")[0])
             assert err < 1e-2, r
     assert len([r for r in rows if r.kernel == "ch8_split_kv"]) == 2 + len(benchmark.TILE_SWEEP)
+
+
+def test_gpu_runs_full_size_checks_pass_at_a_tiny_size_on_cpu(capsys):
+    from flashbook.chapters.ch8 import gpu_run
+    gpu_run.checks(cases=((1, 96, 96), (2, 64, 40)), h_q=8, h_kv=2, d=16, device="cpu",
+                   dtype=torch.float32, tol=1e-4)
+    assert capsys.readouterr().out.count("check split-KV") == 2
