@@ -230,9 +230,10 @@ def test_split_kv_and_ring_merge_kernels_compile_for_t4_and_h200(tmp_path):
 
 # ------------------------------------------------------------- the multi-GPU ring's logic
 
-def test_ring_bench_ring_is_exact_on_cpu_with_torchrun_and_gloo():
+def test_ring_bench_ring_is_exact_on_cpu_with_torchrun_and_gloo(tmp_path):
     """ring_bench's Ring (zig-zag steps, its Triton merge in the interpreter, the hops) run by
-    torchrun as 2 gloo processes with reference attention, against one process."""
+    torchrun as 2 gloo processes with reference attention, against one process; then its
+    measuring code end to end (on CPU every time is 0), the profiler trace included."""
     import os
     import socket
     import subprocess
@@ -244,9 +245,11 @@ def test_ring_bench_ring_is_exact_on_cpu_with_torchrun_and_gloo():
                TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                            f"--master-port={port}", "-m", "flashbook.chapters.ch8.ring_bench",
-                           "--cpu-check"], env=env, capture_output=True, text=True, timeout=120)
+                           "--cpu-check", "--out", str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "CPU CHECK max error" in proc.stdout
+    assert (tmp_path / "ring_trace_rank0.json").stat().st_size > 1000     # the profiler trace
 
 
 def test_ring_bench_rows_and_benchmark_summary():

@@ -115,6 +115,15 @@ def _event():
     return torch.cuda.Event(enable_timing=True) if torch.cuda.is_available() else _NoEvent()
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 class Ring:
     """One rank's ring attention forward with a given attention function."""
 
@@ -193,19 +202,20 @@ class Ring:
 
 
 def _time(fn, reps: int) -> tuple[float, list]:
-    """Median ms of fn() over reps runs (after one warm-up), the slowest rank's."""
+    """Median ms of fn() over reps runs (after one warm-up), the slowest rank's (CUDA events;
+    on CPU, for the gloo check of this code, every time is 0)."""
     fn()
-    torch.cuda.synchronize()
+    _sync()
     times = []
     for _ in range(reps):
         dist.barrier()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _sync()
+        a, b = _event(), _event()
         a.record()
         fn()
         b.record()
-        torch.cuda.synchronize()
-        t = torch.tensor([a.elapsed_time(b)], device="cuda")
+        _sync()
+        t = torch.tensor([a.elapsed_time(b)], device=_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         times.append(t.item())
     return statistics.median(times), times
@@ -215,9 +225,10 @@ def run_case(attention, n: int, causal: bool, reps: int, profile_dir: Path | Non
     """Measure one (N, causal): the ring, one GPU, the per-step timeline and exactness."""
     from flashbook.reference import attention_flops
     rank, P = dist.get_rank(), dist.get_world_size()
-    g = torch.Generator(device="cuda").manual_seed(1234)
-    q, k, v = (torch.randn(n, H, D, device="cuda", dtype=DTYPE, generator=g) for _ in range(3))
-    cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    dev, dtype = _device(), DTYPE if torch.cuda.is_available() else torch.float32
+    g = torch.Generator(device=dev).manual_seed(1234)
+    q, k, v = (torch.randn(n, H, D, device=dev, dtype=dtype, generator=g) for _ in range(3))
+    cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
     one = lambda: attention(q, k, v, cu, cu, n, n, causal=causal)  # noqa: E731
     t1, _ = _time(one, max(2, reps // 2))
     o_full, lse_full = one()
@@ -230,11 +241,12 @@ def run_case(attention, n: int, causal: bool, reps: int, profile_dir: Path | Non
     errs = torch.stack([err_o, err_lse])
     dist.all_reduce(errs, op=dist.ReduceOp.MAX)
     o_full = lse_full = q = k = v = one = None            # free the one-GPU problem
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     tp, times = _time(lambda: ring.forward(q_loc, kv), reps)
     timeline = []
     ring.forward(q_loc, kv, timeline)
-    torch.cuda.synchronize()
+    _sync()
     steps = [dict(step=i, compute_ms=e0.elapsed_time(e1), wait_ms=e1.elapsed_time(e2))
              for i, (e0, e1, e2) in enumerate(timeline[0])]
     spare = torch.empty_like(kv)
@@ -247,16 +259,19 @@ def run_case(attention, n: int, causal: bool, reps: int, profile_dir: Path | Non
     t_hop, _ = _time(hop, reps) if P > 1 else (0.0, [])
     if profile_dir is not None and rank == 0:
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                               if torch.cuda.is_available() else [])
+        with profile(activities=activities) as prof:
             ring.forward(q_loc, kv)
-            torch.cuda.synchronize()
+            _sync()
         prof.export_chrome_trace(str(profile_dir / "ring_trace_rank0.json"))
     elif profile_dir is not None:
         ring.forward(q_loc, kv)
-        torch.cuda.synchronize()
+        _sync()
     flops = attention_flops(1, H, n, n, D, causal)
     return dict(N=n, causal=causal, world_size=P, ring_ms=tp, ring_runs_ms=times, one_gpu_ms=t1,
-                efficiency=t1 / (P * tp), max_err_o=errs[0].item(), max_err_lse=errs[1].item(),
+                efficiency=t1 / (P * tp) if tp else float("nan"), max_err_o=errs[0].item(),
+                max_err_lse=errs[1].item(),
                 hop_ms=t_hop, hop_bytes=kv.numel() * kv.element_size(), steps_rank0=steps,
                 flops=flops)
 
@@ -292,7 +307,7 @@ def reference_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=False):
     return attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
 
 
-def cpu_check(n: int = 64) -> float:
+def cpu_check(n: int = 64, profile_dir: Path | None = None) -> float:
     """This module's ring (zig-zag steps, merges, hops) over gloo with reference attention,
     against one process: the largest error over both masks (all ranks)."""
     rank, P = dist.get_rank(), dist.get_world_size()
@@ -310,7 +325,12 @@ def cpu_check(n: int = 64) -> float:
         worst = max(worst, err)
     t = torch.tensor([worst])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    for causal in (True, False):                 # the measuring code, end to end (times are 0)
+        c = run_case(reference_attention, n, causal, reps=1, profile_dir=profile_dir)
+        worst = max(worst, c["max_err_o"], c["max_err_lse"])
+        if rank == 0:
+            rows_of([dict(c, ring_ms=1.0, one_gpu_ms=1.0)], None)
+    return max(t.item(), worst)
 
 
 def main(argv=None) -> int:
@@ -327,7 +347,7 @@ def main(argv=None) -> int:
     flashbook.setup(verbose=False)
     if args.cpu_check:
         dist.init_process_group("gloo")
-        err = cpu_check()
+        err = cpu_check(profile_dir=Path(args.out) if args.out else None)
         if dist.get_rank() == 0:
             print(f"CPU CHECK max error {err:.2e}", flush=True)
         dist.destroy_process_group()
