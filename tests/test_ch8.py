@@ -165,8 +165,8 @@ def _alive():
 
 def test_a_hanging_ring_fails_within_its_limit_and_leaves_no_process():
     t = time.monotonic()
-    with pytest.raises(CheckFailure, match="no result within 6 s: a deadlock"):
-        ch8.check_ring_attention(_hangs, timeout=6)
+    with pytest.raises(CheckFailure, match="no result within 4 s: a deadlock"):
+        ch8.check_ring_attention(_hangs, timeout=4)
     assert time.monotonic() - t < 20
     assert not _alive()
 
@@ -316,7 +316,8 @@ def test_benchmark_runs_end_to_end_at_a_tiny_size_on_cpu():
     interpreter at a tiny size. CPU timings: a test of the code, never recorded."""
     from flashbook.chapters.ch8 import benchmark
     rows = benchmark.run(shape=(1, 8, 2, 256, 16), sweep=(2,), read_bytes=2**20,
-                         copy_bytes=2**20, device="cpu", compile_flex=False)
+                         copy_bytes=2**20, device="cpu", compile_flex=False,
+                         tile_sweep=benchmark.TILE_SWEEP[:1])
     kernels = [r.kernel for r in rows]
     assert kernels[0] == "ch8_split_kv" and rows[0].role == "reference"
     assert {"ch5_decode", "sdpa_flash", "flex_attention", "hbm_read", "d2d_copy"} <= set(kernels)
@@ -324,7 +325,7 @@ def test_benchmark_runs_end_to_end_at_a_tiny_size_on_cpu():
         if r.kernel in ("ch8_split_kv", "ch5_decode"):
             err = float(r.note.split("max|O-")[1].split("=")[1].split(";")[0])
             assert err < 1e-2, r
-    assert len([r for r in rows if r.kernel == "ch8_split_kv"]) == 2 + len(benchmark.TILE_SWEEP)
+    assert len([r for r in rows if r.kernel == "ch8_split_kv"]) == 3
 
 
 def test_gpu_runs_full_size_checks_pass_at_a_tiny_size_on_cpu(capsys):

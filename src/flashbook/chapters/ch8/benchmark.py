@@ -65,7 +65,7 @@ def split_setup(ns, q, k, v, lens, num_splits, check, tiles=None):
 
 
 def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BYTES,
-        device="cuda", ns=None, ns5=None, compile_flex=True) -> list[Row]:
+        device="cuda", ns=None, ns5=None, compile_flex=True, tile_sweep=TILE_SWEEP) -> list[Row]:
     """Every row (module docstring). ``ns``, ``ns5``: the ch8 and ch5 solution namespaces."""
     from torch.nn.attention.flex_attention import flex_attention
     from flashbook.chapters.ch8.launch import choose_num_splits, sm_count, split_config
@@ -97,7 +97,7 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
                 rows.append(ch5b.measure("ch8_split_kv", "variant",
                                          split_setup(ns, q, kc, vc, lens, s, check),
                                          note=f"num_splits={s}", **kw))
-        for tiles in TILE_SWEEP:
+        for tiles in tile_sweep:
             rows.append(ch5b.measure("ch8_split_kv", "variant",
                                      split_setup(ns, q, kc, vc, lens, chosen, check, tiles),
                                      note=f"num_splits={chosen}; BLOCK_N, num_warps, num_stages "
