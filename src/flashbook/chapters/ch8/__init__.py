@@ -6,8 +6,9 @@ precision experiment; ``launch`` launches the split-KV decode kernels (Flash-Dec
 the split count; ``mesh`` simulates message passing on a 2-D mesh (and runs the seed's chain);
 ``ring`` runs a student's ring attention in gloo processes and tears them down; ``checks`` grades
 the exercises; ``figures`` draws the chapter's pictures; ``benchmark`` (one GPU) and
-``ring_bench`` (``torchrun``, any number of GPUs) measure on GPUs. The benchmark is not in the
-contract until an H200 run is recorded.
+``ring_bench`` (``torchrun``, any number of GPUs, with ``cp_baseline``: PyTorch's prototype
+``context_parallel``) measure on GPUs, and ``gpu_run`` runs both after full-size checks. The
+benchmark is not in the contract until an H200 run is recorded.
 """
 from __future__ import annotations
 
