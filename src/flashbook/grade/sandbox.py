@@ -9,7 +9,10 @@ What this gives (and what it cannot):
 * Landlock (Linux >= 5.13, unprivileged): the kernel may read only the system, Python and
   flashbook's own code, and write only its work directory — so it cannot read the course
   directory (hidden tests, gradebook, other students' files) nor write anything else; with
-  Landlock ABI >= 4 it also cannot open TCP connections (no network, except its own ports);
+  Landlock ABI >= 4 it also cannot open TCP connections except on its own ports and the
+  ephemeral range (which processes it starts use to talk to each other, e.g. torch.distributed
+  over gloo; Landlock cannot tell loopback from remote hosts, so those ports are open to both,
+  and well-known ports such as 22, 80 and 443 stay closed);
 * optionally (``--sandbox-user``, when grading runs as root) it drops to an unprivileged user.
 Without Landlock (older kernels, some container runtimes) the kernel has the grader's rights:
 ``autograde`` warns, and the instructor guide says how to add a container.
@@ -100,6 +103,15 @@ def landlock_abi() -> int:
         return 0
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The local (ephemeral) port range, Linux's ``ip_local_port_range``."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def read_only_paths() -> list[str]:
     """What the kernel needs to read: the system, Python, site-packages, flashbook's code."""
     paths = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt", "/proc",
@@ -133,8 +145,14 @@ def landlock(rw: list[str], ro: list[str], tcp_bind_ports: list[int]) -> int:
             if rc:
                 raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
     if abi >= 4:
-        for port in tcp_bind_ports:
-            rule = _NetPort(_NET_BIND_TCP, port)
+        lo, hi = ephemeral_ports()
+        # the kernel's own ports; then bind to port 0 (the system picks one) and bind/connect
+        # within the ephemeral range: processes the student's code starts talk to each other
+        # that way (torch.distributed over gloo). Well-known ports stay closed.
+        rules = [(port, _NET_BIND_TCP) for port in tcp_bind_ports] + [(0, _NET_BIND_TCP)] + \
+            [(port, _NET_BIND_TCP | _NET_CONNECT_TCP) for port in range(lo, hi + 1)]
+        for port, access in rules:
+            rule = _NetPort(access, port)
             if libc.syscall(_SYS_ADD_RULE, fd, 2, ctypes.byref(rule), ctypes.c_uint32(0)):
                 raise OSError(ctypes.get_errno(), f"landlock_add_rule port {port}")
     if libc.prctl(38, 1, 0, 0, 0):                      # PR_SET_NO_NEW_PRIVS

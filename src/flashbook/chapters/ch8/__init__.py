@@ -1,0 +1,52 @@
+"""Chapter 8: the distributed merge: partial softmax states, split-KV decode, reductions over a
+mesh, ring attention on torch.distributed.
+
+``state`` holds the merge and its (O, LSE) form, solved (the checks' references) and the wire
+precision experiment; ``launch`` launches the split-KV decode kernels (Flash-Decoding) and picks
+the split count; ``mesh`` simulates message passing on a 2-D mesh (and runs the seed's chain);
+``ring`` runs a student's ring attention in gloo processes and tears them down; ``checks`` grades
+the exercises; ``figures`` draws the chapter's pictures; ``benchmark`` (one GPU) and
+``ring_bench`` (``torchrun``, any number of GPUs, with ``cp_baseline``: PyTorch's prototype
+``context_parallel``) measure on GPUs, and ``gpu_run`` runs both after full-size checks. The
+benchmark is not in the contract until an H200 run is recorded.
+"""
+from __future__ import annotations
+
+from flashbook.contract import Chapter, Exercise
+
+from . import mesh, ring
+from .checks import check_chain_reduce, check_merge, check_ring_attention, check_split_kv, \
+    check_tree_reduce, check_zigzag, mesh_cases, merge_cases, ring_cases, split_cases
+from .figures import cp_costs, plot_cp_costs, plot_mesh_chain, plot_reduction_costs, \
+    plot_zigzag_work, reduction_costs
+from .launch import MAX_SPLITS, choose_num_splits, launch_combine, launch_split_kv, sm_count, \
+    split_config, validate_split_decode
+from .mesh import Deadlock, recv, send, seed_chain_reduce, simulate
+from .ring import contiguous_positions, zigzag_positions
+from .state import block_attention, identity, merge_lse, merge_states, state_of, \
+    wire_roundtrip_error
+from .variants import VARIANTS
+
+__all__ = ["CHAPTER", "mesh", "ring", "check_merge", "check_split_kv", "check_chain_reduce",
+           "check_tree_reduce", "check_zigzag", "check_ring_attention", "merge_cases",
+           "split_cases", "mesh_cases", "ring_cases", "plot_zigzag_work", "reduction_costs",
+           "plot_reduction_costs", "plot_mesh_chain", "cp_costs", "plot_cp_costs", "MAX_SPLITS",
+           "choose_num_splits", "launch_split_kv", "launch_combine", "sm_count", "split_config",
+           "validate_split_decode", "Deadlock", "send", "recv", "simulate", "seed_chain_reduce",
+           "zigzag_positions", "contiguous_positions", "block_attention", "identity",
+           "merge_lse", "merge_states", "state_of", "wire_roundtrip_error"]
+
+CHAPTER = Chapter(
+    id="ch8",
+    title="The distributed merge",
+    exercises=(
+        Exercise("ch8_merge_test", ("ch8_merge",), ("merge",), check_merge),
+        Exercise("ch8_split_kv_test", ("ch8_split_kernel", "ch8_combine_kernel"),
+                 ("split_kv_kernel", "combine_kernel"), check_split_kv),
+        Exercise("ch8_chain_test", ("ch8_chain",), ("chain_reduce",), check_chain_reduce),
+        Exercise("ch8_tree_test", ("ch8_tree",), ("tree_reduce",), check_tree_reduce),
+        Exercise("ch8_zigzag_test", ("ch8_zigzag",), ("zigzag_chunks",), check_zigzag),
+        Exercise("ch8_ring_test", ("ch8_ring",), ("ring_attention",), check_ring_attention),
+    ),
+    variants=VARIANTS,
+)

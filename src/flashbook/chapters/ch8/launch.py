@@ -1,0 +1,146 @@
+"""Chapter 8 launch: split-KV decode (Flash-Decoding) against a contiguous KV cache.
+
+One decode step: q ``(B, 1, h_q, d)`` (one new token per sequence), a cache ``(B, max_len, h_kv,
+d)`` with ``cache_seqlens (B,)`` int32 valid lengths (the new token included). The keys of each
+sequence are cut into ``num_splits`` ranges of ``keys_per_split`` keys (a multiple of the key
+tile); program ``(b * h_kv + kv_head, split)`` runs the online softmax over its range for the
+G query heads of its K/V head, folded into the rows of one tile (Chapter 5's M-fold), and writes
+a partial ``(O, LSE)`` in fp32: ``O_part (B, h_q, S, d)``, ``LSE_part (B, h_q, S)``. The combine
+kernel, one program per ``(b, query head)``, merges the S partials: O ``(B, 1, h_q, d)`` in q's
+dtype and LSE ``(B, h_q, 1)`` float32, natural log.
+
+Traffic: the cache is read once (``2 * B * max_len * h_kv * d`` elements); the partials add
+``B * h_q * S * (d + 1) * 4`` bytes written and read again (0.1 % of the cache at batch 1,
+context 131072, h_q = 32, S = 32, d = 128).
+"""
+from __future__ import annotations
+
+
+import torch
+import triton
+
+from flashbook.cases import validate_scale, validate_tensor
+from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E
+from flashbook.chapters.ch5.launch import decode_block_m
+from flashbook.device import current
+
+__all__ = ["choose_num_splits", "split_config", "launch_split_kv", "launch_combine",
+           "validate_split_decode", "sm_count"]
+
+MAX_SPLITS = 128
+
+
+def sm_count(device=None) -> int | None:
+    """The GPU's streaming multiprocessors (None on CPU)."""
+    if not current().gpu:
+        return None
+    return torch.cuda.get_device_properties(device or 0).multi_processor_count
+
+
+def choose_num_splits(batch: int, h_kv: int, max_len: int, sms: int | None, block_n: int,
+                      programs_per_sm: int = 2, max_splits: int = MAX_SPLITS) -> int:
+    """How many ranges to cut each sequence's keys into: enough programs (batch x h_kv x splits)
+    to give every SM ``programs_per_sm`` of them, so that one SM's waits on memory are covered by
+    another program's loads; never more splits than key tiles, nor ``max_splits``. Without a GPU
+    (``sms`` None) it splits into tiles of 4 key tiles, so that the checks see several splits.
+    Then rounded so that every split but the last has the same number of whole tiles."""
+    tiles = max(1, -(-max_len // block_n))
+    if sms is None:
+        want = -(-tiles // 4)
+    else:
+        programs = batch * h_kv
+        want = 1 if programs >= programs_per_sm * sms else -(-programs_per_sm * sms // programs)
+    want = max(1, min(want, tiles, max_splits))
+    tiles_per_split = -(-tiles // want)
+    return -(-tiles // tiles_per_split)
+
+
+def split_config(capability: tuple | None) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the split kernel: Chapter 5's decode tiles (128 keys
+    and two stages on sm_90, 64 elsewhere, 16 in the CPU interpreter)."""
+    if capability is None:
+        return 16, 4, 1
+    return (128, 4, 2) if tuple(capability) >= (9, 0) else (64, 4, 3)
+
+
+def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seqlens,
+                    num_splits: int | None = None, *, scale: float | None = None,
+                    block_n: int | None = None, num_warps: int | None = None,
+                    num_stages: int | None = None, out=None):
+    """Launch the split kernel on grid ``(B * h_kv, num_splits)``, then the combine kernel on
+    ``(B * h_q,)``; returns (O (B, 1, h_q, d), LSE (B, h_q, 1)). ``num_splits`` defaults to
+    ``choose_num_splits`` for this GPU. Checks only what the launch needs (the public wrapper
+    validates the arguments)."""
+    B, n_new, h_q, d = q.shape
+    max_len, h_kv = k_cache.shape[1], k_cache.shape[2]
+    G = h_q // h_kv
+    cfg = split_config(current().capability)
+    BN, warps, stages = block_n or cfg[0], num_warps or cfg[1], num_stages or cfg[2]
+    S = num_splits or choose_num_splits(B, h_kv, max_len, sm_count(q.device), BN)
+    if not 1 <= S <= MAX_SPLITS:
+        raise ValueError(f"launch_split_kv: num_splits must lie in [1, {MAX_SPLITS}], got {S}.")
+    keys_per_split = triton.cdiv(triton.cdiv(max_len, S), BN) * BN
+    scale = validate_scale(scale, d, "launch_split_kv")
+    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
+                     torch.empty((B, h_q, 1), dtype=torch.float32, device=q.device))
+    if B * h_q == 0:
+        return o, lse
+    o_part = torch.empty((B, h_q, S, d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((B, h_q, S), dtype=torch.float32, device=q.device)
+    split_kernel[(B * h_kv, S)](
+        q, k_cache, v_cache, o_part, lse_part, cache_seqlens,
+        q.stride(0), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), h_kv, keys_per_split,
+        scale * LOG2E, GROUP=G, HEAD_DIM=d, BLOCK_M=decode_block_m(G, 1), BLOCK_N=BN,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages)
+    launch_combine(combine_kernel, o_part, lse_part, out=(o.view(B, h_q, d), lse.view(B, h_q)))
+    return o, lse
+
+
+def launch_combine(combine_kernel, o_part, lse_part, dtype=None, out=None):
+    """Merge partials ``o_part (B, h_q, S, d)`` fp32 and ``lse_part (B, h_q, S)`` fp32 (natural
+    log; -inf for an empty split) into O (B, h_q, d) (``dtype``, default fp32) and LSE (B, h_q).
+    One program per (b, head), all S partials in one tile."""
+    B, h_q, S, d = o_part.shape
+    o, lse = out or (torch.empty((B, h_q, d), dtype=dtype or torch.float32,
+                                 device=o_part.device),
+                     torch.empty((B, h_q), dtype=torch.float32, device=o_part.device))
+    if B * h_q:
+        combine_kernel[(B * h_q,)](o_part, lse_part.contiguous(), o, lse, S,
+                                   o_part.stride(0), o_part.stride(1), o_part.stride(2),
+                                   o.stride(0), o.stride(1), h_q, HEAD_DIM=d,
+                                   BLOCK_S=max(2, triton.next_power_of_2(S)))
+    return o, lse
+
+
+def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
+    """The public wrapper's argument checks: a ValueError naming the argument."""
+    name = "decode_split_kv"
+    for label, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        validate_tensor(label, t, dims=4, dtypes=DTYPES, name=name)
+    if not q.dtype == k_cache.dtype == v_cache.dtype or \
+            not q.device == k_cache.device == v_cache.device:
+        raise ValueError(f"{name}: q, k_cache and v_cache must share a dtype and a device.")
+    B, n_new, h_q, d = q.shape
+    if n_new != 1:
+        raise ValueError(f"{name}: q must hold one new token per sequence (B, 1, h_q, d), got "
+                         f"{tuple(q.shape)}; several new tokens: use Chapter 5's decode.")
+    if k_cache.shape != v_cache.shape or k_cache.shape[0] != B or k_cache.shape[3] != d or \
+            h_q % k_cache.shape[2] or d not in HEAD_DIMS:
+        raise ValueError(f"{name}: k_cache {tuple(k_cache.shape)} and v_cache "
+                         f"{tuple(v_cache.shape)} must be (B={B}, max_len, h_kv, d={d}) with h_kv "
+                         f"dividing h_q={h_q} and d one of {HEAD_DIMS}.")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or \
+            tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
+        raise ValueError(f"{name}: cache_seqlens must be a ({B},) torch.int32 tensor on "
+                         f"{q.device}.")
+    lengths = cache_seqlens.tolist()
+    if min(lengths, default=1) < 1 or max(lengths, default=0) > k_cache.shape[1]:
+        raise ValueError(f"{name}: cache_seqlens must lie in [1, {k_cache.shape[1]}], got "
+                         f"{lengths[:8]}.")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(
+            num_splits, int) or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"{name}: num_splits must be an int in [1, {MAX_SPLITS}] or None, got "
+                         f"{num_splits!r}.")

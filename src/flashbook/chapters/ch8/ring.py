@@ -1,0 +1,284 @@
+"""Exercise 4's harness: a student's ``ring_attention`` run by P CPU processes over gloo
+(``torch.distributed``), started as ``torchrun`` starts them (one fresh Python per rank), every one torn down
+whatever the student's code does.
+
+The parent ships the student's function *as source text* (Chapter 6's ``interpret.ship``: a
+notebook's function cannot be imported by another process) to P spawned workers. Each worker
+joins a gloo process group (a file store in a scratch directory, so no port can clash), rebuilds
+the function, and runs every case of the job in one go (a process start costs seconds: one per
+world size per check). For each case every worker builds the same seeded full problem, takes its
+shard (zig-zag or contiguous positions), calls ``ring_attention(q, k, v, q_pos, k_pos, causal)``
+and saves its (O, LSE) and the P2P traffic it sent (``batch_isend_irecv`` is counted). The parent
+compares each rank's shard with single-process float64 attention of the whole problem.
+
+Teardown: a worker that raises writes its traceback and exits at once; the parent then kills the
+others (blocked in a send or receive that will never complete). A job that runs past its time
+limit (a deadlock) is killed the same way and reported as one; the gloo group's own timeout and
+each worker's parent-death signal are the second and third nets. A worker never outlives the check.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import types
+import linecache
+from pathlib import Path
+
+import torch
+
+__all__ = ["zigzag_positions", "contiguous_positions", "RingCase", "RingRun", "run_ring",
+           "causal_work"]
+
+TIMEOUT_S = 60.0             # one job (every case of one world size), process start included
+_STUDENT = "__flashbook_student__"
+
+
+def zigzag_positions(n: int, world_size: int, rank: int) -> torch.Tensor:
+    """Positions rank ``rank`` holds under the zig-zag layout: the sequence cut into
+    2 * world_size chunks, rank r taking chunks r and 2 * world_size - 1 - r (n divisible by
+    2 * world_size)."""
+    c = n // (2 * world_size)
+    a, b = rank, 2 * world_size - 1 - rank
+    return torch.cat([torch.arange(a * c, (a + 1) * c), torch.arange(b * c, (b + 1) * c)])
+
+
+def contiguous_positions(n: int, world_size: int, rank: int) -> torch.Tensor:
+    c = n // world_size
+    return torch.arange(rank * c, (rank + 1) * c)
+
+
+def causal_work(positions: torch.Tensor) -> int:
+    """(query, key) pairs a rank holding these query positions computes under a causal mask."""
+    return int((positions + 1).sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class RingCase:
+    name: str
+    n: int                   # the whole sequence
+    B: int = 1
+    H_q: int = 2
+    H_kv: int = 2
+    d: int = 8
+    dtype: str = "float64"
+    causal: bool = False
+    layout: str = "contiguous"   # or "zigzag"
+    seed: int = 0
+
+    def positions(self, world_size: int, rank: int) -> torch.Tensor:
+        f = zigzag_positions if self.layout == "zigzag" else contiguous_positions
+        return f(self.n, world_size, rank)
+
+    def inputs(self):
+        g = torch.Generator().manual_seed(self.seed)
+        dt = getattr(torch, self.dtype)
+        q = torch.randn(self.B, self.H_q, self.n, self.d, generator=g, dtype=torch.float64)
+        k = torch.randn(self.B, self.H_kv, self.n, self.d, generator=g, dtype=torch.float64)
+        v = torch.randn(self.B, self.H_kv, self.n, self.d, generator=g, dtype=torch.float64)
+        return q.to(dt), k.to(dt), v.to(dt)
+
+    def describe(self, world_size: int) -> str:
+        return (f"'{self.name}' ({world_size} processes, n={self.n}, H_q={self.H_q}, "
+                f"H_kv={self.H_kv}, d={self.d}, {self.dtype}, "
+                f"{'causal, ' if self.causal else ''}{self.layout} shards)")
+
+
+@dataclasses.dataclass
+class RingRun:
+    status: str                  # ok | raised | timeout | died
+    outputs: dict                # (case index, rank) -> dict(o, lse, sent_bytes, sent_msgs)
+    error: str = ""              # the traceback of the first worker that raised
+    rank: int | None = None      # which worker raised
+    wall_s: float = 0.0
+
+
+# ------------------------------------------------------------------------- the parent
+
+def run_ring(functions: dict, cases: list, world_size: int, timeout: float = TIMEOUT_S,
+             entry: str = "ring_attention") -> RingRun:
+    """Run ``functions[entry]`` on every case in ``world_size`` fresh processes (this file run
+    as a script, one process per rank, as ``torchrun`` starts them), then tear them down."""
+    import json
+    import subprocess
+    from flashbook.chapters.ch6.interpret import ship
+    shipped = [dataclasses.asdict(ship(fn, name)) for name, fn in functions.items()]
+    job = Path(tempfile.mkdtemp(prefix="flashbook-ring-"))
+    (job / "job.json").write_text(json.dumps(dict(
+        shipped=shipped, entry=entry, cases=[dataclasses.asdict(c) for c in cases],
+        timeout=timeout, world_size=world_size)))
+    src = str(Path(__file__).resolve().parents[3])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    start = time.monotonic()
+    procs = []
+    try:
+        for rank in range(world_size):
+            with open(job / f"log_rank{rank}.txt", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), str(job), str(rank)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                    cwd=job, start_new_session=True))
+        status = "ok"
+        while True:
+            if any(job.glob("error_rank*.txt")):
+                status = "raised"
+                break
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                if any(codes):
+                    time.sleep(0.2)                      # its error file may be on the way
+                    status = "raised" if any(job.glob("error_rank*.txt")) else "died"
+                break
+            if time.monotonic() - start > timeout:
+                status = "timeout"
+                break
+            time.sleep(0.05)
+        _kill_all(procs)
+        outputs = {}
+        for f in job.glob("out_case*_rank*.pt"):
+            i, r = f.stem[len("out_case"):].split("_rank")
+            outputs[int(i), int(r)] = torch.load(f, weights_only=True)
+        run = RingRun(status, outputs, wall_s=time.monotonic() - start)
+        errors = sorted(job.glob("error_rank*.txt"), key=_first_cause)
+        if errors:
+            run.error = errors[0].read_text()
+            run.rank = int(errors[0].stem[len("error_rank"):])
+        elif status == "died":
+            logs = "".join((job / f"log_rank{r}.txt").read_text(errors="replace")[-1500:]
+                           for r in range(world_size))
+            run.error = f"exit codes {[p.returncode for p in procs]}\n{logs}"
+        return run
+    finally:
+        _kill_all(procs)
+        shutil.rmtree(job, ignore_errors=True)
+
+
+def _first_cause(path: Path):
+    """Sort key of the workers' error files: the student's own exception before the
+    connection errors it caused in the other ranks, then the earliest."""
+    text = path.read_text(errors="replace")
+    return ("Connection closed by peer" in text or "DistBackendError" in text,
+            path.stat().st_mtime_ns)
+
+
+def _kill_all(procs):
+    """SIGKILL each worker's process group (each started its own session: only its tree)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - never let teardown raise
+            pass
+
+
+# ------------------------------------------------------------------------- the worker
+
+def _die_with_parent():
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _rebuild(shipped: list) -> dict:
+    """The student's functions, from their source text, in one fresh module."""
+    module = types.ModuleType(_STUDENT)
+    sys.modules[_STUDENT] = module
+    g = module.__dict__
+
+    def load(d: dict):
+        for h in d["helpers"]:
+            load(h)
+        for stmt in d["prelude"]:
+            exec(stmt, g)
+        lines = d["source"].splitlines(True)
+        linecache.cache[d["filename"]] = (0, None, [""] * (d["firstlineno"] - 1) + lines,
+                                          d["filename"])
+        exec(compile("\n" * (d["firstlineno"] - 1) + d["source"], d["filename"], "exec"), g)
+        g[d["name"]] = g[d["defines"]]
+        return g[d["defines"]]
+    return {d["name"]: load(d) for d in shipped}
+
+
+def _count_p2p(dist, counter: dict):
+    """Wrap ``dist.batch_isend_irecv`` to count the messages and bytes this rank sends."""
+    from torch.distributed import distributed_c10d as c10d
+    original = dist.batch_isend_irecv
+
+    def counted(p2p_op_list):
+        for op in p2p_op_list:
+            if op.op is c10d.isend:
+                counter["msgs"] += 1
+                counter["bytes"] += op.tensor.numel() * op.tensor.element_size()
+        return original(p2p_op_list)
+    dist.batch_isend_irecv = counted
+
+
+def _worker(job_dir: Path, rank: int):
+    import json
+    _die_with_parent()
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    spec = json.loads((job_dir / "job.json").read_text())
+    world_size, timeout, cases = spec["world_size"], spec["timeout"], spec["cases"]
+    shipped, entry = spec["shipped"], spec["entry"]
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{job_dir / 'store'}", rank=rank,
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        fn = _rebuild(shipped)[entry]
+        for i, c in enumerate(cases):
+            case = RingCase(**c)
+            q, k, v = case.inputs()
+            pos = case.positions(world_size, rank)
+            counter = {"msgs": 0, "bytes": 0}
+            _count_p2p(dist, counter)
+            out = fn(q[:, :, pos].contiguous(), k[:, :, pos].contiguous(),
+                     v[:, :, pos].contiguous(), pos.clone(), pos.clone(), case.causal)
+            dist.batch_isend_irecv = _original_batch(dist)
+            if not (isinstance(out, tuple) and len(out) == 2
+                    and all(isinstance(t, torch.Tensor) for t in out)):
+                raise TypeError(f"ring_attention must return a tuple (O, LSE) of tensors, got "
+                                f"{type(out).__name__}")
+            torch.save({"o": out[0].detach().clone(), "lse": out[1].detach().clone(),
+                        "sent_msgs": counter["msgs"], "sent_bytes": counter["bytes"]},
+                       job_dir / f"out_case{i}_rank{rank}.pt")
+            dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, then this process ends
+        text = "".join(traceback.format_exception(e))
+        tmp = job_dir / f".error_rank{rank}.tmp"
+        tmp.write_text(text[-6000:])
+        tmp.rename(job_dir / f"error_rank{rank}.txt")            # atomic: the parent reads whole
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _original_batch(dist):
+    from torch.distributed import distributed_c10d as c10d
+    return c10d.batch_isend_irecv
+
+
+if __name__ == "__main__":
+    sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    try:
+        _worker(Path(sys.argv[1]), int(sys.argv[2]))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

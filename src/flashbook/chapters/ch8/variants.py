@@ -1,0 +1,69 @@
+"""Known-wrong answers to Chapter 8's exercises: each is the solution cell with one classic bug
+edited in, and each must lose points to that bug."""
+from flashbook.contract import Variant
+
+VARIANTS = (
+    # ------------------------------------------------------------------------- ch8_merge
+    Variant('merge_without_max_shift', 'ch8_merge', (
+        ('m_ref = torch.where(m == -math.inf, 0.0, m)', 'm_ref = torch.zeros_like(m)'),
+        ('    return m, l, o', '    return m_ref, l, o'),
+    ), expect='NaN'),                    # exact in exact arithmetic; exp(m) overflows at 1e4
+    Variant('merge_weighted_by_l', 'ch8_merge', (
+        ('w_a = l_a * torch.exp(m_a - m_ref)', 'w_a = l_a'),
+        ('w_b = l_b * torch.exp(m_b - m_ref)', 'w_b = l_b'),
+    ), expect='O of the merged shards'),  # l alone, not exp(LSE): each side's own max forgotten
+    Variant('merge_nan_when_both_empty', 'ch8_merge', (
+        ('m_ref = torch.where(m == -math.inf, 0.0, m)', 'm_ref = m'),
+    ), expect='NaN'),
+    # ------------------------------------------------------------------ ch8_split_kernel
+    Variant('split_reads_past_cache_len', 'ch8_split_kernel', (
+        ('hi = tl.minimum(lo + keys_per_split, cache_len)', 'hi = lo + keys_per_split'),
+    ), expect='out-of-bounds'),          # past the length (NaN there), then past the cache
+    Variant('split_wrong_kv_head', 'ch8_split_kernel', (
+        ('heads = kv_head * GROUP + r', 'heads = r * H_KV + kv_head'),
+    ), expect='values are wrong'),
+    Variant('split_ranges_overlap', 'ch8_split_kernel', (
+        ('lo = split * keys_per_split', 'lo = split * (keys_per_split - BLOCK_N)'),
+    ), expect='values are wrong'),
+    # ---------------------------------------------------------------- ch8_combine_kernel
+    Variant('combine_without_max_shift', 'ch8_combine_kernel', (
+        ('m_ref = tl.where(m == float("-inf"), 0.0, m)', 'm_ref = 0.0'),
+    ), expect='combine kernel'),         # exp(LSE) overflows fp32 past 88
+    Variant('combine_not_normalised', 'ch8_combine_kernel', (
+        ('/ tl.where(total > 0.0, total, 1.0)', '/ num_splits'),
+    ), expect='combine kernel'),
+    # ------------------------------------------------------------------------ ch8_chain
+    Variant('chain_assumes_full_rows', 'ch8_chain', (
+        ('width = min(cols, n - row * cols)', 'width = cols'),
+    ), expect='deadlock'),               # the seed's bug: group_size = 6, 4 columns
+    Variant('chain_skips_last_of_row', 'ch8_chain', (
+        ('if col < width - 1:', 'if col < width - 2:'),
+    ), expect='never received'),
+    # ------------------------------------------------------------------------- ch8_tree
+    Variant('tree_partner_past_the_group', 'ch8_tree', (
+        ('if pe + step < n:', 'if pe + step <= n:'),
+    ), expect='deadlock'),
+    Variant('tree_is_a_chain', 'ch8_tree', (
+        ('step *= 2', 'step += 1'),
+    ), expect='tree_reduce'),
+    # ----------------------------------------------------------------------- ch8_zigzag
+    Variant('zigzag_second_chunk_off_by_one', 'ch8_zigzag', (
+        ('return rank, 2 * world_size - 1 - rank', 'return rank, 2 * world_size - rank'),
+    ), expect='exactly one rank'),
+    Variant('zigzag_wrong_ranks', 'ch8_zigzag', (
+        ('return rank, 2 * world_size - 1 - rank', 'return rank, world_size + rank'),
+    ), expect='not balanced'),
+    # ------------------------------------------------------------------------- ch8_ring
+    Variant('ring_sends_k_not_v', 'ch8_ring', (
+        ('[dist.P2POp(dist.isend, t, send_to) for t in (k, v, k_pos)]',
+         '[dist.P2POp(dist.isend, t, send_to) for t in (k, k_pos)]'),
+        ('[dist.P2POp(dist.irecv, t, recv_from) for t in nxt]',
+         '[dist.P2POp(dist.irecv, t, recv_from) for t in nxt[::2]]'),
+        ('k, v, k_pos = nxt', 'k, _, k_pos = nxt'),
+    ), expect='output O'),               # V stays on its rank: O is wrong, LSE right
+    Variant('ring_merges_own_block_twice', 'ch8_ring', (
+        ('    state = (torch.full(rows, -math.inf, dtype=q.dtype), torch.zeros(rows, '
+         'dtype=q.dtype),\n             torch.zeros_like(q))',
+         '    state = as_state(*block_attention(q, k, v, q_pos, k_pos, causal))'),
+    ), expect='ring attention'),
+)

@@ -1,0 +1,335 @@
+"""Chapter 8's own tests (the contract tests in test_chapters.py run its exercises, stubs and
+known-wrong variants): the merge references, the split count, the wrapper's argument checks,
+the mesh simulator, the ring harness's teardown (a hang and a raise in the student's code), the
+figures, and the split-KV kernels compiling ahead of time for sm_75 and sm_90."""
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashbook import sources
+from flashbook.chapters import ch8
+from flashbook.chapters.ch8 import mesh, ring
+from flashbook.check import CheckFailure
+
+from aot_compile import compile_script, too_big
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return sources.solution_namespace("ch8", ROOT)
+
+
+# ------------------------------------------------------------------------------ the merge
+
+def test_merge_lse_matches_the_whole_row_and_handles_empty_sides():
+    s = torch.randn(3, 10, dtype=torch.float64) * 4
+    v = torch.randn(10, 2, dtype=torch.float64)
+    a = ch8.state_of(s[:, :4], v[:4])
+    b = ch8.state_of(s[:, 4:], v[4:])
+    m, l, o = ch8.merge_states(a, b)
+    torch.testing.assert_close(o, torch.softmax(s, -1) @ v)
+    torch.testing.assert_close(m + torch.log(l), torch.logsumexp(s, -1))
+    o2, lse2 = ch8.merge_lse(a[2], a[0] + torch.log(a[1]), b[2], b[0] + torch.log(b[1]))
+    torch.testing.assert_close(o2, o)
+    empty = ch8.identity((3,), 2)
+    m, l, o = ch8.merge_states(empty, empty)
+    assert torch.all(m == -math.inf) and torch.all(l == 0) and torch.all(o == 0)
+
+
+def test_wire_fp16_state_loses_accuracy_that_fp32_lse_keeps():
+    err = ch8.wire_roundtrip_error(boost=12.0)
+    assert err["fp32 m, l, O"] < 1e-5
+    assert err["fp16 m, l, O (the seed)"] > 3 * err["fp32 LSE, fp16 O"]
+
+
+# ---------------------------------------------------------------------- split-KV launch
+
+@pytest.mark.parametrize("batch, context, want", [(1, 131072, 32), (32, 8192, 2), (4, 131072, 9),
+                                                 (1, 1000, 8)])
+def test_split_count_fills_the_sms_with_whole_tiles(batch, context, want):
+    s = ch8.choose_num_splits(batch, 8, context, 132, 128)
+    assert s == want
+    tiles = -(-context // 128)
+    per = -(-tiles // s)
+    assert -(-tiles // per) == s                           # every split but the last: per tiles
+
+
+def test_split_count_on_cpu_gives_several_splits():
+    assert ch8.choose_num_splits(1, 2, 64, None, 16) == 1
+    assert ch8.choose_num_splits(1, 2, 256, None, 16) == 4
+
+
+@pytest.mark.parametrize("change, arg", [
+    (dict(q=torch.randn(1, 2, 4, 16)), "q"),
+    (dict(cache_seqlens=torch.tensor([70], dtype=torch.int32)), "cache_seqlens"),
+    (dict(cache_seqlens=torch.tensor([5])), "cache_seqlens"),
+    (dict(k_cache=torch.randn(1, 64, 3, 16)), "k_cache"),
+    (dict(num_splits=0), "num_splits"),
+])
+def test_wrapper_rejects_bad_arguments(solution, change, arg):
+    call = dict(q=torch.randn(1, 1, 4, 16), k_cache=torch.randn(1, 64, 2, 16),
+                v_cache=torch.randn(1, 64, 2, 16),
+                cache_seqlens=torch.tensor([50], dtype=torch.int32))
+    call.update(change)
+    if "k_cache" in change:
+        call["v_cache"] = change["k_cache"]
+    with pytest.raises(ValueError, match=arg):
+        solution["decode_split_kv"](**call)
+
+
+def test_split_kv_matches_chapter5_decode(solution):
+    from flashbook.chapters import ch5
+    ns5 = sources.solution_namespace("ch5", ROOT)
+    q = torch.randn(2, 1, 8, 16)
+    k, v = torch.randn(2, 80, 2, 16), torch.randn(2, 80, 2, 16)
+    lens = torch.tensor([80, 33], dtype=torch.int32)
+    o, lse = solution["decode_split_kv"](q, k, v, lens, num_splits=3)
+    o5, lse5 = ns5["decode"](q, k, v, lens)
+    torch.testing.assert_close(o, o5, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, lse5, atol=1e-5, rtol=1e-5)
+    assert ch5 is not None
+
+
+# ------------------------------------------------------------------------- the mesh
+
+def test_seed_chain_deadlocks_on_a_partial_row_and_reports_who_waits():
+    states = [ch8.identity((1,), 1) for _ in range(6)]
+    with pytest.raises(mesh.Deadlock, match="PE 5 .* waits on PE 6, not in the group"):
+        mesh.simulate(mesh.seed_chain_reduce, states, 4, merge=ch8.merge_states)
+    r = mesh.simulate(mesh.seed_chain_reduce, states[:4] * 2, 4, merge=ch8.merge_states)
+    assert (r.messages, r.steps, r.hops) == (7, 4, 7)
+
+
+def test_simulator_rejects_a_plain_function_and_counts_unreceived_messages():
+    def not_a_generator(pe, n, cols, state):
+        return state
+
+    with pytest.raises(TypeError, match="generator"):
+        mesh.simulate(not_a_generator, [1, 2], 2)
+
+    def sends_twice(pe, n, cols, state):
+        if pe == 1:
+            yield mesh.send(0, state)
+            yield mesh.send(0, state)
+        else:
+            state += yield mesh.recv(1)
+        return state
+    r = mesh.simulate(sends_twice, [1, 2], 2)
+    assert r.result == 3 and r.unreceived == [(1, 0)]
+
+
+def test_reduction_costs_table_and_figure(solution):
+    costs = ch8.reduction_costs({"chain": solution["chain_reduce"],
+                                 "tree": solution["tree_reduce"]}, (4, 16, 64), cols=8)
+    assert [c[2] for c in costs["chain"]] == [3, 8, 14]
+    assert [c[2] for c in costs["tree"]] == [2, 4, 6]
+    assert all(c[1] == c[0] - 1 for rows in costs.values() for c in rows)
+    ch8.plot_reduction_costs(costs)
+
+
+# -------------------------------------------------------------------- the ring harness
+
+def test_zigzag_positions_cover_the_sequence_and_balance_causal_work():
+    for P in (2, 3, 4):
+        pos = [ring.zigzag_positions(8 * P, P, r) for r in range(P)]
+        assert sorted(torch.cat(pos).tolist()) == list(range(8 * P))
+        assert len({ring.causal_work(p) for p in pos}) == 1
+    contiguous = [ring.causal_work(ring.contiguous_positions(16, 4, r)) for r in range(4)]
+    assert contiguous == sorted(contiguous) and contiguous[0] < contiguous[-1]
+
+
+def _hangs(q, k, v, q_pos, k_pos, causal=False):
+    import torch.distributed as dist
+    dist.recv(torch.empty_like(k), (dist.get_rank() + 1) % dist.get_world_size())
+    return q, q[..., 0]
+
+
+def _raises_on_rank_1(q, k, v, q_pos, k_pos, causal=False):
+    import torch.distributed as dist
+    if dist.get_rank() == 1:
+        raise RuntimeError("student bug on rank 1")
+    dist.recv(torch.empty_like(k), 1)
+    return q, q[..., 0]
+
+
+def _alive():
+    import subprocess
+    out = subprocess.run(["pgrep", "-f", "chapters/ch8/ring.py"], capture_output=True, text=True)
+    return [p for p in out.stdout.split()]
+
+
+def test_a_hanging_ring_fails_within_its_limit_and_leaves_no_process():
+    t = time.monotonic()
+    with pytest.raises(CheckFailure, match="no result within 4 s: a deadlock"):
+        ch8.check_ring_attention(_hangs, timeout=4)
+    assert time.monotonic() - t < 20
+    assert not _alive()
+
+
+def test_a_raising_rank_is_named_and_the_others_are_killed():
+    with pytest.raises(CheckFailure, match="(?s)rank 1 failed .*student bug on rank 1"):
+        ch8.check_ring_attention(_raises_on_rank_1, timeout=30)
+    assert not _alive()
+
+
+# ------------------------------------------------------------------------------ figures
+
+def test_figures_draw():
+    ch8.plot_zigzag_work(4, 64)
+    ch8.plot_mesh_chain(6, 4)
+    ch8.plot_mesh_chain(8, 4)
+    ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
+    c = ch8.cp_costs(131072, 2)
+    assert c["sent_per_step_mib"] == pytest.approx(2 * 65536 * 16 * 128 * 2 / 2**20)
+
+
+# ------------------------------------------------------------------ ahead-of-time compile
+
+AOT = r'''
+ns = sources.solution_namespace("ch8")
+out = []
+for cc, (BN, warps, stages) in ((75, (64, 4, 3)), (90, (128, 4, 2))):
+    target = GPUTarget("cuda", cc, 32)
+    k = ns["split_kv_kernel"]
+    sig = signature(k, {n: "*fp16" for n in ("Q", "K", "V")} | {"O_PART": "*fp32",
+                    "LSE_PART": "*fp32", "CACHE_SEQLENS": "*i32", "qk_scale": "fp32"},
+                    ("GROUP", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "DOT_PRECISION"))
+    c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=dict(
+        GROUP=4, HEAD_DIM=128, BLOCK_M=16, BLOCK_N=BN, DOT_PRECISION="tf32")), target=target,
+        options={"num_warps": warps, "num_stages": stages})
+    out.append(dict(name="split", cc=cc, shared=c.metadata.shared))
+    k = ns["combine_kernel"]
+    sig = signature(k, {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*fp16", "LSE": "*fp32"},
+                    ("HEAD_DIM", "BLOCK_S"))
+    c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=dict(HEAD_DIM=128, BLOCK_S=64)),
+                       target=target, options={"num_warps": 4, "num_stages": 1})
+    out.append(dict(name="combine", cc=cc, shared=c.metadata.shared))
+from flashbook.chapters.ch8.ring_bench import _merge_kernel
+k = _merge_kernel()
+sig = signature(k, {"O_ACC": "*fp32", "LSE_ACC": "*fp32", "O_NEW": "*fp16", "LSE_NEW": "*fp32"},
+                ("H", "HEAD_DIM", "BLOCK_R"))
+c = triton.compile(ASTSource(fn=k, signature=sig, constexprs=dict(H=16, HEAD_DIM=128,
+                   BLOCK_R=64)), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": 4, "num_stages": 1})
+out.append(dict(name="ring merge", cc=90, shared=c.metadata.shared))
+print("RESULT" + json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+def test_split_kv_and_ring_merge_kernels_compile_for_t4_and_h200(tmp_path):
+    got = compile_script(AOT, tmp_path)
+    assert len(got) == 5
+    assert not too_big(got), got
+
+
+# ------------------------------------------------------------- the multi-GPU ring's logic
+
+def test_ring_bench_ring_is_exact_on_cpu_with_torchrun_and_gloo(tmp_path):
+    """ring_bench's Ring (zig-zag steps, its Triton merge in the interpreter, the hops) run by
+    torchrun as 2 gloo processes with reference attention, against one process; then its
+    measuring code end to end (on CPU every time is 0), the profiler trace included."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), FLASHBOOK_FORCE_CPU="1",
+               TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={port}", "-m", "flashbook.chapters.ch8.ring_bench",
+                           "--cpu-check", "--out", str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "CPU CHECK max error" in proc.stdout
+    assert (tmp_path / "ring_trace_rank0.json").stat().st_size > 1000     # the profiler trace
+
+
+def test_ring_bench_rows_and_benchmark_summary():
+    from flashbook.chapters.ch8 import benchmark, ring_bench
+    case = dict(N=131072, causal=True, world_size=2, ring_ms=40.0, one_gpu_ms=70.0,
+                efficiency=70 / 80, max_err_o=1e-3, max_err_lse=1e-4, hop_ms=2.0,
+                hop_bytes=2**29, steps_rank0=[dict(step=0, compute_ms=20, wait_ms=0.1)],
+                flops=4 * 16 * 131072 ** 2 * 128 / 2)
+    rows = ring_bench.rows_of([case], 989.0)   # made-up numbers: a unit test of the arithmetic
+    assert [r.kernel for r in rows] == ["ch8_ring", "ch5_two_tiles"]
+    assert rows[0].tflops == pytest.approx(case["flops"] / 40e-3 / 1e12)
+    assert rows[0].pct_peak == pytest.approx(100 * rows[0].tflops / (2 * 989.0))
+    assert "scaling efficiency 87.5 %" in rows[0].note
+    assert "split-KV" not in benchmark.summary(rows)
+
+
+SANDBOXED_RING = r'''
+import os, socket, sys, tempfile
+import flashbook as fb
+fb.setup(verbose=False)
+from flashbook import sources
+from flashbook.grade import sandbox
+from flashbook.chapters import ch8
+ns = sources.solution_namespace("ch8")
+work = tempfile.mkdtemp()                 # as the sandbox's launcher: HOME and TMPDIR in it
+os.makedirs(os.path.join(work, "tmp"))
+os.environ.update(HOME=work, TMPDIR=os.path.join(work, "tmp"))
+tempfile.tempdir = None
+abi = sandbox.landlock(rw=[work, "/dev", f"/proc/{os.getpid()}"],
+                       ro=sandbox.read_only_paths(), tcp_bind_ports=[])
+if abi >= 4:
+    for port in (22, 80, 443):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            print("NOT BLOCKED", port)
+        except PermissionError:
+            print("blocked", port)
+        except OSError:
+            print("NOT BLOCKED", port)          # allowed, nobody listening
+ch8.check_ring_attention(ns["ring_attention"], timeout=60)
+print("ABI", abi)
+'''
+
+
+def test_ring_check_runs_inside_the_autograders_sandbox(tmp_path):
+    """The autograder's Landlock sandbox leaves the ephemeral ports open for gloo (the ring's
+    processes talk over loopback TCP) and keeps well-known ports closed."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), FLASHBOOK_FORCE_CPU="1",
+               TRITON_INTERPRET="1", TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", SANDBOXED_RING], env=env, capture_output=True,
+                          text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "PASSED ring attention over gloo" in proc.stdout
+    assert "NOT BLOCKED" not in proc.stdout
+    abi = int(proc.stdout.split("ABI ")[1].split()[0])
+    assert proc.stdout.count("blocked") == (3 if abi >= 4 else 0)
+
+
+def test_benchmark_runs_end_to_end_at_a_tiny_size_on_cpu():
+    """The GPU benchmark's code path (every row, the checks in the notes, the summary) in the
+    interpreter at a tiny size. CPU timings: a test of the code, never recorded."""
+    from flashbook.chapters.ch8 import benchmark
+    rows = benchmark.run(shape=(1, 8, 2, 256, 16), sweep=(2,), read_bytes=2**20,
+                         copy_bytes=2**20, device="cpu", compile_flex=False,
+                         tile_sweep=benchmark.TILE_SWEEP[:1])
+    kernels = [r.kernel for r in rows]
+    assert kernels[0] == "ch8_split_kv" and rows[0].role == "reference"
+    assert {"ch5_decode", "sdpa_flash", "flex_attention", "hbm_read", "d2d_copy"} <= set(kernels)
+    for r in rows:
+        if r.kernel in ("ch8_split_kv", "ch5_decode"):
+            err = float(r.note.split("max|O-")[1].split("=")[1].split(";")[0])
+            assert err < 1e-2, r
+    assert len([r for r in rows if r.kernel == "ch8_split_kv"]) == 3
+
+
+def test_gpu_runs_full_size_checks_pass_at_a_tiny_size_on_cpu(capsys):
+    from flashbook.chapters.ch8 import gpu_run
+    gpu_run.checks(cases=((1, 96, 96), (2, 64, 40)), h_q=8, h_kv=2, d=16, device="cpu",
+                   dtype=torch.float32, tol=1e-4)
+    assert capsys.readouterr().out.count("check split-KV") == 2
