@@ -157,24 +157,44 @@ def _raises_on_rank_1(q, k, v, q_pos, k_pos, causal=False):
     return q, q[..., 0]
 
 
-def _alive():
+@pytest.fixture
+def workers(monkeypatch):
+    """The pids of the processes the check starts (its ring workers), recorded as they start:
+    other tests running at the same time start rings of their own."""
     import subprocess
-    out = subprocess.run(["pgrep", "-f", "chapters/ch8/ring.py"], capture_output=True, text=True)
-    return [p for p in out.stdout.split()]
+    started = []
+
+    class Recording(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self.pid)
+
+    monkeypatch.setattr(subprocess, "Popen", Recording)
+    return started
 
 
-def test_a_hanging_ring_fails_within_its_limit_and_leaves_no_process():
+def _alive(pids):
+    """The pids still running (a reaped worker has no /proc entry; a zombie is not running)."""
+    def running(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        except (OSError, IndexError):
+            return False
+    return [p for p in pids if running(p)]
+
+
+def test_a_hanging_ring_fails_within_its_limit_and_leaves_no_process(workers):
     t = time.monotonic()
     with pytest.raises(CheckFailure, match="no result within 4 s: a deadlock"):
         ch8.check_ring_attention(_hangs, timeout=4)
     assert time.monotonic() - t < 20
-    assert not _alive()
+    assert workers and not _alive(workers)
 
 
-def test_a_raising_rank_is_named_and_the_others_are_killed():
+def test_a_raising_rank_is_named_and_the_others_are_killed(workers):
     with pytest.raises(CheckFailure, match="(?s)rank 1 failed .*student bug on rank 1"):
         ch8.check_ring_attention(_raises_on_rank_1, timeout=30)
-    assert not _alive()
+    assert workers and not _alive(workers)
 
 
 # ------------------------------------------------------------------------------ figures

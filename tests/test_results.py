@@ -99,9 +99,12 @@ def test_recorded_data_are_rows_with_provenance(chapter):
     assert any(r.role == "reference" for r in rows)
     for key in ("gpu", "driver", "cuda", "torch", "date", "command", "compute_capability"):
         assert meta.get(key), f"{chapter}: provenance lacks {key}"
-    assert meta["command"].startswith("flashbook bench " + chapter)
+    # `flashbook bench ch8` or, run by a chapter's GPU script, the same benchmark as a module
+    assert meta["command"].startswith(("flashbook bench " + chapter,
+                                       f"python -m flashbook.chapters.{chapter}.benchmark"))
     line = results.describe(meta)
-    assert line.startswith(f"gpu {meta['gpu']}, driver {meta['driver']}") and meta["date"] in line
+    driver = meta['driver'].split("\n")[0]           # a line per GPU in multi-GPU records
+    assert line.startswith(f"gpu {meta['gpu']}, driver {driver}") and meta["date"] in line
 
 
 def test_recorded_is_none_where_nothing_was_measured():
@@ -221,3 +224,8 @@ def test_record_refuses_without_a_gpu(tmp_path):
 def test_bench_rejects_an_unknown_chapter():
     with pytest.raises(ValueError, match="no chapter 'ch99'"):
         cli.main(["bench", "ch99"])
+
+
+def test_describe_gives_one_driver_for_a_record_of_several_gpus():
+    meta = {"gpu": "NVIDIA H200", "driver": "580.159.04\n580.159.04", "date": "2026-11-30"}
+    assert results.describe(meta) == "gpu NVIDIA H200, driver 580.159.04, date 2026-11-30"

@@ -145,9 +145,10 @@ def provenance(command: str, graph_timer: bool = False) -> dict:
         info["multiprocessors"] = props.multi_processor_count
         info["memory_gib"] = round(props.total_memory / 2**30, 1)
         try:
-            info["driver"] = subprocess.run(
+            lines = subprocess.run(
                 ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30).stdout.strip() or None
+                capture_output=True, text=True, timeout=30).stdout.split()
+            info["driver"] = ", ".join(dict.fromkeys(lines)) or None   # a line per GPU
         except (OSError, subprocess.SubprocessError):
             info["driver"] = None
     return info
@@ -215,7 +216,10 @@ def recorded(chapter: str, gpu: str = "h200") -> Recorded | None:
 def describe(provenance: dict) -> str:
     """One line of provenance for a caption: 'gpu NVIDIA H200, driver ..., torch ..., date ...'."""
     keys = ("gpu", "driver", "cuda", "torch", "triton", "date")
-    return ", ".join(f"{k} {provenance[k]}" for k in keys if provenance.get(k))
+    # a multi-GPU record made before the driver was deduplicated has a line per GPU
+    value = {k: ", ".join(dict.fromkeys(str(provenance[k]).split("\n"))) for k in keys
+             if provenance.get(k)}
+    return ", ".join(f"{k} {v}" for k, v in value.items())
 
 
 def record(chapter: Chapter, out_root: Path, command: str) -> Path:

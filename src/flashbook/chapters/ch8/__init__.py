@@ -7,14 +7,14 @@ the split count; ``mesh`` simulates message passing on a 2-D mesh (and runs the 
 ``ring`` runs a student's ring attention in gloo processes and tears them down; ``checks`` grades
 the exercises; ``figures`` draws the chapter's pictures; ``benchmark`` (one GPU) and
 ``ring_bench`` (``torchrun``, any number of GPUs, with ``cp_baseline``: PyTorch's prototype
-``context_parallel``) measure on GPUs, and ``gpu_run`` runs both after full-size checks. The
-benchmark is not in the contract until an H200 run is recorded.
+``context_parallel``) measure on GPUs, and ``gpu_run`` runs both after full-size checks;
+``recorded`` reads their data back for the prose and figures.
 """
 from __future__ import annotations
 
 from flashbook.contract import Chapter, Exercise
 
-from . import mesh, ring
+from . import benchmark, mesh, recorded, ring
 from .checks import check_chain_reduce, check_merge, check_ring_attention, check_split_kv, \
     check_tree_reduce, check_zigzag, mesh_cases, merge_cases, ring_cases, split_cases
 from .figures import cp_costs, plot_cp_costs, plot_mesh_chain, plot_reduction_costs, \
@@ -49,4 +49,7 @@ CHAPTER = Chapter(
         Exercise("ch8_ring_test", ("ch8_ring",), ("ring_attention",), check_ring_attention),
     ),
     variants=VARIANTS,
+    benchmark=benchmark.run,
+    graph_timer=benchmark.GRAPH_TIMER,
+    quotes=recorded.quoted_figures,
 )
