@@ -149,6 +149,11 @@ def test_readme_block_follows_a_new_address(root, tmp_path):
     assert not publish.update_readme(tmp_path, check=True)          # now up to date
 
 
+def test_package_version_is_stated_once(root):
+    import flashbook
+    assert flashbook.__version__ == publish.package_version(root)
+
+
 def test_pyproject_urls_derive_from_the_repository_url(root):
     urls = tomllib.loads((root / "pyproject.toml").read_text())["project"]["urls"]
     assert urls == publish.project_urls(publish.repository(root)[0])
