@@ -283,3 +283,13 @@ def test_wheel_metadata_is_complete(root, dists):
     assert any(k.endswith(".dist-info/licenses/LICENSE") for k in files)
     assert b"flashbook = flashbook.cli:main" in next(
         v for k, v in files.items() if k.endswith("entry_points.txt"))
+
+
+def test_book_pages_fold_the_setup_cell_and_notebooks_keep_it_open(root):
+    from flashbook import book
+    ch = sources.sources(root)[0]
+    nb = notebooks.source_notebook(ch, root)
+    page = book.title_first(nb)
+    install = next(c for c in page.cells if "Setup: on Colab" in c.source)
+    assert "hide-input" in install.metadata.tags
+    assert "hide-input" not in nb.cells[1].metadata.tags and nb.cells[1] is not install
