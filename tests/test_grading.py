@@ -359,6 +359,15 @@ def test_gradebook_comments_go_on_the_answer_a_check_grades_and_unreleased_is_re
                        "fx1_rev_test": "fx1_rev"}
     with pytest.raises(FileNotFoundError, match="flashbook release fx9"):
         GB.export_gradebook(course, ["fx9"])
+    # a result naming a cell the gradebook does not know: written around it, and reported
+    course = Course(shutil.copytree(course.root, tmp_path / "course"))
+    cells = {"fx1_add_test": CellResult(1.0, 1.0, PASSED),
+             "fx1_gone_test": CellResult(0.0, 2.0, NOT_RUN, "no such check any more")}
+    result = SubmissionResult("ghost", A, (NotebookResult(NB, cells),))
+    (tmp_path / "results" / A / "ghost").mkdir(parents=True)
+    (tmp_path / "results" / A / "ghost" / "result.json").write_text(json.dumps(result.to_json()))
+    report = GB.export_gradebook(course, [A], tmp_path / "results")
+    assert report == {"grades": 1, "students": ["ghost"], "unknown": [f"{A}/{NB}/fx1_gone_test"]}
 
 
 # ------------------------------------------------------------- end-to-end class (slow)

@@ -65,7 +65,7 @@ def readme_block(root: Path) -> str:
     book = pages_url(url)
     return "\n".join([BEGIN, " ".join(badges(url)), "",
                       f"**Read the book online: <{book}>** · source: <{url}> · "
-                      f"install the helper package: `pip install flashbook`", END])
+                      f"the helper package, once released: `pip install flashbook`", END])
 
 
 def update_readme(root: Path, check: bool = False) -> bool:

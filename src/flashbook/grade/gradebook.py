@@ -62,7 +62,7 @@ def export_gradebook(course: Course, assignments: list[str], results_root: Path 
                      course_id: str | None = None) -> dict:
     """Write every stored result of ``assignments`` into the course's gradebook; returns
     {"grades": n written, "students": [...], "unknown": ["assignment/notebook/cell", ...]}."""
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import Gradebook, MissingEntry   # imported here: slow, and only needed here
 
     report = {"grades": 0, "students": set(), "unknown": []}
     with Gradebook(db_url(course), **({"course_id": course_id} if course_id else {})) as gb, \
@@ -82,7 +82,7 @@ def export_gradebook(course: Course, assignments: list[str], results_root: Path 
                 gb.update_or_create_student(student)
                 gb.update_or_create_submission(a, student)
                 for nbr in result.notebooks:
-                    _write_notebook(gb, course, a, student, nbr, report, MissingEntry)
+                    _write_notebook(gb, course, a, student, nbr, report)
                     graded = course.results_dir(a, results_root) / student / f"{nbr.name}.ipynb"
                     if graded.exists():
                         dest = course.root / "autograded" / student / a / graded.name
@@ -93,7 +93,9 @@ def export_gradebook(course: Course, assignments: list[str], results_root: Path 
     return report
 
 
-def _write_notebook(gb, course, a, student, nbr, report, MissingEntry) -> None:
+def _write_notebook(gb, course, a, student, nbr, report) -> None:
+    """One notebook's grades and comments; what the gradebook does not know goes to the report."""
+    from nbgrader.api import MissingEntry
     try:
         source = course.source_notebook(a, nbr.name)
     except FileNotFoundError:
