@@ -3,6 +3,7 @@ schema), the addresses derived from _config.yml (README, pyproject, Colab), the 
 cell's install logic, and the wheel and sdist (built with --no-isolation, opened and checked)."""
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import subprocess
@@ -293,3 +294,23 @@ def test_book_pages_fold_the_setup_cell_and_notebooks_keep_it_open(root):
     install = next(c for c in page.cells if "Setup: on Colab" in c.source)
     assert "hide-input" in install.metadata.tags
     assert "hide-input" not in nb.cells[1].metadata.tags and nb.cells[1] is not install
+
+
+def test_the_wheel_alone_imports_every_chapter_and_finds_its_data(root, dists, tmp_path):
+    """Unpacked on its own (no checkout on the path), the package imports every chapter and
+    finds its recorded data: nothing in it reads the repository."""
+    with zipfile.ZipFile(dists["wheel"]) as z:
+        z.extractall(tmp_path / "site")
+    code = ("import importlib, flashbook\n"
+            "from flashbook import chapters, results\n"
+            "for c in chapters.IDS: importlib.import_module('flashbook.chapters.' + c)\n"
+            "print(flashbook.__file__)\n"
+            "print(sorted(p.name for p in results.DATA_DIR.iterdir() if p.is_dir()))\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "FLASHBOOK_FORCE_CPU": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    where, recorded = proc.stdout.splitlines()[-2:]
+    assert where.startswith(str(tmp_path / "site"))
+    assert ast.literal_eval(recorded) == sorted(p.name for p in (root / "src/flashbook/data/bench").iterdir()
+                                    if p.is_dir())
