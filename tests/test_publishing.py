@@ -252,6 +252,11 @@ def _contents(path: Path) -> dict[str, bytes]:
         return {m.name.removeprefix(top + "/"): t.extractfile(m).read() for m in t if m.isfile()}
 
 
+# the tests of the built distributions share one build: on one pytest-xdist worker
+ON_ONE_WORKER = pytest.mark.xdist_group("dist")
+
+
+@ON_ONE_WORKER
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_distribution_has_the_package_and_its_data_and_no_course_material(root, dists, kind):
     files = _contents(dists[kind])
@@ -273,6 +278,7 @@ def test_distribution_has_the_package_and_its_data_and_no_course_material(root, 
         assert not hidden.leaks(text, secret), (name, hidden.leaks(text, secret)[:2])
 
 
+@ON_ONE_WORKER
 def test_wheel_metadata_is_complete(root, dists):
     files = _contents(dists["wheel"])
     meta = next(v for k, v in files.items() if k.endswith(".dist-info/METADATA")).decode()
@@ -296,6 +302,7 @@ def test_book_pages_fold_the_setup_cell_and_notebooks_keep_it_open(root):
     assert "hide-input" not in nb.cells[1].metadata.tags and nb.cells[1] is not install
 
 
+@ON_ONE_WORKER
 def test_the_wheel_alone_imports_every_chapter_and_finds_its_data(root, dists, tmp_path):
     """Unpacked on its own (no checkout on the path), the package imports every chapter and
     finds its recorded data: nothing in it reads the repository."""
