@@ -11,6 +11,7 @@ import hashlib
 import html
 import io
 import json
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -28,6 +29,7 @@ from flashbook.grade import cli as grade_cli  # noqa: E402
 from flashbook.grade import collect as CO  # noqa: E402
 from flashbook.grade import export as EX  # noqa: E402
 from flashbook.grade import feedback as FB  # noqa: E402
+from flashbook.grade import gradebook as GB  # noqa: E402
 from flashbook.grade.layout import Course, CourseNotGiven, course_root, read_results  # noqa: E402
 from flashbook.grade.record import (MANUAL, NOT_RUN, PASSED, CellResult,  # noqa: E402
                                     NotebookResult, SubmissionResult)
@@ -349,6 +351,25 @@ def test_worker_result_loads_and_is_stored_as_written(released, tmp_path, monkey
         r, device="cpu", submitted_sha256={NB: ""}).timeless()
 
 
+def test_gradebook_comments_go_on_the_answer_a_check_grades_and_unreleased_is_refused(
+        released, tmp_path):
+    course, _ = released
+    targets = GB.comment_targets(course.source_notebook(A, NB))
+    assert targets == {"fx1_add_test": "fx1_add", "fx1_norm_test": "fx1_norm",
+                       "fx1_rev_test": "fx1_rev"}
+    with pytest.raises(FileNotFoundError, match="flashbook release fx9"):
+        GB.export_gradebook(course, ["fx9"])
+    # a result naming a cell the gradebook does not know: written around it, and reported
+    course = Course(shutil.copytree(course.root, tmp_path / "course"))
+    cells = {"fx1_add_test": CellResult(1.0, 1.0, PASSED),
+             "fx1_gone_test": CellResult(0.0, 2.0, NOT_RUN, "no such check any more")}
+    result = SubmissionResult("ghost", A, (NotebookResult(NB, cells),))
+    (tmp_path / "results" / A / "ghost").mkdir(parents=True)
+    (tmp_path / "results" / A / "ghost" / "result.json").write_text(json.dumps(result.to_json()))
+    report = GB.export_gradebook(course, [A], tmp_path / "results")
+    assert report == {"grades": 1, "students": ["ghost"], "unknown": [f"{A}/{NB}/fx1_gone_test"]}
+
+
 # ------------------------------------------------------------- end-to-end class (slow)
 
 STEAL = '''\
@@ -608,6 +629,48 @@ def test_class_resume_and_shards_merge_to_the_same_grades(graded_class):
     one = _rows(graded_class["export"]["csv"])
     two = _rows(EX.export(tmp / "merged.csv", course, [A], merged, summary=False)["csv"])
     assert two == {s: one[s] for s in SHARD_SUBSET}
+
+
+@in_class
+def test_class_grades_reach_nbgrader_gradebook_and_manual_scores_survive(graded_class):
+    """`flashbook export --nbgrader` fills nbgrader's gradebook as nbgrader's autograde would: per
+    cell the CSV's scores, the messages as comments on the answer cells; `nbgrader export` then
+    agrees with flashbook's CSV, and a score entered by hand (formgrader) survives a re-export."""
+    from nbgrader.api import Gradebook
+    tmp = graded_class["tmp"]
+    course = Course(shutil.copytree(graded_class["course"].root, tmp / "nbgrader_course"))
+    rows = _rows(graded_class["export"]["csv"])
+    cells = ("fx1_add_test", "fx1_norm_test", "fx1_rev_test")
+    assert cli.main(["export", str(tmp / "nb.csv"), "--nbgrader", "--no-summary",
+                     "--course", str(course.root)]) == 0
+
+    with Gradebook(GB.db_url(course)) as gb:
+        for s, row in rows.items():
+            for g in cells:
+                want = float(row[f"fx1/{g}"]) if row[f"fx1/{g}"] else None
+                assert gb.find_grade(g, NB, A, s).auto_score == want, (s, g)
+            assert gb.find_submission(A, s).score == float(row["fx1/total"]), s
+        partial = gb.find_comment("fx1_norm", NB, A, "partial").auto_comment
+        assert partial.startswith("fx1_norm_test (0/2): "), partial
+        assert "exit code 3" in gb.find_comment("fx1_norm", NB, A, "crash").auto_comment
+        assert gb.find_comment("fx1_add", NB, A, "alice").auto_comment is None
+        assert "could not be read" in gb.find_comment("fx1_add", NB, A, "malformed").auto_comment
+    assert (course.root / "autograded" / "alice" / A / f"{NB}.ipynb").exists()   # formgrader
+
+    with Gradebook(GB.db_url(course)) as gb:          # the instructor regrades by hand
+        gb.find_grade("fx1_norm_test", NB, A, "partial").manual_score = 1.5
+        gb.db.commit()
+    GB.export_gradebook(course, [A])                  # a later export, e.g. after a regrade
+    with Gradebook(GB.db_url(course)) as gb:
+        grade = gb.find_grade("fx1_norm_test", NB, A, "partial")
+        assert (grade.manual_score, grade.auto_score, grade.score) == (1.5, 0.0, 1.5)
+        assert grade.needs_manual_grade                # nbgrader's rule: a manual score is reviewed
+    proc = notebooks.nbgrader(["export", "--to", "nbgrader_grades.csv"], course.root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(course.root / "nbgrader_grades.csv", newline="") as f:
+        after = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
+    assert after.pop("partial") == float(rows["partial"]["fx1/total"]) + 1.5
+    assert after == {s: float(r["fx1/total"]) for s, r in rows.items() if s != "partial"}
 
 
 def test_gpu_probe_reports_an_unusable_gpu():

@@ -91,10 +91,14 @@ def benchmarks_page() -> str:
 
 def title_first(nb):
     """Book pages open with the chapter title: move the header cells (Colab badge and install
-    cell, tagged "header") to just after the first other markdown cell. The notebooks keep them
-    first (Colab needs them there); only the staged book page is reordered."""
+    cell, tagged "header") to just after the first other markdown cell, the install cell's code
+    folded ("hide-input"). The notebooks keep them first (Colab needs them there); only the staged
+    book page is changed."""
     nb = nbformat.from_dict(nb)
     header = [c for c in nb.cells if "header" in c.metadata.get("tags", [])]
+    for c in header:        # the install cell's code is for Colab: folded away on the page
+        if c.cell_type == "code" and "hide-input" not in c.metadata.tags:
+            c.metadata.tags.append("hide-input")
     rest = [c for c in nb.cells if "header" not in c.metadata.get("tags", [])]
     i = next((k for k, c in enumerate(rest) if c.cell_type == "markdown"), -1)
     nb.cells = rest[:i + 1] + header + rest[i + 1:]

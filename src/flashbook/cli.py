@@ -6,7 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import book, chapters, notebooks, results, sources
+from . import book, chapters, notebooks, publish, results, sources
 from .grade import cli as grade_cli
 
 
@@ -32,6 +32,16 @@ def _bench(args):
     print(f"wrote {path} and {path.with_suffix('.json').name}")
 
 
+def _readme(args):
+    root = sources.repo_root()
+    changed = publish.update_readme(root, check=args.check)
+    if args.check and changed:
+        print("README.md's address and badges are stale: run `flashbook readme`", file=sys.stderr)
+        return 1
+    print("README.md " + ("updated" if changed else "is up to date") + " from _config.yml")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashbook", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -53,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("chapter")
     c.add_argument("--out", help="output root (default: src/flashbook/data/bench)")
     c.set_defaults(func=_bench)
+
+    m = sub.add_parser("readme", help="write README's book address and badges from _config.yml")
+    m.add_argument("--check", action="store_true", help="only say whether they are up to date")
+    m.set_defaults(func=_readme)
 
     # the grading package knows no repository: this checkout's course is the CLI's default
     grade_cli.add_subcommands(sub, default_course=sources.repo_root() / "autograder")

@@ -8,6 +8,7 @@ format with nbgrader cell metadata) becomes
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import shutil
 import subprocess
@@ -18,29 +19,38 @@ import nbformat
 
 from .grade.cellmeta import set_meta
 from .grade.markers import add_markers
+from . import colab_install, publish
 from .sources import Source, read, repo_root, sources
 
 # ------------------------------------------------------------------------ header cells
 
-def _config(root: Path) -> dict:
-    import yaml
-    return yaml.safe_load((root / "_config.yml").read_text())
-
-
 def repository(root: Path) -> tuple[str, str]:
     """(url, branch) from _config.yml: the one place the repository's address lives."""
-    repo = _config(root)["repository"]
-    return repo["url"].rstrip("/"), repo.get("branch", "main")
+    return publish.repository(root)
 
 
 def colab_url(ch: Source, root: Path) -> str:
     url, branch = repository(root)
-    slug = url.split("github.com/", 1)[1]
-    return f"https://colab.research.google.com/github/{slug}/blob/{branch}/notebooks/{ch.name}.ipynb"
+    owner, name = publish.slug(url)
+    return f"https://colab.research.google.com/github/{owner}/{name}/blob/{branch}/notebooks/{ch.name}.ipynb"
 
 
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 LOCAL_BADGE = "../book/figures/open-in-colab.svg"   # book pages: no image from the network
+
+
+def install_cell_source(root: Path) -> str:
+    """The Colab setup cell: ``colab_install.install_flashbook`` itself, then its call with this
+    release's version, the repository address and branch, and the light requirements."""
+    url, branch = repository(root)
+    call = (f"install_flashbook({publish.package_version(root)!r}, {url!r}, {branch!r},\n"
+            f"                      {publish.package_requirements(root)!r})")
+    return ("# Setup: on Colab, install the flashbook helper package (keeps Colab's torch and triton).\n"
+            "import importlib.metadata, re, subprocess, sys, tempfile\n"
+            f"KEPT = {colab_install.KEPT!r}\n\n"
+            + inspect.getsource(colab_install.install_flashbook) + "\n\n"
+            "if \"google.colab\" in sys.modules:\n"
+            f"    {call}")
 
 
 def header_cells(ch: Source, root: Path, badge_image: str = COLAB_BADGE) -> list:
@@ -48,14 +58,8 @@ def header_cells(ch: Source, root: Path, badge_image: str = COLAB_BADGE) -> list
 
     The install cell adds flashbook on Colab only, without touching Colab's torch/triton.
     """
-    url, branch = repository(root)
     badge = nbformat.v4.new_markdown_cell(f"[![Open In Colab]({badge_image})]({colab_url(ch, root)})")
-    install = nbformat.v4.new_code_cell(
-        "# Setup: on Colab, install the flashbook helper package (keeps Colab's torch and triton).\n"
-        "import sys, subprocess\n"
-        "if \"google.colab\" in sys.modules:\n"
-        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\",\n"
-        f"                    \"flashbook @ git+{url}@{branch}\"], check=True)")
+    install = nbformat.v4.new_code_cell(install_cell_source(root))
     for cell, gid in ((badge, "colab_badge"), (install, "colab_install")):
         set_meta(cell, {"grade": False, "solution": False, "locked": True,
                         "grade_id": f"{ch.id}_{gid}", "schema_version": 3, "task": False})

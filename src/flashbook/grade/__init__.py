@@ -20,5 +20,6 @@ Modules (one job each):
     merge      combine the results of several shards
     feedback   per-student feedback HTML (never shows hidden tests)
     export     grades CSV and the class summary (histograms)
+    gradebook  the grades and messages into nbgrader's gradebook.db (export --nbgrader)
     cli        the ``flashbook collect|autograde|merge|feedback|export`` subcommands
 """

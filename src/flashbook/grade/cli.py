@@ -4,7 +4,7 @@
     flashbook autograde ch1 [--device cpu|gpu] [--timeout 600] [--workers 2] [--shard 0/4]
     flashbook merge ch1 shard0/ shard1/ ...
     flashbook feedback ch1
-    flashbook export grades.csv
+    flashbook export grades.csv [--nbgrader]
 
 Every command works in a course directory: ``--course DIR``, else $FLASHBOOK_COURSE, else the
 default the caller of ``add_subcommands`` gives (``flashbook``: ``autograder/`` of the checkout).
@@ -17,8 +17,9 @@ from pathlib import Path
 from . import sandbox
 from .autograde import autograde, parse_shard
 from .collect import collect
-from .export import export
+from .export import assignments_with_results, export
 from .feedback import feedback
+from .gradebook import export_gradebook
 from .layout import COURSE_ENV, Course, course_root
 from .merge import merge
 
@@ -92,6 +93,15 @@ def _export(args):
                  _path(args.results), summary=not args.no_summary)
     for kind, p in out.items():
         print(f"wrote {p}")
+    if args.nbgrader:
+        course = course_from_args(args)
+        assignments = args.assignment or assignments_with_results(course, _path(args.results))
+        r = export_gradebook(course, assignments, _path(args.results))
+        print(f"wrote {r['grades']} grades of {len(r['students'])} students into "
+              f"{course.root / 'gradebook.db'} (nbgrader; manual scores kept)")
+        for u in r["unknown"]:
+            print(f"WARNING {u} is not in the gradebook (released before this cell existed?)",
+                  file=sys.stderr)
 
 
 def add_subcommands(sub, default_course: Path | None = None) -> None:
@@ -152,5 +162,8 @@ def add_subcommands(sub, default_course: Path | None = None) -> None:
     p.add_argument("--assignment", action="append", help="(repeatable; default: all graded)")
     p.add_argument("--results")
     p.add_argument("--no-summary", action="store_true")
+    p.add_argument("--nbgrader", action="store_true",
+                   help="also write the grades and messages into nbgrader's gradebook.db "
+                        "(for nbgrader export and formgrader; manual scores are kept)")
     common(p)
     p.set_defaults(func=_export)
