@@ -1,5 +1,7 @@
 # ---
 # jupyter:
+#   flashbook:
+#     local_ports: true
 #   jupytext:
 #     formats: py:percent
 #   kernelspec:

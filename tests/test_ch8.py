@@ -299,7 +299,8 @@ os.makedirs(os.path.join(work, "tmp"))
 os.environ.update(HOME=work, TMPDIR=os.path.join(work, "tmp"))
 tempfile.tempdir = None
 abi = sandbox.landlock(rw=[work, "/dev", f"/proc/{os.getpid()}"],
-                       ro=sandbox.read_only_paths(), tcp_bind_ports=[])
+                       ro=sandbox.read_only_paths(), tcp_bind_ports=[],
+                       local_ports=True)       # what the chapter's notebook metadata asks
 if abi >= 4:
     for port in (22, 80, 443):
         try:
@@ -315,8 +316,8 @@ print("ABI", abi)
 
 
 def test_ring_check_runs_inside_the_autograders_sandbox(tmp_path):
-    """The autograder's Landlock sandbox leaves the ephemeral ports open for gloo (the ring's
-    processes talk over loopback TCP) and keeps well-known ports closed."""
+    """For Chapter 8 the autograder's Landlock sandbox leaves the ephemeral ports open for gloo
+    (the ring's processes talk over loopback TCP) and keeps well-known ports closed."""
     import os
     import subprocess
     import sys
@@ -353,3 +354,46 @@ def test_gpu_runs_full_size_checks_pass_at_a_tiny_size_on_cpu(capsys):
     gpu_run.checks(cases=((1, 96, 96), (2, 64, 40)), h_q=8, h_kv=2, d=16, device="cpu",
                    dtype=torch.float32, tol=1e-4)
     assert capsys.readouterr().out.count("check split-KV") == 2
+
+
+CLOSED_EPHEMERAL = r'''
+import os, socket, tempfile
+from flashbook.grade import sandbox
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))            # before the sandbox: a port in the ephemeral range
+listener.listen()
+port = listener.getsockname()[1]
+work = tempfile.mkdtemp()
+abi = sandbox.landlock(rw=[work], ro=sandbox.read_only_paths(), tcp_bind_ports=[])
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    print("CONNECTED", abi)
+except PermissionError:
+    print("BLOCKED", abi)
+'''
+
+
+def test_other_chapters_keep_the_ephemeral_ports_closed(tmp_path):
+    """Only a chapter whose notebook asks for them (``{"flashbook": {"local_ports": true}}``
+    in its metadata, read by the autograder from the course's source copy) gets the ephemeral
+    ports: every other chapter's kernel cannot connect to a port of that range."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from flashbook.grade import autograde
+
+    class Course:                      # the one method needs_local_ports uses
+        def source_dir(self, a):
+            return ROOT / "notebooks"
+    asking = [s.id for s in sources.sources(ROOT)
+              if autograde.needs_local_ports(Course(), s.id, [s.name])]
+    assert asking == ["ch8"]
+    meta = json.loads((ROOT / "notebooks" / "ch8_distributed.ipynb").read_text())["metadata"]
+    assert meta["flashbook"] == {"local_ports": True}
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", CLOSED_EPHEMERAL], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    verdict, abi = proc.stdout.split()
+    assert verdict == ("BLOCKED" if int(abi) >= 4 else "CONNECTED")

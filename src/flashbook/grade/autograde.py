@@ -119,6 +119,21 @@ def _points(course: Course, a: str, names: list[str]) -> dict[str, dict[str, flo
     return {n: cellmeta.graded_points(course.source_notebook(a, n)) for n in names}
 
 
+def needs_local_ports(course: Course, a: str, names: list[str]) -> bool:
+    """Whether the assignment's graded code starts processes that talk over loopback TCP
+    (Chapter 8's ring over gloo): its source notebook says so in its metadata,
+    ``{"flashbook": {"local_ports": true}}`` (the instructor's copy, never the submission's)."""
+    for n in names:
+        path = course.source_dir(a) / f"{n}.ipynb"
+        try:
+            meta = json.loads(path.read_text()).get("metadata", {})
+        except (OSError, ValueError):
+            continue
+        if meta.get("flashbook", {}).get("local_ports") is True:
+            return True
+    return False
+
+
 def grade_one(course: Course, a: str, student: str, names: list[str], *, scratch: Path,
               device: str, gpu: str | None, timeout: float, cell_timeout: float,
               memory_mb: int | None, user: str | None, gpu_share: float = 1.0,
@@ -130,7 +145,8 @@ def grade_one(course: Course, a: str, student: str, names: list[str], *, scratch
     for d in (private, jup):
         d.mkdir(mode=0o700)
     os.chmod(box, 0o711)                      # the kernel's user may pass through to work/
-    kernel = sandbox.write_kernelspec(jup, work, memory_mb if device == "cpu" else None, user)
+    kernel = sandbox.write_kernelspec(jup, work, memory_mb if device == "cpu" else None, user,
+                                      local_ports=needs_local_ports(course, a, names))
     files = [str(p) for d in (sub, course.source_dir(a)) for p in sorted(d.glob("*"))
              if p.is_file() and p.suffix != ".ipynb" and p.name != META_DIR]
     job = {"student": student, "assignment": a, "out": str(private), "workdir": str(work),

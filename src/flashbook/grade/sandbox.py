@@ -9,10 +9,11 @@ What this gives (and what it cannot):
 * Landlock (Linux >= 5.13, unprivileged): the kernel may read only the system, Python and
   flashbook's own code, and write only its work directory — so it cannot read the course
   directory (hidden tests, gradebook, other students' files) nor write anything else; with
-  Landlock ABI >= 4 it also cannot open TCP connections except on its own ports and the
-  ephemeral range (which processes it starts use to talk to each other, e.g. torch.distributed
-  over gloo; Landlock cannot tell loopback from remote hosts, so those ports are open to both,
-  and well-known ports such as 22, 80 and 443 stay closed);
+  Landlock ABI >= 4 it also cannot open TCP connections except on its own ports; for a chapter
+  whose graded code starts processes that talk over loopback (``Chapter.local_ports``: Chapter
+  8's ring over gloo) also on the ephemeral range (Landlock cannot tell loopback from remote
+  hosts, so those ports are then open to both; well-known ports such as 22, 80 and 443 stay
+  closed);
 * optionally (``--sandbox-user``, when grading runs as root) it drops to an unprivileged user.
 Without Landlock (older kernels, some container runtimes) the kernel has the grader's rights:
 ``autograde`` warns, and the instructor guide says how to add a container.
@@ -122,8 +123,10 @@ def read_only_paths() -> list[str]:
     return sorted({p for p in paths if os.path.isdir(p)})
 
 
-def landlock(rw: list[str], ro: list[str], tcp_bind_ports: list[int]) -> int:
-    """Restrict this process and its children for good; returns the ABI used (0: none)."""
+def landlock(rw: list[str], ro: list[str], tcp_bind_ports: list[int],
+             local_ports: bool = False) -> int:
+    """Restrict this process and its children for good; returns the ABI used (0: none).
+    ``local_ports``: also allow bind to port 0 and bind/connect on the ephemeral ports."""
     abi = landlock_abi()
     if abi < 1:
         return 0
@@ -145,12 +148,14 @@ def landlock(rw: list[str], ro: list[str], tcp_bind_ports: list[int]) -> int:
             if rc:
                 raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
     if abi >= 4:
-        lo, hi = ephemeral_ports()
-        # the kernel's own ports; then bind to port 0 (the system picks one) and bind/connect
-        # within the ephemeral range: processes the student's code starts talk to each other
-        # that way (torch.distributed over gloo). Well-known ports stay closed.
-        rules = [(port, _NET_BIND_TCP) for port in tcp_bind_ports] + [(0, _NET_BIND_TCP)] + \
-            [(port, _NET_BIND_TCP | _NET_CONNECT_TCP) for port in range(lo, hi + 1)]
+        # the kernel's own ports; with local_ports, bind to port 0 (the system picks one) and
+        # bind/connect within the ephemeral range: processes the student's code starts talk to
+        # each other that way (torch.distributed over gloo). Well-known ports stay closed.
+        rules = [(port, _NET_BIND_TCP) for port in tcp_bind_ports]
+        if local_ports:
+            lo, hi = ephemeral_ports()
+            rules += [(0, _NET_BIND_TCP)] + \
+                [(port, _NET_BIND_TCP | _NET_CONNECT_TCP) for port in range(lo, hi + 1)]
         for port, access in rules:
             rule = _NetPort(access, port)
             if libc.syscall(_SYS_ADD_RULE, fd, 2, ctypes.byref(rule), ctypes.c_uint32(0)):
@@ -164,9 +169,11 @@ def landlock(rw: list[str], ro: list[str], tcp_bind_ports: list[int]) -> int:
 
 
 def write_kernelspec(jupyter_dir: Path, workdir: Path, memory_mb: int | None,
-                     user: str | None) -> str:
+                     user: str | None, local_ports: bool = False) -> str:
     """A kernelspec that starts ipykernel through this module's launcher."""
     argv = [sys.executable, "-m", "flashbook.grade.sandbox", "--workdir", str(workdir)]
+    if local_ports:
+        argv += ["--local-ports"]
     if memory_mb:
         argv += ["--memory-mb", str(memory_mb)]
     if user:
@@ -210,6 +217,8 @@ def main(argv=None) -> None:
     p.add_argument("--memory-mb", type=int)
     p.add_argument("--user")
     p.add_argument("--no-landlock", action="store_true")
+    p.add_argument("--local-ports", action="store_true",
+                   help="allow loopback TCP between processes the kernel starts (gloo)")
     p.add_argument("-f", dest="connection_file", required=True)
     a = p.parse_args(argv)
     workdir = Path(a.workdir)
@@ -232,7 +241,7 @@ def main(argv=None) -> None:
         try:
             # /proc/<own pid>: e.g. resetting peak memory (clear_refs) for measurements
             landlock(rw=[str(workdir), "/dev", f"/proc/{os.getpid()}"], ro=read_only_paths(),
-                     tcp_bind_ports=ports)
+                     tcp_bind_ports=ports, local_ports=a.local_ports)
         except OSError as e:
             print(f"flashbook sandbox: Landlock not applied: {e}", file=sys.stderr)
         os.environ["TMPDIR"] = str(tmp)
