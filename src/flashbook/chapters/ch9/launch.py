@@ -61,10 +61,10 @@ def bwd_config(kernel: str, d: int, dtype: torch.dtype, capability: tuple | None
         streamed = 64 if wide else 128
         return (BwdConfig(streamed, 128, 8, 2) if kernel == "dkdv"
                 else BwdConfig(128, streamed, 8, 2))
-    if cc >= (8, 0):
+    if cc in ((8, 0), (8, 7)):                      # A100: 163 KB per block
         return BwdConfig(32, 128, 8, 2) if kernel == "dkdv" else BwdConfig(128, 32, 8, 2)
-    small = 32 if wide else 64
-    return BwdConfig(small, 64, 4, 1) if kernel == "dkdv" else BwdConfig(64, small, 4, 1)
+    tile = 32 if wide else 64                       # T4 (64 KB), sm_86/89 (99 KB)
+    return BwdConfig(tile, tile, 4, 1)
 
 
 def _precision(dtype) -> str:
