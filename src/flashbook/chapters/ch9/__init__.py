@@ -16,7 +16,7 @@ from flashbook.contract import Chapter, Exercise
 
 from . import benchmark
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, kernel_cases
-from .figures import plot_losses, saved_bytes, saved_bytes_table
+from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
 from .grads import attention_grads, backward_inputs, dense_attention, from_packed, to_packed
 from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_dkdv, launch_dq, launch_preprocess
@@ -27,7 +27,7 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
            "BwdConfig", "BWD_DTYPES", "validate_scale", "check_dkdv", "check_dq",
            "check_autograd", "kernel_cases", "autograd_cases", "GRAD_TOL", "attention_grads",
            "backward_inputs", "dense_attention", "to_packed", "from_packed", "saved_bytes",
-           "saved_bytes_table", "plot_losses", "TinyLM", "repeat_batch", "sdpa_attention",
+           "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention",
            "train", "benchmark"]
 
 CHAPTER = Chapter(

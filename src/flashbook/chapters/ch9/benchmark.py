@@ -90,11 +90,11 @@ def ours_fns(ns, q, k, v, do, causal: bool):
     return bwd, fwdbwd, grads
 
 
-def _err_note(grads, want) -> str:
+def _err_note(grads, want, name) -> str:
     if want is None:
         return "no SDPA gradients to compare"
     err = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, want))
-    return f"max|dQ,dK,dV-sdpa|={err:.2e}"
+    return f"max|dQ,dK,dV-{name}|={err:.2e}"
 
 
 def _row(kernel, role, fn_setup, B, H, N, d, dtype, causal, what) -> Row:
@@ -106,14 +106,16 @@ def _row(kernel, role, fn_setup, B, H, N, d, dtype, causal, what) -> Row:
                                dtype=str(dtype).replace("torch.", ""))
 
 
-def run(cases=CASES, device="cuda") -> list[Row]:
-    ns = sources.solution_namespace("ch9")
+def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
+    """The rows of every case; ``ns``: the namespace whose ``attention_backward`` is timed (a
+    notebook's ``globals()``; default the chapter's solution)."""
+    ns = ns or sources.solution_namespace("ch9")
     rows = []
     for B, H, N, d, dtype, causal, kinds in cases:
         g = torch.Generator(device=device).manual_seed(0)
         q, k, v, do = (torch.randn(B, H, N, d, device=device, dtype=dtype, generator=g)
                        for _ in range(4))
-        want, base_rows = None, []
+        want, want_from, base_rows = None, None, []
         for name in BASELINES:
             for what in kinds:
                 def setup(name=name, what=what):
@@ -124,12 +126,13 @@ def run(cases=CASES, device="cuda") -> list[Row]:
             if want is None:
                 try:
                     want = sdpa_grads_fn(name, q, k, v, do, causal, "bwd")[1]
+                    want_from = name
                 except Exception:  # noqa: BLE001 - a backend that refuses: try the next
                     ch4._free()
         for what in kinds:
             def setup(what=what):
                 bwd, fwdbwd, grads = ours_fns(ns, q, k, v, do, causal)
-                return (bwd if what == "bwd" else fwdbwd), _err_note(grads, want)
+                return (bwd if what == "bwd" else fwdbwd), _err_note(grads, want, want_from)
             rows.append(_row(f"ch9_{what}", "reference", setup, B, H, N, d, dtype, causal, what))
         rows += base_rows
         del want
