@@ -28,8 +28,8 @@
 # batches, GQA). Any runtime: on a CPU the kernels run in the Triton interpreter at small
 # sizes; a GPU adds the benchmark. About 2 hours.
 #
-# **Exercises** (9 points): (1) the preprocessing $D$ and the dK/dV kernel (4); (2) the dQ kernel
-# (3); (3) the autograd Function (2).
+# **Exercises** (10 points): (1) the preprocessing $D$ and the dK/dV kernel (4); (2) the dQ
+# kernel (3); (3) the autograd Function (2); (4) the dense wrapper, trained against SDPA (1).
 
 # %%
 import flashbook as fb
@@ -469,17 +469,30 @@ ch9.check_autograd(FlashAttentionFn, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# The dense API a model calls, `(B, H, N, d)` in and out, is a reshape around the Function:
+# **Exercise 4 (1 point).** The dense API a model calls, `(B, H, N, d)` in and out, is a reshape
+# around the Function: pack each tensor with `ch9.to_packed` (`(B*N, H, d)`), build int32
+# offsets `arange(B + 1) * N_q` for the queries and `* N_k` for the keys, call
+# `FlashAttentionFn.apply`, unpack O with `ch9.from_packed(o, B)` (about 6 lines). The check
+# compares O and its gradients with float64 autograd, then trains the tiny transformer of
+# Section 6 for a few steps with your function and with SDPA: the losses must agree.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "ch9_dense", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def flash_attention(q, k, v, causal=False, softmax_scale=None):
     """q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d) -> O (B, h_q, N_q, d), differentiable."""
+    ### BEGIN SOLUTION
     B, N_q, N_k = q.shape[0], q.shape[2], k.shape[2]
     cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_q
     cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_k
     o = FlashAttentionFn.apply(ch9.to_packed(q), ch9.to_packed(k), ch9.to_packed(v), cu_q, cu_k,
                                N_q, N_k, causal, softmax_scale)
     return ch9.from_packed(o, B)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch9_training_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch9.check_training(flash_attention)
+### BEGIN HIDDEN TESTS
+ch9.check_training(flash_attention, hidden=True)
+### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 5. The memory saved, measured

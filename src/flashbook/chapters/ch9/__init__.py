@@ -15,7 +15,8 @@ from flashbook.cases import validate_scale
 from flashbook.contract import Chapter, Exercise
 
 from . import benchmark
-from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, kernel_cases
+from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
+    check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
 from .grads import attention_grads, backward_inputs, dense_attention, from_packed, to_packed
@@ -25,7 +26,7 @@ from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq", "bwd_config",
            "BwdConfig", "BWD_DTYPES", "validate_scale", "check_dkdv", "check_dq",
-           "check_autograd", "kernel_cases", "autograd_cases", "GRAD_TOL", "attention_grads",
+           "check_autograd", "check_training", "kernel_cases", "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads",
            "backward_inputs", "dense_attention", "to_packed", "from_packed", "saved_bytes",
            "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention",
            "train", "benchmark"]
@@ -39,6 +40,7 @@ CHAPTER = Chapter(
         Exercise("ch9_dq_test", ("ch9_dq_step", "ch9_dq_kernel"), ("dq_step", "bwd_dq_kernel"),
                  check_dq),
         Exercise("ch9_autograd_test", ("ch9_autograd",), ("FlashAttentionFn",), check_autograd),
+        Exercise("ch9_training_test", ("ch9_dense",), ("flash_attention",), check_training),
     ),
     variants=VARIANTS,
     # benchmark.run is wired in with its first recorded H200 data (a chapter with a benchmark

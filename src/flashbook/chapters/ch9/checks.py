@@ -20,7 +20,8 @@ from flashbook.device import current
 from . import launch
 from .grads import attention_grads, backward_inputs, from_packed, to_packed
 
-__all__ = ["check_dkdv", "check_dq", "check_autograd", "kernel_cases", "GRAD_TOL"]
+__all__ = ["check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
+           "autograd_cases", "training_cases", "GRAD_TOL"]
 
 # (atol, rtol) of a gradient against float64, by input dtype: fp16 rounds P and dS to fp16
 # before the matmuls (as every fp16 backward does), so its gradients carry ~1e-3 errors.
@@ -204,3 +205,49 @@ def check_autograd(function, hidden: bool = False) -> None:
             _compare(name, g, w, case, what)
         n += 1
     report(title, n, hidden=hidden)
+
+
+# ------------------------------------------------------------------ the dense wrapper, trained
+
+def training_cases(hidden: bool = False) -> list[AttnCase]:
+    if not hidden:
+        return [AttnCase("dense, causal GQA, N_q < N_k", B=2, H_q=4, H_kv=2, N_q=12, N_k=20,
+                         d=16, causal=True)]
+    return [AttnCase("dense fp16, N_q > N_k", B=1, H_q=2, N_q=24, N_k=8, d=16,
+                     dtype=torch.float16, scale=0.5)]
+
+
+def check_training(flash_attention, hidden: bool = False) -> None:
+    """Exercise 4: ``flash_attention(q, k, v, causal, softmax_scale)`` on dense (B, H, N, d)
+    tensors: O and its gradients against float64 autograd, then a few training steps of
+    ``train.TinyLM`` whose losses must match the same run with SDPA."""
+    from .train import sdpa_attention, train
+    title = "flash_attention (dense) and training"
+    require_implemented(flash_attention, title)
+    for i, case in enumerate(training_cases(hidden)):
+        q, k, v, do, o_ref, lse, want = backward_inputs(case, 60 + i)
+        what = f"{title}, case {case.describe()}"
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = run_student(flash_attention, q, k, v, case.causal, case.scale, what=what)
+        if not isinstance(o, torch.Tensor) or o.shape != q.shape:
+            raise CheckFailure(f"{what}: expected O shaped like q {tuple(q.shape)}, got "
+                               f"{getattr(o, 'shape', type(o).__name__)}.")
+        atol, rtol = GRAD_TOL[case.dtype]
+        assert_close(o, o_ref, what=f"{what}, output O", dims=("b", "h", "row", "col"),
+                     dtype=case.dtype, atol=atol, rtol=rtol,
+                     hint="pack (B, H, N, d) as (B*N, H, d) with cu_seqlens_q = arange(B+1) * "
+                          "N_q and cu_seqlens_k = arange(B+1) * N_k; unpack O the same way.")
+        run_student(o.backward, do, what=what + ", backward")
+        for name, t, w in zip(("dQ", "dK", "dV"), (q, k, v), want):
+            _compare(name, t.grad, w, case, what)
+    steps, seed = (4, 0) if not hidden else (3, 5)
+    what = f"{title}: {steps} training steps of a tiny causal transformer (seed {seed})"
+    ours = run_student(train, lambda a, b, c: flash_attention(a, b, c, True, None), steps,
+                       batch=2, seed=seed, what=what)
+    base = train(sdpa_attention, steps, batch=2, seed=seed)
+    worst = max(abs(a - b) for a, b in zip(ours, base))
+    if worst > 1e-4:
+        raise CheckFailure(f"{what}: the losses differ from the same run with SDPA by up to "
+                           f"{worst:.3g} (ours {[round(x, 5) for x in ours]}, SDPA "
+                           f"{[round(x, 5) for x in base]}).")
+    report(title, len(training_cases(hidden)) + 1, hidden=hidden)

@@ -65,4 +65,15 @@ VARIANTS = (
     Variant('gradients_returned_in_the_wrong_order', 'ch9_autograd', (
         ('return dq, dk, dv, None', 'return dq, dv, dk, None'),
     ), expect='gradcheck'),
+    # ----------------------------------------------------------------- ch9_dense
+    Variant('dense_key_offsets_from_query_length', 'ch9_dense', (
+        ('cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_k',
+         'cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_q'),
+    ), expect='N_k=20'),
+    Variant('dense_drops_causal', 'ch9_dense', (
+        ('N_q, N_k, causal, softmax_scale)', 'N_q, N_k, False, softmax_scale)'),
+    ), expect='causal'),
+    Variant('dense_unpacks_without_transpose', 'ch9_dense', (
+        ('return ch9.from_packed(o, B)', 'return o.reshape(q.shape)'),
+    ), expect='output O'),
 )
