@@ -398,8 +398,78 @@ def attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seql
     return dq, dk, dv
 
 # %% [markdown]
-# **Determinism.** No program adds into memory another program writes, and every accumulator
-# sums its tiles in a fixed loop order, so two runs give the same bits:
+# For comparison, the one-kernel design: the dK/dV program also adds its contribution
+# $dS\,K \cdot s$ to $dQ$ with `tl.atomic_add` into an fp32 buffer (cast to q's dtype after).
+# It saves the dQ kernel's recomputation and pays with $N_k / B_N$ atomic read-modify-writes of
+# every dQ tile, in an order no one controls. (Given code; the benchmark times it as
+# `ch9_bwd_atomic`.)
+
+# %%
+@triton.jit
+def bwd_atomic_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ, CU_Q, CU_K,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_dot, stride_doh,
+                      H_KV, total_q, sm_scale, qk_scale, CAUSAL: tl.constexpr,
+                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV as bwd_dkdv_kernel (dK, dV, K, V share strides; DQ: fp32 (total_q, h_q, d),
+    zeroed), and dQ += dS K * scale by atomic adds from every K/V tile."""
+    n0 = tl.program_id(0) * BLOCK_N
+    seq = tl.program_id(1) // H_KV
+    kv_head = tl.program_id(1) % H_KV
+    k_start = tl.load(CU_K + seq)
+    seqlen_k = tl.load(CU_K + seq + 1) - k_start
+    if n0 >= seqlen_k:
+        return
+    q_start = tl.load(CU_Q + seq)
+    seqlen_q = tl.load(CU_Q + seq + 1) - q_start
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ok = cols < seqlen_k
+    kv_offs = (k_start + cols)[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
+    k = tl.load(K + kv_offs, mask=kv_ok[:, None], other=0.0)
+    v = tl.load(V + kv_offs, mask=kv_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    diag = seqlen_k - seqlen_q
+    lo = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        for m0 in range(lo, seqlen_q, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            ok = rows < seqlen_q
+            q_offs = (q_start + rows)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+            q = tl.load(Q + q_offs, mask=ok[:, None], other=0.0)
+            do = tl.load(DO + (q_start + rows)[:, None] * stride_dot + head * stride_doh
+                         + offs_d[None, :], mask=ok[:, None], other=0.0)
+            lse = tl.load(LSE + head * total_q + q_start + rows, mask=ok, other=float("inf"))
+            Di = tl.load(Delta + head * total_q + q_start + rows, mask=ok, other=0.0)
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+            pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+                              - lse2[None, :])
+            visible = kv_ok[:, None]
+            if CAUSAL:
+                visible = visible & (cols[:, None] <= rows[None, :] + diag)
+            pT = tl.where(visible, pT, 0.0)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+            dsT = pT * (tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) - Di[None, :])
+            dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale
+            tl.atomic_add(DQ + q_offs, dq, mask=ok[:, None])      # read + write BLOCK_M*d fp32
+    tl.store(DK + kv_offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok[:, None])
+    tl.store(DV + kv_offs, dv.to(DV.dtype.element_ty), mask=kv_ok[:, None])
+
+
+def attention_backward_atomic(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, causal=False, softmax_scale=None):
+    """attention_backward in one kernel with atomic dQ (contiguous q, k, v, do)."""
+    return ch9.launch_atomic(bwd_atomic_kernel, q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k,
+                             max_seqlen_k, causal=causal, scale=softmax_scale)
+
+# %% [markdown]
+# **Determinism.** In the two-kernel backward no program adds into memory another program
+# writes, and every accumulator sums its tiles in a fixed loop order, so two runs give the same
+# bits. The interpreter runs programs one after another, so its atomic version is repeatable
+# too; on a GPU the benchmark runs it twice and its note says whether the bits matched.
 
 # %% tags=["demo"]
 case = AttnCase("determinism", seqlens=(33, 20), H_q=4, H_kv=2, d=16, causal=True)
@@ -407,7 +477,11 @@ q, k, v, do, o, lse, _ = ch9.backward_inputs(case, 1)
 args = (q, k, v, o, lse, do, case.cu_seqlens(), case.cu_seqlens(True), 33, 33, True)
 runs = ch9.when_solved(lambda: [attention_backward(*args) for _ in range(2)], "Exercises 1-2")
 if runs:
-    print("bitwise identical:", all(torch.equal(a, b) for a, b in zip(*runs)))
+    print("two kernels, two runs: bitwise identical:",
+          all(torch.equal(a, b) for a, b in zip(*runs)))
+    atomic = attention_backward_atomic(*args)
+    print("atomic dQ against two kernels: max |difference| "
+          f"{max((a - b).abs().max().item() for a, b in zip(atomic, runs[0])):.1e}")
 
 # %% [markdown]
 # ## 4. An autograd Function

@@ -20,16 +20,18 @@ from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
 from .grads import attention_grads, backward_inputs, dense_attention, from_packed, to_packed
-from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_dkdv, launch_dq, launch_preprocess
+from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_atomic, launch_dkdv, launch_dq, \
+    launch_preprocess
 from .train import TinyLM, repeat_batch, sdpa_attention, train
 from .variants import VARIANTS
 
-__all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq", "bwd_config",
-           "BwdConfig", "BWD_DTYPES", "validate_scale", "check_dkdv", "check_dq",
-           "check_autograd", "check_training", "kernel_cases", "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads",
-           "backward_inputs", "dense_attention", "to_packed", "from_packed", "saved_bytes",
-           "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention",
-           "train", "benchmark"]
+__all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq",
+           "launch_atomic", "bwd_config", "BwdConfig", "BWD_DTYPES", "validate_scale",
+           "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
+           "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
+           "dense_attention", "to_packed", "from_packed", "saved_bytes", "saved_bytes_table",
+           "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
+           "benchmark"]
 
 CHAPTER = Chapter(
     id="ch9",
@@ -39,7 +41,8 @@ CHAPTER = Chapter(
                  ("bwd_preprocess_kernel", "dkdv_step", "bwd_dkdv_kernel"), check_dkdv),
         Exercise("ch9_dq_test", ("ch9_dq_step", "ch9_dq_kernel"), ("dq_step", "bwd_dq_kernel"),
                  check_dq),
-        Exercise("ch9_autograd_test", ("ch9_autograd",), ("FlashAttentionFn",), check_autograd),
+        Exercise("ch9_autograd_test", ("ch9_autograd",), ("FlashAttentionFn",),
+                 check_autograd),
         Exercise("ch9_training_test", ("ch9_dense",), ("flash_attention",), check_training),
     ),
     variants=VARIANTS,

@@ -9,6 +9,8 @@ Inputs ``torch.randn`` (seeded), dO too. Rows per case:
   the packed ``(B*N, H, d)`` tensors, from O and LSE of Chapter 5's forward (``ch9.forward``).
 * ``ch9_fwdbwd`` (reference): ``ch9.forward`` without its host-side argument checks, then
   ``attention_backward``: what ``FlashAttentionFn`` runs, without autograd's bookkeeping.
+* ``ch9_bwd_atomic`` (variant, backward cases): ``attention_backward_atomic``, one K/V-stationary
+  kernel adding dQ atomically in fp32; its note says whether two runs gave the same bits.
 * ``sdpa_cudnn_bwd``, ``sdpa_flash_bwd``: ``torch.autograd.grad`` of one SDPA call on one
   backend (the forward outside the timing, ``retain_graph``); ``sdpa_cudnn_fwdbwd``,
   ``sdpa_flash_fwdbwd``: the forward and that grad, both timed.
@@ -90,6 +92,22 @@ def ours_fns(ns, q, k, v, do, causal: bool):
     return bwd, fwdbwd, grads
 
 
+def atomic_fn(ns, q, k, v, do, causal: bool):
+    """(fn, note) of the one-kernel backward with atomic dQ (``attention_backward_atomic``):
+    the note says whether two runs gave the same bits."""
+    B, H, N, d = q.shape
+    pq, pk, pv, pdo = (to_packed(t) for t in (q, k, v, do))
+    cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
+    o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
+    fn = ns["attention_backward_atomic"]
+
+    def bwd():
+        return fn(pq, pk, pv, o, lse, pdo, cu, cu, N, N, causal)
+    first, second = bwd(), bwd()
+    same = all(torch.equal(a, b) for a, b in zip(first, second))
+    return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}"
+
+
 def _err_note(grads, want, name) -> str:
     if want is None:
         return "no SDPA gradients to compare"
@@ -134,6 +152,10 @@ def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
                 bwd, fwdbwd, grads = ours_fns(ns, q, k, v, do, causal)
                 return (bwd if what == "bwd" else fwdbwd), _err_note(grads, want, want_from)
             rows.append(_row(f"ch9_{what}", "reference", setup, B, H, N, d, dtype, causal, what))
+        if "bwd" in kinds and "attention_backward_atomic" in ns:
+            rows.append(_row("ch9_bwd_atomic", "variant",
+                             lambda: atomic_fn(ns, q, k, v, do, causal), B, H, N, d, dtype,
+                             causal, "bwd"))
         rows += base_rows
         del want
         ch4._free()

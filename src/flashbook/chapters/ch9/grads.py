@@ -38,7 +38,7 @@ def dense_attention(q, k, v, scale=None, causal=False):
 
 def to_packed(t):
     """(B, H, N, d) -> (B * N, H, d), contiguous."""
-    return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
+    return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]).contiguous()
 
 
 def from_packed(t, B):

@@ -29,7 +29,8 @@ class TinyLM(nn.Module):
         self.pos = nn.Parameter(torch.randn(length, width) * 0.1)
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
         self.head = nn.Linear(width, vocab)
 
     def forward(self, tokens, attention):

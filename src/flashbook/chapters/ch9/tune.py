@@ -141,7 +141,8 @@ def main(argv=None):
               only={w: (defaults[w], *([best[w][0]] if w in best else [])) for w in defaults})
         lines.append(f"[sweep done at {time.time() - t0:.0f} s]")
     if not args.no_bench:
-        command = "python -m flashbook.chapters.ch9.tune " + " ".join(map(shlex.quote, sys.argv[1:]))
+        command = "python -m flashbook.chapters.ch9.tune " + " ".join(
+            map(shlex.quote, sys.argv[1:]))
         path = results.record(ch9.BENCHMARKED, Path(args.out) / "bench", command)
         rows = results.read(path)
         print(results.table(rows))
