@@ -7,7 +7,7 @@ import importlib
 
 from ..contract import Chapter
 
-IDS = ("ch1", "ch2", "ch3", "ch4", "ch5", "ch6", "ch7", "ch8")
+IDS = ("ch1", "ch2", "ch3", "ch4", "ch5", "ch6", "ch7", "ch8", "ch9")
 
 
 def contract(chapter_id: str) -> Chapter:

@@ -1,0 +1,631 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 9: The backward pass
+#
+# **What you will learn**
+# - The FlashAttention-2 backward {cite}`dao2023flashattention2`: from the forward's saved
+#   log-sum-exp (LSE) alone, recompute $P$ tile by tile and get $dQ$, $dK$, $dV$ without ever
+#   storing the $N \times N$ matrices, and the one extra vector it needs, $D = \mathrm{rowsum}(dO \circ O)$.
+# - Why the backward is two kernels: K/V-stationary for $dK, dV$ and Q-stationary for $dQ$,
+#   against one kernel with atomic adds into $dQ$; what each costs and why the split is
+#   deterministic.
+# - Causal masks, packed batches (Chapter 4) and grouped-query attention (Chapter 5) in the
+#   backward: each K/V head sums the gradients of the $G$ query heads that read it.
+# - The memory saved against a backward that stores $P$, measured.
+# - A `torch.autograd.Function` that makes the book's kernels trainable, checked with
+#   `torch.autograd.gradcheck` and against SDPA's gradients, and a small model trained with it.
+#
+# **What you need**: Chapters 3-5 (the Triton forward that writes the LSE, masks, packed
+# batches, GQA). Any runtime: on a CPU the kernels run in the Triton interpreter at small
+# sizes; a GPU adds the benchmark. About 2 hours.
+#
+# **Exercises** (10 points): (1) the preprocessing $D$ and the dK/dV kernel (4); (2) the dQ
+# kernel (3); (3) the autograd Function (2); (4) the dense wrapper, trained against SDPA (1).
+
+# %%
+import flashbook as fb
+backend = fb.setup()          # before triton is imported: on CPU it switches on the interpreter
+import torch
+import triton
+import triton.language as tl
+from flashbook import reference
+from flashbook.cases import AttnCase
+from flashbook.chapters import ch9
+
+# %% [markdown]
+# ## 1. The gradients of attention
+#
+# The forward of one head computes, with $s$ the scale (default $1/\sqrt{d}$, applied in fp32):
+#
+# $$S = s\,QK^\top, \qquad P = \mathrm{softmax}(S) \text{ (rows)}, \qquad O = PV,
+# \qquad L_i = \log \textstyle\sum_j e^{S_{ij}}.$$
+#
+# Given $dO = \partial \mathcal{L}/\partial O$, the chain rule through each step gives
+#
+# $$dV = P^\top dO, \qquad dP = dO\,V^\top, \qquad dS_{ij} = P_{ij}\,(dP_{ij} - D_i),
+# \qquad dQ = s\,dS\,K, \qquad dK = s\,dS^\top Q.$$
+#
+# The softmax's Jacobian gives $dS_{ij} = P_{ij}(dP_{ij} - \sum_l P_{il} dP_{il})$, and the
+# sum is a per-row scalar that does not need $P$: $\sum_l P_{il} dP_{il} = \sum_l P_{il}
+# (dO_i \cdot V_l) = dO_i \cdot O_i =: D_i$. So the backward first computes
+# $D = \mathrm{rowsum}(dO \circ O)$, one fp32 value per row, from two $N \times d$ tensors.
+#
+# And $P$ itself need not be stored: the forward saved $L$ (natural log, the book's
+# convention), so any tile of $P$ is $P_{ij} = \exp(S_{ij} - L_i)$, recomputed from a Q and a
+# K tile, already normalised. Rows that see no key (a causal mask with $N_q > N_k$) have
+# $L_i = -\infty$ and $P_{i\cdot} = 0$: the kernels must turn that into zeros, not NaN.
+# Inside, the kernels work in base 2 as the forward did: $P = 2^{S\log_2 e - L \log_2 e}$.
+#
+# The FLOPs: the forward has two matmuls ($QK^\top$, $PV$); the backward has five
+# ($QK^\top$ again, $dO V^\top$, $P^\top dO$, $dS K$, $dS^\top Q$), so it does 2.5 times the
+# forward's work, the count the benchmark uses.
+#
+# ## 2. A PyTorch tiled backward
+#
+# The stepping stone is the whole algorithm in PyTorch, for one sequence: loop over K/V tiles
+# (the outer loop, as the dK/dV kernel will), and for each over the Q tiles that see it. $dK$
+# and $dV$ of a K/V tile accumulate in the inner loop and are written once; $dQ$ gets a
+# contribution from every K/V tile, here a plain `+=`. On a GPU that `+=` would come from many
+# programs at once.
+
+# %%
+def tiled_backward(q, k, v, o, lse, do, causal=False, scale=None, block=16):
+    """One sequence: q, o, do (H_q, N_q, d); k, v (H_kv, N_k, d); lse (H_q, N_q) natural log.
+    Returns dq, dk, dv in q's dtype. Never holds more than a block x block tile of S or P."""
+    H_q, N_q, d = q.shape
+    H_kv, N_k, _ = k.shape
+    dtype = q.dtype
+    G = H_q // H_kv
+    scale = 1.0 / d ** 0.5 if scale is None else scale
+    f = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, o, do = (t.to(f) for t in (q, k, v, o, do))
+    lse = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse).to(f)
+    D = (do * o).sum(-1)                                            # (H_q, N_q)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for n0 in range(0, N_k, block):                                 # K/V tiles: stationary
+        cols = torch.arange(n0, min(n0 + block, N_k))
+        for h in range(H_q):                                        # GQA: G heads per K/V head
+            kv = h // G
+            for m0 in range(0, N_q, block):
+                rows = torch.arange(m0, min(m0 + block, N_q))
+                s = q[h, rows] @ k[kv, cols].T * scale              # (BM, BN)
+                p = torch.exp(s - lse[h, rows, None])               # recomputed, normalised
+                if causal:                                          # bottom-right
+                    p = p * (cols[None, :] <= rows[:, None] + N_k - N_q)
+                dv[kv, cols] += p.T @ do[h, rows]
+                ds = p * (do[h, rows] @ v[kv, cols].T - D[h, rows, None])
+                dk[kv, cols] += ds.T @ q[h, rows] * scale
+                dq[h, rows] += ds @ k[kv, cols] * scale             # the GPU needs atomics here
+    return tuple(t.to(dtype) for t in (dq, dk, dv))
+
+
+def tiled_backward_packed(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, causal=False,
+                          scale=None):
+    """``tiled_backward`` on a packed batch: q, o, do (total_q, H_q, d); k, v (total_k, H_kv, d);
+    lse (H_q, total_q)."""
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for (qs, qe), (ks, ke) in zip(zip(cq, cq[1:]), zip(ck, ck[1:])):
+        if qe == qs or ke == ks:
+            continue
+        t = lambda x, a, b: x[a:b].transpose(0, 1)
+        dq, dk, dv = tiled_backward(t(q, qs, qe), t(k, ks, ke), t(v, ks, ke), t(o, qs, qe),
+                                    lse[:, qs:qe], t(do, qs, qe), causal, scale)
+        for g, part, (a, b) in zip(grads, (dq, dk, dv), ((qs, qe), (ks, ke), (ks, ke))):
+            g[a:b] = part.transpose(0, 1)
+    return tuple(grads)
+
+# %% [markdown]
+# It agrees with float64 autograd on a causal GQA case where some rows see no key:
+
+# %% tags=["demo"]
+case = AttnCase("demo", seqlens=(40,), seqlens_k=(30,), H_q=4, H_kv=2, d=16, causal=True)
+q, k, v, do, o, lse, want = ch9.backward_inputs(case, 0)
+got = tiled_backward_packed(q, k, v, o, lse, do, case.cu_seqlens(), case.cu_seqlens(True), True)
+for name, g, w in zip(("dQ", "dK", "dV"), got, want):
+    print(f"{name}: max |tiled - autograd| = {(g.double() - w).abs().max():.2e}")
+
+# %% [markdown]
+# ## 3. Two kernels, no atomics
+#
+# A GPU kernel must pick what stays on chip. Put a **K/V tile stationary** (FlashAttention-2's
+# choice): a program loads $K_j, V_j$ once, keeps $dK_j, dV_j$ in fp32 registers, and streams
+# every Q tile that sees them ($Q_i$, $dO_i$, $L_i$, $D_i$). $dK$ and $dV$ are then written once,
+# by one program, with no conflict. But $dQ_i$ gets a contribution from every K/V program: in
+# one kernel that is an `atomic_add` of fp32 tiles into $dQ$ from $N_k/B_N$ programs, which (a)
+# adds $N_k/B_N$ read-modify-writes of each $dQ$ tile to the memory traffic, and (b) makes the
+# result depend on the order in which the adds land: floating-point addition does not
+# associate, so two runs differ in the last bits. FlashAttention-2 and FlashAttention-3
+# {cite}`shah2024flashattention3` accumulate $dQ$ that way, in fp32, with a slower deterministic
+# mode; JAX's Pallas FA3 kernels (seed 004 of this book) take the alternative used here: **a
+# second kernel, Q-stationary**, that recomputes $S$ and $P$ once more and accumulates $dQ_i$ in
+# registers. It costs one extra $QK^\top$ and $dO V^\top$
+# (7 matmuls in place of 5: the 2.5x count above is what the benchmark credits, as cuDNN's and
+# flash-attn's reports do) and buys a deterministic result with no atomics.
+#
+# ```
+#   preprocess   D = rowsum(dO * O)                 grid (tokens / BLOCK, h_q)
+#   dK/dV        for each K/V tile:  for g in G:  for each Q tile that sees it:
+#                    P^T = exp(K Q^T s - L);  dV += P^T dO;  dS^T = P^T (V dO^T - D);  dK += dS^T Q
+#   dQ           for each Q tile:  for each K/V tile it sees:
+#                    P = exp(Q K^T s - L);  dS = P (dO V^T - D);  dQ += dS K
+# ```
+#
+# Causal tiles: a K/V tile starting at key $n_0$ is seen only by rows $i \ge n_0 - (N_k - N_q)$,
+# so the dK/dV loop starts there and masks only the tiles that cross the diagonal; the dQ loop
+# stops at the last row's diagonal, as the forward did. With GQA the dK/dV program loops over the
+# $G$ query heads of its K/V head, summing their gradients in its fp32 accumulators (K and V
+# are loaded once for all $G$, the M-fold's saving of Chapter 5, here for the backward).
+#
+# **Exercise 1 (4 points).** Three pieces, the dK/dV side:
+#
+# 1. `bwd_preprocess_kernel`: $D$ for `BLOCK_M` tokens of one head (`program_id(1)`), masked at
+#    `total_q`, stored at `Delta + h * total_q + t` (about 8 lines).
+# 2. `dkdv_step`: one Q tile past the stationary K/V tile, transposed so keys are rows: load the
+#    Q and dO tile (rows `m0 ..`, masked at `seqlen_q`, zeros), LSE (`other=inf`: padding rows get
+#    $P = 0$) and D; turn LSE into base 2 (a $-\infty$ LSE into $+\infty$); $P^\top$ =
+#    `exp2(K Q^T * qk_scale - lse2)`, masked (`MASKED`) where `cols > rows + diag`; then
+#    $dV$, $dP^\top$, $dS^\top$, $dK$ as above, $P^\top$ and $dS^\top$ cast to the inputs' dtype
+#    for `tl.dot` (about 20 lines).
+# 3. `bwd_dkdv_kernel`: the program's K/V tile and (sequence, K/V head) from `program_id`; the
+#    causal bounds (`lo`, the first Q tile that sees the keys; `full_lo`, the first that sees
+#    all of them); for each of the `GROUP` heads the masked then the unmasked loop; then
+#    $dK \mathrel{*}= s$ once and the stores (about 35 lines).
+#
+# `ch9.launch_preprocess` and `ch9.launch_dkdv` launch them (their docstrings give the grids);
+# the check gives your kernels O and LSE from the float64 reference, so only the backward is
+# graded.
+
+# %% nbgrader={"grade": false, "grade_id": "ch9_preprocess", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def bwd_preprocess_kernel(O, DO, Delta, stride_ot, stride_oh, stride_dot, stride_doh, total_q,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Delta (H, total_q) float32 = rowsum(dO * O) for BLOCK_M tokens of head program_id(1)."""
+    ### BEGIN SOLUTION
+    t = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = (t < total_q)[:, None]
+    o = tl.load(O + t[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + t[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=ok,
+                 other=0.0)                                            # read 2 * BLOCK_M * d
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + h * total_q + t, delta, mask=t < total_q)         # write BLOCK_M
+    ### END SOLUTION
+
+# %% nbgrader={"grade": false, "grade_id": "ch9_dkdv_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def dkdv_step(dk, dv, k, v, Q, DO, LSE, Delta, q_start, m0, seqlen_q, cols, diag, head,
+              stride_qt, stride_qh, stride_dot, stride_doh, total_q, qk_scale,
+              MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """One Q tile past a stationary K/V tile, transposed (keys are rows): P^T = exp(K Q^T)."""
+    ### BEGIN SOLUTION
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = rows < seqlen_q
+    tokens = q_start + rows
+    q = tl.load(Q + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=ok[:, None], other=0.0)                           # read BLOCK_M*d
+    do = tl.load(DO + tokens[:, None] * stride_dot + head * stride_doh + offs_d[None, :],
+                 mask=ok[:, None], other=0.0)                          # read BLOCK_M*d
+    lse = tl.load(LSE + head * total_q + tokens, mask=ok, other=float("inf"))
+    Di = tl.load(Delta + head * total_q + tokens, mask=ok, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # base 2
+    sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)        # (BLOCK_N, BLOCK_M)
+    pT = tl.math.exp2(sT * qk_scale - lse2[None, :])
+    if MASKED:
+        pT = tl.where(cols[:, None] <= rows[None, :] + diag, pT, 0.0)
+    dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)  # dV += P^T dO
+    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)      # dP^T = V dO^T
+    dsT = pT * (dpT - Di[None, :])                                     # dS = P (dP - D)
+    dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)   # dK += dS^T Q
+    return dk, dv
+    ### END SOLUTION
+
+# %% nbgrader={"grade": false, "grade_id": "ch9_dkdv_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def bwd_dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, CU_Q, CU_K,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+                    H_KV, total_q, sm_scale, qk_scale, CAUSAL: tl.constexpr,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one K/V tile (BLOCK_N keys of K/V head pid % H_KV of sequence pid // H_KV),
+    summed over the GROUP query heads that read it; every Q tile that sees these keys once."""
+    ### BEGIN SOLUTION
+    n0 = tl.program_id(0) * BLOCK_N
+    seq = tl.program_id(1) // H_KV
+    kv_head = tl.program_id(1) % H_KV
+    k_start = tl.load(CU_K + seq)
+    seqlen_k = tl.load(CU_K + seq + 1) - k_start
+    if n0 >= seqlen_k:
+        return
+    q_start = tl.load(CU_Q + seq)
+    seqlen_q = tl.load(CU_Q + seq + 1) - q_start
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ok = (cols < seqlen_k)[:, None]
+    k = tl.load(K + (k_start + cols)[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                mask=kv_ok, other=0.0)                                 # read BLOCK_N*d, once
+    v = tl.load(V + (k_start + cols)[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    diag = seqlen_k - seqlen_q               # bottom-right: row i sees key j iff j <= i + diag
+    lo = 0
+    full_lo = 0
+    if CAUSAL:                               # rows before n0 - diag see none of these keys
+        lo = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M
+        full_lo = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 - diag, BLOCK_M) * BLOCK_M, lo),
+                             seqlen_q)
+    for g in range(GROUP):                   # GQA: the query heads sharing this K/V head
+        head = kv_head * GROUP + g
+        for m0 in range(lo, full_lo, BLOCK_M):          # tiles across the diagonal: masked
+            dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, Delta, q_start, m0, seqlen_q, cols,
+                               diag, head, stride_qt, stride_qh, stride_dot, stride_doh,
+                               total_q, qk_scale, True, HEAD_DIM, BLOCK_M, DOT_PRECISION)
+        for m0 in range(full_lo, seqlen_q, BLOCK_M):    # every key visible: no mask
+            dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, Delta, q_start, m0, seqlen_q, cols,
+                               diag, head, stride_qt, stride_qh, stride_dot, stride_doh,
+                               total_q, qk_scale, False, HEAD_DIM, BLOCK_M, DOT_PRECISION)
+    dk = dk * sm_scale                       # dK = dS^T Q * scale: S was Q K^T * scale
+    tl.store(DK + (k_start + cols)[:, None] * stride_dkt + kv_head * stride_dkh + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=kv_ok)                  # write BLOCK_N*d
+    tl.store(DV + (k_start + cols)[:, None] * stride_dvt + kv_head * stride_dvh + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_ok)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch9_dkdv_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+ch9.check_dkdv(bwd_preprocess_kernel, dkdv_step, bwd_dkdv_kernel)
+### BEGIN HIDDEN TESTS
+ch9.check_dkdv(bwd_preprocess_kernel, dkdv_step, bwd_dkdv_kernel, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Exercise 2 (3 points).** The dQ side, Q-stationary: `dq_step` recomputes $P$ for one K/V
+# tile (rows are queries now, keys masked at `seqlen_k` and, when `MASKED`, past each row's
+# diagonal `rows + diag`), then $dP = dO V^\top$, $dS = P \circ (dP - D)$ and `dq += dS K`,
+# accumulated in **fp32** (about 15 lines); `bwd_dq_kernel` loads the Q tile, dO, LSE and D once,
+# runs the unmasked key tiles `[0, full_hi)` then the masked `[full_hi, hi)` (for a causal mask
+# `hi` is the last row's diagonal + 1; without one `diag = seqlen_k` makes every key visible),
+# scales by $s$ once and stores $dQ$ in q's dtype (about 30 lines). The check computes $D$ itself.
+
+# %% nbgrader={"grade": false, "grade_id": "ch9_dq_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def dq_step(dq, q, do, lse2, Di, K, V, k_start, n0, seqlen_k, rows, diag, kv_head,
+            stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, MASKED: tl.constexpr,
+            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K/V tile past a stationary Q tile: recompute P, then dQ += dS K."""
+    ### BEGIN SOLUTION
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ok = cols < seqlen_k
+    k = tl.load(K + (k_start + cols)[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                mask=kv_ok[:, None], other=0.0)                        # read BLOCK_N*d
+    v = tl.load(V + (k_start + cols)[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                mask=kv_ok[:, None], other=0.0)                        # read BLOCK_N*d
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)         # (BLOCK_M, BLOCK_N)
+    p = tl.math.exp2(s * qk_scale - lse2[:, None])
+    if MASKED:
+        p = tl.where((cols[None, :] <= rows[:, None] + diag) & kv_ok[None, :], p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)       # dP = dO V^T
+    ds = p * (dp - Di[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)     # dQ += dS K (fp32)
+    return dq
+    ### END SOLUTION
+
+# %% nbgrader={"grade": false, "grade_id": "ch9_dq_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
+@triton.jit
+def bwd_dq_kernel(Q, K, V, DO, LSE, Delta, DQ, CU_Q, CU_K,
+                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                  stride_dot, stride_doh, stride_dqt, stride_dqh, H_Q, total_q, sm_scale,
+                  qk_scale, CAUSAL: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dQ of one Q tile (BLOCK_M rows of query head pid % H_Q of sequence pid // H_Q)."""
+    ### BEGIN SOLUTION
+    m0 = tl.program_id(0) * BLOCK_M
+    seq = tl.program_id(1) // H_Q
+    head = tl.program_id(1) % H_Q
+    kv_head = head // GROUP
+    q_start = tl.load(CU_Q + seq)
+    seqlen_q = tl.load(CU_Q + seq + 1) - q_start
+    if m0 >= seqlen_q:
+        return
+    k_start = tl.load(CU_K + seq)
+    seqlen_k = tl.load(CU_K + seq + 1) - k_start
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = rows < seqlen_q
+    tokens = q_start + rows
+    q = tl.load(Q + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=ok[:, None], other=0.0)                           # read BLOCK_M*d, once
+    do = tl.load(DO + tokens[:, None] * stride_dot + head * stride_doh + offs_d[None, :],
+                 mask=ok[:, None], other=0.0)
+    lse = tl.load(LSE + head * total_q + tokens, mask=ok, other=float("inf"))
+    Di = tl.load(Delta + head * total_q + tokens, mask=ok, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    diag = seqlen_k - seqlen_q               # bottom-right: row i sees key j iff j <= i + diag
+    hi = seqlen_k
+    full_hi = seqlen_k // BLOCK_N * BLOCK_N            # the partial last tile is masked
+    if not CAUSAL:
+        diag = seqlen_k                                # every row sees every key
+    else:                                         # keys past the last row's diagonal
+        hi = tl.maximum(tl.minimum(m0 + BLOCK_M + diag, seqlen_k), 0)
+        full_hi = tl.minimum(tl.maximum(m0 + diag + 1, 0) // BLOCK_N * BLOCK_N, full_hi)
+    for n0 in range(0, full_hi, BLOCK_N):              # every key visible to every row
+        dq = dq_step(dq, q, do, lse2, Di, K, V, k_start, n0, seqlen_k, rows, diag, kv_head,
+                     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, False, HEAD_DIM,
+                     BLOCK_N, DOT_PRECISION)
+    for n0 in range(full_hi, hi, BLOCK_N):             # the diagonal band and the tail: masked
+        dq = dq_step(dq, q, do, lse2, Di, K, V, k_start, n0, seqlen_k, rows, diag, kv_head,
+                     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, True, HEAD_DIM,
+                     BLOCK_N, DOT_PRECISION)
+    dq = dq * sm_scale                                 # dQ = dS K * scale
+    tl.store(DQ + tokens[:, None] * stride_dqt + head * stride_dqh + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=ok[:, None])            # write BLOCK_M*d
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch9_dq_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+ch9.check_dq(dq_step, bwd_dq_kernel)
+### BEGIN HIDDEN TESTS
+ch9.check_dq(dq_step, bwd_dq_kernel, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The three launches make the backward. `attention_backward` is what the autograd Function will
+# call:
+
+# %%
+def attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, causal=False, softmax_scale=None):
+    """dQ, dK, dV of packed attention from the forward's O and LSE (h_q, total_q)."""
+    delta = ch9.launch_preprocess(bwd_preprocess_kernel, o, do)          # (h_q, total_q) fp32
+    dk, dv = ch9.launch_dkdv(bwd_dkdv_kernel, q, k, v, do, lse, delta, cu_seqlens_q,
+                             cu_seqlens_k, max_seqlen_k, causal=causal, scale=softmax_scale)
+    dq = ch9.launch_dq(bwd_dq_kernel, q, k, v, do, lse, delta, cu_seqlens_q, cu_seqlens_k,
+                       max_seqlen_q, causal=causal, scale=softmax_scale)
+    return dq, dk, dv
+
+# %% [markdown]
+# For comparison, the one-kernel design: the dK/dV program also adds its contribution
+# $dS\,K \cdot s$ to $dQ$ with `tl.atomic_add` into an fp32 buffer (cast to q's dtype after).
+# It saves the dQ kernel's recomputation and pays with $N_k / B_N$ atomic read-modify-writes of
+# every dQ tile, in an order no one controls. (Given code; the benchmark times it as
+# `ch9_bwd_atomic`.)
+
+# %%
+@triton.jit
+def bwd_atomic_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ, CU_Q, CU_K,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_dot, stride_doh,
+                      H_KV, total_q, sm_scale, qk_scale, CAUSAL: tl.constexpr,
+                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV as bwd_dkdv_kernel (dK, dV, K, V share strides; DQ: fp32 (total_q, h_q, d),
+    zeroed), and dQ += dS K * scale by atomic adds from every K/V tile."""
+    n0 = tl.program_id(0) * BLOCK_N
+    seq = tl.program_id(1) // H_KV
+    kv_head = tl.program_id(1) % H_KV
+    k_start = tl.load(CU_K + seq)
+    seqlen_k = tl.load(CU_K + seq + 1) - k_start
+    if n0 >= seqlen_k:
+        return
+    q_start = tl.load(CU_Q + seq)
+    seqlen_q = tl.load(CU_Q + seq + 1) - q_start
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ok = cols < seqlen_k
+    kv_offs = (k_start + cols)[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
+    k = tl.load(K + kv_offs, mask=kv_ok[:, None], other=0.0)
+    v = tl.load(V + kv_offs, mask=kv_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    diag = seqlen_k - seqlen_q
+    lo = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        for m0 in range(lo, seqlen_q, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            ok = rows < seqlen_q
+            q_offs = (q_start + rows)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+            q = tl.load(Q + q_offs, mask=ok[:, None], other=0.0)
+            do = tl.load(DO + (q_start + rows)[:, None] * stride_dot + head * stride_doh
+                         + offs_d[None, :], mask=ok[:, None], other=0.0)
+            lse = tl.load(LSE + head * total_q + q_start + rows, mask=ok, other=float("inf"))
+            Di = tl.load(Delta + head * total_q + q_start + rows, mask=ok, other=0.0)
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+            pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+                              - lse2[None, :])
+            visible = kv_ok[:, None]
+            if CAUSAL:
+                visible = visible & (cols[:, None] <= rows[None, :] + diag)
+            pT = tl.where(visible, pT, 0.0)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+            dsT = pT * (tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) - Di[None, :])
+            dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale
+            tl.atomic_add(DQ + q_offs, dq, mask=ok[:, None])      # read + write BLOCK_M*d fp32
+    tl.store(DK + kv_offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok[:, None])
+    tl.store(DV + kv_offs, dv.to(DV.dtype.element_ty), mask=kv_ok[:, None])
+
+
+def attention_backward_atomic(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, causal=False, softmax_scale=None):
+    """attention_backward in one kernel with atomic dQ (contiguous q, k, v, do)."""
+    return ch9.launch_atomic(bwd_atomic_kernel, q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k,
+                             max_seqlen_k, causal=causal, scale=softmax_scale)
+
+# %% [markdown]
+# **Determinism.** In the two-kernel backward no program adds into memory another program
+# writes, and every accumulator sums its tiles in a fixed loop order, so two runs give the same
+# bits. The interpreter runs programs one after another, so its atomic version is repeatable
+# too; on a GPU the benchmark runs it twice and its note says whether the bits matched.
+
+# %% tags=["demo"]
+case = AttnCase("determinism", seqlens=(33, 20), H_q=4, H_kv=2, d=16, causal=True)
+q, k, v, do, o, lse, _ = ch9.backward_inputs(case, 1)
+args = (q, k, v, o, lse, do, case.cu_seqlens(), case.cu_seqlens(True), 33, 33, True)
+runs = ch9.when_solved(lambda: [attention_backward(*args) for _ in range(2)], "Exercises 1-2")
+if runs:
+    print("two kernels, two runs: bitwise identical:",
+          all(torch.equal(a, b) for a, b in zip(*runs)))
+    atomic = attention_backward_atomic(*args)
+    print("atomic dQ against two kernels: max |difference| "
+          f"{max((a - b).abs().max().item() for a, b in zip(atomic, runs[0])):.1e}")
+
+# %% [markdown]
+# ## 4. An autograd Function
+#
+# `torch.autograd.Function` joins the two passes: `forward(ctx, ...)` runs the forward kernel
+# and saves what the backward needs with `ctx.save_for_backward` (q, k, v, O, LSE and the
+# offsets: $O(N d)$ memory, never $O(N^2)$), non-tensor arguments on `ctx`; `backward(ctx, dO)`
+# returns one gradient per input of `forward`, `None` for the non-differentiable ones.
+#
+# The forward is Chapter 5's packed GQA kernel (`ch9.forward` takes it from Chapter 5's
+# solution). `torch.autograd.gradcheck` compares the analytic gradients with finite differences
+# and needs float64. The Triton interpreter multiplies float64 tiles correctly, but Chapter 5's
+# forward and the GPU configurations take fp16, bf16 and fp32 only; so in float64 your Function runs
+# the float64 reference forward (`reference.attention_varlen`, which also returns the LSE) and
+# the tiled PyTorch backward of Section 2. The same `ctx` plumbing is then graded by
+# gradcheck, and the kernel path by fp32 and fp16 comparisons with SDPA's gradients.
+#
+# **Exercise 3 (2 points).** Write `FlashAttentionFn.forward` and `.backward` (about 15 lines):
+# forward validates the scale (`ch9.validate_scale(softmax_scale, d)`), picks the float64 or
+# the kernel path, saves, returns O; backward returns `dq, dk, dv` and six `None`.
+
+# %% nbgrader={"grade": false, "grade_id": "ch9_autograd", "locked": false, "schema_version": 3, "solution": true, "task": false}
+class FlashAttentionFn(torch.autograd.Function):
+    """Packed attention, differentiable in q (total_q, h_q, d), k and v (total_k, h_kv, d)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                causal=False, softmax_scale=None):
+        ### BEGIN SOLUTION
+        scale = ch9.validate_scale(softmax_scale, q.shape[-1])
+        if q.dtype == torch.float64:
+            o, lse = reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale,
+                                                causal)
+        else:
+            o, lse = ch9.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, causal=causal, softmax_scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale)
+        return o
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, do):
+        ### BEGIN SOLUTION
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, causal, scale = ctx.meta
+        if q.dtype == torch.float64:
+            dq, dk, dv = tiled_backward_packed(q, k, v, o, lse, do, cu_q, cu_k, causal, scale)
+        else:
+            dq, dk, dv = attention_backward(q, k, v, o, lse, do.contiguous(), cu_q, cu_k, max_q,
+                                            max_k, causal, scale)
+        return dq, dk, dv, None, None, None, None, None, None
+        ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch9_autograd_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch9.check_autograd(FlashAttentionFn)
+### BEGIN HIDDEN TESTS
+ch9.check_autograd(FlashAttentionFn, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Exercise 4 (1 point).** The dense API a model calls, `(B, H, N, d)` in and out, is a reshape
+# around the Function: pack each tensor with `ch9.to_packed` (`(B*N, H, d)`), build int32
+# offsets `arange(B + 1) * N_q` for the queries and `* N_k` for the keys, call
+# `FlashAttentionFn.apply`, unpack O with `ch9.from_packed(o, B)` (about 6 lines). The check
+# compares O and its gradients with float64 autograd, then trains the tiny transformer of
+# Section 6 for a few steps with your function and with SDPA: the losses must agree.
+
+# %% nbgrader={"grade": false, "grade_id": "ch9_dense", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def flash_attention(q, k, v, causal=False, softmax_scale=None):
+    """q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d) -> O (B, h_q, N_q, d), differentiable."""
+    ### BEGIN SOLUTION
+    B, N_q, N_k = q.shape[0], q.shape[2], k.shape[2]
+    cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_q
+    cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_k
+    o = FlashAttentionFn.apply(ch9.to_packed(q), ch9.to_packed(k), ch9.to_packed(v), cu_q, cu_k,
+                               N_q, N_k, causal, softmax_scale)
+    return ch9.from_packed(o, B)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch9_training_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch9.check_training(flash_attention)
+### BEGIN HIDDEN TESTS
+ch9.check_training(flash_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. The memory saved, measured
+#
+# A backward written as plain PyTorch ops lets autograd keep what each op needs: for attention
+# that includes $S$ or $P$, $B \cdot H \cdot N_q \cdot N_k$ values, quadratic in the length. The
+# Function keeps q, k, v, O and the LSE. `torch.autograd.graph.saved_tensors_hooks` sees every
+# tensor autograd saves, so we can count the bytes (float64 on the CPU here; both sides in the
+# same dtype):
+
+# %% tags=["demo"]
+print(ch9.when_solved(lambda: ch9.saved_bytes_table(flash_attention, lengths=(256, 1024, 2048)),
+                     "Exercise 3") or "")
+
+# %% [markdown]
+# ## 6. Training with the book's kernels
+#
+# The last test is the one that matters to a user: train a model. `ch9.train` trains a tiny
+# causal transformer (one block, two heads of 16, sequences of 32 tokens that repeat a random
+# pattern, so attention must copy from earlier positions) from the same initial weights twice:
+# with `flash_attention` (our forward and backward kernels) and with SDPA. Same data, same
+# optimiser: the curves differ only by the kernels' rounding. In CPU mode the kernels run in the
+# interpreter, so the run is short (the step count is printed); on a GPU it runs 300 steps.
+
+# %% tags=["demo"]
+steps, batch = (300, 16) if backend.gpu else (15, 2)      # the interpreter: a short run
+train = dict(batch=batch, device=backend.device)
+ours = ch9.when_solved(lambda: ch9.train(lambda q, k, v: flash_attention(q, k, v, causal=True),
+                                         steps, **train), "Exercises 1-3")
+if ours:
+    sdpa = ch9.train(ch9.sdpa_attention, steps, **train)
+    print(f"{steps} steps of {batch} sequences: final loss {ours[-1]:.4f} (ours) vs "
+          f"{sdpa[-1]:.4f} (SDPA), largest difference "
+          f"{max(abs(a - b) for a, b in zip(ours, sdpa)):.2e}")
+    ch9.plot_losses(ours, sdpa)
+
+# %% [markdown]
+# ## 7. Performance
+#
+# `flashbook bench ch9` measures, on a GPU, forward + backward (`ch9_fwdbwd`) and the backward
+# alone (`ch9_bwd`) against cuDNN's and FlashAttention-2's SDPA backends (`sdpa_cudnn_bwd`,
+# `sdpa_flash_bwd`, ...) at $(B, H, N, d) = (1, 16, 16384, 128)$ fp16, causal and not,
+# crediting the backward with 2.5x the forward's FLOPs, and the configuration of the public
+# CS336 (2025) leaderboard: forward + backward, $B = 1$, 16 heads of 64, $N = 16384$, bf16, causal.
+# No measurement is recorded yet: this section will quote them once the benchmark has run.
+
+# %% tags=["demo"]
+if backend.gpu:
+    rows = ch9.when_solved(lambda: ch9.benchmark.run(ns=globals()), "Exercises 1-3")
+    print(ch9.benchmark.table(rows) if rows else "")
+else:
+    print("CPU mode: the benchmark needs a GPU (the interpreter's timings say nothing about one).")
+
+# %% [markdown]
+# ## Further reading
+#
+# - FlashAttention-2 {cite}`dao2023flashattention2`, Section 3.2 and Algorithm 2: the backward
+#   this chapter builds, with $D$ and the recomputation from the LSE.
+# - FlashAttention {cite}`dao2022flashattention`, Appendix B: the derivation of the gradients.
+# - FlashAttention-3 {cite}`shah2024flashattention3`: the Hopper backward, with separate dQ and
+#   dK/dV kernels.
+# - Triton's fused-attention tutorial {cite}`triton2025tutorials`: a backward in Triton.

@@ -1,0 +1,55 @@
+"""Chapter 9: the backward pass: D, recomputation from the LSE, a K/V-stationary dK/dV kernel
+and a Q-stationary dQ kernel, and an autograd Function that trains.
+
+The student writes the three Triton kernels (with their loop bodies) and the autograd
+Function; ``launch`` launches the kernels on the packed layout, ``forward`` is Chapter 5's GQA
+forward, ``grads`` holds the float64 reference gradients, ``checks`` grades, ``figures`` and
+``train`` make the chapter's table and loss curves, and ``benchmark`` times forward + backward
+on a GPU (``flashbook bench ch9``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from flashbook.cases import validate_scale
+from flashbook.contract import Chapter, Exercise
+
+from . import benchmark
+from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
+    check_training, kernel_cases, training_cases
+from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
+from .forward import forward
+from .grads import attention_grads, backward_inputs, dense_attention, from_packed, to_packed
+from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_atomic, launch_dkdv, launch_dq, \
+    launch_preprocess
+from .train import TinyLM, repeat_batch, sdpa_attention, train
+from .variants import VARIANTS
+
+__all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq",
+           "launch_atomic", "bwd_config", "BwdConfig", "BWD_DTYPES", "validate_scale",
+           "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
+           "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
+           "dense_attention", "to_packed", "from_packed", "saved_bytes", "saved_bytes_table",
+           "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
+           "benchmark"]
+
+CHAPTER = Chapter(
+    id="ch9",
+    title="The backward pass",
+    exercises=(
+        Exercise("ch9_dkdv_test", ("ch9_preprocess", "ch9_dkdv_step", "ch9_dkdv_kernel"),
+                 ("bwd_preprocess_kernel", "dkdv_step", "bwd_dkdv_kernel"), check_dkdv),
+        Exercise("ch9_dq_test", ("ch9_dq_step", "ch9_dq_kernel"), ("dq_step", "bwd_dq_kernel"),
+                 check_dq),
+        Exercise("ch9_autograd_test", ("ch9_autograd",), ("FlashAttentionFn",),
+                 check_autograd),
+        Exercise("ch9_training_test", ("ch9_dense",), ("flash_attention",), check_training),
+    ),
+    variants=VARIANTS,
+    # benchmark.run is wired in with its first recorded H200 data (a chapter with a benchmark
+    # must ship data); until then gpu_check_ch9.py records it through BENCHMARKED below.
+)
+
+# The contract ``flashbook bench`` needs (``gpu_check_ch9.py`` passes it to results.record).
+BENCHMARKED = dataclasses.replace(CHAPTER, benchmark=benchmark.run,
+                                  graph_timer=benchmark.GRAPH_TIMER)

@@ -1,0 +1,162 @@
+"""Chapter 9 benchmark: the backward alone and forward + backward against SDPA's cuDNN and
+FlashAttention-2 backends (``flashbook bench ch9`` on a GPU).
+
+Cases (``CASES``): (B, H, N, d) = (1, 16, 16384, 128) fp16, causal and not, and the public
+CS336 (2025) leaderboard's configuration, (1, 16, 16384, 64) bf16 causal, forward + backward.
+Inputs ``torch.randn`` (seeded), dO too. Rows per case:
+
+* ``ch9_bwd`` (reference): the solution's ``attention_backward`` (preprocess, dK/dV, dQ) on
+  the packed ``(B*N, H, d)`` tensors, from O and LSE of Chapter 5's forward (``ch9.forward``).
+* ``ch9_fwdbwd`` (reference): ``ch9.forward`` without its host-side argument checks, then
+  ``attention_backward``: what ``FlashAttentionFn`` runs, without autograd's bookkeeping.
+* ``ch9_bwd_atomic`` (variant, backward cases): ``attention_backward_atomic``, one K/V-stationary
+  kernel adding dQ atomically in fp32; its note says whether two runs gave the same bits.
+* ``sdpa_cudnn_bwd``, ``sdpa_flash_bwd``: ``torch.autograd.grad`` of one SDPA call on one
+  backend (the forward outside the timing, ``retain_graph``); ``sdpa_cudnn_fwdbwd``,
+  ``sdpa_flash_fwdbwd``: the forward and that grad, both timed.
+
+FLOPs: ``reference.attention_flops`` (4 N_q N_k d per head, halved when causal) times 2.5 for
+a backward and 3.5 for forward + backward (the convention of FlashAttention-2's and cuDNN's
+reports; our dQ kernel's recomputation is not credited). ``gbps``: ``bench.attention_bytes``
+(Q, K, V, O once) / time, a lower bound. Every row is timed from a CUDA graph where it can be
+captured (``ch4.benchmark.measure``); the note of each of our rows gives
+``max|dQ|dK|dV - sdpa_cudnn|`` (the first SDPA backend that accepts, if cuDNN refuses).
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+
+from flashbook import sources
+from flashbook.bench import SDPA_BACKENDS, attention_bytes
+from flashbook.chapters.ch4 import benchmark as ch4
+from flashbook.reference import attention_flops
+from flashbook.results import Row, table
+
+from .forward import forward
+from .grads import from_packed, to_packed
+
+__all__ = ["run", "table", "CASES", "GRAPH_TIMER", "bwd_flops", "sdpa_grads_fn", "ours_fns"]
+
+GRAPH_TIMER = True
+CASES = ((1, 16, 16384, 128, torch.float16, False, ("bwd", "fwdbwd")),
+         (1, 16, 16384, 128, torch.float16, True, ("bwd", "fwdbwd")),
+         (1, 16, 16384, 64, torch.bfloat16, True, ("fwdbwd",)))     # CS336 leaderboard
+BASELINES = ("sdpa_cudnn", "sdpa_flash")
+BWD_FACTOR, FWDBWD_FACTOR = 2.5, 3.5
+
+
+def bwd_flops(B, H, N, d, causal, what: str) -> float:
+    """FLOPs credited to a backward ("bwd") or forward + backward ("fwdbwd")."""
+    f = attention_flops(B, H, N, N, d, causal)
+    return f * (BWD_FACTOR if what == "bwd" else FWDBWD_FACTOR)
+
+
+def sdpa_grads_fn(backend: str, q, k, v, do, causal: bool, what: str):
+    """fn() timing SDPA's backward ("bwd": grad of a forward run once) or forward + backward
+    on one backend, and the gradients of one call (dense (B, H, N, d))."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    kind = getattr(SDPBackend, SDPA_BACKENDS[backend])
+
+    def fwd():
+        with sdpa_kernel(kind):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o = fwd()
+    grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    if what == "bwd":
+        return (lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)), grads
+    return (lambda: torch.autograd.grad(fwd(), (q, k, v), do)), grads
+
+
+def ours_fns(ns, q, k, v, do, causal: bool):
+    """(bwd fn, fwdbwd fn, dense grads) of the solution on dense (B, H, N, d) inputs, run on
+    their packed (B*N, H, d) copies (made once, not timed)."""
+    B, H, N, d = q.shape
+    pq, pk, pv, pdo = (to_packed(t) for t in (q, k, v, do))
+    cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
+    o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
+    backward = ns["attention_backward"]
+
+    def bwd():
+        return backward(pq, pk, pv, o, lse, pdo, cu, cu, N, N, causal)
+
+    def fwdbwd():
+        o2, lse2 = forward(pq, pk, pv, cu, cu, N, N, causal=causal, validate=False)
+        return backward(pq, pk, pv, o2, lse2, pdo, cu, cu, N, N, causal)
+    grads = tuple(from_packed(g, B) for g in bwd())
+    return bwd, fwdbwd, grads
+
+
+def atomic_fn(ns, q, k, v, do, causal: bool):
+    """(fn, note) of the one-kernel backward with atomic dQ (``attention_backward_atomic``):
+    the note says whether two runs gave the same bits."""
+    B, H, N, d = q.shape
+    pq, pk, pv, pdo = (to_packed(t) for t in (q, k, v, do))
+    cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
+    o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
+    fn = ns["attention_backward_atomic"]
+
+    def bwd():
+        return fn(pq, pk, pv, o, lse, pdo, cu, cu, N, N, causal)
+    first, second = bwd(), bwd()
+    same = all(torch.equal(a, b) for a, b in zip(first, second))
+    return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}"
+
+
+def _err_note(grads, want, name) -> str:
+    if want is None:
+        return "no SDPA gradients to compare"
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, want))
+    return f"max|dQ,dK,dV-{name}|={err:.2e}"
+
+
+def _row(kernel, role, fn_setup, B, H, N, d, dtype, causal, what) -> Row:
+    r = ch4.measure(kernel, role, fn_setup, B=B, N=N, causal=causal,
+                    flops=bwd_flops(B, H, N, d, causal, what), tokens=B * N)
+    gbps = None if r.ms is None else \
+        attention_bytes(B, H, N, N, d, dtype.itemsize) / (r.ms * 1e-3) / 1e9
+    return dataclasses.replace(r, H_q=H, H_kv=H, N_q=N, N_k=N, d=d, gbps=gbps,
+                               dtype=str(dtype).replace("torch.", ""))
+
+
+def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
+    """The rows of every case; ``ns``: the namespace whose ``attention_backward`` is timed (a
+    notebook's ``globals()``; default the chapter's solution)."""
+    ns = ns or sources.solution_namespace("ch9")
+    rows = []
+    for B, H, N, d, dtype, causal, kinds in cases:
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v, do = (torch.randn(B, H, N, d, device=device, dtype=dtype, generator=g)
+                       for _ in range(4))
+        want, want_from, base_rows = None, None, []
+        for name in BASELINES:
+            for what in kinds:
+                def setup(name=name, what=what):
+                    fn, grads = sdpa_grads_fn(name, q, k, v, do, causal, what)
+                    return fn, ""
+                base_rows.append(_row(f"{name}_{what}", "baseline", setup, B, H, N, d, dtype,
+                                      causal, what))
+            if want is None:
+                try:
+                    want = sdpa_grads_fn(name, q, k, v, do, causal, "bwd")[1]
+                    want_from = name
+                except Exception:  # noqa: BLE001 - a backend that refuses: try the next
+                    ch4._free()
+        for what in kinds:
+            def setup(what=what):
+                bwd, fwdbwd, grads = ours_fns(ns, q, k, v, do, causal)
+                return (bwd if what == "bwd" else fwdbwd), _err_note(grads, want, want_from)
+            rows.append(_row(f"ch9_{what}", "reference", setup, B, H, N, d, dtype, causal, what))
+        if "bwd" in kinds and "attention_backward_atomic" in ns:
+            rows.append(_row("ch9_bwd_atomic", "variant",
+                             lambda: atomic_fn(ns, q, k, v, do, causal), B, H, N, d, dtype,
+                             causal, "bwd"))
+        rows += base_rows
+        del want
+        ch4._free()
+    return rows

@@ -1,0 +1,253 @@
+"""Chapter 9's graded checks: the dK/dV kernel with its preprocessing, the dQ kernel, and the
+autograd Function (gradcheck in float64, then against SDPA's and the float64 reference's
+gradients in fp32 and fp16, causal, packed and GQA included).
+
+Every kernel check runs the student's kernel through ``launch`` on seeded inputs whose O and LSE
+come from the float64 reference (so a kernel is graded alone), in CPU mode under the
+out-of-bounds guard, and compares with float64 autograd gradients (``grads``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from flashbook.cases import AttnCase
+from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
+    run_student
+from flashbook.device import current
+
+from . import launch
+from .grads import attention_grads, backward_inputs, from_packed, to_packed
+
+__all__ = ["check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
+           "autograd_cases", "training_cases", "GRAD_TOL"]
+
+# (atol, rtol) of a gradient against float64, by input dtype: fp16 rounds P and dS to fp16
+# before the matmuls (as every fp16 backward does), so its gradients carry ~1e-3 errors.
+GRAD_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2),
+            torch.bfloat16: (5e-2, 5e-2)}
+
+_HINTS = {
+    "D": "D_i = sum_c dO[i, c] * O[i, c] in fp32, one value per (head, token).",
+    "dV": "dV = P^T dO with P = exp(S * scale - LSE) recomputed per tile; LSE is in natural log "
+          "(multiply it by log2(e) before exp2).",
+    "dK": "dK = dS^T Q * scale with dS = P * (dP - D), dP = dO V^T; the scale once, at the end; "
+          "with GQA each K/V head sums the dK of its G query heads; causal tiles need the mask.",
+    "dQ": "dQ = dS K * scale accumulated in fp32 over the key tiles, the scale once; dS = "
+          "P * (dP - D); causal tiles need the mask.",
+}
+
+
+def kernel_cases(hidden: bool = False) -> list[AttnCase]:
+    """Packed cases (16 x 16 tiles in CPU mode): partial tiles, causal with N_q != N_k, GQA."""
+    if not hidden:
+        return [
+            AttnCase("one sequence", seqlens=(40,), H_q=2, d=16),
+            AttnCase("causal, N_q < N_k", seqlens=(24,), seqlens_k=(40,), H_q=2, d=16,
+                     causal=True),
+            AttnCase("GQA, causal, packed", seqlens=(17, 33), seqlens_k=(20, 33), H_q=4, H_kv=2,
+                     d=16, causal=True),
+            AttnCase("fp16 GQA", seqlens=(40,), H_q=4, H_kv=2, d=32, dtype=torch.float16),
+        ]
+    return [
+        AttnCase("MQA, causal, N_q > N_k (empty rows)", seqlens=(40,), seqlens_k=(24,), H_q=4,
+                 H_kv=1, d=16, causal=True, scale=0.3),
+        AttnCase("packed with an empty sequence", seqlens=(9, 0, 30), seqlens_k=(12, 3, 30),
+                 H_q=4, H_kv=2, d=16, causal=True),
+        AttnCase("fp16 causal, large logits", seqlens=(48,), H_q=2, d=16, causal=True,
+                 dtype=torch.float16, logit_boost=3.0),
+    ]
+
+
+def _packed_args(case):
+    return (case.cu_seqlens(), case.cu_seqlens(keys=True), max(case.seqlens),
+            max(case.seqlens_k or case.seqlens))
+
+
+def _compare(name, got, want, case, what):
+    no_nan(got, f"{what}, {name}")
+    atol, rtol = GRAD_TOL[case.dtype]
+    dims = ("token", "h", "col") if got.dim() == 3 else ("b", "h", "row", "col")
+    assert_close(got, want, what=f"{what}, {name}", dims=dims, dtype=case.dtype,
+                 atol=atol, rtol=rtol, hint=_HINTS[name])
+
+
+def check_dkdv(preprocess_kernel, step, dkdv_kernel, hidden: bool = False) -> None:
+    """Exercise 1: D from ``preprocess_kernel``, then dK, dV from ``dkdv_kernel`` (which calls
+    ``step``, the loop body)."""
+    title = "preprocess + dK/dV kernel"
+    for kern, label in ((preprocess_kernel, "bwd_preprocess_kernel"), (step, "dkdv_step"),
+                        (dkdv_kernel, "bwd_dkdv_kernel")):
+        require_implemented(kern, f"{title}: {label}")
+    cases = kernel_cases(hidden)
+    guard = current().capability is None
+    for i, case in enumerate(cases):
+        q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 1)
+        cu_q, cu_k, max_q, max_k = _packed_args(case)
+        what = f"{title}, case {case.describe()}"
+        delta = run_student(launch.launch_preprocess, preprocess_kernel, o, do, what=what,
+                            guard=guard)
+        want_d = (do.double() * o.double()).sum(-1).transpose(0, 1)
+        assert_close(delta, want_d, what=f"{what}, D", dims=("h", "token"), dtype=torch.float32,
+                     atol=1e-4, rtol=1e-4, hint=_HINTS["D"])
+        got_dk, got_dv = run_student(launch.launch_dkdv, dkdv_kernel, q, k, v, do, lse, delta,
+                                     cu_q, cu_k, max_k, causal=case.causal, scale=case.scale,
+                                     what=what, guard=guard)
+        _compare("dV", got_dv, dv, case, what)
+        _compare("dK", got_dk, dk, case, what)
+    report(title, len(cases), hidden=hidden)
+
+
+def check_dq(step, dq_kernel, hidden: bool = False) -> None:
+    """Exercise 2: dQ from ``dq_kernel`` (which calls ``step``); D is computed here in float64,
+    so this exercise stands alone."""
+    title = "dQ kernel"
+    require_implemented(step, f"{title}: dq_step")
+    require_implemented(dq_kernel, f"{title}: bwd_dq_kernel")
+    cases = kernel_cases(hidden)
+    guard = current().capability is None
+    for i, case in enumerate(cases):
+        q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 2)
+        cu_q, cu_k, max_q, max_k = _packed_args(case)
+        what = f"{title}, case {case.describe()}"
+        delta = (do.double() * o.double()).sum(-1).transpose(0, 1).float().contiguous()
+        got = run_student(launch.launch_dq, dq_kernel, q, k, v, do, lse, delta, cu_q, cu_k,
+                          max_q, causal=case.causal, scale=case.scale, what=what, guard=guard)
+        _compare("dQ", got, dq, case, what)
+    report(title, len(cases), hidden=hidden)
+
+
+# ------------------------------------------------------------------ the autograd Function
+
+def _grads_of(fn_apply, case, q, k, v, do, what):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    cu_q, cu_k, max_q, max_k = _packed_args(case)
+    o = run_student(fn_apply, q, k, v, cu_q, cu_k, max_q, max_k, case.causal, case.scale,
+                    what=what)
+    if not isinstance(o, torch.Tensor) or not o.requires_grad:
+        raise CheckFailure(f"{what}: apply() must return O, a tensor that requires grad.")
+    run_student(o.backward, do, what=what + ", backward")
+    return [t.grad if t.grad is not None else torch.zeros_like(t) for t in (q, k, v)]
+
+
+def _sdpa_grads(q, k, v, do, causal, scale):
+    """SDPA's float64 gradients of dense (B, H, N, d) tensors (N_q == N_k when causal)."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return torch.autograd.grad(o, (q, k, v), do.double())
+
+
+def autograd_cases(hidden: bool = False):
+    """(gradcheck cases in float64, dense cases against SDPA, packed cases against the
+    reference)."""
+    gc = [AttnCase("gradcheck, GQA causal, packed", seqlens=(5, 7), seqlens_k=(6, 7), H_q=2,
+                   H_kv=1, d=4, causal=True, scale=0.7, dtype=torch.float64)]
+    dense = [AttnCase("vs SDPA, causal GQA", B=2, H_q=4, H_kv=2, N_q=24, d=16, causal=True,
+                      scale=0.2),
+             AttnCase("vs SDPA, fp16", B=1, H_q=2, N_q=40, d=32, dtype=torch.float16)]
+    packed = [AttnCase("packed, causal GQA", seqlens=(17, 0, 30), seqlens_k=(20, 4, 30), H_q=4,
+                       H_kv=2, d=16, causal=True)]
+    if hidden:
+        gc = [AttnCase("gradcheck, non-causal, N_q > N_k", seqlens=(9,), seqlens_k=(4,), H_q=3,
+                       H_kv=3, d=4, dtype=torch.float64)]
+        dense = [AttnCase("vs SDPA, MQA causal fp16", B=1, H_q=4, H_kv=1, N_q=33, d=16,
+                          causal=True, dtype=torch.float16)]
+        packed = [AttnCase("packed, causal, N_q > N_k, fp16", seqlens=(30, 8), seqlens_k=(12, 8),
+                           H_q=2, d=16, causal=True, dtype=torch.float16, scale=0.5)]
+    return gc, dense, packed
+
+
+def check_autograd(function, hidden: bool = False) -> None:
+    """Exercise 3: ``function.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k, causal, softmax_scale)`` on packed tensors, differentiable in q, k, v."""
+    title = "FlashAttentionFn"
+    if not hasattr(function, "apply"):
+        raise CheckFailure(f"{title}: expected a torch.autograd.Function subclass.")
+    require_implemented(function.forward, f"{title}.forward")
+    require_implemented(function.backward, f"{title}.backward")
+    gc, dense, packed = autograd_cases(hidden)
+    n = 0
+    for i, case in enumerate(gc):
+        q, k, v, do, *_ = backward_inputs(case, 30 + i)
+        cu_q, cu_k, max_q, max_k = _packed_args(case)
+        what = f"{title}, gradcheck (float64), case {case.describe()}"
+        inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+        try:
+            ok = torch.autograd.gradcheck(
+                lambda a, b, c: function.apply(a, b, c, cu_q, cu_k, max_q, max_k, case.causal,
+                                               case.scale), inputs, fast_mode=True,
+                raise_exception=True)
+        except NotImplementedError:
+            raise CheckFailure(f"{what}: not implemented yet.") from None
+        except RuntimeError as e:
+            raise CheckFailure(f"{what}: the analytic gradients differ from finite differences "
+                               f"(check the scale saved for the backward, the order of the "
+                               f"returned gradients, the causal flag):\n{str(e)[:600]}") from None
+        n += bool(ok)
+    for i, case in enumerate(dense):
+        q, k, v = (t for t in backward_inputs(case, 40 + i)[:3])
+        do = backward_inputs(case, 40 + i)[3]
+        what = f"{title}, case {case.describe()}"
+        want = _sdpa_grads(q, k, v, do, case.causal, case.scale)
+        packed_case = dataclasses.replace(case, seqlens=(case.N_q,) * case.B, B=case.B)
+        got = _grads_of(function.apply, packed_case, *(to_packed(t) for t in (q, k, v, do)),
+                        what)
+        for name, g, w in zip(("dQ", "dK", "dV"), got, want):
+            _compare(name, from_packed(g, case.B), w, case, what + " (against SDPA)")
+        n += 1
+    for i, case in enumerate(packed):
+        q, k, v, do, o, lse, want = backward_inputs(case, 50 + i)
+        what = f"{title}, case {case.describe()}"
+        got = _grads_of(function.apply, case, q, k, v, do, what)
+        for name, g, w in zip(("dQ", "dK", "dV"), got, want):
+            _compare(name, g, w, case, what)
+        n += 1
+    report(title, n, hidden=hidden)
+
+
+# ------------------------------------------------------------------ the dense wrapper, trained
+
+def training_cases(hidden: bool = False) -> list[AttnCase]:
+    if not hidden:
+        return [AttnCase("dense, causal GQA, N_q < N_k", B=2, H_q=4, H_kv=2, N_q=12, N_k=20,
+                         d=16, causal=True)]
+    return [AttnCase("dense fp16, N_q > N_k", B=1, H_q=2, N_q=24, N_k=8, d=16,
+                     dtype=torch.float16, scale=0.5)]
+
+
+def check_training(flash_attention, hidden: bool = False) -> None:
+    """Exercise 4: ``flash_attention(q, k, v, causal, softmax_scale)`` on dense (B, H, N, d)
+    tensors: O and its gradients against float64 autograd, then a few training steps of
+    ``train.TinyLM`` whose losses must match the same run with SDPA."""
+    from .train import sdpa_attention, train
+    title = "flash_attention (dense) and training"
+    require_implemented(flash_attention, title)
+    for i, case in enumerate(training_cases(hidden)):
+        q, k, v, do, o_ref, lse, want = backward_inputs(case, 60 + i)
+        what = f"{title}, case {case.describe()}"
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = run_student(flash_attention, q, k, v, case.causal, case.scale, what=what)
+        if not isinstance(o, torch.Tensor) or o.shape != q.shape:
+            raise CheckFailure(f"{what}: expected O shaped like q {tuple(q.shape)}, got "
+                               f"{getattr(o, 'shape', type(o).__name__)}.")
+        atol, rtol = GRAD_TOL[case.dtype]
+        assert_close(o, o_ref, what=f"{what}, output O", dims=("b", "h", "row", "col"),
+                     dtype=case.dtype, atol=atol, rtol=rtol,
+                     hint="pack (B, H, N, d) as (B*N, H, d) with cu_seqlens_q = arange(B+1) * "
+                          "N_q and cu_seqlens_k = arange(B+1) * N_k; unpack O the same way.")
+        run_student(o.backward, do, what=what + ", backward")
+        for name, t, w in zip(("dQ", "dK", "dV"), (q, k, v), want):
+            _compare(name, t.grad, w, case, what)
+    steps, seed = (4, 0) if not hidden else (3, 5)
+    what = f"{title}: {steps} training steps of a tiny causal transformer (seed {seed})"
+    ours = run_student(train, lambda a, b, c: flash_attention(a, b, c, True, None), steps,
+                       batch=2, seed=seed, what=what)
+    base = train(sdpa_attention, steps, batch=2, seed=seed)
+    worst = max(abs(a - b) for a, b in zip(ours, base))
+    if worst > 1e-4:
+        raise CheckFailure(f"{what}: the losses differ from the same run with SDPA by up to "
+                           f"{worst:.3g} (ours {[round(x, 5) for x in ours]}, SDPA "
+                           f"{[round(x, 5) for x in base]}).")
+    report(title, len(training_cases(hidden)) + 1, hidden=hidden)

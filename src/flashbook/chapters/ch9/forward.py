@@ -1,0 +1,60 @@
+"""The forward pass Chapter 9 differentiates: Chapter 5's packed GQA kernels (causal masks
+bottom-right, O and the natural-log LSE ``(h_q, total_q)`` the backward needs), taken from
+Chapter 5's solution rather than copied. On a GPU the two-tile kernel; in CPU mode the one-tile
+kernel, whose 16-row tiles take any group size the checks use."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+
+import numpy as np
+import torch
+
+from flashbook import sources
+from flashbook.chapters.ch4.launch import window_bounds
+from flashbook.chapters.ch5 import launch as ch5_launch
+from flashbook.chapters.ch5.launch import launch_gqa
+from flashbook.device import current
+
+__all__ = ["forward"]
+
+
+@contextlib.contextmanager
+def _bf16_allowed():
+    """Chapter 5's wrappers take fp16 and fp32 (its checks run in the CPU interpreter, where a
+    bf16 ``tl.dot`` is wrong); on a GPU its kernels are right in bf16 too: let bf16 through."""
+    if current().capability is None or tuple(current().capability) < (8, 0):
+        raise ValueError("forward: bf16 needs a GPU of compute capability 8.0 or newer.")
+    saved = ch5_launch.DTYPES
+    ch5_launch.DTYPES = (*saved, torch.bfloat16)
+    try:
+        yield
+    finally:
+        ch5_launch.DTYPES = saved
+
+
+@functools.lru_cache(maxsize=None)
+def _chapter5():
+    with contextlib.redirect_stdout(io.StringIO()):      # its setup cell's banner, again
+        return sources.solution_namespace("ch5")
+
+
+def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+            causal: bool = False, softmax_scale: float | None = None, validate: bool = True):
+    """O (total_q, h_q, d) and LSE (h_q, total_q) float32 of packed q (total_q, h_q, d), k, v
+    (total_k, h_kv, d). ``validate`` runs Chapter 5's argument checks (host syncs: benchmarks
+    replayed from CUDA graphs turn them off)."""
+    ns = _chapter5()
+    if q.dtype == torch.bfloat16:
+        with _bf16_allowed():
+            return forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal=causal, softmax_scale=softmax_scale, validate=validate)
+    if validate:
+        ns["validate_gqa"](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    two = current().capability is not None
+    kernel = ns["attn_gqa_two_tiles" if two else "attn_gqa_kernel"]
+    window = window_bounds((-1, -1), causal, max_seqlen_q, max_seqlen_k)
+    with np.errstate(divide="ignore"):          # log(0) = -inf: rows that see no key
+        return launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          window=window, scale=softmax_scale, two_tiles=two)
