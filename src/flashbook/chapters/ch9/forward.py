@@ -45,11 +45,15 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     """O (total_q, h_q, d) and LSE (h_q, total_q) float32 of packed q (total_q, h_q, d), k, v
     (total_k, h_kv, d). ``validate`` runs Chapter 5's argument checks (host syncs: benchmarks
     replayed from CUDA graphs turn them off)."""
+    bf16 = _bf16_allowed() if q.dtype == torch.bfloat16 else contextlib.nullcontext()
+    with bf16:
+        return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        causal, softmax_scale, validate)
+
+
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+             softmax_scale, validate):
     ns = _chapter5()
-    if q.dtype == torch.bfloat16:
-        with _bf16_allowed():
-            return forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           causal=causal, softmax_scale=softmax_scale, validate=validate)
     if validate:
         ns["validate_gqa"](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     two = current().capability is not None
