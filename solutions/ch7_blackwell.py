@@ -888,19 +888,19 @@ else:
 # `flashbook bench ch7` runs Chapter 3's two-tile Triton kernel with `attn_update` rebound to
 # your `lazy_update` (threshold 8 in base 2: an exponential may grow to 256 before O is
 # rescaled) and to your `exp2_poly_tl`, and Chapter 6's Gluon kernel with the same two
-# switches, on Chapter 3's shapes, fp16 and bf16. Two timing probes, which are not attention,
+# switches, on Chapter 3's shapes, in fp16 and in bf16. Two timing probes, which are not attention,
 # measure the exponentials' share: every exponential of P computed twice (two MUFU.EX2, the same
 # value), and no exponential at all (a clamp on the FMA units).
 #
 # On an H200 at `(1, 16, 16384, 128)` in fp16, against the same kernel without the trick:
 #
-# * `ch3_two_tiles`: lazy rescaling 0.79x, the polynomial on every exponential 0.69x;
+# * `ch3_two_tiles`: lazy rescaling 0.79x, the polynomial on every exponential 0.68x;
 # * `ch6_gluon_fa3`: lazy rescaling 0.97x, the polynomial on every exponential 0.72x;
 #
 # and the probes:
 #
-# * `ch3_two_tiles`: exponentials doubled 0.80x, removed 1.01x;
-# * `ch6_gluon_fa3`: exponentials doubled 0.76x, removed 1.00x.
+# * `ch3_two_tiles`: exponentials doubled 0.79x, removed 1.01x;
+# * `ch6_gluon_fa3`: exponentials doubled 0.77x, removed 0.99x.
 #
 # **Neither trick pays on Hopper at these shapes, and the probes say why.** Removing every
 # exponential buys nothing (within a few percent at d = 64, where the matmuls per score halve):
@@ -911,7 +911,7 @@ else:
 # the critical path that FlashAttention-4 relieves. Moving them to the FMA units on Hopper
 # trades a unit with slack for one without: the FMA pipe already carries the scaling, the row
 # sums, the conversions and the rescale of the softmax, and the cubic adds about ten
-# instructions per score there (half of them on every second column still loses 0.85x).
+# instructions per score there (the cubic on every second column only still runs at 0.84x).
 # Lazy rescaling removes a multiplication of O in registers, which costs little on Hopper, and
 # adds a whole-tile maximum and a branch on it each step: the two warpgroups of a tile must
 # agree, which needs a reduction through shared memory and a barrier. On Blackwell the same
