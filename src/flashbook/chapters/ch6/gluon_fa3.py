@@ -47,7 +47,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
 from flashbook.gluon_kit import head_descriptors, m_block as _m_block, smem_tile as _tile_2d, \
-    tma_load, tma_store
+    tma_load, tma_store, validate_dense_qkv
 
 from . import planner
 from .planner import Config
@@ -433,34 +433,8 @@ def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
 
 def _validate(q, k, v, causal, softmax_scale, config):
     name = "attention_fa3"
-    for label, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
-        if t.dim() != 4:
-            raise ValueError(f"{name}: {label} must be 4-D (B, H, N, d), got shape "
-                             f"{tuple(t.shape)}.")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"{name}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}.")
-    if q.dtype not in DTYPES:
-        raise ValueError(f"{name}: dtype {q.dtype} is not supported; the kernel takes "
-                         "torch.float16 or torch.bfloat16 (convert with .half()).")
-    B, H, N_q, d = q.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
-        raise ValueError(f"{name}: k and v must be (B, H, N_k, d) = ({B}, {H}, N_k, {d}) like q; "
-                         f"got k {tuple(k.shape)}, v {tuple(v.shape)} (no grouped-query heads).")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"{name}: head dim d={d} is not supported; the kernel takes d in "
-                         f"{HEAD_DIMS}.")
-    for label, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name}: {label} must be contiguous (B, H, N, d), got strides "
-                             f"{t.stride()}; call .contiguous() first.")
-        if t.numel() and t.data_ptr() % 16:
-            raise ValueError(f"{name}: {label}'s data must be 16-byte aligned for TMA (a sliced "
-                             "view?); pass a fresh .contiguous() copy.")
-    if B * H > 65535:
-        raise ValueError(f"{name}: B*H = {B * H} exceeds the grid's 65535 programs in y.")
+    B, H, N_q, d = validate_dense_qkv(name, q, k, v, HEAD_DIMS,
+                                      heads_note=" (no grouped-query heads)")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     softmax_scale = float(softmax_scale)

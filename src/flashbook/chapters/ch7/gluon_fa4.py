@@ -59,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 
 from flashbook.aot import gluon_ast_source
 from flashbook.gluon_kit import head_descriptors, m_block as _m_block, \
-    smem_tile as _smem_tile, tma_load, tma_store
+    smem_tile as _smem_tile, tma_load, tma_store, validate_dense_qkv
 
 from . import planner
 from .planner import Config
@@ -482,32 +482,10 @@ DTYPES = ("float16", "bfloat16")
 def _validate(q, k, v, causal, softmax_scale, config):
     import torch
     name = "attention_fa4"
-    for label, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
-        if t.dim() != 4:
-            raise ValueError(f"{name}: {label} must be 4-D (B, H, N, d), got shape "
-                             f"{tuple(t.shape)}.")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"{name}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}.")
+    B, H, N_q, d = validate_dense_qkv(
+        name, q, k, v, HEAD_DIMS,
+        head_dim_note=" (tensor memory: 2 x 128 columns of S + 2 x d of O <= 512)")
     names = _torch_dtypes()
-    if q.dtype not in names:
-        raise ValueError(f"{name}: dtype {q.dtype} is not supported; the kernel takes "
-                         "torch.float16 or torch.bfloat16 (convert with .half()).")
-    B, H, N_q, d = q.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
-        raise ValueError(f"{name}: k and v must be (B, H, N_k, d) = ({B}, {H}, N_k, {d}) like q; "
-                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}.")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"{name}: head dim d={d} is not supported; the kernel takes d in "
-                         f"{HEAD_DIMS} (tensor memory: 2 x 128 columns of S + 2 x d of O <= 512).")
-    for label, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name}: {label} must be contiguous (B, H, N, d), got strides "
-                             f"{t.stride()}; call .contiguous() first.")
-    if B * H > 65535:
-        raise ValueError(f"{name}: B*H = {B * H} exceeds the grid's 65535 programs in y.")
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or math.isinf(scale):
         raise ValueError(f"{name}: softmax_scale must be a positive finite number, got {scale}.")
