@@ -206,6 +206,9 @@ def test_shared_memory_limits_are_the_per_block_values():
 
 @pytest.mark.slow
 def test_kernels_compile_for_t4_a100_h100_and_fit_shared_memory(tmp_path):
-    res = compile_script(AOT_SCRIPT, tmp_path)
+    """A cubin for the T4 (students' Colab GPU); PTX for the A100 and H100, whose shared memory
+    is known once LLVM lowers the kernel (ptxas, a third of the time, is skipped there; the
+    H200 runs these kernels for real)."""
+    res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(80, 90))
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
     assert len(res) == 20

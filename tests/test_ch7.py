@@ -220,7 +220,9 @@ print("RESULT" + json.dumps(res))
 
 @pytest.mark.slow
 def test_lazy_kernel_compiles_for_t4_and_h100_with_both_exponentials(tmp_path):
-    res = compile_script(AOT_SCRIPT, tmp_path)
+    """To a cubin for the T4 (students' Colab GPU), to PTX for the H100: what is checked (the
+    exponentials, the shared memory) is in the PTX, and the H200 runs the kernel for real."""
+    res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
     assert len(res) == 4
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
     for r in res:      # the polynomial version keeps MUFU for nothing but LSE's log2

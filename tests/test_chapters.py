@@ -143,11 +143,18 @@ def scored(chapter_id: str) -> Scored:
     return Scored(chapters.contract(chapter_id))
 
 
-EXERCISES = [(ch, ex) for ch in CONTRACTS for ex in ch.exercises]
+def _on_one_worker(ch, item, test_id):
+    """A test that reads ``scored(ch.id)``, kept on the worker of its chapter's other such tests
+    (--dist loadgroup), so that each chapter's solution notebook runs once per suite, not once
+    per worker."""
+    return pytest.param(ch, item, id=test_id, marks=pytest.mark.xdist_group(f"scored-{ch.id}"))
+
+
+EXERCISES = [_on_one_worker(ch, ex, ex.grade_id) for ch in CONTRACTS for ex in ch.exercises]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ch, ex", EXERCISES, ids=[ex.grade_id for _, ex in EXERCISES])
+@pytest.mark.parametrize("ch, ex", EXERCISES)
 def test_solution_earns_every_point(ch, ex):
     s = scored(ch.id)
     failed = {gid: err for gid, err in s.outcomes.items() if err}
@@ -179,11 +186,11 @@ def test_student_version_fails_each_exercise_as_not_implemented(ch):
 
 # ---------------------------------------------------------------------- known-wrong
 
-VARIANTS = [(ch, v) for ch in CONTRACTS for v in ch.variants]
+VARIANTS = [_on_one_worker(ch, v, f"{ch.id}-{v.name}") for ch in CONTRACTS for v in ch.variants]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ch, v", VARIANTS, ids=[f"{ch.id}-{v.name}" for ch, v in VARIANTS])
+@pytest.mark.parametrize("ch, v", VARIANTS)
 def test_known_wrong_variant_loses_points_to_its_bug(ch, v):
     s = scored(ch.id)
     assert not any(s.outcomes.values()), f"{ch.id}: the solution itself fails: {s.outcomes}"
