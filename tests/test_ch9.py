@@ -106,12 +106,47 @@ def test_bwd_flops_and_configs():
         ch9.bwd_config("dv", 128, torch.float16, (9, 0))
 
 
+@pytest.mark.parametrize("case", [
+    AttnCase("GQA, causal, packed", seqlens=(17, 33), seqlens_k=(20, 33), H_q=4, H_kv=2, d=16,
+             causal=True),
+    AttnCase("packed, an empty sequence, N_q > N_k", seqlens=(9, 0, 30), seqlens_k=(5, 3, 30),
+             H_q=2, d=16, causal=True, scale=0.3),
+    AttnCase("fp16, non-causal", seqlens=(40,), H_q=2, d=32, dtype=torch.float16),
+], ids=lambda c: c.name)
+def test_fused_backward_matches_autograd(case):
+    """The one-kernel backward (``ch9.fused``; scalar atomics in the interpreter) gives the
+    float64 gradients, packed sequences and empty rows included."""
+    q, k, v, do, o, lse, want = _inputs(case, 5)
+    got = ch9.fused.fused_backward(q, k, v, o, lse, do, case.cu_seqlens(), case.cu_seqlens(True),
+                                   max(case.seqlens), max(case.seqlens_k or case.seqlens),
+                                   case.causal, case.scale)
+    tol = 1e-2 if case.dtype == torch.float16 else 1e-4
+    for name, g, w in zip(("dQ", "dK", "dV"), got, want):
+        assert g.dtype == case.dtype, name
+        torch.testing.assert_close(g.double(), w, atol=tol, rtol=tol, msg=name)
+
+
+def test_fused_backward_names_the_bad_argument():
+    case = AttnCase("t", seqlens=(10,), H_q=4, H_kv=2, d=16)
+    q, k, v, do, o, lse, _ = _inputs(case)
+    cu = case.cu_seqlens()
+    with pytest.raises(ValueError, match="must be shaped like q"):
+        ch9.fused.fused_backward(q, k, v, o[:-1], lse, do, cu, cu, 10, 10)
+    with pytest.raises(ValueError, match="lse must be"):
+        ch9.fused.fused_backward(q, k, v, o, lse[:1].contiguous(), do, cu, cu, 10, 10)
+    with pytest.raises(ValueError, match="contiguous"):
+        ch9.fused.launch_fused(q, k, v, do.transpose(0, 1).contiguous().transpose(0, 1), lse,
+                               lse.clone(), cu, cu, 10, causal=False)
+
+
 AOT_SCRIPT = r'''
-from flashbook.chapters.ch9 import bwd_config
+import re
+from flashbook.chapters.ch9 import bwd_config, fused
 ns = sources.solution_namespace("ch9")
+T = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 res = []
-for cc, dtype, d in ((75, torch.float16, 128), (90, torch.float16, 128)):
-    ty = "*fp16" if dtype == torch.float16 else "*bf16"
+for cc, dtype, d in ((75, torch.float16, 128), (90, torch.float16, 128), (90, torch.bfloat16, 64)):
+    ty = "*" + T[dtype]
     ptr = dict(Q=ty, K=ty, V=ty, DO=ty, O=ty, DK=ty, DV=ty, DQ=ty, LSE="*fp32", Delta="*fp32",
                CU_Q="*i32", CU_K="*i32", sm_scale="fp32", qk_scale="fp32")
     for kernel, which in (("bwd_dkdv_kernel", "dkdv"), ("bwd_dq_kernel", "dq")):
@@ -119,17 +154,34 @@ for cc, dtype, d in ((75, torch.float16, 128), (90, torch.float16, 128)):
         cfg = bwd_config(which, d, dtype, (cc // 10, cc % 10))
         const = dict(CAUSAL=True, GROUP=2, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M,
                      BLOCK_N=cfg.BLOCK_N, DOT_PRECISION="tf32")
-        warps, stages = cfg.num_warps, cfg.num_stages
         c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
                            target=GPUTarget("cuda", cc, 32),
-                           options=dict(num_warps=warps, num_stages=stages))
-        res.append(dict(kernel=kernel, cc=cc, d=d, shared=c.metadata.shared))
+                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        res.append(dict(kernel=kernel, cc=cc, d=d, dtype=T[dtype], shared=c.metadata.shared))
+# the one-kernel backward with dQ reduced by the TMA (the Hopper path the interpreter lacks)
+cfg = fused.fused_config(128, torch.float16, (9, 0))
+k = fused.bwd_fused_kernel
+const = dict(CAUSAL=True, GROUP=2, DQ_TMA=True, LOAD_TMA=False, HEAD_DIM=128,
+             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, DOT_PRECISION="tf32")
+ptr = dict(Q="*fp16", K="*fp16", V="*fp16", DO="*fp16", DK="*fp16", DV="*fp16",
+           DQ=f"tensordesc<fp32[{cfg.BLOCK_M}, 128]>", LSE="*fp32", Delta="*fp32",
+           CU_Q="*i32", CU_K="*i32", sm_scale="fp32", qk_scale="fp32")
+c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
+                   target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+res.append(dict(kernel="bwd_fused_kernel", cc=90, d=128, dtype="fp16", shared=c.metadata.shared,
+                reduces=c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
+                atomics=len(re.findall(r"(?<![\w.])(?:red|atom)\.global", c.asm["ptx"]))))
 print("RESULT" + json.dumps(res))
 '''
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
-    res = compile_script(AOT_SCRIPT, tmp_path)
-    assert len(res) == 4
+    """Every tile config ``bwd_config`` picks, and the fused kernel's TMA path: a cubin for the
+    T4, PTX for the H100 (its shared memory is known once LLVM lowers the kernel)."""
+    res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
+    assert len(res) == 7
+    fused_row = res[-1]
+    assert fused_row["reduces"] >= 1 and fused_row["atomics"] == 0, fused_row
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"

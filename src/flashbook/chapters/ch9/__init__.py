@@ -4,8 +4,9 @@ and a Q-stationary dQ kernel, and an autograd Function that trains.
 The student writes the three Triton kernels (with their loop bodies) and the autograd
 Function; ``launch`` launches the kernels on the packed layout, ``forward`` is Chapter 5's GQA
 forward, ``grads`` holds the float64 reference gradients, ``checks`` grades, ``figures`` and
-``train`` make the chapter's table and loss curves, and ``benchmark`` times forward + backward
-on a GPU (``flashbook bench ch9``).
+``train`` make the chapter's table and loss curves, ``fused`` is the one-kernel backward with
+dQ reduced by the TMA (FlashAttention-3's design, measured beside the student's), and
+``benchmark`` times forward + backward on a GPU (``flashbook bench ch9``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from flashbook.cases import validate_scale
 from flashbook.contract import Chapter, Exercise
 
-from . import benchmark
+from . import benchmark, fused
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
     check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
@@ -30,7 +31,7 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
            "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
            "dense_attention", "to_packed", "from_packed", "saved_bytes", "saved_bytes_table",
            "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
-           "benchmark"]
+           "benchmark", "fused"]
 
 CHAPTER = Chapter(
     id="ch9",

@@ -11,6 +11,8 @@ Inputs ``torch.randn`` (seeded), dO too. Rows per case:
   ``attention_backward``: what ``FlashAttentionFn`` runs, without autograd's bookkeeping.
 * ``ch9_bwd_atomic`` (variant, backward cases): ``attention_backward_atomic``, one K/V-stationary
   kernel adding dQ atomically in fp32; its note says whether two runs gave the same bits.
+* ``ch9_bwd_fused`` (variant, backward cases): ``fused.fused_backward``, the same one-kernel
+  design with dQ added by TMA reduces (FlashAttention-3's way); note as the atomic row's.
 * ``sdpa_cudnn_bwd``, ``sdpa_flash_bwd``: ``torch.autograd.grad`` of one SDPA call on one
   backend (the forward outside the timing, ``retain_graph``); ``sdpa_cudnn_fwdbwd``,
   ``sdpa_flash_fwdbwd``: the forward and that grad, both timed.
@@ -36,6 +38,7 @@ from flashbook.reference import attention_flops
 from flashbook.results import Row, table
 
 from .forward import forward
+from .fused import fused_backward
 from .grads import from_packed, to_packed
 
 __all__ = ["run", "table", "CASES", "GRAPH_TIMER", "bwd_flops", "sdpa_grads_fn", "ours_fns"]
@@ -92,20 +95,23 @@ def ours_fns(ns, q, k, v, do, causal: bool):
     return bwd, fwdbwd, grads
 
 
-def atomic_fn(ns, q, k, v, do, causal: bool):
-    """(fn, note) of the one-kernel backward with atomic dQ (``attention_backward_atomic``):
-    the note says whether two runs gave the same bits."""
+def atomic_fn(ns, q, k, v, do, causal: bool, fn=None, want=None, want_from=None):
+    """(fn, note) of a one-kernel backward with atomic dQ (default the solution's
+    ``attention_backward_atomic``): the note says whether two runs gave the same bits and,
+    given SDPA's gradients ``want``, the largest difference from them."""
     B, H, N, d = q.shape
     pq, pk, pv, pdo = (to_packed(t) for t in (q, k, v, do))
     cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
     o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
-    fn = ns["attention_backward_atomic"]
+    fn = fn or ns["attention_backward_atomic"]
 
     def bwd():
         return fn(pq, pk, pv, o, lse, pdo, cu, cu, N, N, causal)
     first, second = bwd(), bwd()
     same = all(torch.equal(a, b) for a, b in zip(first, second))
-    return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}"
+    err = "" if want is None else \
+        "; " + _err_note(tuple(from_packed(g, B) for g in first), want, want_from)
+    return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}{err}"
 
 
 def _err_note(grads, want, name) -> str:
@@ -154,8 +160,12 @@ def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
             rows.append(_row(f"ch9_{what}", "reference", setup, B, H, N, d, dtype, causal, what))
         if "bwd" in kinds and "attention_backward_atomic" in ns:
             rows.append(_row("ch9_bwd_atomic", "variant",
-                             lambda: atomic_fn(ns, q, k, v, do, causal), B, H, N, d, dtype,
-                             causal, "bwd"))
+                             lambda: atomic_fn(ns, q, k, v, do, causal, None, want, want_from),
+                             B, H, N, d, dtype, causal, "bwd"))
+        if "bwd" in kinds:
+            rows.append(_row("ch9_bwd_fused", "variant",
+                             lambda: atomic_fn(ns, q, k, v, do, causal, fused_backward, want,
+                                               want_from), B, H, N, d, dtype, causal, "bwd"))
         rows += base_rows
         del want
         ch4._free()

@@ -48,19 +48,23 @@ def bwd_config(kernel: str, d: int, dtype: torch.dtype, capability: tuple | None
 
     dK/dV keeps a K, a V tile and two fp32 accumulators of BLOCK_N x d: its stationary side is
     BLOCK_N; dQ keeps Q, dO and one accumulator of BLOCK_M x d. On sm_90 the stationary side
-    is 128 rows with 8 warps (two warpgroups), the streamed side 64 (d <= 64: 128); elsewhere
-    tiles that fit a T4's 64 KB per block (tests/test_ch9.py compiles both ahead of time).
-    Not yet measured on a GPU: ``gpu_check_ch9.py`` sweeps candidates and prints the best."""
+    is 128 rows, the streamed side 64 (d = 128) or 32 / 64 (d <= 64), with three pipeline
+    stages: the fastest of the candidates ``python -m flashbook.chapters.ch9.tune`` sweeps on
+    the H200 (two stages made dQ slower at d = 128; at d = 64 a 128-row streamed side made
+    dK/dV slower). Elsewhere, and for fp32 (the exact path, not a fast one), tiles
+    that fit a T4's 64 KB per block (tests/test_ch9.py compiles them ahead of time)."""
     if kernel not in ("dkdv", "dq"):
         raise ValueError(f"bwd_config: kernel must be 'dkdv' or 'dq', got {kernel!r}")
     if capability is None:
         return BwdConfig(16, 16, 4, 1)
     cc = tuple(capability)
-    wide = dtype == torch.float32 or d > 64
+    if dtype == torch.float32:      # the exact path, not a fast one: tiles that fit every GPU
+        return BwdConfig(32, 32, 4, 1)
+    wide = d > 64
     if cc >= (9, 0):
-        streamed = 64 if wide else 128
-        return (BwdConfig(streamed, 128, 8, 2) if kernel == "dkdv"
-                else BwdConfig(128, streamed, 8, 2))
+        if wide:
+            return BwdConfig(64, 128, 8, 3) if kernel == "dkdv" else BwdConfig(128, 64, 8, 3)
+        return BwdConfig(32, 128, 4, 3) if kernel == "dkdv" else BwdConfig(64, 64, 4, 3)
     if cc in ((8, 0), (8, 7)):                      # A100: 163 KB per block
         return BwdConfig(32, 128, 8, 2) if kernel == "dkdv" else BwdConfig(128, 32, 8, 2)
     tile = 32 if wide else 64                       # T4 (64 KB), sm_86/89 (99 KB)
