@@ -185,3 +185,14 @@ def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     fused_row = res[-1]
     assert fused_row["reduces"] >= 1 and fused_row["atomics"] == 0, fused_row
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
+
+
+def test_recorded_figures_need_their_rows():
+    """The quoted fragments come from the record; a record without a row they quote is an
+    error that names it, not a sentence with a hole."""
+    from flashbook import results
+    rows = results.recorded("ch9").rows
+    assert len(ch9.recorded.quoted_figures(rows)) == 4
+    with pytest.raises(ValueError, match="ch9_bwd_fused"):
+        ch9.recorded.quoted_figures([r for r in rows if r.kernel != "ch9_bwd_fused"])
+    assert "ours/sdpa_cudnn" in ch9.recorded.summary(rows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from flashbook.cases import validate_scale
 from flashbook.contract import Chapter, Exercise
 
-from . import benchmark, fused
+from . import benchmark, fused, recorded
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
     check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
@@ -31,7 +31,7 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
            "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
            "dense_attention", "to_packed", "from_packed", "saved_bytes", "saved_bytes_table",
            "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
-           "benchmark", "fused"]
+           "benchmark", "fused", "recorded"]
 
 CHAPTER = Chapter(
     id="ch9",
@@ -48,6 +48,7 @@ CHAPTER = Chapter(
     variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
+    quotes=recorded.quoted_figures,
 )
 
 # what ``tune`` records through (the same contract; kept for its callers)

@@ -1,0 +1,109 @@
+"""Chapter 9's recorded H200 benchmark, read back: the backward and forward + backward of each
+kernel against cuDNN's and FlashAttention-2's, one figure, and the fragments of prose that
+quote them (``CHAPTER.quotes``).
+
+Rows come from ``flashbook bench ch9`` (``benchmark.py`` documents them: ``ch9_bwd``,
+``ch9_fwdbwd``, the variants ``ch9_bwd_atomic`` and ``ch9_bwd_fused``, and SDPA's
+``sdpa_cudnn_*`` and ``sdpa_flash_*``). Use with ``results.recorded("ch9")``, which is None
+until the data exists.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import matplotlib.pyplot as plt
+
+from flashbook import results
+
+HEADLINE = (16384, 128, "float16")          # (N, d, dtype) of the backward sentences
+CS336 = (16384, 64, "bfloat16")             # the leaderboard's forward + backward, causal
+LABELS = {"ch9_bwd": "ours: two kernels", "ch9_bwd_fused": "ours: one kernel, TMA-reduced dQ",
+          "ch9_bwd_atomic": "ours: one kernel, scalar atomics", "sdpa_cudnn_bwd": "cuDNN",
+          "sdpa_flash_bwd": "FlashAttention-2 (SDPA)", "ch9_fwdbwd": "ours",
+          "sdpa_cudnn_fwdbwd": "cuDNN", "sdpa_flash_fwdbwd": "FlashAttention-2 (SDPA)"}
+
+
+def find(rows, kernel: str, case: tuple, causal: bool):
+    """The row of ``kernel`` at ``case`` = (N, d, dtype), or None."""
+    return next((r for r in rows if r.kernel == kernel and (r.N_q, r.d, r.dtype) == case
+                 and r.causal == causal and r.tflops is not None), None)
+
+
+def kind(row) -> str:
+    """"fwdbwd" for forward + backward rows, "bwd" for the backward alone (variants included)."""
+    return "fwdbwd" if row.kernel.endswith("_fwdbwd") else "bwd"
+
+
+def _need(rows, kernel, case, causal):
+    r = find(rows, kernel, case, causal)
+    if r is None:
+        raise ValueError(f"ch9: no measured {kernel} row at {case}, causal={causal}, to quote")
+    return r
+
+
+def summary(rows) -> str:
+    """One line per case and kind (backward alone, forward + backward): each kernel's time and
+    TFLOP/s, and ours against cuDNN and FlashAttention-2."""
+    lines = []
+    for case in dict.fromkeys((r.N_q, r.d, r.dtype) for r in rows):
+        for causal in (False, True):
+            for what in ("bwd", "fwdbwd"):
+                here = [r for r in rows if (r.N_q, r.d, r.dtype) == case
+                        and r.causal == causal and kind(r) == what]
+                ours = find(here, f"ch9_{what}", case, causal)
+                if not here or ours is None:
+                    continue
+                parts = [f"{r.kernel} {r.ms:.2f} ms ({r.tflops:.0f})" for r in here
+                         if r.tflops is not None]
+                for base in ("sdpa_cudnn", "sdpa_flash"):
+                    b = find(here, f"{base}_{what}", case, causal)
+                    if b is not None:
+                        parts.append(f"ours/{base} {ours.tflops / b.tflops:.2f}x")
+                N, d, dtype = case
+                lines.append(f"N={N} d={d} {dtype} {'causal' if causal else 'non-causal'} "
+                             f"{what}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def plot_recorded(rows):
+    """TFLOP/s of the backward alone at the headline shape (every design, causal and not) and
+    forward + backward at every case."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    bwd = [dataclasses.replace(r, kernel=LABELS.get(r.kernel, r.kernel))
+           for r in rows if kind(r) == "bwd"]
+    results.plot(bwd, "tflops", x=("causal",), by="kernel", kind="bar", ax=axes[0],
+                 values=True, title="backward alone, (1, 16, 16384, 128) fp16")
+    both = [dataclasses.replace(r, kernel=LABELS.get(r.kernel, r.kernel),
+                                dtype="bf16" if r.dtype == "bfloat16" else "fp16")
+            for r in rows if kind(r) == "fwdbwd"]
+    results.plot(both, "tflops", x=("d", "dtype", "causal"), by="kernel", kind="bar",
+                 ax=axes[1], values=True, title="forward + backward, N = 16384, 16 heads")
+    for ax in axes:                 # room above the bars for a legend of two or three columns
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.35)
+        ax.legend(loc="upper center", ncol=3 if ax is axes[1] else 2, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def quoted_figures(rows) -> list[str]:
+    """The fragments of Section 7 that quote the record: the backward against cuDNN's and
+    FlashAttention-2's at the headline shape, causal and not; the one-kernel variants; the
+    CS336 configuration's forward + backward in ms. Raises ValueError when a row is missing."""
+    out = []
+    for causal in (False, True):
+        ours = _need(rows, "ch9_bwd", HEADLINE, causal)
+        cudnn = _need(rows, "sdpa_cudnn_bwd", HEADLINE, causal)
+        fa2 = _need(rows, "sdpa_flash_bwd", HEADLINE, causal)
+        out.append(f"{ours.tflops:.0f} TFLOP/s {'causal' if causal else 'non-causal'}: "
+                   f"{ours.tflops / cudnn.tflops:.2f}x cuDNN ({cudnn.tflops:.0f}) and "
+                   f"{ours.tflops / fa2.tflops:.2f}x FlashAttention-2 ({fa2.tflops:.0f})")
+    two = _need(rows, "ch9_bwd", HEADLINE, False)
+    fused = _need(rows, "ch9_bwd_fused", HEADLINE, False)
+    atomic = _need(rows, "ch9_bwd_atomic", HEADLINE, False)
+    out.append(f"{atomic.ms:.1f} ms with scalar atomics, {fused.ms:.1f} ms with TMA reduces, "
+               f"{two.ms:.1f} ms for the two kernels")
+    ours = _need(rows, "ch9_fwdbwd", CS336, True)
+    cudnn = _need(rows, "sdpa_cudnn_fwdbwd", CS336, True)
+    fa2 = _need(rows, "sdpa_flash_fwdbwd", CS336, True)
+    out.append(f"{ours.ms:.2f} ms (cuDNN {cudnn.ms:.2f} ms, FlashAttention-2 {fa2.ms:.2f} ms)")
+    return out
