@@ -28,10 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashbook.cases import validate_scale
 from flashbook.device import current
 
-from .launch import LOG2E, BwdConfig, _check, _precision, _stats
+from .launch import LOG2E, BwdConfig, _precision, check_backward_args
 
 __all__ = ["fused_backward", "launch_fused", "fused_config", "bwd_fused_kernel", "delta_kernel"]
 
@@ -151,22 +150,14 @@ def launch_fused(q, k, v, do, lse, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen
     reduce); ``load_tma`` loads the Q and dO tiles by the TMA (off by default: on the H200 it
     was slower than pointer loads, which Triton pipelines with cp.async)."""
     name = "launch_fused"
-    _check(name, (("q", q), ("k", k), ("v", v), ("do", do)), q.shape[-1])
-    total_q, h_q, d = q.shape
-    h_kv = k.shape[1]
-    if h_q % h_kv or k.shape != v.shape or do.shape != q.shape or k.shape[2] != d:
-        raise ValueError(f"{name}: need do like q {tuple(q.shape)}, v like k {tuple(k.shape)} "
-                         f"and h_q a multiple of h_kv.")
+    total_q, h_q, h_kv, d, scale = check_backward_args(name, q, k, v, do, (lse, delta), scale)
     if not (q.is_contiguous() and do.is_contiguous()):
         raise ValueError(f"{name}: q and do must be contiguous (dQ's buffer has their layout).")
-    for t in (lse, delta):
-        _stats(name, t, total_q, h_q, q.device)
-    scale = validate_scale(scale, d, name)
     capability = current().capability if q.is_cuda else None
     cfg = config or fused_config(d, q.dtype, capability)
     hopper = capability is not None and tuple(capability) >= (9, 0)
     dq_tma = hopper if dq_tma is None else dq_tma
-    load_tma = False if load_tma is None else load_tma     # measured: no faster on the H200
+    load_tma = False if load_tma is None else load_tma     # measured: slower on the H200
     dq_acc = torch.zeros((total_q, h_q * d), dtype=torch.float32, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)    # contiguous: one stride set
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)

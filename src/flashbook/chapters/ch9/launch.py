@@ -27,8 +27,8 @@ from flashbook.cases import validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import HEAD_DIMS, LOG2E
 from flashbook.device import current
 
-__all__ = ["BwdConfig", "bwd_config", "launch_preprocess", "launch_dkdv", "launch_dq",
-           "launch_atomic", "BWD_DTYPES", "HEAD_DIMS", "LOG2E"]
+__all__ = ["BwdConfig", "bwd_config", "check_backward_args", "launch_preprocess", "launch_dkdv",
+           "launch_dq", "launch_atomic", "BWD_DTYPES", "HEAD_DIMS", "LOG2E"]
 
 BWD_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -98,6 +98,21 @@ def _stats(name, lse, total_q, h_q, device):
                          f"{tuple(lse.shape)}.")
 
 
+def check_backward_args(name, q, k, v, do, stats, scale):
+    """The checks every backward launch shares: q, k, v, dO alike in dtype and device, dO
+    shaped like q, v like k, h_q a multiple of h_kv, the (h_q, total_q) float32 row
+    statistics ``stats`` (LSE, D), the scale. Returns (total_q, h_q, h_kv, d, scale)."""
+    _check(name, (("q", q), ("k", k), ("v", v), ("do", do)), q.shape[-1])
+    total_q, h_q, d = q.shape
+    h_kv = k.shape[1]
+    if h_q % h_kv or k.shape != v.shape or do.shape != q.shape or k.shape[2] != d:
+        raise ValueError(f"{name}: need do like q {tuple(q.shape)}, v like k {tuple(k.shape)} "
+                         f"and h_q a multiple of h_kv.")
+    for t in stats:
+        _stats(name, t, total_q, h_q, q.device)
+    return total_q, h_q, h_kv, d, validate_scale(scale, d, name)
+
+
 def launch_preprocess(kernel, o, do, *, block: int = 64):
     """D (h_q, total_q) float32 = rowsum(dO * O): reads 2 * total_q * h_q * d elements."""
     name = "launch_preprocess"
@@ -118,16 +133,8 @@ def launch_dkdv(kernel, q, k, v, do, lse, delta, cu_seqlens_q, cu_seqlens_k, max
                 *, causal: bool, scale: float | None = None, config: BwdConfig | None = None):
     """dK, dV (total_k, h_kv, d) in k's dtype; the kernel sums the G query heads of each K/V
     head. Reads K, V once and Q, dO, LSE, D once per key tile that sees them."""
-    name = "launch_dkdv"
-    _check(name, (("q", q), ("k", k), ("v", v), ("do", do)), q.shape[-1])
-    total_q, h_q, d = q.shape
-    h_kv = k.shape[1]
-    if h_q % h_kv or k.shape != v.shape or do.shape != q.shape or k.shape[2] != d:
-        raise ValueError(f"{name}: need do like q {tuple(q.shape)}, v like k {tuple(k.shape)} "
-                         f"and h_q a multiple of h_kv.")
-    for label, t in (("lse", lse), ("delta", delta)):
-        _stats(name, t, total_q, h_q, q.device)
-    scale = validate_scale(scale, d, name)
+    total_q, h_q, h_kv, d, scale = check_backward_args("launch_dkdv", q, k, v, do,
+                                                       (lse, delta), scale)
     cfg = config or bwd_config("dkdv", d, q.dtype, current().capability)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     n_bkv = (cu_seqlens_k.numel() - 1) * h_kv
@@ -148,16 +155,8 @@ def launch_dq(kernel, q, k, v, do, lse, delta, cu_seqlens_q, cu_seqlens_k, max_s
               *, causal: bool, scale: float | None = None, config: BwdConfig | None = None):
     """dQ (total_q, h_q, d) in q's dtype. Reads Q, dO, LSE, D once and K, V once per query tile
     that sees them."""
-    name = "launch_dq"
-    _check(name, (("q", q), ("k", k), ("v", v), ("do", do)), q.shape[-1])
-    total_q, h_q, d = q.shape
-    h_kv = k.shape[1]
-    if h_q % h_kv or k.shape != v.shape or do.shape != q.shape or k.shape[2] != d:
-        raise ValueError(f"{name}: need do like q {tuple(q.shape)}, v like k {tuple(k.shape)} "
-                         f"and h_q a multiple of h_kv.")
-    for label, t in (("lse", lse), ("delta", delta)):
-        _stats(name, t, total_q, h_q, q.device)
-    scale = validate_scale(scale, d, name)
+    total_q, h_q, h_kv, d, scale = check_backward_args("launch_dq", q, k, v, do, (lse, delta),
+                                                       scale)
     cfg = config or bwd_config("dq", d, q.dtype, current().capability)
     dq = torch.zeros_like(q)
     n_bh = (cu_seqlens_q.numel() - 1) * h_q
@@ -179,14 +178,10 @@ def launch_atomic(kernel, q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_s
     """The one-kernel backward: D in torch (fp32), then ``kernel`` on ``launch_dkdv``'s grid
     adding dQ atomically into an fp32 buffer; returns (dQ in q's dtype, dK, dV). Needs q, k,
     v, do contiguous (the kernel shares strides between K/V and dK/dV, Q and dQ)."""
-    name = "launch_atomic"
-    _check(name, (("q", q), ("k", k), ("v", v), ("do", do)), q.shape[-1])
+    total_q, h_q, h_kv, d, scale = check_backward_args("launch_atomic", q, k, v, do, (lse,),
+                                                       scale)
     if not all(t.is_contiguous() for t in (q, k, v, do)):
-        raise ValueError(f"{name}: q, k, v and do must be contiguous.")
-    total_q, h_q, d = q.shape
-    h_kv = k.shape[1]
-    _stats(name, lse, total_q, h_q, q.device)
-    scale = validate_scale(scale, d, name)
+        raise ValueError("launch_atomic: q, k, v and do must be contiguous.")
     cfg = config or bwd_config("dkdv", d, q.dtype, current().capability)
     delta = (o.float() * do.float()).sum(-1).transpose(0, 1).contiguous()   # (h_q, total_q)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
