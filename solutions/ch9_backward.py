@@ -398,78 +398,26 @@ def attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seql
     return dq, dk, dv
 
 # %% [markdown]
-# For comparison, the one-kernel design: the dK/dV program also adds its contribution
-# $dS\,K \cdot s$ to $dQ$ with `tl.atomic_add` into an fp32 buffer (cast to q's dtype after).
-# It saves the dQ kernel's recomputation and pays with $N_k / B_N$ atomic read-modify-writes of
-# every dQ tile, in an order no one controls. (Given code; the benchmark times it as
-# `ch9_bwd_atomic`.)
-
-# %%
-@triton.jit
-def bwd_atomic_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ, CU_Q, CU_K,
-                      stride_qt, stride_qh, stride_kt, stride_kh, stride_dot, stride_doh,
-                      H_KV, total_q, sm_scale, qk_scale, CAUSAL: tl.constexpr,
-                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dK, dV as bwd_dkdv_kernel (dK, dV, K, V share strides; DQ: fp32 (total_q, h_q, d),
-    zeroed), and dQ += dS K * scale by atomic adds from every K/V tile."""
-    n0 = tl.program_id(0) * BLOCK_N
-    seq = tl.program_id(1) // H_KV
-    kv_head = tl.program_id(1) % H_KV
-    k_start = tl.load(CU_K + seq)
-    seqlen_k = tl.load(CU_K + seq + 1) - k_start
-    if n0 >= seqlen_k:
-        return
-    q_start = tl.load(CU_Q + seq)
-    seqlen_q = tl.load(CU_Q + seq + 1) - q_start
-    cols = n0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    kv_ok = cols < seqlen_k
-    kv_offs = (k_start + cols)[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
-    k = tl.load(K + kv_offs, mask=kv_ok[:, None], other=0.0)
-    v = tl.load(V + kv_offs, mask=kv_ok[:, None], other=0.0)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    diag = seqlen_k - seqlen_q
-    lo = tl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
-    for g in range(GROUP):
-        head = kv_head * GROUP + g
-        for m0 in range(lo, seqlen_q, BLOCK_M):
-            rows = m0 + tl.arange(0, BLOCK_M)
-            ok = rows < seqlen_q
-            q_offs = (q_start + rows)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-            q = tl.load(Q + q_offs, mask=ok[:, None], other=0.0)
-            do = tl.load(DO + (q_start + rows)[:, None] * stride_dot + head * stride_doh
-                         + offs_d[None, :], mask=ok[:, None], other=0.0)
-            lse = tl.load(LSE + head * total_q + q_start + rows, mask=ok, other=float("inf"))
-            Di = tl.load(Delta + head * total_q + q_start + rows, mask=ok, other=0.0)
-            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-            pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
-                              - lse2[None, :])
-            visible = kv_ok[:, None]
-            if CAUSAL:
-                visible = visible & (cols[:, None] <= rows[None, :] + diag)
-            pT = tl.where(visible, pT, 0.0)
-            dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
-            dsT = pT * (tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) - Di[None, :])
-            dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale
-            tl.atomic_add(DQ + q_offs, dq, mask=ok[:, None])      # read + write BLOCK_M*d fp32
-    tl.store(DK + kv_offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok[:, None])
-    tl.store(DV + kv_offs, dv.to(DV.dtype.element_ty), mask=kv_ok[:, None])
-
-
-def attention_backward_atomic(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, causal=False, softmax_scale=None):
-    """attention_backward in one kernel with atomic dQ (contiguous q, k, v, do)."""
-    return ch9.launch_atomic(bwd_atomic_kernel, q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k,
-                             max_seqlen_k, causal=causal, scale=softmax_scale)
+# For comparison, the one-kernel design: the dK/dV program also computes the share of $dQ$ of
+# the Q tile it just streamed, and adds it into an fp32 buffer that every K/V program of the
+# sequence adds into. After `dk += ...` in `dkdv_step`, two more lines:
+#
+# ```python
+# dq = tl.dot(tl.trans(dsT), k) * sm_scale        # (BLOCK_M, d): this K/V tile's share of dQ
+# tl.atomic_add(DQ + q_offsets, dq, mask=rows_ok)   # read + write BLOCK_M * d fp32 in memory
+# ```
+#
+# It saves the dQ kernel's recomputation of $S$ and $dP$ and pays with $N_k / B_N$ atomic
+# read-modify-writes of every dQ tile, in an order no one controls. The benchmark of Section 7
+# times this design twice, from the course's reference kernel (not printed here: its dK/dV
+# half is Exercise 1): with scalar atomics as above (`ch9_bwd_atomic`) and with each tile
+# added by one TMA reduce (`ch9_bwd_fused`).
 
 # %% [markdown]
 # **Determinism.** In the two-kernel backward no program adds into memory another program
 # writes, and every accumulator sums its tiles in a fixed loop order, so two runs give the same
-# bits. The interpreter runs programs one after another, so its atomic version is repeatable
-# too; on a GPU the benchmark runs it twice and its note says whether the bits matched.
+# bits. The one-kernel design does not: on a GPU the benchmark runs it twice and its note says
+# whether the bits matched.
 
 # %% tags=["demo"]
 case = AttnCase("determinism", seqlens=(33, 20), H_q=4, H_kv=2, d=16, causal=True)
@@ -479,9 +427,6 @@ runs = ch9.when_solved(lambda: [attention_backward(*args) for _ in range(2)], "E
 if runs:
     print("two kernels, two runs: bitwise identical:",
           all(torch.equal(a, b) for a, b in zip(*runs)))
-    atomic = attention_backward_atomic(*args)
-    print("atomic dQ against two kernels: max |difference| "
-          f"{max((a - b).abs().max().item() for a, b in zip(atomic, runs[0])):.1e}")
 
 # %% [markdown]
 # ## 4. An autograd Function
@@ -611,9 +556,9 @@ if ours:
 # `sdpa_flash_bwd`, ...) at $(B, H, N, d) = (1, 16, 16384, 128)$ fp16, causal and not,
 # crediting the backward with 2.5x the forward's FLOPs, and the configuration of the public
 # CS336 (2025) leaderboard: forward + backward, $B = 1$, 16 heads of 64, $N = 16384$, bf16, causal.
-# It also times the two one-kernel designs: the `bwd_atomic_kernel` above (`ch9_bwd_atomic`)
-# and `ch9.fused` (`ch9_bwd_fused`), the same kernel with each $dQ$ tile added by one TMA
-# reduce (`cp.reduce.async.bulk`), the way FlashAttention-3 does it.
+# It also times the two one-kernel designs of Section 3: scalar atomics (`ch9_bwd_atomic`) and
+# each $dQ$ tile added by one TMA reduce (`cp.reduce.async.bulk`, `ch9_bwd_fused`), the way
+# FlashAttention-3 does it.
 #
 # ### Measured on an H200
 #

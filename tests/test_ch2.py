@@ -91,8 +91,7 @@ def test_tile_copy_launcher(solution):
 
 def _variant_of_cell(solution, name):
     """A known-wrong variant's cell, executed with the solution's globals (cuda, float32, ...)."""
-    from flashbook.chapters.ch2.variants import VARIANTS
-    v = next(v for v in VARIANTS if v.name == name)
+    v = next(v for v in sources.variants("ch2") if v.name == name)
     src = v.apply(sources.cells_by_id(sources.read(sources.source("ch2", ROOT).path))[v.cell])
     ns = dict(solution)
     sources.exec_cell(src, f"<{name}>", ns)

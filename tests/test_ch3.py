@@ -14,7 +14,7 @@ from flashbook.check import CheckFailure
 from aot_compile import compile_script, too_big
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {v.name: v for v in ch3.VARIANTS}
+VARIANTS = {v.name: v for v in sources.variants("ch3")}
 CELLS = sources.cells_by_id(sources.read(sources.source("ch3", ROOT).path))
 
 

@@ -5,10 +5,8 @@ masks against brute force, its barrier protocol (producer, two consumers, the pi
 in a simulation that runs the kernel's sequence of mbarrier operations under random
 interleavings, and the kernel itself compiled ahead of time for sm_90a (PTX with wgmma and TMA,
 setmaxnreg, no spills, no serialised wgmma, and shared memory equal to the planner's figure,
-byte for byte). The launcher's argument checks run on CPU tensors. The numbers on a GPU come
-from ``out/ch6/gpu_check.py``-style runs on an H200."""
-import itertools
-import json
+byte for byte). The launcher's argument checks run on CPU tensors. The numbers on a GPU are
+``flashbook bench ch6``'s record (``data/bench/ch6/``)."""
 import random
 
 import pytest

@@ -21,7 +21,6 @@ import pytest
 from flashbook import sources
 from flashbook.check import CheckFailure
 from flashbook.chapters.ch6 import fa3_checks, fa3_pallas, interpret
-from flashbook.chapters.ch6 import variants as ch6_variants
 
 needs_jax = pytest.mark.skipif(interpret.jax_problem() is not None,
                                reason=f"needs JAX's interpret mode: {interpret.INSTALL}")
@@ -29,7 +28,7 @@ GRADE_ID = "ch6_fa3_consumer"
 
 # The solution cell and its known-wrong variants, as the chapter has them.
 SOLUTION = sources.cells_by_id(sources.read(sources.source("ch6").path))[GRADE_ID]
-VARIANTS = tuple(v for v in ch6_variants.VARIANTS if v.cell == GRADE_ID)
+VARIANTS = tuple(v for v in sources.variants("ch6") if v.cell == GRADE_ID)
 _CELLS = itertools.count()
 
 

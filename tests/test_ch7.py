@@ -172,7 +172,7 @@ def test_solution_passes_every_check(solution):
         ex.check(*args, hidden=True)
 
 
-@pytest.mark.parametrize("v", ch7.VARIANTS, ids=[v.name for v in ch7.VARIANTS])
+@pytest.mark.parametrize("v", sources.variants("ch7"), ids=lambda v: v.name)
 def test_known_wrong_variant_fails_for_its_reason(v):
     ns = namespace({v.cell: v.apply(BY_ID[v.cell])})
     messages = []

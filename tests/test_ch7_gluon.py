@@ -13,7 +13,6 @@ import torch
 
 from flashbook import sources
 from flashbook.check import CheckFailure
-from flashbook.chapters.ch7 import variants as ch7_variants
 from flashbook.chapters.ch7 import planner
 from flashbook.chapters.ch7.planner import Config
 from flashbook.sources import exec_cell, fresh_module
@@ -28,7 +27,7 @@ def _resources_cell() -> str:
 
 RESOURCES_CELL = _resources_cell()
 
-VARIANTS = [(v.name, *v.edits[0], v.expect) for v in ch7_variants.VARIANTS
+VARIANTS = [(v.name, *v.edits[0], v.expect) for v in sources.variants("ch7")
             if v.cell == 'ch7_resources']
 CRASH = ("NameError", "SyntaxError", "IndentationError", "TypeError")
 _names = iter(range(10**6))

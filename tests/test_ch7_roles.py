@@ -18,7 +18,6 @@ import pytest  # noqa: E402
 from flashbook import sources  # noqa: E402
 from flashbook.check import CheckFailure  # noqa: E402
 from flashbook.chapters.ch6 import pipeline as ch6_pipeline  # noqa: E402
-from flashbook.chapters.ch7 import variants as ch7_variants  # noqa: E402
 from flashbook.chapters.ch7 import roles  # noqa: E402
 from flashbook.chapters.ch7.roles import RolePipeline, Timing, fa4_model, serial_model, \
     simulate  # noqa: E402
@@ -35,7 +34,7 @@ def _schedule_cell() -> str:
 SCHEDULE_CELL = _schedule_cell()
 
 # (name, old, new, text the failure must contain): each old occurs once in the cell
-VARIANTS = [(v.name, *v.edits[0], v.expect) for v in ch7_variants.VARIANTS
+VARIANTS = [(v.name, *v.edits[0], v.expect) for v in sources.variants("ch7")
             if v.cell == 'ch7_roles_schedule']
 CRASH = ("NameError", "SyntaxError", "IndentationError", "TypeError")
 _names = iter(range(10**6))

@@ -15,6 +15,7 @@ from flashbook.chapters import ch9
 from aot_compile import compile_script, too_big
 
 ROOT = Path(__file__).resolve().parents[1]
+ONE_KERNEL = sources.course_module("extras/ch9_one_kernel.py", ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +115,10 @@ def test_bwd_flops_and_configs():
     AttnCase("fp16, non-causal", seqlens=(40,), H_q=2, d=32, dtype=torch.float16),
 ], ids=lambda c: c.name)
 def test_fused_backward_matches_autograd(case):
-    """The one-kernel backward (``ch9.fused``; scalar atomics in the interpreter) gives the
-    float64 gradients, packed sequences and empty rows included."""
+    """The one-kernel backward (``solutions/extras/ch9_one_kernel.py``; scalar atomics in the
+    interpreter) gives the float64 gradients, packed sequences and empty rows included."""
     q, k, v, do, o, lse, want = _inputs(case, 5)
-    got = ch9.fused.fused_backward(q, k, v, o, lse, do, case.cu_seqlens(), case.cu_seqlens(True),
+    got = ONE_KERNEL.fused_backward(q, k, v, o, lse, do, case.cu_seqlens(), case.cu_seqlens(True),
                                    max(case.seqlens), max(case.seqlens_k or case.seqlens),
                                    case.causal, case.scale)
     tol = 1e-2 if case.dtype == torch.float16 else 1e-4
@@ -131,17 +132,18 @@ def test_fused_backward_names_the_bad_argument():
     q, k, v, do, o, lse, _ = _inputs(case)
     cu = case.cu_seqlens()
     with pytest.raises(ValueError, match="must be shaped like q"):
-        ch9.fused.fused_backward(q, k, v, o[:-1], lse, do, cu, cu, 10, 10)
+        ONE_KERNEL.fused_backward(q, k, v, o[:-1], lse, do, cu, cu, 10, 10)
     with pytest.raises(ValueError, match="lse must be"):
-        ch9.fused.fused_backward(q, k, v, o, lse[:1].contiguous(), do, cu, cu, 10, 10)
+        ONE_KERNEL.fused_backward(q, k, v, o, lse[:1].contiguous(), do, cu, cu, 10, 10)
     with pytest.raises(ValueError, match="contiguous"):
-        ch9.fused.launch_fused(q, k, v, do.transpose(0, 1).contiguous().transpose(0, 1), lse,
+        ONE_KERNEL.launch_fused(q, k, v, do.transpose(0, 1).contiguous().transpose(0, 1), lse,
                                lse.clone(), cu, cu, 10, causal=False)
 
 
 AOT_SCRIPT = r'''
 import re
-from flashbook.chapters.ch9 import bwd_config, fused
+from flashbook.chapters.ch9 import bwd_config
+fused = sources.course_module("extras/ch9_one_kernel.py")
 ns = sources.solution_namespace("ch9")
 T = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 res = []

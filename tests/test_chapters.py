@@ -70,13 +70,14 @@ def test_contract_agrees_with_the_notebook(ch):
 @pytest.mark.parametrize("ch", CONTRACTS, ids=IDS)
 def test_every_solution_cell_has_two_known_wrong_variants_that_apply(ch):
     cells = sources.cells_by_id(_source_nb(ch.id))
-    for v in ch.variants:
+    for v in sources.variants(ch.id):
         assert v.apply(cells[v.cell]) != cells[v.cell], v.name      # raises if an edit misses
-    per_cell = {gid: sum(v.cell == gid for v in ch.variants)
+    per_cell = {gid: sum(v.cell == gid for v in sources.variants(ch.id))
                 for gid in cells if cellmeta.is_solution(_cell(ch.id, gid))}
     thin = {gid: n for gid, n in per_cell.items() if n < 2}
     assert not thin, f"{ch.id}: solution cells with fewer than 2 known-wrong variants: {thin}"
-    assert len({v.name for v in ch.variants}) == len(ch.variants), "duplicate variant names"
+    names = [v.name for v in sources.variants(ch.id)]
+    assert len(set(names)) == len(names), "duplicate variant names"
 
 
 def _cell(chapter_id: str, grade_id: str):
@@ -186,7 +187,8 @@ def test_student_version_fails_each_exercise_as_not_implemented(ch):
 
 # ---------------------------------------------------------------------- known-wrong
 
-VARIANTS = [_on_one_worker(ch, v, f"{ch.id}-{v.name}") for ch in CONTRACTS for v in ch.variants]
+VARIANTS = [_on_one_worker(ch, v, f"{ch.id}-{v.name}") for ch in CONTRACTS
+            for v in sources.variants(ch.id)]
 
 
 @pytest.mark.slow
@@ -236,7 +238,10 @@ def test_every_file_a_chapter_touches_exists(ch):
     if ch.benchmark is not None:
         assert results.recorded(ch.id, "h200"), f"{ch.id} has a benchmark but no recorded data"
     contributing = (ROOT / "CONTRIBUTING.md").read_text()
-    for path in ("solutions/chN_", "src/flashbook/chapters/chN/__init__.py", "variants.py",
+    assert (ROOT / "solutions" / "variants" / f"{ch.id}.py").exists(), \
+        f"solutions/variants/{ch.id}.py (the chapter's known-wrong answers) is missing"
+    for path in ("solutions/chN_", "src/flashbook/chapters/chN/__init__.py",
+                 "solutions/variants/chN.py",
                  "benchmark.py", "tests/test_chN.py", "_toc.yml", "README.md", "IDS",
                  "notebooks/chN_", "src/flashbook/data/bench/chN/"):
         assert path in contributing, f"CONTRIBUTING.md does not list {path}"

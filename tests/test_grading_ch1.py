@@ -13,8 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from flashbook import notebooks
-from flashbook.chapters import ch1
+from flashbook import notebooks, sources
 from flashbook.grade import autograde as AG
 from flashbook.grade import cellmeta
 from flashbook.grade import collect as CO
@@ -75,7 +74,7 @@ def test_grade_chapter1_correct_untouched_wrong(tmp_path, monkeypatch):
         if cellmeta.is_solution(cell):
             cell.source = src[cellmeta.grade_id(cell)]
     wrong = copy.deepcopy(correct)
-    variant = next(v for v in ch1.VARIANTS if v.name == "attention_causal_aligned_top_left")
+    variant = next(v for v in sources.variants("ch1") if v.name == "attention_causal_aligned_top_left")
     next(c for c in wrong.cells
          if cellmeta.grade_id(c) == variant.cell).source = variant.apply(src[variant.cell])
     def answered(nb, **cells):

@@ -18,7 +18,7 @@ import tomllib
 import yaml
 
 from flashbook import colab_install, notebooks, publish, sources
-from flashbook.grade import hidden
+from flashbook.grade import cellmeta, hidden
 
 WORKFLOWS = Path(".github") / "workflows"
 
@@ -276,6 +276,50 @@ def test_distribution_has_the_package_and_its_data_and_no_course_material(root, 
         text = blob.decode("utf-8", "replace")
         assert hidden.BEGIN not in text or name.endswith("grade/hidden.py"), name
         assert not hidden.leaks(text, secret), (name, hidden.leaks(text, secret)[:2])
+
+
+# Solved exercises the package ships on purpose, each for a later chapter to build on or given
+# to the student anyway; no other file of the wheel may hold an answer (module -> grade ids).
+GIVEN = {
+    "flashbook/kernels.py": ("ch4_masks",),          # Chapter 4's masks, for Chapters 5-9
+    "flashbook/chapters/ch7/lazy.py": ("ch3_attn_kernel",),   # Chapter 3's kernel, made lazy
+    "flashbook/chapters/ch8/mesh.py": ("ch8_chain",),  # the seed's buggy reduction the
+}                                                      # exercise fixes (in the notebook too)
+
+
+def _answers(root) -> dict[str, list[str]]:
+    """grade id -> the substantive lines (code, 25 characters or more) of its solution region,
+    for the regions of 3 or more such lines."""
+    out = {}
+    for ch in sources.sources(root):
+        for cell in sources.read(ch.path).cells:
+            if cellmeta.is_solution(cell) and "### BEGIN SOLUTION" in cell.source:
+                region = cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION")[0]
+                lines = [x.strip() for x in region.splitlines()]
+                lines = [x for x in lines if len(x) >= 25 and not x.startswith("#")]
+                if len(lines) >= 3:
+                    out[cellmeta.grade_id(cell)] = lines
+    return out
+
+
+@ON_ONE_WORKER
+def test_wheel_holds_no_answer_but_the_building_blocks_it_lists(root, dists):
+    """An answer is held when half of its region's lines (3 at least) stand in one file. The
+    known-wrong variants quote answers too: they live in solutions/variants/, not here."""
+    answers = _answers(root)
+    assert len(answers) > 40
+    held = {}
+    for name, blob in _contents(dists["wheel"]).items():
+        if name.endswith(".py"):
+            text = blob.decode()
+            for gid, lines in answers.items():
+                if sum(x in text for x in lines) >= max(3, len(lines) / 2):
+                    held.setdefault(name, []).append(gid)
+    extra = {n: [g for g in gids if g not in GIVEN.get(n, ())] for n, gids in held.items()}
+    leaked = {n: g for n, g in extra.items() if g}
+    assert not leaked, f"answers in the wheel (module: grade ids): {leaked}"
+    assert set(held) == set(GIVEN), f"GIVEN lists modules that hold no answer: {held}"
+    assert not [n for n in _contents(dists["wheel"]) if "/variants" in n]
 
 
 @ON_ONE_WORKER

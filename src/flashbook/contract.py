@@ -4,6 +4,10 @@ The test suite checks every chapter through its contract (``tests/test_chapters.
 solution passes the visible and the hidden check of every exercise, the student version fails
 exactly at its stubs, every known-wrong variant loses points to its bug, and the figures the
 prose quotes are the recorded ones. Adding a chapter adds a contract, not test code.
+
+The known-wrong variants (``Variant``) are course material, not package material: each chapter's
+live in ``solutions/variants/chN.py`` beside its solution, outside the wheel (they quote the
+solution), and ``sources.variants`` loads them from the course's checkout.
 """
 from __future__ import annotations
 
@@ -48,7 +52,6 @@ class Chapter:
     id: str                                       # "ch3": the notebook's prefix and grade-id prefix
     title: str                                    # as in _toc.yml and the README table
     exercises: Sequence[Exercise]
-    variants: Sequence[Variant]
     min_cc: tuple[int, int] | None = None         # GPU kernels need this compute capability
     benchmark: Callable[[], list] | None = None   # ``flashbook bench <id>``: rows to record
     graph_timer: bool = False                     # the benchmark times rows from CUDA graphs

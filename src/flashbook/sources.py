@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import linecache
 import os
 import re
@@ -49,6 +50,32 @@ def source(chapter_id: str, root: Path | None = None) -> Source:
         if c.id == chapter_id:
             return c
     raise ValueError(f"no chapter {chapter_id!r} in solutions/")
+
+
+def course_module(relative: str, root: Path | None = None) -> types.ModuleType:
+    """A Python file of the course that is not in the package because it quotes solutions
+    (``solutions/variants/ch3.py``, ``solutions/extras/ch9_one_kernel.py``), imported from the
+    checkout (once per process). A ValueError names the file where the checkout lacks it."""
+    root = root or repo_root()
+    path = root / "solutions" / relative
+    if not path.is_file():
+        raise ValueError(f"{path} is not there: it is course material (it quotes solutions), in "
+                         "the repository's solutions/ folder, not in the package")
+    name = "flashbook_course." + relative.removesuffix(".py").replace("/", ".")
+    module = sys.modules.get(name)
+    if module is None or getattr(module, "__file__", None) != str(path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module          # before running it: dataclasses look it up
+        spec.loader.exec_module(module)
+    return module
+
+
+def variants(chapter_id: str, root: Path | None = None) -> tuple:
+    """The chapter's known-wrong variants (``contract.Variant``): ``VARIANTS`` of
+    ``solutions/variants/<chapter_id>.py`` in the course's checkout (they quote the solution,
+    so they are not in the package)."""
+    return tuple(course_module(f"variants/{chapter_id}.py", root).VARIANTS)
 
 
 def read(path: Path):

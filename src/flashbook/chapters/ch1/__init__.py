@@ -1,8 +1,9 @@
 """Chapter 1: naive attention, and why it is slow.
 
 The student writes a stable softmax, naive attention with LSE and a causal mask, and a model of
-the three-kernel version's HBM traffic; ``checks`` grades them, ``variants`` lists known-wrong
-answers, and ``benchmark`` times the naive version against SDPA on a GPU (``flashbook bench ch1``).
+the three-kernel version's HBM traffic; ``checks`` grades them (the known-wrong answers are in
+``solutions/variants/ch1.py``), and ``benchmark`` times the naive version against SDPA on a
+GPU (``flashbook bench ch1``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from flashbook.contract import Chapter, Exercise
 from . import benchmark
 from .checks import attention_cases, check_attention, check_softmax, check_traffic, \
     expected_traffic, softmax_cases
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "check_softmax", "check_attention", "check_traffic", "softmax_cases",
            "attention_cases", "expected_traffic", "traffic_vs_measured", "benchmark"]
@@ -61,7 +61,6 @@ CHAPTER = Chapter(
                  ("naive_attention",), functools.partial(check_attention, causal=True)),
         Exercise("ch1_traffic_test", ("ch1_traffic",), ("naive_traffic",), check_traffic),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     quotes=quoted_figures,
 )

@@ -10,7 +10,7 @@ What lives here (and not in the chapter's notebook), one module per job:
 * ``traffic``: the HBM traffic model of the two loop orders, and its prediction against the
   recorded times;
 * ``figures``: the tile schedules, the shared-memory budget, the recorded ladder;
-* ``variants``: known-wrong answers; ``benchmark``: ``flashbook bench ch2``.
+* ``benchmark``: ``flashbook bench ch2`` (known-wrong answers: ``solutions/variants/ch2.py``).
 
 ``CHAPTER`` is the chapter's contract (``flashbook.contract``).
 """
@@ -30,7 +30,6 @@ from .launch import (D_MAX, DEFAULT_SMEM_LIMIT, LaunchConfig, TiledConfig, as_fl
                      validate_qkv)
 from .probes import canary_buffers
 from .traffic import hbm_traffic, predicted_vs_measured, prediction_table, traffic_table
-from .variants import VARIANTS
 
 # the names the chapter's notebook uses
 __all__ = ["CHAPTER", "race_check", "check_tile_copy", "check_fa1_literal", "check_fa1_bounded",
@@ -79,7 +78,6 @@ CHAPTER = Chapter(
         Exercise("ch2_fa2_rows_test", ("ch2_fa2_rows",), ("make_fa2_rows",), check_fa2_rows),
         Exercise("ch2_fa2_tiled_test", ("ch2_fa2_tiled",), ("make_fa2_tiled",), check_fa2_tiled),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     quotes=quoted_figures,
 )

@@ -17,7 +17,6 @@ from .checks import attention_cases, check_attention_kernel, check_attn_tile_ste
 from .figures import online_softmax_trace, plot_online_softmax, plot_tiles
 from .launch import DTYPES, HEAD_DIMS, LOG2E, SHARED_MEMORY_PER_BLOCK, Config, \
     attention_forward, copy_tiles, merge_states, pick_config, softmax_rows
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "Config", "pick_config", "softmax_rows", "copy_tiles", "attention_forward",
            "merge_states", "check_softmax_kernel", "check_tile_load", "check_attn_tile_step",
@@ -71,7 +70,6 @@ CHAPTER = Chapter(
         Exercise("ch3_two_tiles_test", ("ch3_attn_tile", "ch3_two_tiles_kernel"),
                  ("attn_fwd_two_tiles",), functools.partial(check_attention_kernel, two_tiles=True)),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     quotes=quoted_figures,

@@ -17,7 +17,6 @@ from .figures import lognormal_lengths, padding_stats, plot_padding, plot_tile_v
 from .launch import DTYPES, HEAD_DIMS, Config, heads_per_section, launch_varlen, pick_config, \
     window_bounds
 from .recorded import plot_recorded, quoted_figures, summary
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "Config", "pick_config", "launch_varlen", "window_bounds",
            "heads_per_section", "summary", "plot_recorded", "DTYPES",
@@ -40,7 +39,6 @@ CHAPTER = Chapter(
         Exercise("ch4_validate_test", ("ch4_validate",), ("validate_varlen",),
                  check_validate_varlen),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     quotes=quoted_figures,

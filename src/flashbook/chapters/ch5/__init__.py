@@ -18,7 +18,6 @@ from .figures import MODELS, decode_intensity, example_points, kv_cache_bytes, k
 from .launch import DTYPES, HEAD_DIMS, decode_block_m, decode_config, launch_decode, \
     launch_gqa, paged_cache, validate_packed
 from .recorded import measured_points, plot_recorded, quoted_figures, summary
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache",
            "validate_packed", "DTYPES", "HEAD_DIMS", "check_gqa_prefill", "check_cache_rows",
@@ -38,7 +37,6 @@ CHAPTER = Chapter(
         Exercise("ch5_validate_test", ("ch5_validate",), ("validate_decode",),
                  check_validate_decode),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     quotes=quoted_figures,

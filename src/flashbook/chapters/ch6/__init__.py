@@ -16,7 +16,6 @@ from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
 from .fa3_checks import check_fa3_consumer
 from .planner_checks import check_planner
 from .ring_checks import check_kv_ring
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "planner", "check_kv_ring", "check_ring_protocol", "check_pingpong",
            "check_planner", "check_fa3_consumer", "plot_gantt"]
@@ -35,7 +34,6 @@ CHAPTER = Chapter(
                  check_planner),
         Exercise("ch6_fa3_test", ("ch6_fa3_consumer",), ("fa3_consumer",), check_fa3_consumer),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     quotes=recorded.quoted_figures,

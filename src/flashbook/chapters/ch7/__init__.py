@@ -20,7 +20,6 @@ from .lazy import check_lazy_attention, hw_exp2, launch_lazy, plot_lazy_trace, \
 from .tmem import SEED_MAP, check_tmem_plan, plot_tmem, problems as tmem_problems
 from . import planner
 from .roles_checks import check_roles_schedule
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "design", "tmem", "lazy", "exp2poly", "ROLES", "PIPELINES", "plot_roles",
            "plot_unit_cycles", "register_table", "static_schedule", "tile_coord", "tile_cycles",
@@ -45,7 +44,6 @@ CHAPTER = Chapter(
         Exercise("ch7_resources_test", ("ch7_resources",), ("kernel_resources",),
                  planner.check_resources),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     quotes=recorded.quoted_figures,

@@ -25,7 +25,6 @@ from .mesh import Deadlock, recv, send, seed_chain_reduce, simulate
 from .ring import contiguous_positions, zigzag_positions
 from .state import block_attention, identity, merge_lse, merge_states, state_of, \
     wire_roundtrip_error
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "mesh", "ring", "check_merge", "check_split_kv", "check_chain_reduce",
            "check_tree_reduce", "check_zigzag", "check_ring_attention", "merge_cases",
@@ -48,7 +47,6 @@ CHAPTER = Chapter(
         Exercise("ch8_zigzag_test", ("ch8_zigzag",), ("zigzag_chunks",), check_zigzag),
         Exercise("ch8_ring_test", ("ch8_ring",), ("ring_attention",), check_ring_attention),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     quotes=recorded.quoted_figures,

@@ -4,9 +4,10 @@ and a Q-stationary dQ kernel, and an autograd Function that trains.
 The student writes the three Triton kernels (with their loop bodies) and the autograd
 Function; ``launch`` launches the kernels on the packed layout, ``forward`` is Chapter 5's GQA
 forward, ``grads`` holds the float64 reference gradients, ``checks`` grades, ``figures`` and
-``train`` make the chapter's table and loss curves, ``fused`` is the one-kernel backward with
-dQ reduced by the TMA (FlashAttention-3's design, measured beside the student's), and
-``benchmark`` times forward + backward on a GPU (``flashbook bench ch9``).
+``train`` make the chapter's table and loss curves, ``benchmark`` times forward + backward on
+a GPU (``flashbook bench ch9``, with the one-kernel designs of the course's
+``solutions/extras/ch9_one_kernel.py`` beside the student's), and ``recorded`` reads its H200
+record back.
 """
 from __future__ import annotations
 
@@ -14,24 +15,23 @@ from __future__ import annotations
 from flashbook.cases import validate_scale
 from flashbook.contract import Chapter, Exercise
 
-from . import benchmark, fused, recorded
+from . import benchmark, recorded
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
     check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
 from .grads import attention_grads, backward_inputs, dense_attention, from_packed, to_packed
-from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_atomic, launch_dkdv, launch_dq, \
+from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_dkdv, launch_dq, \
     launch_preprocess
 from .train import TinyLM, repeat_batch, sdpa_attention, train
-from .variants import VARIANTS
 
 __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq",
-           "launch_atomic", "bwd_config", "BwdConfig", "BWD_DTYPES", "validate_scale",
+           "bwd_config", "BwdConfig", "BWD_DTYPES", "validate_scale",
            "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
            "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
            "dense_attention", "to_packed", "from_packed", "saved_bytes", "saved_bytes_table",
            "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
-           "benchmark", "fused", "recorded"]
+           "benchmark", "recorded"]
 
 CHAPTER = Chapter(
     id="ch9",
@@ -45,7 +45,6 @@ CHAPTER = Chapter(
                  check_autograd),
         Exercise("ch9_training_test", ("ch9_dense",), ("flash_attention",), check_training),
     ),
-    variants=VARIANTS,
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     quotes=recorded.quoted_figures,

@@ -9,10 +9,11 @@ Inputs ``torch.randn`` (seeded), dO too. Rows per case:
   the packed ``(B*N, H, d)`` tensors, from O and LSE of Chapter 5's forward (``ch9.forward``).
 * ``ch9_fwdbwd`` (reference): ``ch9.forward`` without its host-side argument checks, then
   ``attention_backward``: what ``FlashAttentionFn`` runs, without autograd's bookkeeping.
-* ``ch9_bwd_atomic`` (variant, backward cases): ``attention_backward_atomic``, one K/V-stationary
-  kernel adding dQ atomically in fp32; its note says whether two runs gave the same bits.
-* ``ch9_bwd_fused`` (variant, backward cases): ``fused.fused_backward``, the same one-kernel
-  design with dQ added by TMA reduces (FlashAttention-3's way); note as the atomic row's.
+* ``ch9_bwd_atomic``, ``ch9_bwd_fused`` (variants, backward cases): the one-kernel backward of
+  the course's ``solutions/extras/ch9_one_kernel.py`` (not in the package: it holds Exercise
+  1's answer), K/V-stationary, adding dQ into fp32 by scalar atomics (``dq_tma=False``) or by
+  TMA reduces (FlashAttention-3's way); each note says whether two runs gave the same bits.
+  Where the course's checkout is missing (a student's Colab) the rows say so, unmeasured.
 * ``sdpa_cudnn_bwd``, ``sdpa_flash_bwd``: ``torch.autograd.grad`` of one SDPA call on one
   backend (the forward outside the timing, ``retain_graph``); ``sdpa_cudnn_fwdbwd``,
   ``sdpa_flash_fwdbwd``: the forward and that grad, both timed.
@@ -38,7 +39,6 @@ from flashbook.reference import attention_flops
 from flashbook.results import Row, table
 
 from .forward import forward
-from .fused import fused_backward
 from .grads import from_packed, to_packed
 
 __all__ = ["run", "table", "CASES", "GRAPH_TIMER", "bwd_flops", "sdpa_grads_fn", "ours_fns"]
@@ -95,18 +95,21 @@ def ours_fns(ns, q, k, v, do, causal: bool):
     return bwd, fwdbwd, grads
 
 
-def atomic_fn(ns, q, k, v, do, causal: bool, fn=None, want=None, want_from=None):
-    """(fn, note) of a one-kernel backward with atomic dQ (default the solution's
-    ``attention_backward_atomic``): the note says whether two runs gave the same bits and,
-    given SDPA's gradients ``want``, the largest difference from them."""
+ONE_KERNEL = "extras/ch9_one_kernel.py"
+
+
+def one_kernel_fn(q, k, v, do, causal: bool, dq_tma: bool, want=None, want_from=None):
+    """(fn, note) of the one-kernel backward (``ONE_KERNEL``, dQ by TMA reduces or by scalar
+    atomics): the note says whether two runs gave the same bits and, given SDPA's gradients
+    ``want``, the largest difference from them."""
+    fused_backward = sources.course_module(ONE_KERNEL).fused_backward
     B, H, N, d = q.shape
     pq, pk, pv, pdo = (to_packed(t) for t in (q, k, v, do))
     cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
     o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
-    fn = fn or ns["attention_backward_atomic"]
 
     def bwd():
-        return fn(pq, pk, pv, o, lse, pdo, cu, cu, N, N, causal)
+        return fused_backward(pq, pk, pv, o, lse, pdo, cu, cu, N, N, causal, dq_tma=dq_tma)
     first, second = bwd(), bwd()
     same = all(torch.equal(a, b) for a, b in zip(first, second))
     err = "" if want is None else \
@@ -158,15 +161,13 @@ def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
                 bwd, fwdbwd, grads = ours_fns(ns, q, k, v, do, causal)
                 return (bwd if what == "bwd" else fwdbwd), _err_note(grads, want, want_from)
             rows.append(_row(f"ch9_{what}", "reference", setup, B, H, N, d, dtype, causal, what))
-        if "bwd" in kinds and "attention_backward_atomic" in ns:
-            rows.append(_row("ch9_bwd_atomic", "variant",
-                             lambda: atomic_fn(ns, q, k, v, do, causal, None, want, want_from),
-                             B, H, N, d, dtype, causal, "bwd"))
-        if "bwd" in kinds:
-            rows.append(_row("ch9_bwd_fused", "variant",
-                             lambda: atomic_fn(ns, q, k, v, do, causal, fused_backward, want,
-                                               want_from), B, H, N, d, dtype, causal, "bwd"))
+        for kernel, dq_tma in (("ch9_bwd_atomic", False), ("ch9_bwd_fused", True)):
+            if "bwd" in kinds:
+                rows.append(_row(kernel, "variant",
+                                 lambda t=dq_tma: one_kernel_fn(q, k, v, do, causal, t, want,
+                                                                want_from),
+                                 B, H, N, d, dtype, causal, "bwd"))
         rows += base_rows
-        del want
+        want = None                     # SDPA's gradients: free them before the next case
         ch4._free()
     return rows

@@ -18,7 +18,7 @@ from flashbook.check import CheckFailure, assert_close, no_nan, report, require_
 from flashbook.device import current
 
 from . import launch
-from .grads import attention_grads, backward_inputs, from_packed, to_packed
+from .grads import backward_inputs, from_packed, to_packed
 
 __all__ = ["check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
            "autograd_cases", "training_cases", "GRAD_TOL"]

@@ -28,7 +28,7 @@ from flashbook.chapters.ch3.launch import HEAD_DIMS, LOG2E
 from flashbook.device import current
 
 __all__ = ["BwdConfig", "bwd_config", "check_backward_args", "launch_preprocess", "launch_dkdv",
-           "launch_dq", "launch_atomic", "BWD_DTYPES", "HEAD_DIMS", "LOG2E"]
+           "launch_dq", "BWD_DTYPES", "HEAD_DIMS", "LOG2E"]
 
 BWD_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -82,7 +82,7 @@ def _check(name, tensors, d):
                         device=None if label == "q" else q.device)
     if len({t.dtype for _, t in tensors}) > 1:
         raise ValueError(f"{name}: " + ", ".join(label for label, _ in tensors) + " must share "
-                         f"a dtype, got " + ", ".join(str(t.dtype) for _, t in tensors) + ".")
+                         "a dtype, got " + ", ".join(str(t.dtype) for _, t in tensors) + ".")
     if d not in HEAD_DIMS:
         raise ValueError(f"{name}: head dimension d={d} is not supported; use one of {HEAD_DIMS}.")
     if q.dtype == torch.bfloat16 and current().capability is None:
@@ -170,28 +170,3 @@ def launch_dq(kernel, q, k, v, do, lse, delta, cu_seqlens_q, cu_seqlens_k, max_s
                  BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, DOT_PRECISION=_precision(q.dtype),
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return dq
-
-
-def launch_atomic(kernel, q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_k: int,
-                  *, causal: bool, scale: float | None = None, config: BwdConfig | None = None,
-                  preprocess=None):
-    """The one-kernel backward: D in torch (fp32), then ``kernel`` on ``launch_dkdv``'s grid
-    adding dQ atomically into an fp32 buffer; returns (dQ in q's dtype, dK, dV). Needs q, k,
-    v, do contiguous (the kernel shares strides between K/V and dK/dV, Q and dQ)."""
-    total_q, h_q, h_kv, d, scale = check_backward_args("launch_atomic", q, k, v, do, (lse,),
-                                                       scale)
-    if not all(t.is_contiguous() for t in (q, k, v, do)):
-        raise ValueError("launch_atomic: q, k, v and do must be contiguous.")
-    cfg = config or bwd_config("dkdv", d, q.dtype, current().capability)
-    delta = (o.float() * do.float()).sum(-1).transpose(0, 1).contiguous()   # (h_q, total_q)
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    n_bkv = (cu_seqlens_k.numel() - 1) * h_kv
-    if n_bkv and max_seqlen_k and total_q:
-        kernel[(triton.cdiv(max_seqlen_k, cfg.BLOCK_N), n_bkv)](
-            q, k, v, do, lse, delta, dk, dv, dq, cu_seqlens_q, cu_seqlens_k, q.stride(0),
-            q.stride(1), k.stride(0), k.stride(1), do.stride(0), do.stride(1), h_kv, total_q,
-            scale, scale * LOG2E, CAUSAL=causal, GROUP=h_q // h_kv, HEAD_DIM=d,
-            BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, DOT_PRECISION=_precision(q.dtype),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return dq.to(q.dtype), dk, dv

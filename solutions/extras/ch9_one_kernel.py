@@ -1,4 +1,9 @@
-"""The one-kernel backward done as FlashAttention-3 does it: dQ reduced into fp32 by the TMA.
+"""Chapter 9's one-kernel backward, in two forms: dQ added by scalar atomics, and dQ reduced
+into fp32 by the TMA as FlashAttention-3 does it. ``flashbook bench ch9`` times both
+(``ch9_bwd_atomic``: ``dq_tma=False``; ``ch9_bwd_fused``: the default on sm_90).
+
+Course material, not package material: its dK/dV part is Exercise 1's answer, so it lives
+beside the solutions and is loaded with ``sources.course_module("extras/ch9_one_kernel.py")``.
 
 The two-kernel backward the student writes runs seven tile GEMMs per (Q tile, K/V tile) pair:
 four in dK/dV (S^T, dV, dP^T, dK) and three in dQ (S and dP again, then dQ), 1.4x the five a
@@ -6,14 +11,11 @@ backward needs. This kernel runs the five: each K/V-stationary program also comp
 contribution dS K to the Q tile it just read and adds it into an fp32 buffer ``dq_acc``
 (total_q, h_q * d). On sm_90 the add is one ``cp.reduce.async.bulk`` per tile (a tensor
 descriptor's ``atomic_add``): the TMA engine does the read-modify-write in L2, in place of the
-8192 scalar atomics per 64 x 128 tile of ``tl.atomic_add`` (the chapter's
-``bwd_atomic_kernel``). The CPU interpreter has no TMA reduce, so there the same kernel adds
-with ``tl.atomic_add``.
+8192 scalar atomics per 64 x 128 tile of ``tl.atomic_add``, the other form (the only one the
+CPU interpreter has: it has no TMA reduce).
 
-Measured on the H200 (``flashbook bench ch9``, row ``ch9_bwd_fused``): the TMA reduce is over
-twice as fast as scalar atomics, yet the kernel only matches the two-kernel backward: each
-64 x 128 fp32 reduce (32 KB, about 17 GB per backward at N = 16384, 16 heads) waits for its
-shared-memory buffer before the next tile, where FlashAttention-3 hands it to a separate warp.
+Chapter 9's Section 7 quotes what the H200 measured: the TMA reduce is over twice as fast as
+scalar atomics, yet the kernel only draws level with the two-kernel backward.
 
 The price is determinism: the programs of one query tile add in whatever order they finish,
 so dQ's last bits change between runs. FlashAttention-3's deterministic mode orders the adds
@@ -29,8 +31,7 @@ import triton
 import triton.language as tl
 
 from flashbook.device import current
-
-from .launch import LOG2E, BwdConfig, _precision, check_backward_args
+from flashbook.chapters.ch9.launch import LOG2E, BwdConfig, _precision, check_backward_args
 
 __all__ = ["fused_backward", "launch_fused", "fused_config", "bwd_fused_kernel", "delta_kernel"]
 
