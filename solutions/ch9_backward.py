@@ -563,10 +563,10 @@ if ours:
 # ### Measured on an H200
 #
 # The record below (`python -m flashbook.chapters.ch9.tune`, which checks the gradients at full
-# size against cuDNN's, sweeps the tile configs and then runs `flashbook bench ch9`) puts your
-# two-kernel backward at 340 TFLOP/s non-causal: 0.64x cuDNN (529) and 1.10x FlashAttention-2 (309),
-# and at 327 TFLOP/s causal: 0.64x cuDNN (515) and 1.06x FlashAttention-2 (310). On the CS336
-# configuration, forward + backward takes 6.00 ms (cuDNN 4.51 ms, FlashAttention-2 6.96 ms) on
+# size against cuDNN's, can sweep the tile configs, then runs `flashbook bench ch9`) puts your
+# two-kernel backward at 339 TFLOP/s non-causal: 0.65x cuDNN (525) and 1.10x FlashAttention-2 (309),
+# and at 327 TFLOP/s causal: 0.64x cuDNN (511) and 1.06x FlashAttention-2 (308). On the CS336
+# configuration, forward + backward takes 5.98 ms (cuDNN 4.51 ms, FlashAttention-2 6.97 ms) on
 # the H200; the leaderboard's best, 5.364 ms, was measured on an H100, whose HBM3 moves 3.35
 # TB/s against the H200's 4.8 (the tensor cores are the same): not a like-for-like race.
 #
@@ -574,14 +574,14 @@ if ours:
 # times each kernel alone in its sweep). The split runs 7 GEMMs where 5 are credited, so at
 # equal efficiency per GEMM it cannot pass 5/7 of its kernels' raw speed: closing the gap to
 # cuDNN needs the five-GEMM design. The one-kernel variants say what that design costs in Triton:
-# 38.6 ms with scalar atomics, 16.2 ms with TMA reduces, 16.2 ms for the two kernels.
+# 37.7 ms with scalar atomics, 16.3 ms with TMA reduces, 16.2 ms for the two kernels.
 # Scalar atomics issue a read-modify-write per element (8192 per 64 x 128 tile); the TMA
 # reduce moves the whole 32 KB tile into L2 in one instruction and is more than twice as fast,
 # yet only draws level with the split. Its PTX shows the reduce overlapping the next tile's
 # work (the one wait per tile is for the previous reduce to have read its buffer), so the
-# reduce itself is not the stall; what the same eight warps now also do every step is: a fifth
-# GEMM that needs $dS$ transposed as its first operand, and dQ's fp32 tile written to shared
-# memory. cuDNN and FlashAttention-3 split these jobs between warps, the warp specialization of
+# reduce itself is not the stall. The likelier cost is what the same eight warps now also do
+# every step: a fifth GEMM that needs $dS$ transposed as its first operand, and dQ's fp32 tile
+# written to shared memory. cuDNN and FlashAttention-3 split these jobs between warps, the warp specialization of
 # Chapter 6 applied to the backward; that kernel is this chapter's open problem. Both
 # one-kernel rows also show the price in their notes: "two runs differ in dQ bits".
 
