@@ -95,7 +95,7 @@ def test_guard_keeps_a_measured_row_and_joins_the_notes():
 
 def test_graph_timed_setup_times_the_prepared_call(monkeypatch):
     calls = []
-    monkeypatch.setattr(b.ch4, "_timed", lambda fn: (fn() or 2.0, "timed without CUDA graph"))
+    monkeypatch.setattr(b, "timed_ms", lambda fn: (fn() or 2.0, "timed without CUDA graph"))
     setup = b.graph_timed(lambda: ((lambda: calls.append(1)), "cfg"))
     assert setup() == (2.0, "cfg; timed without CUDA graph") and calls == [1]
 

@@ -179,3 +179,40 @@ def sdpa_supports(backend: str, q, k, v, causal=False) -> bool:
         return True
     except RuntimeError:
         return False
+
+
+# ------------------------------------------------------------ what every chapter benchmark shares
+
+def why_failed(e: BaseException) -> str:
+    """One line for a row's note: why a kernel or baseline was not measured."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return "out of memory"
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
+
+
+def free_cuda_cache() -> None:
+    """Give cached GPU memory back between cases (a no-op without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def timed_ms(fn) -> tuple[float, str]:
+    """(median ms, note): from a CUDA graph when the call can be captured, else launched."""
+    try:
+        return time_ms(fn, graph=True), ""
+    except Exception as e:  # noqa: BLE001 - e.g. a host sync or nested tensors in the capture
+        free_cuda_cache()
+        return time_ms(fn, graph=False), f"timed without CUDA graph ({why_failed(e)[:80]})"
+
+
+def join_notes(*parts) -> str:
+    """A row's note from its non-empty parts."""
+    return "; ".join(p for p in parts if p)
+
+
+def flex_compile_limits():
+    """Dynamo settings for a benchmark run: flex_attention compiles once per shape and mask,
+    and a call past the recompile limit must fail (a noted row), not fall back to eager."""
+    cfg = torch._dynamo.config
+    want = {"recompile_limit": 64, "fail_on_recompile_limit_hit": True}
+    return cfg.patch(**{k: v for k, v in want.items() if hasattr(cfg, k)})

@@ -48,7 +48,8 @@ import warnings
 import torch
 
 from flashbook import sources
-from flashbook.bench import SDPA_BACKENDS, attention_bytes, gpu_peak, sdpa, sdpa_supports, time_ms
+from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, \
+    free_cuda_cache, gpu_peak, join_notes, sdpa, sdpa_supports, timed_ms, why_failed
 from flashbook.chapters.ch4.figures import lognormal_lengths
 from flashbook.chapters.ch4.launch import heads_per_section
 from flashbook.reference import attention_flops
@@ -113,30 +114,6 @@ def max_err(a, b) -> float:
         return float("nan")
 
 
-def _why(e: BaseException) -> str:
-    if isinstance(e, torch.OutOfMemoryError):
-        return "out of memory"
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
-
-
-def _free():
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _timed(fn) -> tuple[float, str]:
-    """(median ms, note): from a CUDA graph when the call can be captured, else launched."""
-    try:
-        return time_ms(fn, graph=True), ""
-    except Exception as e:  # noqa: BLE001 - e.g. a host sync or nested tensors in the capture
-        _free()
-        return time_ms(fn, graph=False), f"timed without CUDA graph ({_why(e)[:80]})"
-
-
-def _join(*parts) -> str:
-    return "; ".join(p for p in parts if p)
-
-
 def measure(kernel, role, setup, *, B, N, causal, flops, tokens, note="") -> Row:
     """One row: ``setup()`` returns (fn, note) with fn() one forward; it and the timing run
     under one guard, so a failure becomes the row's note instead of stopping the run."""
@@ -144,16 +121,16 @@ def measure(kernel, role, setup, *, B, N, causal, flops, tokens, note="") -> Row
                dtype=str(DTYPE).replace("torch.", ""), causal=causal)
     try:
         fn, extra = setup()
-        ms, how = _timed(fn)
+        ms, how = timed_ms(fn)
     except Exception as e:  # noqa: BLE001 - one failing baseline never stops the run
-        _free()
+        free_cuda_cache()
         return Row(**row, ms=None, tflops=None, gbps=None, pct_peak=None,
-                   note=_join(note, f"not measured: {_why(e)}"))
+                   note=join_notes(note, f"not measured: {why_failed(e)}"))
     tflops = flops / (ms * 1e-3) / 1e12
     gbps = attention_bytes(1, H, tokens, tokens, D, DTYPE.itemsize) / (ms * 1e-3) / 1e9
     peak = gpu_peak()
     pct = 100.0 * tflops / peak.tensor_tflops if peak else None
-    return Row(**row, ms=ms, tflops=tflops, gbps=gbps, pct_peak=pct, note=_join(note, extra, how))
+    return Row(**row, ms=ms, tflops=tflops, gbps=gbps, pct_peak=pct, note=join_notes(note, extra, how))
 
 
 def unchecked(ns: dict, wrapper: str):
@@ -176,7 +153,7 @@ def ours(ns, wrapper, args, check=None, **kw):
             fast, how = unchecked(ns, wrapper), ""
         except Exception:  # noqa: BLE001 - not a plain function: time it as it is
             fast, how = ns[wrapper], "timed with its argument checks"
-        return (lambda: fast(*args, **kw)), _join(check(o) if check else "", how)
+        return (lambda: fast(*args, **kw)), join_notes(check(o) if check else "", how)
     return setup
 
 
@@ -214,24 +191,16 @@ def run(dense=DENSE, total=TOTAL, windows=WINDOWS, device="cuda", lengths=None) 
     ns = sources.solution_namespace("ch4")
     flex = torch.compile(flex_attention, dynamic=False)
     rows: list[Row] = []
-    with _compile_limits():
+    with flex_compile_limits():
         for shape in dense:
             rows += dense_rows(ns, flex, *shape, device=device)
-            _free()
+            free_cuda_cache()
         lengths = [int(n) for n in (lengths or lognormal_lengths(total, seed=0))]
         rows += varlen_rows(ns, flex, lengths, device=device)
-        _free()
+        free_cuda_cache()
         rows += window_rows(ns, flex, total, windows, device=device)
-        _free()
+        free_cuda_cache()
     return rows
-
-
-def _compile_limits():
-    """Dynamo settings for the run: flex_attention compiles once per shape and mask (5 times),
-    and a call past the recompile limit must fail (a noted row), not fall back to eager."""
-    cfg = torch._dynamo.config
-    want = {"recompile_limit": 64, "fail_on_recompile_limit_hit": True}
-    return cfg.patch(**{k: v for k, v in want.items() if hasattr(cfg, k)})
 
 
 def dense_rows(ns, flex, B, Hh, N, d, device="cuda") -> list[Row]:
@@ -262,7 +231,7 @@ def dense_rows(ns, flex, B, Hh, N, d, device="cuda") -> list[Row]:
             rows.append(measure("flex_attention", "baseline",
                                 flex_setup(flex, causal_mod, q4, k4, v4, want), **kw))
         want = None                                        # frees it before the next case
-        _free()
+        free_cuda_cache()
     return rows
 
 
@@ -276,7 +245,7 @@ def schedule_rows(ns, args, n_bh, causal, kw, note="") -> list[Row]:
     per section (tiles first: L2 locality alone) and with all of them in one (pure
     longest-first), beside the default ``ch4.heads_per_section``."""
     return [measure(name, "variant", ours(ns, "attention_varlen", args, causal=causal,
-                                          sections=g), note=_join(note, f"sections={g}"), **kw)
+                                          sections=g), note=join_notes(note, f"sections={g}"), **kw)
             for name, g in (("ch4_two_tiles_tiles_first", 1), ("ch4_two_tiles_heads_first", n_bh))]
 
 
@@ -289,7 +258,8 @@ def cudnn(q, k, v, causal):
         return None
 
 
-def _refused(why):
+def refused_setup(why):
+    """A ``measure`` setup for a baseline that is not run (``why`` becomes its row's note)."""
     def setup():
         raise RuntimeError(why)
     return setup
@@ -328,15 +298,15 @@ def varlen_rows(ns, flex, lengths, device="cuda") -> list[Row]:
                 backend = name
                 break
             except Exception as e:  # noqa: BLE001 - refused or out of memory: try the next
-                refusals.append(f"{name} ({_why(e)[:60]})")
-                _free()
+                refusals.append(f"{name} ({why_failed(e)[:60]})")
+                free_cuda_cache()
 
         def check(o):
             return f"max|O-{backend}|={max_err(o, want):.1e}" if backend else ""
         rows.append(measure("ch4_two_tiles", "reference",
                             ours(ns, "attention_varlen", (q, k, v, cu, cu, longest, longest),
                                  check, causal=causal),
-                            note=_join(head, f"sections={sections(n_seqs * H, longest, device)}"),
+                            note=join_notes(head, f"sections={sections(n_seqs * H, longest, device)}"),
                             **kw))
         rows += schedule_rows(ns, (q, k, v, cu, cu, longest, longest), n_seqs * H, causal, kw,
                               note=head)
@@ -354,11 +324,12 @@ def varlen_rows(ns, flex, lengths, device="cuda") -> list[Row]:
                     f"{pairs:.3g} real; {how}")
         if backend is None:
             why = "every backend refused: " + ", ".join(refusals)
-            rows.append(measure("sdpa_cudnn", "baseline", _refused(why), note=pad_note, **kw))
+            rows.append(measure("sdpa_cudnn", "baseline", refused_setup(why), note=pad_note,
+                                **kw))
         else:
             f = sdpa_masked(backend, None if causal else keys, causal)
             rows.append(measure(backend, "baseline", lambda: (lambda: f(qp, kp, vp), ""),
-                                note=_join(pad_note, f"backend {backend}",
+                                note=join_notes(pad_note, f"backend {backend}",
                                            "refused: " + ", ".join(refusals) if refusals else ""),
                                 **kw))
 
@@ -368,13 +339,13 @@ def varlen_rows(ns, flex, lengths, device="cuda") -> list[Row]:
         expect = want.transpose(0, 1).unsqueeze(0) if want is not None else None
         rows.append(measure("flex_attention", "baseline",
                             flex_setup(flex, doc_mod, q1, k1, v1, expect, backend),
-                            note=_join(head, "document mask, packed as B=1"), **kw))
+                            note=join_notes(head, "document mask, packed as B=1"), **kw))
         if not causal:
             rows.append(measure("sdpa_jagged", "baseline",
                                 lambda: jagged_setup(q, k, v, lengths, want, backend),
                                 note=head, **kw))
         want = None                                        # frees it before the next case
-        _free()
+        free_cuda_cache()
     return rows
 
 
@@ -392,7 +363,7 @@ def jagged_setup(q, k, v, lengths, want, name):
         chosen = _select_sdp_backend(qj, kj, vj, None, 0.0, False, False).name
     except Exception:  # noqa: BLE001 - private API: only for the note
         chosen = "?"
-    return fn, _join(f"torch chose {chosen}", name and f"max|O-{name}|={max_err(o, want):.1e}")
+    return fn, join_notes(f"torch chose {chosen}", name and f"max|O-{name}|={max_err(o, want):.1e}")
 
 
 def window_rows(ns, flex, n, windows=WINDOWS, device="cuda") -> list[Row]:

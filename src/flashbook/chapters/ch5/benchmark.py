@@ -53,7 +53,8 @@ import warnings
 import torch
 
 from flashbook import sources
-from flashbook.bench import SDPA_BACKENDS, attention_bytes, gpu_peak
+from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, \
+    free_cuda_cache, gpu_peak, join_notes
 from flashbook.chapters.ch4 import benchmark as ch4
 from flashbook.reference import attention_flops
 from flashbook.chapters.ch5.launch import paged_cache
@@ -172,7 +173,7 @@ def expect(q, k, v, causal, backends):
                 warnings.simplefilter("ignore")
                 return name, sdpa_gqa(name, causal)(q, k, v)
         except Exception:  # noqa: BLE001 - refused or out of memory: try the next
-            ch4._free()
+            free_cuda_cache()
     return "", None
 
 
@@ -193,19 +194,19 @@ def run(prefill=PREFILL, decode=DECODE, long_decode=LONG, page_sizes=PAGE_SIZES,
     flex = functools.partial(torch.compile(flex_attention, dynamic=False) if compile_flex
                              else flex_attention, enable_gqa=True)
     rows: list[Row] = []
-    with ch4._compile_limits():
+    with flex_compile_limits():
         if prefill:
             rows += prefill_rows(ns, flex, *prefill, device=device)
-            ch4._free()
+            free_cuda_cache()
         if decode:
             rows += decode_rows(ns, flex, *decode, page_sizes=page_sizes, device=device)
-            ch4._free()
+            free_cuda_cache()
             rows += ceiling_rows(read_bytes, copy_bytes, *decode, device=device)
-            ch4._free()
+            free_cuda_cache()
         if long_decode:
             rows += decode_rows(ns, flex, *long_decode, page_sizes=(), device=device,
                                 full=False, note="batch 1: see Chapter 8 (split-KV)")
-            ch4._free()
+            free_cuda_cache()
     return rows
 
 
@@ -232,7 +233,7 @@ def prefill_rows(ns, flex, B, h_q, h_kv, N, d, device="cuda") -> list[Row]:
         for backend in SDPA_BACKENDS:
             setup = sdpa_setup(backend, q4, k4, v4, causal)
             if backend == "sdpa_math" and math_s > MATH_LIMIT:
-                setup = ch4._refused(f"skipped: it materialises S and P in fp32, "
+                setup = ch4.refused_setup(f"skipped: it materialises S and P in fp32, "
                                      f"{math_s / 2**30:.3g} GiB each")
             rows.append(measure(backend, "baseline", setup, note="enable_gqa=True", **kw))
         rows.append(measure("sdpa_cudnn", "baseline",
@@ -242,7 +243,7 @@ def prefill_rows(ns, flex, B, h_q, h_kv, N, d, device="cuda") -> list[Row]:
             flex, ch4.causal_mod if causal else noop_mask, q4, k4, v4, want, name),
             note=f"enable_gqa=True; {'causal' if causal else 'full'} block mask", **kw))
         want = check = None                                # frees O before the next case
-        ch4._free()
+        free_cuda_cache()
     return rows
 
 
@@ -271,17 +272,17 @@ def decode_rows(ns, flex, B, h_q, h_kv, context, d, page_sizes=PAGE_SIZES, devic
             return ch4.ours(ns, "decode", (q, kp, vp, lens),
                             err_note("contiguous", mine.get("o")), block_table=table)()
         rows.append(measure("ch5_decode_paged", "reference", setup,
-                            note=ch4._join(note, f"page_size={page}"), **kw))
-        ch4._free()
+                            note=join_notes(note, f"page_size={page}"), **kw))
+        free_cuda_cache()
     for backend in ("sdpa_cudnn", "sdpa_flash") if full else ("sdpa_cudnn",):
         rows.append(measure(backend, "baseline", sdpa_setup(backend, q4, k4, v4, False),
-                            note=ch4._join(note, "enable_gqa=True; is_causal=False (one new "
+                            note=join_notes(note, "enable_gqa=True; is_causal=False (one new "
                                                  "token sees the whole cache)"), **kw))
         if backend == "sdpa_cudnn" and rows[-1].ms is None:
             rows.append(measure(backend, "baseline",
                                 sdpa_setup(backend, q4, k4, v4, False, expand=True),
-                                note=ch4._join(note, expanded_note(k4, h_q // h_kv)), **kw))
-        ch4._free()
+                                note=join_notes(note, expanded_note(k4, h_q // h_kv)), **kw))
+        free_cuda_cache()
     if full:
         def flex_setup():
             fn = lambda: flex(q4, k4, v4)  # noqa: E731
@@ -312,11 +313,11 @@ def ceiling_rows(read_bytes, copy_bytes, B, h_q, h_kv, context, d, device="cuda"
         tried[op] = measure("hbm_read", "baseline", functools.partial(read_setup, op),
                             nbytes=read_bytes, note=f"read ceiling: {op} over "
                             f"{read_bytes / 2**30:.2f} GiB of fp16", **kw)
-        ch4._free()
+        free_cuda_cache()
     best = min(tried, key=lambda op: (tried[op].ms is None, tried[op].ms or 0.0))
     others = "; ".join(f"{op}: " + (f"{r.gbps:.0f} GB/s" if r.ms is not None else "failed")
                        for op, r in tried.items() if op != best)
-    rows = [dataclasses.replace(tried[best], note=ch4._join(tried[best].note,
+    rows = [dataclasses.replace(tried[best], note=join_notes(tried[best].note,
                                                             others and f"beside {others}"))]
 
     def copy_setup():
@@ -326,5 +327,5 @@ def ceiling_rows(read_bytes, copy_bytes, B, h_q, h_kv, context, d, device="cuda"
     rows.append(measure("d2d_copy", "baseline", copy_setup, nbytes=2 * copy_bytes,
                         note=f"dst.copy_(src) of {copy_bytes / 2**30:.2f} GiB: gbps counts "
                              "bytes read + written", **kw))
-    ch4._free()
+    free_cuda_cache()
     return rows

@@ -68,7 +68,8 @@ from typing import Callable
 
 import torch
 
-from flashbook.bench import attention_bytes, gpu_peak, sdpa
+from flashbook.bench import attention_bytes, free_cuda_cache, gpu_peak, join_notes, sdpa, \
+    timed_ms, why_failed
 from flashbook.chapters.ch4 import benchmark as ch4
 from flashbook.chapters.ch5 import benchmark as ch5
 from flashbook.reference import attention_flops
@@ -156,16 +157,16 @@ def measure(kernel: str, role: str, case: Case, setup: Callable[[], tuple], note
     try:
         ms, extra = setup()
     except Exception as e:  # noqa: BLE001 - one failing kernel never stops the run
-        ch4._free()
-        return make_row(kernel, role, case, None, ch4._join(note, f"not measured: {why(e)}"),
+        free_cuda_cache()
+        return make_row(kernel, role, case, None, join_notes(note, f"not measured: {why(e)}"),
                         peak)
-    return make_row(kernel, role, case, ms, ch4._join(note, extra), peak)
+    return make_row(kernel, role, case, ms, join_notes(note, extra), peak)
 
 
 def why(e: BaseException) -> str:
     """One line on a failure: 'out of memory', or 'Type: first line of the message' (for an
     exception without a message, e.g. a bare assert: where it was raised)."""
-    text = ch4._why(e)
+    text = why_failed(e)
     if text.rstrip().endswith(":"):
         import traceback
         frames = traceback.extract_tb(e.__traceback__)
@@ -231,8 +232,8 @@ def graph_timed(prepare: Callable[[], tuple]):
     CUDA graph, else launched (``ch4.benchmark._timed``)."""
     def setup():
         fn, note = prepare()
-        ms, how = ch4._timed(fn)
-        return ms, ch4._join(note, how)
+        ms, how = timed_ms(fn)
+        return ms, join_notes(note, how)
     return setup
 
 
@@ -266,7 +267,7 @@ def reference(q, k, v, causal, backends=REFERENCES) -> tuple[str, torch.Tensor |
                 warnings.simplefilter("ignore")
                 return name, sdpa(name)(q, k, v, causal)
         except Exception:  # noqa: BLE001 - refused or out of memory: try the next
-            ch4._free()
+            free_cuda_cache()
     return "", None
 
 
@@ -283,7 +284,7 @@ def gluon_prepare(case: Case, x: Inputs):
         o, _ = attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)
         new = {key: c for key, c in compiled(fa3_kernel).items() if key not in before}
         name, want = x.want.get(case.causal, ("", None))
-        note = ch4._join(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} STAGES={cfg.STAGES} "
+        note = join_notes(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} STAGES={cfg.STAGES} "
                          f"OVERLAP={cfg.OVERLAP}", registers(new) if new else "",
                          err_note(name, want, o))
         return (lambda: attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)), note
@@ -299,7 +300,7 @@ def ch3_prepare(case: Case, x: Inputs, namespaces: dict):
         o, _ = attention(x.q, x.k, x.v)
         cfg = pick_config(case.d, case.dtype, current().capability, two_tiles=True)
         name, want = x.want.get(case.causal, ("", None))
-        note = ch4._join(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} warps={cfg.num_warps} "
+        note = join_notes(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} warps={cfg.num_warps} "
                          f"stages={cfg.num_stages}", err_note(name, want, o))
         return (lambda: attention(x.q, x.k, x.v)), note
     return prepare
@@ -354,7 +355,7 @@ def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
         else:
             setup = graph_timed(sdpa_prepare(kernel, case, x))
         rows.append(measure(kernel, role, case, setup))
-        ch4._free()
+        free_cuda_cache()
     return rows
 
 
@@ -477,7 +478,7 @@ def jax_fa3_setup(case: Case, x: Inputs, block_kv=JAX_BLOCK_KV):
         check = err_note(name, want, to_torch(o).transpose(1, 2))
         del o
         ms, how = jax_time(f, args)
-        return ms, ch4._join(
+        return ms, join_notes(
             f"block_q={JAX_BLOCK_Q} block_kv={bkv} max_concurrent_steps={JAX_STEPS} (JAX's "
             "first fit)", "; ".join(tried), "(B, N, H, d) via DLPack, "
             + ("zero-copy" if all(s for _, s in conv) else "COPIED"),
@@ -558,7 +559,7 @@ def pallas_setup(case: Case, x: Inputs, namespaces: dict):
         check = err_note(name, want, o)
         del o
         ms, how = jax_time(f, args)
-        return ms, ch4._join(
+        return ms, join_notes(
             f"block_kv={block_kv} stages={stages} (fa3_pallas.default_config); consumer "
             f"{consumer.__name__}", "(B, H, N, d) and K^T via DLPack, "
             + ("zero-copy" if all(s for _, s in conv) else "COPIED"), check, how)
@@ -573,7 +574,7 @@ def jax_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
         setup = pallas_setup(case, x, namespaces) if kernel == PALLAS else \
             jax_fa3_setup(case, x)
         rows.append(measure(kernel, role, case, setup))
-        ch4._free()
+        free_cuda_cache()
     return rows
 
 
@@ -596,7 +597,7 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
                 inputs[key] = make_inputs(*case.shape, case.dtype, device=device,
                                           seed=len(inputs))
             except Exception as e:  # noqa: BLE001 - e.g. out of memory: every row says so
-                ch4._free()
+                free_cuda_cache()
                 inputs[key] = f"not measured: inputs: {why(e)}"
         x = inputs[key]
         if isinstance(x, str):
@@ -610,5 +611,5 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
             if not isinstance(x, str):
                 rows += jax_rows(case, x, namespaces, kernels)
     inputs.clear()
-    ch4._free()
+    free_cuda_cache()
     return sort_rows(rows, order)

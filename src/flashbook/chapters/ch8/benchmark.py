@@ -38,6 +38,7 @@ import sys
 import torch
 
 from flashbook import sources
+from flashbook.bench import flex_compile_limits, free_cuda_cache
 from flashbook.chapters.ch4 import benchmark as ch4b
 from flashbook.chapters.ch5 import benchmark as ch5b
 from flashbook.results import Row
@@ -88,7 +89,7 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
     from flashbook.device import current
     chosen = choose_num_splits(B, h_kv, context, sm_count(), split_config(current().capability)[0])
     rows = []
-    with ch4b._compile_limits():
+    with flex_compile_limits():
         rows.append(ch5b.measure("ch8_split_kv", "reference",
                                  split_setup(ns, q, kc, vc, lens, chosen, check),
                                  note=f"num_splits={chosen} (chosen for {sm_count()} SMs)", **kw))
@@ -102,11 +103,11 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
                                      split_setup(ns, q, kc, vc, lens, chosen, check, tiles),
                                      note=f"num_splits={chosen}; BLOCK_N, num_warps, num_stages "
                                           f"= {tiles}", **kw))
-        ch4b._free()
+        free_cuda_cache()
         rows.append(ch5b.measure("ch5_decode", "variant",
                                  ch4b.ours(ns5, "decode", (q, kc, vc, lens), check),
                                  note="no split: one program per (sequence, K/V head)", **kw))
-        ch4b._free()
+        free_cuda_cache()
         for backend in ("sdpa_cudnn", "sdpa_flash"):
             rows.append(ch5b.measure(backend, "baseline",
                                      ch5b.sdpa_setup(backend, q4, k4, v4, False),
@@ -115,14 +116,14 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
                 rows.append(ch5b.measure(backend, "baseline",
                                          ch5b.sdpa_setup(backend, q4, k4, v4, False, expand=True),
                                          note=ch5b.expanded_note(k4, h_q // h_kv), **kw))
-            ch4b._free()
+            free_cuda_cache()
 
         def flex_setup():
             fn = lambda: flex(q4, k4, v4)  # noqa: E731
             return fn, ch5b.err_note(name, want)(fn())
         rows.append(ch5b.measure("flex_attention", "baseline", flex_setup,
                                  note="enable_gqa=True; no block mask", **kw))
-        ch4b._free()
+        free_cuda_cache()
     want = None
     rows += ch5b.ceiling_rows(read_bytes, copy_bytes, B, h_q, h_kv, context, d, device=device)
     return rows

@@ -33,7 +33,7 @@ import warnings
 import torch
 
 from flashbook import sources
-from flashbook.bench import SDPA_BACKENDS, attention_bytes
+from flashbook.bench import SDPA_BACKENDS, attention_bytes, free_cuda_cache
 from flashbook.chapters.ch4 import benchmark as ch4
 from flashbook.reference import attention_flops
 from flashbook.results import Row, table
@@ -155,7 +155,7 @@ def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
                     want = sdpa_grads_fn(name, q, k, v, do, causal, "bwd")[1]
                     want_from = name
                 except Exception:  # noqa: BLE001 - a backend that refuses: try the next
-                    ch4._free()
+                    free_cuda_cache()
         for what in kinds:
             def setup(what=what):
                 bwd, fwdbwd, grads = ours_fns(ns, q, k, v, do, causal)
@@ -169,5 +169,5 @@ def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
                                  B, H, N, d, dtype, causal, "bwd"))
         rows += base_rows
         want = None                     # SDPA's gradients: free them before the next case
-        ch4._free()
+        free_cuda_cache()
     return rows
