@@ -697,7 +697,7 @@ except ImportError:
 #
 # The check runs the kernel with your consumer in interpret mode, in a separate process with a
 # time limit, with the race detector on (it also checks what each wgmma reads, up to its wait),
-# for N_q = 128 (your two warpgroups, 64 rows each), d = 64 and N_k = 128, 256 and 512: O within
+# for N_q = 128 (your two warpgroups, 64 rows each), d = 64 and N_k = 128 and 384: O within
 # fp16 tolerance of a float64 reference, the LSE right, no data race, no barrier misuse, no hang.
 # The hidden tests add causal masks, d = 128, 3-slot rings and 128-key tiles. A wrong O is
 # compared with what the classic online-softmax mistakes give, and the message says which one
