@@ -564,26 +564,31 @@ if ours:
 #
 # The record below (`python -m flashbook.chapters.ch9.tune`, which checks the gradients at full
 # size against cuDNN's, can sweep the tile configs, then runs `flashbook bench ch9`) puts your
-# two-kernel backward at 339 TFLOP/s non-causal: 0.65x cuDNN (525) and 1.10x FlashAttention-2 (309),
-# and at 327 TFLOP/s causal: 0.64x cuDNN (511) and 1.06x FlashAttention-2 (308). On the CS336
-# configuration, forward + backward takes 5.98 ms (cuDNN 4.51 ms, FlashAttention-2 6.97 ms) on
+# two-kernel backward at 343 TFLOP/s non-causal: 0.64x cuDNN (535) and 1.11x FlashAttention-2 (308),
+# and at 330 TFLOP/s causal: 0.64x cuDNN (517) and 1.07x FlashAttention-2 (310). On the CS336
+# configuration, forward + backward takes 5.96 ms (cuDNN 4.50 ms, FlashAttention-2 6.96 ms) on
 # the H200; the leaderboard's best, 5.364 ms, was measured on an H100, whose HBM3 moves 3.35
 # TB/s against the H200's 4.8 (the tensor cores are the same): not a like-for-like race.
 #
 # **Where the time goes.** The dK/dV kernel takes about two thirds of the backward (`tune`
 # times each kernel alone in its sweep). The split runs 7 GEMMs where 5 are credited, so at
 # equal efficiency per GEMM it cannot pass 5/7 of its kernels' raw speed: closing the gap to
-# cuDNN needs the five-GEMM design. The one-kernel variants say what that design costs in Triton:
-# 37.7 ms with scalar atomics, 16.3 ms with TMA reduces, 16.2 ms for the two kernels.
+# cuDNN needs the five-GEMM design. The one-kernel variants say what that design costs in
+# Triton:
+# 37.8 ms with scalar atomics, 16.0 ms with TMA reduces, 16.0 ms for the two kernels.
 # Scalar atomics issue a read-modify-write per element (8192 per 64 x 128 tile); the TMA
 # reduce moves the whole 32 KB tile into L2 in one instruction and is more than twice as fast,
 # yet only draws level with the split. Its PTX shows the reduce overlapping the next tile's
 # work (the one wait per tile is for the previous reduce to have read its buffer), so the
 # reduce itself is not the stall. The likelier cost is what the same eight warps now also do
 # every step: a fifth GEMM that needs $dS$ transposed as its first operand, and dQ's fp32 tile
-# written to shared memory. cuDNN and FlashAttention-3 split these jobs between warps, the warp specialization of
-# Chapter 6 applied to the backward; that kernel is this chapter's open problem. Both
-# one-kernel rows also show the price in their notes: "two runs differ in dQ bits".
+# written to shared memory. cuDNN and FlashAttention-3 split these jobs between warps: the
+# warp specialization of Chapter 6, applied to the backward. Triton's automatic version of it
+# (`tl.range(..., warp_specialize=True)` on the Q-tile loop, Triton 3.6) changed nothing with
+# eight warps and did not compile with four, in both kernels; loading Q and dO by the TMA made
+# the one-kernel form slower. A hand-written warp-specialized backward, in Gluon as Chapter 6's
+# forward is, is this chapter's open problem. Both one-kernel rows also show the price of
+# atomics in their notes: "two runs differ in dQ bits".
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
