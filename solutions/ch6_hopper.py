@@ -207,9 +207,9 @@ except ImportError:
 # arriving on `full[s]`; after the loop, drain the final phases of `consumed`. About 10 lines.
 #
 # The check runs your producer in interpret mode, in a separate process with a time limit
-# (a misused barrier can hang the interpreter), with the race detector on, for rings of 2 and
-# 3 slots with more tiles than slots; the hidden tests add one consumer, fewer tiles than
-# slots, and other depths. A failure names the two racing accesses (your line and the
+# (a misused barrier can hang the interpreter), with the race detector on, for a ring of 3
+# slots and 8 tiles (slots refilled once or twice); the hidden tests add a 2-slot ring, one
+# consumer, fewer tiles than slots, and other depths. A failure names the two racing accesses (your line and the
 # consumer's), the barrier that was misused, or the waits that were pending when the kernel
 # hung.
 
@@ -697,9 +697,9 @@ except ImportError:
 #
 # The check runs the kernel with your consumer in interpret mode, in a separate process with a
 # time limit, with the race detector on (it also checks what each wgmma reads, up to its wait),
-# for N_q = 128 (your two warpgroups, 64 rows each), d = 64 and N_k = 128 and 384: O within
+# for N_q = 128 (your two warpgroups, 64 rows each), d = 64 and N_k = 384 (6 K/V steps): O within
 # fp16 tolerance of a float64 reference, the LSE right, no data race, no barrier misuse, no hang.
-# The hidden tests add causal masks, d = 128, 3-slot rings and 128-key tiles. A wrong O is
+# The hidden tests add 2 steps, causal masks, d = 128, 3-slot rings and 128-key tiles. A wrong O is
 # compared with what the classic online-softmax mistakes give, and the message says which one
 # it matches; a race names your line and the producer's; a hang lists the waits that never
 # complete.

@@ -52,9 +52,9 @@ class Fa3Case:
 
 def fa3_cases(hidden: bool = False) -> list[Fa3Case]:
     if not hidden:
-        return [Fa3Case(128, why="2 K/V steps, each slot filled once"),
-                Fa3Case(384, why="6 steps: each slot filled 3 times, its barrier phase wraps")]
-    return [Fa3Case(256, causal=True, why="bottom-right causal mask"),
+        return [Fa3Case(384, why="6 K/V steps: each slot filled 3 times, its barrier phase wraps")]
+    return [Fa3Case(128, why="2 steps, each slot filled once"),
+            Fa3Case(256, causal=True, why="bottom-right causal mask"),
             Fa3Case(320, d=128, stages=3, why="d = 128, a 3-slot ring"),
             Fa3Case(512, causal=True, block_kv=128, why="causal, 128-key tiles"),
             Fa3Case(192, stages=3, why="3 steps, 3 slots: nothing refilled")]
