@@ -47,7 +47,9 @@ import itertools
 from typing import Callable, Iterable
 
 __all__ = ["Timing", "Barrier", "Pipeline", "Hazard", "Span", "Read", "Write", "Run", "simulate",
-           "pingpong_model", "single_model", "lockstep_model", "PARTS"]
+           "pingpong_model", "single_model", "lockstep_model", "PARTS",
+           # the engine Chapter 7's five-role simulator (ch7/roles.py) extends
+           "Engine", "Action", "Wait", "Arrive", "join_clocks"]
 
 PARTS = ("K", "V")
 _EPS = 1e-9
@@ -119,14 +121,14 @@ class Barrier:
 
 # ------------------------------------------------------------------------------------ actions
 
-class _Action:
+class Action:
     pipe = None
     yielded = False
     creator = None
 
 
 @dataclasses.dataclass(eq=False)
-class _Wait(_Action):
+class Wait(Action):
     bar: Barrier
     parity: int
 
@@ -135,7 +137,7 @@ class _Wait(_Action):
 
 
 @dataclasses.dataclass(eq=False)
-class _Arrive(_Action):
+class Arrive(Action):
     bar: Barrier
 
     def __str__(self):
@@ -143,7 +145,7 @@ class _Arrive(_Action):
 
 
 @dataclasses.dataclass(eq=False)
-class _Load(_Action):
+class _Load(Action):
     step: int
     bar: Barrier
     parts: tuple
@@ -153,7 +155,7 @@ class _Load(_Action):
 
 
 @dataclasses.dataclass(eq=False)
-class _Gemm(_Action):
+class _Gemm(Action):
     name: str              # "QK" (reads K) or "PV" (reads V)
     step: int
 
@@ -162,7 +164,7 @@ class _Gemm(_Action):
 
 
 @dataclasses.dataclass(eq=False)
-class _Softmax(_Action):
+class _Softmax(Action):
     step: int
 
     def __str__(self):
@@ -266,7 +268,8 @@ class Run:
 
 # ---------------------------------------------------------------------------- the pipeline
 
-def _join(a: dict, b: dict) -> dict:
+def join_clocks(a: dict, b: dict) -> dict:
+    """The elementwise maximum of two vector clocks ({program: step})."""
     out = dict(a)
     for k, v in b.items():
         if out.get(k, 0) < v:
@@ -317,7 +320,7 @@ class Pipeline:
         self.timing = timing or Timing()
         self.max_actions = max_actions
         self._barriers: list[Barrier] = []
-        self._created: list[_Action] = []
+        self._created: list[Action] = []
         self._current: str | None = None
         self._ran = False
 
@@ -341,11 +344,11 @@ class Pipeline:
 
     def wait(self, bar: Barrier, parity: int):
         """Block until the most recent phase of ``bar`` with this parity has completed."""
-        return self._make(_Wait(bar, parity))
+        return self._make(Wait(bar, parity))
 
     def arrive(self, bar: Barrier):
         """One arrival on ``bar`` (never blocks)."""
-        return self._make(_Arrive(bar))
+        return self._make(Arrive(bar))
 
     def load(self, step: int, bar: Barrier, parts: Iterable[str] = PARTS):
         """TMA copy of ``parts`` (K and V) of ``step`` into its slot; arrives on ``bar`` when it
@@ -364,7 +367,7 @@ class Pipeline:
         """The online softmax of ``step`` on this warpgroup's CUDA cores."""
         return self._make(_Softmax(step))
 
-    def _make(self, action: _Action):
+    def _make(self, action: Action):
         action.pipe, action.creator = self, self._current
         self._created.append(action)
         return action
@@ -376,10 +379,10 @@ class Pipeline:
         if self._ran:
             raise RuntimeError("a Pipeline runs once; make a new one")
         self._ran = True
-        return _Engine(self, programs).run()
+        return Engine(self, programs).run()
 
 
-class _Engine:
+class Engine:
     def __init__(self, pipe: Pipeline, programs: dict):
         self.pipe, self.t = pipe, pipe.timing
         self.now = 0.0
@@ -474,15 +477,15 @@ class _Engine:
                 return
             finally:
                 self.pipe._current = None
-            if not isinstance(a, _Action) or a.pipe is not self.pipe:
+            if not isinstance(a, Action) or a.pipe is not self.pipe:
                 raise Hazard("protocol", self.now, f"{self.who(p)} yielded {a!r}, not an action "
                              "of its pipeline (yield pipe.wait(...), pipe.arrive(...), "
                              "pipe.load(...), pipe.qk(...), pipe.pv(...) or pipe.softmax(...)).")
             a.yielded = True
-            if isinstance(a, _Wait):
+            if isinstance(a, Wait):
                 if not self.do_wait(p, a):
                     return
-            elif isinstance(a, _Arrive):
+            elif isinstance(a, Arrive):
                 self.check_barrier(p, a.bar, a)
                 p.vc[p.name] += 1
                 self.arrive(a.bar, p.name, p.vc)
@@ -505,7 +508,7 @@ class _Engine:
                          f"needs a barrier made by pipe.barrier(...), got {bar!r}.")
 
     # ------------------------------------------------------------------ barriers
-    def do_wait(self, p: _Prog, a: _Wait) -> bool:
+    def do_wait(self, p: _Prog, a: Wait) -> bool:
         self.check_barrier(p, a.bar, a)
         if a.parity not in (0, 1):
             raise Hazard("protocol", self.now, f"{self.who(p)}: wait({a.bar.name}, parity "
@@ -520,11 +523,11 @@ class _Engine:
 
     def observe(self, p: _Prog, bar: Barrier):
         p.observed[bar] = bar.completed
-        p.vc = _join(p.vc, bar._cum[bar.completed])
+        p.vc = join_clocks(p.vc, bar._cum[bar.completed])
         p.waits.append((p.n_actions, bar, bar.completed, self.now))
 
     def arrive(self, bar: Barrier, actor: str, vc: dict):
-        bar._vc = _join(bar._vc, vc)
+        bar._vc = join_clocks(bar._vc, vc)
         bar.arrivers.append((actor, self.now))
         bar.pending += 1
         if bar.pending < bar.arrivals:
@@ -544,7 +547,7 @@ class _Engine:
                     f"barrier expects too few arrivals (it completes once per arrival instead of "
                     f"once per round) or someone arrives too often."))
         bar.completed += 1
-        bar._cum.append(_join(bar._cum[-1], bar._vc))
+        bar._cum.append(join_clocks(bar._cum[-1], bar._vc))
         bar.phases.append((self.now, list(bar.arrivers)))
         bar._vc, bar.pending, bar.arrivers = {}, 0, []
         woken, bar.blocked = bar.blocked, []

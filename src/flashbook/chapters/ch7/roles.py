@@ -102,7 +102,7 @@ def serial_model(t: Timing) -> float:
 
 # ------------------------------------------------------------------------------------ actions
 
-class _RoleAction(_ch6._Action):
+class _RoleAction(_ch6.Action):
     """An action of one of the five roles (a Chapter 6 action, so the engine's bookkeeping of
     made-but-never-yielded actions covers it)."""
     owner = ""
@@ -389,7 +389,7 @@ class _RoleEngine:
         unknown = [n for n in programs if n not in ROLE_NAMES]
         if unknown:
             raise ValueError(f"unknown role(s) {unknown}; the roles are {ROLE_NAMES}")
-        self.core = _ch6._Engine(pipe.core, programs)
+        self.core = _ch6.Engine(pipe.core, programs)
         self.core.resume = self.resume                  # this module's actions
         self.core.deadlock_report = self.deadlock_report
         n = pipe.n_steps
@@ -443,16 +443,16 @@ class _RoleEngine:
                 return
             finally:
                 self.pipe.core._current = None
-            if not isinstance(a, _ch6._Action) or a.pipe is not self.pipe.core:
+            if not isinstance(a, _ch6.Action) or a.pipe is not self.pipe.core:
                 raise Hazard("protocol", core.now, (
                     f"{_cap(_who_prog(p.name))} yielded {a!r}, not an action of its pipeline "
                     "(yield pipe.wait(...), pipe.arrive(...), pipe.commit(...), pipe.qk(...), "
                     "..."))
             a.yielded = True
-            if isinstance(a, _ch6._Wait):
+            if isinstance(a, _ch6.Wait):
                 if not core.do_wait(p, a):
                     return
-            elif isinstance(a, _ch6._Arrive):
+            elif isinstance(a, _ch6.Arrive):
                 core.check_barrier(p, a.bar, a)
                 p.vc[p.name] += 1
                 core.arrive(a.bar, p.name, p.vc)
@@ -719,7 +719,7 @@ class _RoleEngine:
         p.vc[p.name] += 1
         vc = dict(p.vc)
         if self.finished_ops == self.issued_ops:
-            self.core.arrive(a.bar, p.name, _ch6._join(vc, self.tc_vc))
+            self.core.arrive(a.bar, p.name, _ch6.join_clocks(vc, self.tc_vc))
         else:
             self.commits.append((a.bar, self.issued_ops, vc))
 
@@ -727,7 +727,7 @@ class _RoleEngine:
         core, now = self.core, self.core.now
         a, issue_vc, issued_at = self.tc_queue.pop(0)
         self.tc_clock += 1
-        vc = _ch6._join(issue_vc, self.tc_vc)
+        vc = _ch6.join_clocks(issue_vc, self.tc_vc)
         vc["tensor core"] = self.tc_clock
         dur = self.t.qk if a.kind == "QK" else self.t.pv
         t, j = a.tile, a.step
@@ -768,7 +768,7 @@ class _RoleEngine:
         ready = [c for c in self.commits if c[1] <= self.finished_ops]
         self.commits = [c for c in self.commits if c[1] > self.finished_ops]
         for bar, _, issuer_vc in ready:
-            self.core.arrive(bar, "MMA warp", _ch6._join(issuer_vc, vc))
+            self.core.arrive(bar, "MMA warp", _ch6.join_clocks(issuer_vc, vc))
         if self.tc_queue:
             self.tc_start()
 
