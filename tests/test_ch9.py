@@ -16,6 +16,7 @@ from aot_compile import compile_script, too_big
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_KERNEL = sources.course_module("extras/ch9_one_kernel.py", ROOT)
+GLUON = sources.course_module("extras/ch9_gluon_bwd.py", ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,32 @@ def test_fused_backward_names_the_bad_argument():
                                lse.clone(), cu, cu, 10, causal=False)
 
 
+def _dense(B=1, H=2, N=40, d=64, dtype=torch.float16):
+    q, k, v, do, o = (torch.randn(B, H, N, d, dtype=dtype) for _ in range(5))
+    return q, k, v, o, torch.zeros(B, H, N), do
+
+
+@pytest.mark.parametrize("change, text", [
+    (lambda a: dict(a, lse=a["lse"][:, :, :-1]), "lse must be float32"),
+    (lambda a: dict(a, o=a["o"].float()), "o must be a contiguous tensor like q"),
+    (lambda a: dict(a, do=a["do"].transpose(2, 3)), "do must be a contiguous tensor like q"),
+    (lambda a: dict(a, k=a["k"][:, :1].contiguous()), "k and v must be"),
+    (lambda a: dict(a, q=a["q"].float()), "must share a dtype"),
+    (lambda a: dict(a, config=GLUON.GluonBwdConfig(64, 64, 2)), "is not supported"),
+    (lambda a: dict(a, config=(32, 128, 3)), "must be a GluonBwdConfig"),
+    (lambda a: dict(a, softmax_scale=-1.0), "positive finite"),
+    (lambda a: a, "needs an sm_90 GPU"),
+], ids=["lse", "o dtype", "do strides", "heads", "q dtype", "tile", "config type", "scale",
+        "cpu"])
+def test_gluon_backward_names_the_bad_argument(change, text):
+    """The Gluon backward (``solutions/extras/ch9_gluon_bwd.py``) checks every argument on
+    the host before it touches a GPU: on a CPU machine a good call says it needs sm_90."""
+    q, k, v, o, lse, do = _dense()
+    args = change(dict(q=q, k=k, v=v, o=o, lse=lse, do=do))
+    with pytest.raises(ValueError, match=text):
+        GLUON.gluon_backward(**args)
+
+
 AOT_SCRIPT = r'''
 import re
 from flashbook.chapters.ch9 import bwd_config
@@ -174,18 +201,29 @@ c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexpr
 res.append(dict(kernel="bwd_fused_kernel", cc=90, d=128, dtype="fp16", shared=c.metadata.shared,
                 reduces=c.asm["ptx"].count("cp.reduce.async.bulk.tensor"),
                 atomics=len(re.findall(r"(?<![\w.])(?:red|atom)\.global", c.asm["ptx"]))))
+# the Gluon one-kernel backward, at its default tiles (sm_90 only)
+gluon = sources.course_module("extras/ch9_gluon_bwd.py")
+for d, dtype in ((128, torch.float16), (64, torch.bfloat16)):
+    c = gluon.compile_for_sm90(d, dtype, causal=True)
+    ptx = c.asm["ptx"]
+    res.append(dict(kernel="gluon_bwd", cc=90, d=d, dtype=T[dtype], shared=c.metadata.shared,
+                    reduces=ptx.count("cp.reduce.async.bulk.tensor"),
+                    wgmma=ptx.count("wgmma.mma_async"),
+                    atomics=len(re.findall(r"(?<![\w.])(?:red|atom)\.global", ptx))))
 print("RESULT" + json.dumps(res))
 '''
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
-    """Every tile config ``bwd_config`` picks, and the fused kernel's TMA path: a cubin for the
-    T4, PTX for the H100 (its shared memory is known once LLVM lowers the kernel)."""
+    """Every tile config ``bwd_config`` picks, the fused kernel's TMA path and the Gluon
+    backward: a cubin for the T4, PTX for the H100 (its shared memory is known once LLVM lowers
+    the kernel). The one-kernel forms add dQ by TMA reduces, never by scalar atomics."""
     res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
-    assert len(res) == 7
-    fused_row = res[-1]
-    assert fused_row["reduces"] >= 1 and fused_row["atomics"] == 0, fused_row
+    assert len(res) == 9
+    for row in res[-3:]:
+        assert row["reduces"] >= 1 and row["atomics"] == 0, row
+    assert all(row["wgmma"] > 0 for row in res[-2:]), res[-2:]
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
 
 
@@ -194,7 +232,8 @@ def test_recorded_figures_need_their_rows():
     error that names it, not a sentence with a hole."""
     from flashbook import results
     rows = results.recorded("ch9").rows
-    assert len(ch9.recorded.quoted_figures(rows)) == 4
-    with pytest.raises(ValueError, match="ch9_bwd_fused"):
-        ch9.recorded.quoted_figures([r for r in rows if r.kernel != "ch9_bwd_fused"])
+    assert len(ch9.recorded.quoted_figures(rows)) == 5
+    for kernel in ("ch9_bwd_fused", "ch9_bwd_gluon"):
+        with pytest.raises(ValueError, match=kernel):
+            ch9.recorded.quoted_figures([r for r in rows if r.kernel != kernel])
     assert "ours/sdpa_cudnn" in ch9.recorded.summary(rows)

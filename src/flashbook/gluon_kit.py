@@ -5,6 +5,9 @@ and the tile helpers both kernels' roles call.
   TMA global -> shared   3.6 ``tma.async_copy_global_to_shared``   3.9 ``tma.async_load`` (the
                          old name still exists in 3.9 but raises "has been removed")
   TMA shared -> global   3.6 ``tma.async_copy_shared_to_global``   3.9 ``tma.async_store``
+  TMA reduce-add         3.6 none in Gluon (the builder has the op) 3.9 ``tma.async_atomic_add``
+  CTA barrier            3.6 ``gl.thread_barrier``                   3.9 ``gl.barrier``
+  smem reinterpret       3.6 ``desc._reinterpret``                   3.9 ``desc.reinterpret``
 
 Blackwell's ``tma`` module re-exports Hopper's copy functions, so one pair serves both kernels.
 Importing this module needs Triton's Gluon dialect (triton >= 3.5), not a GPU.
@@ -13,13 +16,37 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
-__all__ = ["tma_load", "tma_store", "m_block", "smem_tile", "head_descriptors",
+__all__ = ["tma_load", "tma_store", "tma_reduce_add", "cta_barrier", "smem_reinterpret",
+           "m_block", "smem_tile", "head_descriptors",
            "validate_dense_qkv"]
 
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+@builtin
+def smem_reinterpret(desc, dtype, shape, layout, _semantic=None):
+    """The shared memory of ``desc`` seen with another dtype, shape or layout (no copy)."""
+    view = desc.reinterpret if hasattr(desc, "reinterpret") else desc._reinterpret
+    return view(dtype, shape, layout, _semantic=_semantic)
+
+if hasattr(tma, "async_atomic_add"):
+    tma_reduce_add = tma.async_atomic_add
+else:                   # triton 3.6: the op exists (Triton's own descriptor atomics use it)
+    from triton._C.libtriton import ir as _ir
+
+    @builtin
+    def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """Add the shared-memory tile ``src`` into global memory at ``coord`` of
+        ``tensor_desc`` (``cp.reduce.async.bulk.tensor ... .add``: the adds happen in L2).
+        Wait for it to finish reading ``src`` with ``tma.store_wait``."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD,
+                                                  tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit

@@ -6,8 +6,8 @@ Function; ``launch`` launches the kernels on the packed layout, ``forward`` is C
 forward, ``grads`` holds the float64 reference gradients, ``checks`` grades, ``figures`` and
 ``train`` make the chapter's table and loss curves, ``benchmark`` times forward + backward on
 a GPU (``flashbook bench ch9``, with the one-kernel designs of the course's
-``solutions/extras/ch9_one_kernel.py`` beside the student's), and ``recorded`` reads its H200
-record back.
+``solutions/extras/ch9_one_kernel.py`` and ``ch9_gluon_bwd.py`` beside the student's), and
+``recorded`` reads its H200 record back.
 """
 from __future__ import annotations
 

@@ -14,6 +14,9 @@ Inputs ``torch.randn`` (seeded), dO too. Rows per case:
   1's answer), K/V-stationary, adding dQ into fp32 by scalar atomics (``dq_tma=False``) or by
   TMA reduces (FlashAttention-3's way); each note says whether two runs gave the same bits.
   Where the course's checkout is missing (a student's Colab) the rows say so, unmeasured.
+* ``ch9_bwd_gluon`` (variant, backward cases): the course's ``solutions/extras/ch9_gluon_bwd.py``,
+  FlashAttention-3's one-kernel structure in Triton Gluon (sm_90 only; elsewhere unmeasured,
+  the note says why), on the dense tensors, from the same forward's O and LSE.
 * ``sdpa_cudnn_bwd``, ``sdpa_flash_bwd``: ``torch.autograd.grad`` of one SDPA call on one
   backend (the forward outside the timing, ``retain_graph``); ``sdpa_cudnn_fwdbwd``,
   ``sdpa_flash_fwdbwd``: the forward and that grad, both timed.
@@ -41,7 +44,8 @@ from flashbook.results import Row, table
 from .forward import forward
 from .grads import from_packed, to_packed
 
-__all__ = ["run", "table", "CASES", "GRAPH_TIMER", "bwd_flops", "sdpa_grads_fn", "ours_fns"]
+__all__ = ["run", "table", "CASES", "GRAPH_TIMER", "bwd_flops", "sdpa_grads_fn", "ours_fns",
+           "one_kernel_fn", "gluon_fn"]
 
 GRAPH_TIMER = True
 CASES = ((1, 16, 16384, 128, torch.float16, False, ("bwd", "fwdbwd")),
@@ -117,6 +121,29 @@ def one_kernel_fn(q, k, v, do, causal: bool, dq_tma: bool, want=None, want_from=
     return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}{err}"
 
 
+GLUON = "extras/ch9_gluon_bwd.py"
+
+
+def gluon_fn(q, k, v, do, causal: bool, want=None, want_from=None):
+    """(fn, note) of the Gluon one-kernel backward (``GLUON``, sm_90 only) on dense
+    ``(B, H, N, d)`` inputs, from Chapter 5's forward O and LSE; the note as
+    ``one_kernel_fn``'s."""
+    gluon_backward = sources.course_module(GLUON).gluon_backward
+    B, H, N, d = q.shape
+    pq, pk, pv = (to_packed(t) for t in (q, k, v))
+    cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
+    o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
+    o = from_packed(o, B).contiguous()
+    lse = lse.view(H, B, N).transpose(0, 1).contiguous()          # (B, H, N)
+
+    def bwd():
+        return gluon_backward(q, k, v, o, lse, do, causal=causal)
+    first, second = bwd(), bwd()
+    same = all(torch.equal(a, b) for a, b in zip(first, second))
+    err = "" if want is None else "; " + _err_note(first, want, want_from)
+    return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}{err}"
+
+
 def _err_note(grads, want, name) -> str:
     if want is None:
         return "no SDPA gradients to compare"
@@ -167,6 +194,10 @@ def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
                                  lambda t=dq_tma: one_kernel_fn(q, k, v, do, causal, t, want,
                                                                 want_from),
                                  B, H, N, d, dtype, causal, "bwd"))
+        if "bwd" in kinds:
+            rows.append(_row("ch9_bwd_gluon", "variant",
+                             lambda: gluon_fn(q, k, v, do, causal, want, want_from),
+                             B, H, N, d, dtype, causal, "bwd"))
         rows += base_rows
         want = None                     # SDPA's gradients: free them before the next case
         free_cuda_cache()

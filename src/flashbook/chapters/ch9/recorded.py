@@ -3,7 +3,7 @@ kernel against cuDNN's and FlashAttention-2's, one figure, and the fragments of 
 quote them (``CHAPTER.quotes``).
 
 Rows come from ``flashbook bench ch9`` (``benchmark.py`` documents them: ``ch9_bwd``,
-``ch9_fwdbwd``, the variants ``ch9_bwd_atomic`` and ``ch9_bwd_fused``, and SDPA's
+``ch9_fwdbwd``, the variants ``ch9_bwd_atomic``, ``ch9_bwd_fused`` and ``ch9_bwd_gluon``, and SDPA's
 ``sdpa_cudnn_*`` and ``sdpa_flash_*``). Use with ``results.recorded("ch9")``, which is None
 until the data exists.
 """
@@ -18,7 +18,8 @@ from flashbook import results
 HEADLINE = (16384, 128, "float16")          # (N, d, dtype) of the backward sentences
 CS336 = (16384, 64, "bfloat16")             # the leaderboard's forward + backward, causal
 LABELS = {"ch9_bwd": "ours: two kernels", "ch9_bwd_fused": "ours: one kernel, TMA-reduced dQ",
-          "ch9_bwd_atomic": "ours: one kernel, scalar atomics", "sdpa_cudnn_bwd": "cuDNN",
+          "ch9_bwd_atomic": "ours: one kernel, scalar atomics",
+          "ch9_bwd_gluon": "ours: one kernel in Gluon (FA3's structure)", "sdpa_cudnn_bwd": "cuDNN",
           "sdpa_flash_bwd": "FlashAttention-2 (SDPA)", "ch9_fwdbwd": "ours",
           "sdpa_cudnn_fwdbwd": "cuDNN", "sdpa_flash_fwdbwd": "FlashAttention-2 (SDPA)"}
 
@@ -88,7 +89,7 @@ def plot_recorded(rows):
 def quoted_figures(rows) -> list[str]:
     """The fragments of Section 7 that quote the record: the backward against cuDNN's and
     FlashAttention-2's at the headline shape, causal and not; the one-kernel variants; the
-    CS336 configuration's forward + backward in ms. Raises ValueError when a row is missing."""
+    Gluon backward against cuDNN; the CS336 configuration's forward + backward in ms. Raises ValueError when a row is missing."""
     out = []
     for causal in (False, True):
         ours = _need(rows, "ch9_bwd", HEADLINE, causal)
@@ -102,6 +103,11 @@ def quoted_figures(rows) -> list[str]:
     atomic = _need(rows, "ch9_bwd_atomic", HEADLINE, False)
     out.append(f"{atomic.ms:.1f} ms with scalar atomics, {fused.ms:.1f} ms with TMA reduces, "
                f"{two.ms:.1f} ms for the two kernels")
+    gluon = [_need(rows, "ch9_bwd_gluon", HEADLINE, c) for c in (False, True)]
+    cudnn = [_need(rows, "sdpa_cudnn_bwd", HEADLINE, c) for c in (False, True)]
+    out.append(f"{gluon[0].tflops:.0f} TFLOP/s non-causal and {gluon[1].tflops:.0f} causal: "
+               f"{gluon[0].tflops / cudnn[0].tflops:.2f}x and "
+               f"{gluon[1].tflops / cudnn[1].tflops:.2f}x cuDNN")
     ours = _need(rows, "ch9_fwdbwd", CS336, True)
     cudnn = _need(rows, "sdpa_cudnn_fwdbwd", CS336, True)
     fa2 = _need(rows, "sdpa_flash_fwdbwd", CS336, True)
