@@ -564,9 +564,9 @@ if ours:
 #
 # The record below (`python -m flashbook.chapters.ch9.tune`, which checks the gradients at full
 # size against cuDNN's, can sweep the tile configs, then runs `flashbook bench ch9`) puts your
-# two-kernel backward at 338 TFLOP/s non-causal: 0.64x cuDNN (528) and 1.09x FlashAttention-2 (309),
-# and at 328 TFLOP/s causal: 0.65x cuDNN (501) and 1.06x FlashAttention-2 (309). On the CS336
-# configuration, forward + backward takes 6.03 ms (cuDNN 4.56 ms, FlashAttention-2 6.96 ms) on
+# two-kernel backward at 339 TFLOP/s non-causal: 0.65x cuDNN (525) and 1.09x FlashAttention-2 (310),
+# and at 326 TFLOP/s causal: 0.66x cuDNN (497) and 1.05x FlashAttention-2 (309). On the CS336
+# configuration, forward + backward takes 6.03 ms (cuDNN 4.55 ms, FlashAttention-2 6.92 ms) on
 # the H200; the leaderboard's best, 5.364 ms, was measured on an H100, whose HBM3 moves 3.35
 # TB/s against the H200's 4.8 (the tensor cores are the same): not a like-for-like race.
 #
@@ -575,7 +575,7 @@ if ours:
 # equal efficiency per GEMM it cannot pass 5/7 of its kernels' raw speed: closing the gap to
 # cuDNN needs the five-GEMM design. The one-kernel variants say what that design costs in
 # Triton:
-# 37.4 ms with scalar atomics, 16.0 ms with TMA reduces, 16.3 ms for the two kernels.
+# 37.4 ms with scalar atomics, 16.0 ms with TMA reduces, 16.2 ms for the two kernels.
 # Scalar atomics issue a read-modify-write per element (8192 per 64 x 128 tile); the TMA
 # reduce moves the whole 32 KB tile into L2 in one instruction and is more than twice as fast,
 # yet only draws level with the split. Its PTX shows the reduce overlapping the next tile's
@@ -589,20 +589,21 @@ if ours:
 #
 # **The same design in Gluon.** The course's `solutions/extras/ch9_gluon_bwd.py` writes the
 # one-kernel backward the way Chapter 6 wrote the forward: TMA loads of Q, dO, LSE and $D$ into
-# a ring of shared-memory slots two tiles ahead, `warpgroup_mma` issued asynchronously so that
+# a ring of shared-memory slots a tile ahead, `warpgroup_mma` issued asynchronously so that
 # $dP^T$ runs under the exponentials of $P^T$ and $dS^T$ is computed under $dV$'s GEMM, $P^T$
-# fed to the tensor cores from registers, and $dQ^T = K^T dS^T$ (the transposed product lets a
+# and $dS^T$ fed to the tensor cores from registers for $dV$ and $dK$ (feeding $dS^T$ from
+# shared memory was slower), and $dQ^T = K^T dS^T$ (the transposed product lets a
 # step take 32 query rows, where wgmma's rows are 64 a warpgroup; 64-row steps spilled
 # registers). It reaches
-# 365 TFLOP/s non-causal and 351 causal: 0.69x and 0.70x cuDNN,
+# 379 TFLOP/s non-causal and 370 causal: 0.72x and 0.74x cuDNN,
 # the fastest backward of the chapter, still far from cuDNN. What it lacks is what Chapter 6's
 # forward needed warp specialization for: its eight warps do every job in turn and meet at a
 # CTA barrier four times a step, so the tensor cores wait while $dS^T$ and the $dQ$ tile go
 # through shared memory. Count the shared-memory traffic of one 128-key x 64-query step: the
-# tensor cores read about 270 KB of operands (each warpgroup reads every tile it multiplies:
-# K, Q, dO and $dS^T$ twice a step, V once), the TMA writes 32 KB of Q and dO and reads 32 KB
-# of $dQ$, and the warps write 16 KB of $dS^T$ and 32 KB of $dQ$: close to 400 KB, which at 128
-# bytes a cycle is about 3000 cycles, more than the 2560 the step's 10.5 MFLOP take at the
+# tensor cores read about 250 KB of operands (the warpgroups split K and V but each reads all
+# of Q, dO and $dS^T$: Q and dO four times a step, K and $dS^T$ twice, V once), the TMA writes
+# 32 KB of Q and dO and reads 32 KB of $dQ$, and the warps write 16 KB of $dS^T$ and 32 KB of $dQ$: close to 370 KB, which at 128
+# bytes a cycle is about 2900 cycles, more than the 2560 the step's 10.5 MFLOP take at the
 # tensor cores' peak.
 # cuDNN and FlashAttention-3 keep more operands in registers and give the loads and the $dQ$
 # reduces their own warps, so the shared memory and the tensor cores work at once. A

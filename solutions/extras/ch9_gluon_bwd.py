@@ -16,8 +16,8 @@ five GEMMs on the tensor cores (``warpgroup_mma``, asynchronous):
     dP^T = V dO^T         (BLOCK_N, BLOCK_M)   issued with S^T: it runs under P's exponentials
     P^T  = exp2(S^T * scale * log2 e - LSE * log2 e)                 (registers)
     dV  += P^T dO         (BLOCK_N, d)         A = P^T from registers
-    dS^T = P^T * (dP^T - D)                    (runs under dV's GEMM), stored to smem
-    dK  += dS^T Q         (BLOCK_N, d)         A = dS^T from smem
+    dS^T = P^T * (dP^T - D)                    (runs under dV's GEMM)
+    dK  += dS^T Q         (BLOCK_N, d)         A = dS^T from registers (and stored to smem)
     dQ^T = K^T dS^T       (d, BLOCK_M)         A = K^T (a transposed view): M = d, so a tile
                                                of 32 query rows is possible (wgmma's M is 64
                                                a warpgroup); d = 64 splits BLOCK_M instead
@@ -74,10 +74,11 @@ class GluonBwdConfig:
 
 
 def gluon_bwd_config(d: int) -> GluonBwdConfig:
-    """The fastest of the configs measured on the H200: (32, 128, 3) at d = 128 (the 64-row
-    tile spills registers), (64, 128, 3) at d = 64. Shared memory at d = 128: K, V 64 KB; three
-    slots of Q, dO 48 KB; dS^T 8 KB; two fp32 dQ staging tiles 32 KB: 153 KB of 227."""
-    return GluonBwdConfig(32, 128, 3) if d > 64 else GluonBwdConfig(64, 128, 3)
+    """The fastest of the configs measured on the H200 at d = 128: (32, 128, 2) (the 64-row
+    tile spills registers; a third slot did not help); (64, 128, 3) at d = 64. Shared memory
+    at d = 128: K, V 64 KB; two slots of Q, dO 32 KB; dS^T 8 KB; two fp32 dQ staging tiles
+    32 KB: 137 KB of 227."""
+    return GluonBwdConfig(32, 128, 2) if d > 64 else GluonBwdConfig(64, 128, 3)
 
 
 def _check_config(cfg) -> GluonBwdConfig:
@@ -169,12 +170,13 @@ def _step(t, dk, dv, tile0, n_iter, bh, n0, N_Q, diag, qk_scale, sm_scale, k_til
     delta = smem_reinterpret(dl_ring.index(s), gl.float32, [BLOCK_M], vec).load(q_cols)
     dpT = warpgroup_mma_wait(1, deps=[dpT])                # dV's GEMM may still run
 
-    # dS^T to shared memory: dK's GEMM reads it as it is, dQ's transposed, across both
-    # warpgroups' rows (so it need not stay in registers)
-    ds_smem.store((pT * (dpT - gl.expand_dims(delta, 0))).to(dtype))
+    # dK's GEMM takes dS^T from registers; dQ's reads it from shared memory, transposed and
+    # across both warpgroups' rows
+    ds16 = (pT * (dpT - gl.expand_dims(delta, 0))).to(dtype)
+    ds_smem.store(ds16)
+    dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q_tile, dk, is_async=True)
     fence_async_shared()          # generic-proxy stores -> the wgmma's (async-proxy) reads
     cta_barrier()
-    dk = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
     zero_q = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, dq_layout)
     dq = warpgroup_mma(k_tile.permute((1, 0)), ds_smem, zero_q, use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(0, deps=[dv, dk, dq])
