@@ -141,6 +141,21 @@ def test_fused_backward_names_the_bad_argument():
                                lse.clone(), cu, cu, 10, causal=False)
 
 
+def test_forward_takes_bf16_only_where_chapter_5s_kernels_are_right():
+    """Chapter 9's forward lets bf16 through to Chapter 5's launch on a GPU of compute
+    capability 8.0 or newer only (a bf16 ``tl.dot`` is wrong in the CPU interpreter), by
+    argument: Chapter 5's own launch still refuses it."""
+    from flashbook.chapters import ch5
+    case = AttnCase("t", seqlens=(12,), H_q=2, d=16)
+    q, k, v = (t.bfloat16() for t in _inputs(case)[:3])
+    cu = case.cu_seqlens()
+    with pytest.raises(ValueError, match="bf16 needs a GPU"):
+        ch9.forward(q, k, v, cu, cu, 12, 12)
+    with pytest.raises(ValueError, match="dtype"):
+        ch5.validate_packed(q, k, v, cu, cu, 12, 12)
+    ch5.validate_packed(q, k, v, cu, cu, 12, 12, dtypes=(torch.bfloat16,))
+
+
 def _dense(B=1, H=2, N=40, d=64, dtype=torch.float16):
     q, k, v, do, o = (torch.randn(B, H, N, d, dtype=dtype) for _ in range(5))
     return q, k, v, o, torch.zeros(B, H, N), do

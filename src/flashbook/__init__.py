@@ -15,12 +15,20 @@ Toolkit modules (one job each; they know no chapter):
     viz        figures that are not benchmark rows: roofline
     sources    the chapter sources (solutions/chN_*.py) and running their cells
     contract   Exercise, Variant, Chapter: what a chapter declares about itself
+    shipping   a student's function sent to a child process as source text, and rebuilt there
+    aot        ahead-of-time compiles of Gluon kernels (no GPU needed) and their stored tables
+    gluon_kit  what the Gluon kernels share: TMA and barrier names across Triton versions,
+               tile helpers, the dense-input checks
+    kernels    the Triton building blocks Chapters 3 and 4 derive, solved, for later chapters
 Chapters and the pipeline:
     chapters   one package per chapter (chapters/chN/): its CHAPTER contract, wrappers, checks,
                figures, known-wrong variants and benchmark
     notebooks  release (student notebooks via nbgrader) and execution of chapter sources
-    book       the HTML book build and its benchmark appendix
+    book       the HTML book build and its benchmark appendix (sphinxext: its HTML fixes)
     grade      the instructor CLI's grading back end (imports nothing of the book)
+    cli        the ``flashbook`` command: release, book, bench, grading
+    publish    the published addresses, badges and project URLs, from one repository address
+    colab_install  the install step of every notebook's Colab setup cell
 """
 from .device import setup, current, Backend
 from . import check, reference, bench, results, viz  # noqa: E402  (none imports triton/numba)

@@ -30,17 +30,18 @@ __all__ = ["launch_gqa", "launch_decode", "decode_block_m", "decode_config", "pa
 def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                max_seqlen_k: int, *, window: tuple[int, int], scale: float | None = None,
                config: Config | None = None, sections: int | None = None, out=None,
-               two_tiles: bool = False):
+               two_tiles: bool = False, dtypes: tuple = DTYPES):
     """Launch the M-fold prefill kernel (``two_tiles``: its two-tile form, whose BLOCK_M holds
     both tiles, and which takes ``WINDOWED``: False compiles the masked bands out when no causal
     mask or window applies); returns (O, LSE (h_q, total_q)).
 
     Grid: ``(cdiv(max_seqlen_q, BLOCK_M // G) * S, batch * h_kv // S)``: Chapter 4's sections,
     over (sequence, K/V head) pairs. ``window``: non-negative ``(left, right)``
-    (``window_bounds``)."""
+    (``window_bounds``). ``dtypes``: those accepted (bf16 is the caller's to allow, on a GPU:
+    a bf16 ``tl.dot`` is wrong in the CPU interpreter)."""
     name = "launch_gqa"
     for label, t in (("q", q), ("k", k), ("v", v)):
-        validate_tensor(label, t, dims=3, dtypes=DTYPES, name=name)
+        validate_tensor(label, t, dims=3, dtypes=dtypes, name=name)
     total_q, h_q, d = q.shape
     h_kv = k.shape[1]
     if d not in HEAD_DIMS or h_q % h_kv:
@@ -126,11 +127,13 @@ def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, 
 
 
 def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    window_size=(-1, -1), *, name: str = "attention_gqa"):
+                    window_size=(-1, -1), *, name: str = "attention_gqa",
+                    dtypes: tuple = DTYPES):
     """Chapter 4's argument checks of a packed batch (its Exercise 3), with h_q a multiple of
-    h_kv: a ValueError that names the argument. Reads cu_seqlens on the host (one small copy)."""
+    h_kv: a ValueError that names the argument. Reads cu_seqlens on the host (one small copy).
+    ``dtypes``: as ``launch_gqa``'s."""
     for label, t in (("q", q), ("k", k), ("v", v)):
-        validate_tensor(label, t, dims=3, dtypes=DTYPES, name=name)
+        validate_tensor(label, t, dims=3, dtypes=dtypes, name=name)
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
         raise ValueError(f"{name}: q, k, v must share a dtype and a device.")
     if k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1] or \

@@ -43,14 +43,12 @@ in allocation order, for the messages.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib.metadata
 import importlib.util
 import inspect
 import itertools
 import json
-import math
 import linecache
 import os
 import re
@@ -59,7 +57,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import types
@@ -78,7 +75,6 @@ STALL_S = 10.0                  # no CPU used for this long (s): the process is 
 _DEADLOCK_S = 2.0               # no CPU used while warpgroups wait on barriers: a deadlock
 _GRACE_S = 1.0                  # after a barrier error: the rest of the kernel hangs, soon
 _PACKAGE = Path(__file__).resolve().parents[2]          # .../flashbook
-_STUDENT_MODULE = "__flashbook_student__"
 # Names a kernel's source may use without importing them (the child provides them).
 _DEFAULTS = {"jax": "import jax", "jnp": "import jax.numpy as jnp", "lax": "from jax import lax",
              "pl": "import jax.experimental.pallas as pl",
@@ -91,6 +87,9 @@ if __name__ == "__main__" or getattr(sys.modules.get("flashbook"), "_bare", Fals
     CheckFailure = AssertionError       # the child process: it raises none, and has no torch
 else:
     from ...compare import CheckFailure
+if __name__ != "__main__":     # run as a script, the file only starts the child (at the end)
+    from ...shipping import Shipped, all_shipped, from_json, load, ship, student_globals, \
+        to_json
 
 
 def _fail(message: str):
@@ -141,126 +140,6 @@ def params(num_threads: int, detect_races: bool = True, tma_threads: int = 4):
                               num_tma_threads_per_device=tma_threads)
 
 
-# ------------------------------------------------------------------ shipping source text
-
-@dataclasses.dataclass(frozen=True)
-class Shipped:
-    """One function as the child rebuilds it: its source, where it came from (so that line
-    numbers in reports are the student's), and what it needs from its globals."""
-    name: str            # the name the target receives it as
-    defines: str         # the name its ``def`` binds
-    source: str
-    filename: str
-    firstlineno: int
-    prelude: tuple[str, ...]   # import statements and constants, run before it
-    helpers: tuple["Shipped", ...] = ()
-
-    def line(self, lineno: int) -> str | None:
-        i = lineno - self.firstlineno
-        lines = self.source.splitlines()
-        return lines[i].strip() if 0 <= i < len(lines) else None
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
-
-
-def _value_source(value) -> str | None:
-    """An expression that rebuilds ``value`` in another process: Python literals, non-finite
-    floats, NumPy scalars and (small) arrays; None for anything else."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"float({str(value)!r})"
-    if type(value).__module__ == "numpy":
-        import numpy
-        if isinstance(value, numpy.generic):
-            return f"__import__('numpy').{value.dtype.name}({value.item()!r})"
-        if isinstance(value, numpy.ndarray) and value.size <= 65536 and value.dtype.kind in "biuf":
-            return f"__import__('numpy').asarray({value.tolist()!r}, dtype={str(value.dtype)!r})"
-        return None
-    try:
-        text = repr(value)
-        return text if ast.literal_eval(text) == value else None
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
-
-
-def _importable(obj) -> str | None:
-    """'from mod import qualname' when ``obj`` can be imported by name in another process."""
-    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
-    if not mod or "<" in qual or mod == "__main__":
-        return None
-    m = sys.modules.get(mod)
-    if m is None or getattr(m, "__spec__", None) is None or mod.startswith(_STUDENT_MODULE):
-        return None
-    if "." in qual or getattr(m, qual, None) is not obj:
-        return None
-    return f"from {mod} import {qual}"
-
-
-def ship(fn: Callable, name: str, _seen: set | None = None) -> Shipped:
-    """The source of ``fn`` and what it uses from its globals, for the child to rebuild.
-    Raises CheckFailure when there is no source text to ship."""
-    _seen = set() if _seen is None else _seen
-    fn = inspect.unwrap(fn)
-    code = getattr(fn, "__code__", None)
-    if code is None or fn.__name__ == "<lambda>":
-        _fail(f"`{name}` must be a function defined with `def` (the check runs it from its "
-              f"source text in a separate process), got {type(fn).__name__}.")
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError):
-        _fail(f"`{name}`: its source text cannot be read (inspect.getsource failed). Define it "
-              "in a notebook cell or a .py file: the check runs it from its source in a "
-              "separate process.")
-    globs = dict(fn.__globals__)
-    if fn.__closure__:
-        for var, cell in zip(code.co_freevars, fn.__closure__):
-            try:
-                globs[var] = cell.cell_contents
-            except ValueError:
-                pass
-    prelude, helpers = [], []
-    _seen.add(id(fn))
-    for g in sorted(_code_names(code) | set(code.co_freevars)):
-        if g not in globs or g == fn.__name__:
-            continue
-        value = globs[g]
-        if isinstance(value, types.ModuleType):
-            prelude.append(f"import {value.__name__} as {g}")
-        elif (expr := _value_source(value)) is not None:
-            prelude.append(f"{g} = {expr}")
-        elif callable(value) and (imp := _importable(value)):
-            prelude.append(f"{imp} as {g}")
-        elif isinstance(value, types.FunctionType) and id(value) not in _seen:
-            helpers.append(ship(value, g, _seen))
-        # anything else (other objects): not shipped; using it fails in the child with a
-        # NameError that ``failure`` explains
-    return Shipped(name=name, defines=fn.__name__, source=source, filename=code.co_filename,
-                   firstlineno=code.co_firstlineno, prelude=tuple(prelude),
-                   helpers=tuple(helpers))
-
-
-def _to_json(s: Shipped) -> dict:
-    d = dataclasses.asdict(s)
-    d["helpers"] = [_to_json(h) for h in s.helpers]
-    return d
-
-
-def _from_json(d: dict) -> Shipped:
-    return Shipped(**{**d, "prelude": tuple(d["prelude"]),
-                      "helpers": tuple(_from_json(h) for h in d["helpers"])})
-
-
-def _all_shipped(shipped: Sequence[Shipped]):
-    for s in shipped:
-        yield s
-        yield from _all_shipped(s.helpers)
-
-
 # ------------------------------------------------------------------------ the parent side
 
 @dataclasses.dataclass
@@ -297,7 +176,7 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
     shipped = [ship(fn, name) for name, fn in functions.items()]
     job_dir = Path(tempfile.mkdtemp(prefix="flashbook-interpret-"))
     try:
-        job = {"target": target, "functions": [_to_json(s) for s in shipped],
+        job = {"target": target, "functions": [to_json(s) for s in shipped],
                "detect_races": detect_races, "timeout": timeout, "stall": stall,
                "calls": [{"label": c.label, "params": c.params,
                           "barrier_names": list(c.barrier_names),
@@ -404,7 +283,7 @@ def _collect(job_dir: Path, calls, shipped, killed: bool, wall: float, limit: fl
     return Run(status=status, calls=results, problems=problems, pending=pending, error=error,
                failed_call=current if status != "ok" else None, wall_s=wall, limit_s=limit,
                log=log,
-               shipped=list(_all_shipped(shipped)))
+               shipped=list(all_shipped(shipped)))
 
 
 # ----------------------------------------------------------------------- the messages
@@ -810,29 +689,12 @@ class _Child:
 
     # ----------------------------------------------------------------------- main
     def rebuild(self) -> dict:
-        ns = types.ModuleType(_STUDENT_MODULE)
-        sys.modules[_STUDENT_MODULE] = ns
-        g = ns.__dict__
-        for name, stmt in _DEFAULTS.items():
-            exec(stmt, g)
-
-        def load(d: Shipped):
-            for h in d.helpers:
-                load(h)
-            for stmt in d.prelude:
-                exec(stmt, g)
-            linecache.cache[d.filename] = (0, None, [""] * (d.firstlineno - 1)
-                                           + d.source.splitlines(True), d.filename)
-            code = compile("\n" * (d.firstlineno - 1) + d.source, d.filename, "exec")
-            exec(code, g)
-            g[d.name] = g[d.defines]          # a helper may be known by another name
-            return g[d.defines]
-
+        g = student_globals(_DEFAULTS.values())
         out = {}
         for d in self.job["functions"]:
-            s = _from_json(d)
+            s = from_json(d)
             try:
-                out[s.name] = load(s)
+                out[s.name] = load(s, g)
             except Exception as e:  # noqa: BLE001 - reported, not raised
                 self.emit(event="source-error", name=s.name, type=type(e).__name__,
                           message=str(e))

@@ -2,7 +2,7 @@
 (``torch.distributed``), started as ``torchrun`` starts them (one fresh Python per rank), every one torn down
 whatever the student's code does.
 
-The parent ships the student's function *as source text* (Chapter 6's ``interpret.ship``: a
+The parent ships the student's function *as source text* (``flashbook.shipping``: a
 notebook's function cannot be imported by another process) to P spawned workers. Each worker
 joins a gloo process group (a file store in a scratch directory, so no port can clash), rebuilds
 the function, and runs every case of the job in one go (a process start costs seconds: one per
@@ -27,8 +27,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
-import linecache
 from pathlib import Path
 
 import torch
@@ -37,7 +35,6 @@ __all__ = ["zigzag_positions", "contiguous_positions", "RingCase", "RingRun", "r
            "causal_work"]
 
 TIMEOUT_S = 60.0             # one job (every case of one world size), process start included
-_STUDENT = "__flashbook_student__"
 
 
 def zigzag_positions(n: int, world_size: int, rank: int) -> torch.Tensor:
@@ -107,8 +104,8 @@ def run_ring(functions: dict, cases: list, world_size: int, timeout: float = TIM
     as a script, one process per rank, as ``torchrun`` starts them), then tear them down."""
     import json
     import subprocess
-    from flashbook.chapters.ch6.interpret import ship
-    shipped = [dataclasses.asdict(ship(fn, name)) for name, fn in functions.items()]
+    from flashbook.shipping import ship, to_json
+    shipped = [to_json(ship(fn, name)) for name, fn in functions.items()]
     job = Path(tempfile.mkdtemp(prefix="flashbook-ring-"))
     (job / "job.json").write_text(json.dumps(dict(
         shipped=shipped, entry=entry, cases=[dataclasses.asdict(c) for c in cases],
@@ -194,26 +191,6 @@ def _die_with_parent():
         pass
 
 
-def _rebuild(shipped: list) -> dict:
-    """The student's functions, from their source text, in one fresh module."""
-    module = types.ModuleType(_STUDENT)
-    sys.modules[_STUDENT] = module
-    g = module.__dict__
-
-    def load(d: dict):
-        for h in d["helpers"]:
-            load(h)
-        for stmt in d["prelude"]:
-            exec(stmt, g)
-        lines = d["source"].splitlines(True)
-        linecache.cache[d["filename"]] = (0, None, [""] * (d["firstlineno"] - 1) + lines,
-                                          d["filename"])
-        exec(compile("\n" * (d["firstlineno"] - 1) + d["source"], d["filename"], "exec"), g)
-        g[d["name"]] = g[d["defines"]]
-        return g[d["defines"]]
-    return {d["name"]: load(d) for d in shipped}
-
-
 def _count_p2p(dist, counter: dict):
     """Wrap ``dist.batch_isend_irecv`` to count the messages and bytes this rank sends."""
     from torch.distributed import distributed_c10d as c10d
@@ -230,6 +207,7 @@ def _count_p2p(dist, counter: dict):
 
 def _worker(job_dir: Path, rank: int):
     import json
+    from flashbook.shipping import from_json, rebuild
     _die_with_parent()
     torch.set_num_threads(1)
     import torch.distributed as dist
@@ -240,7 +218,7 @@ def _worker(job_dir: Path, rank: int):
         dist.init_process_group("gloo", init_method=f"file://{job_dir / 'store'}", rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        fn = _rebuild(shipped)[entry]
+        fn = rebuild([from_json(d) for d in shipped])[entry]
         for i, c in enumerate(cases):
             case = RingCase(**c)
             q, k, v = case.inputs()

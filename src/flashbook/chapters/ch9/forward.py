@@ -13,25 +13,21 @@ import torch
 
 from flashbook import sources
 from flashbook.chapters.ch4.launch import window_bounds
-from flashbook.chapters.ch5 import launch as ch5_launch
-from flashbook.chapters.ch5.launch import launch_gqa
+from flashbook.chapters.ch5.launch import DTYPES, launch_gqa, validate_packed
 from flashbook.device import current
 
 __all__ = ["forward"]
 
 
-@contextlib.contextmanager
-def _bf16_allowed():
-    """Chapter 5's wrappers take fp16 and fp32 (its checks run in the CPU interpreter, where a
-    bf16 ``tl.dot`` is wrong); on a GPU its kernels are right in bf16 too: let bf16 through."""
+def _dtypes(dtype) -> tuple:
+    """The dtypes Chapter 5's launch may take here. It takes fp16 and fp32 (its checks run in
+    the CPU interpreter, where a bf16 ``tl.dot`` is wrong); on a GPU of compute capability 8.0
+    or newer its kernels are right in bf16 too."""
+    if dtype != torch.bfloat16:
+        return DTYPES
     if current().capability is None or tuple(current().capability) < (8, 0):
         raise ValueError("forward: bf16 needs a GPU of compute capability 8.0 or newer.")
-    saved = ch5_launch.DTYPES
-    ch5_launch.DTYPES = (*saved, torch.bfloat16)
-    try:
-        yield
-    finally:
-        ch5_launch.DTYPES = saved
+    return (*DTYPES, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,20 +41,14 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     """O (total_q, h_q, d) and LSE (h_q, total_q) float32 of packed q (total_q, h_q, d), k, v
     (total_k, h_kv, d). ``validate`` runs Chapter 5's argument checks (host syncs: benchmarks
     replayed from CUDA graphs turn them off)."""
-    bf16 = _bf16_allowed() if q.dtype == torch.bfloat16 else contextlib.nullcontext()
-    with bf16:
-        return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        causal, softmax_scale, validate)
-
-
-def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-             softmax_scale, validate):
-    ns = _chapter5()
+    dtypes = _dtypes(q.dtype)
     if validate:
-        ns["validate_gqa"](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        dtypes=dtypes)
+    ns = _chapter5()
     two = current().capability is not None
     kernel = ns["attn_gqa_two_tiles" if two else "attn_gqa_kernel"]
     window = window_bounds((-1, -1), causal, max_seqlen_q, max_seqlen_k)
     with np.errstate(divide="ignore"):          # log(0) = -inf: rows that see no key
         return launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          window=window, scale=softmax_scale, two_tiles=two)
+                          window=window, scale=softmax_scale, two_tiles=two, dtypes=dtypes)
