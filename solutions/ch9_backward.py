@@ -596,17 +596,18 @@ if ours:
 # step take 32 query rows, where wgmma's rows are 64 a warpgroup; 64-row steps spilled
 # registers). It reaches
 # 379 TFLOP/s non-causal and 370 causal: 0.72x and 0.74x cuDNN,
-# the fastest backward of the chapter, still far from cuDNN. What it lacks is what Chapter 6's
-# forward needed warp specialization for: its eight warps do every job in turn and meet at a
-# CTA barrier four times a step, so the tensor cores wait while $dS^T$ and the $dQ$ tile go
-# through shared memory. Count the shared-memory traffic of one 128-key x 64-query step: the
-# tensor cores read about 250 KB of operands (the warpgroups split K and V but each reads all
-# of Q, dO and $dS^T$: Q and dO four times a step, K and $dS^T$ twice, V once), the TMA writes
-# 32 KB of Q and dO and reads 32 KB of $dQ$, and the warps write 16 KB of $dS^T$ and 32 KB of $dQ$: close to 370 KB, which at 128
-# bytes a cycle is about 2900 cycles, more than the 2560 the step's 10.5 MFLOP take at the
-# tensor cores' peak.
-# cuDNN and FlashAttention-3 keep more operands in registers and give the loads and the $dQ$
-# reduces their own warps, so the shared memory and the tensor cores work at once. A
+# the fastest backward of the chapter, still far from cuDNN. Nsight Compute says why
+# (`src/flashbook/data/profiles/ch9_gluon_bwd_h200_ncu.txt`, at the headline shape; its header
+# gives the command): it finds
+# the tensor cores busy 40% of the time, the shared memory 57%, and no warp
+# ready to issue in 72% of the schedulers' cycles (2 warps each, 255 registers a thread).
+# Neither the tensor cores nor the shared memory is the limit: waiting is. The eight warps run
+# one chain of dependent steps (two GEMMs, the exponentials, $dV$'s GEMM, $dS^T$, a barrier,
+# two GEMMs, $dQ$ out through shared memory) and meet at a CTA barrier four times a step, so
+# while they wait for a GEMM or for each other, the schedulers have nothing else to issue.
+# That is the problem Chapter 6's forward solved with warp specialization: cuDNN and
+# FlashAttention-3 give the loads and the $dQ$ reduces their own warps and keep the consumer
+# warpgroups' chains out of step, so one's exponentials run under another's GEMMs. A
 # warp-specialized Gluon backward is this chapter's open problem. Every one-kernel row also
 # shows the price of atomics in its note: "two runs differ in dQ bits".
 

@@ -23,14 +23,13 @@ Every row is timed replayed from a CUDA graph (``graph_timer``) through Chapter 
 (``ch5.benchmark.kv_bytes``); ``pct_peak``: of the datasheet HBM bandwidth. Notes carry
 ``max|O-sdpa_cudnn|`` (our kernels' O against cuDNN's on the same inputs).
 
-Not in ``CHAPTER`` until an H200 run is recorded: run it with
-``python -m flashbook.chapters.ch8.benchmark --out DIR`` (writes ``DIR/ch8/<gpu>.csv`` and its
-provenance, as ``flashbook bench ch8`` will).
+Record it with ``flashbook bench ch8`` (``CHAPTER.benchmark``), or with
+``python -m flashbook.chapters.ch8.benchmark --out DIR``, the same record (``DIR/ch8/<gpu>.csv``
+and its provenance) followed by ``summary``'s lines against the chapter's targets.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import shlex
 import sys
@@ -148,16 +147,16 @@ def summary(rows) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m flashbook.chapters.ch8.benchmark --out DIR``: record as ``flashbook bench``."""
+    """``python -m flashbook.chapters.ch8.benchmark --out DIR``: ``flashbook bench ch8``'s record,
+    then its summary."""
     from flashbook import results
     from flashbook.chapters import ch8
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(results.DATA_DIR))
     args = p.parse_args(argv)
-    chapter = dataclasses.replace(ch8.CHAPTER, benchmark=run, graph_timer=GRAPH_TIMER)
     command = "python -m flashbook.chapters.ch8.benchmark " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    path = results.record(chapter, args.out, command)
+    path = results.record(ch8.CHAPTER, args.out, command)
     print(f"wrote {path}")
     print(summary(results.read(path)))
     return 0

@@ -10,11 +10,15 @@ until the data exists.
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 
 from flashbook import results
 
+# Nsight Compute's profile of the Gluon backward at the headline shape (its header says how)
+PROFILE = Path(__file__).resolve().parents[2] / "data" / "profiles" / "ch9_gluon_bwd_h200_ncu.txt"
 HEADLINE = (16384, 128, "float16")          # (N, d, dtype) of the backward sentences
 CS336 = (16384, 64, "bfloat16")             # the leaderboard's forward + backward, causal
 LABELS = {"ch9_bwd": "ours: two kernels", "ch9_bwd_fused": "ours: one kernel, TMA-reduced dQ",
@@ -86,10 +90,42 @@ def plot_recorded(rows):
     return fig
 
 
+_PROFILE_METRICS = {
+    "tensor": r"Tensor is the highest-utilized pipeline \(([\d.]+)%\)",
+    "shared": r"L1/TEX Cache Throughput\s+%\s+([\d.]+)",
+    "no_eligible": r"No Eligible\s+%\s+([\d.]+)",
+    "warps": r"Active Warps Per Scheduler\s+warp\s+([\d.]+)",
+    "registers": r"Registers Per Thread\s+register/thread\s+([\d.]+)",
+}
+
+
+def profile_metrics(path=PROFILE) -> dict:
+    """The figures Section 7 quotes from the stored Nsight Compute profile: the tensor pipe's
+    and the L1/shared memory's utilisation (% of peak), the % of scheduler cycles with no warp
+    eligible to issue, the warps per scheduler and the registers per thread."""
+    text = Path(path).read_text()
+    out = {}
+    for name, pattern in _PROFILE_METRICS.items():
+        m = re.search(pattern, text)
+        if m is None:
+            raise ValueError(f"ch9: the profile {path} has no {name} figure ({pattern})")
+        out[name] = float(m.group(1))
+    return out
+
+
+def profile_quotes(m: dict) -> list[str]:
+    """The two fragments of Section 7 that quote ``profile_metrics``."""
+    return [f"the tensor cores busy {m['tensor']:.0f}% of the time, the shared memory "
+            f"{m['shared']:.0f}%, and no warp",
+            f"ready to issue in {m['no_eligible']:.0f}% of the schedulers' cycles "
+            f"({m['warps']:.0f} warps each, {m['registers']:.0f} registers a thread)"]
+
+
 def quoted_figures(rows) -> list[str]:
     """The fragments of Section 7 that quote the record: the backward against cuDNN's and
     FlashAttention-2's at the headline shape, causal and not; the one-kernel variants; the
-    Gluon backward against cuDNN; the CS336 configuration's forward + backward in ms. Raises ValueError when a row is missing."""
+    Gluon backward against cuDNN, and its profile (``PROFILE``); the CS336 configuration's
+    forward + backward in ms. Raises ValueError when a row is missing."""
     out = []
     for causal in (False, True):
         ours = _need(rows, "ch9_bwd", HEADLINE, causal)
@@ -108,6 +144,7 @@ def quoted_figures(rows) -> list[str]:
     out.append(f"{gluon[0].tflops:.0f} TFLOP/s non-causal and {gluon[1].tflops:.0f} causal: "
                f"{gluon[0].tflops / cudnn[0].tflops:.2f}x and "
                f"{gluon[1].tflops / cudnn[1].tflops:.2f}x cuDNN")
+    out += profile_quotes(profile_metrics())
     ours = _need(rows, "ch9_fwdbwd", CS336, True)
     cudnn = _need(rows, "sdpa_cudnn_fwdbwd", CS336, True)
     fa2 = _need(rows, "sdpa_flash_fwdbwd", CS336, True)
