@@ -5,9 +5,9 @@ Course material, not package material: it is Exercises 1 and 2's algorithm in an
 language, so it lives beside the solutions (``sources.course_module``) and ``flashbook bench
 ch9`` times it as ``ch9_bwd_gluon`` where the course's checkout is present.
 
-One program (CTA, 8 warps = two warpgroups) owns ``BLOCK_N`` keys of one (batch, head): it
-TMA-loads its K and V tiles once and keeps dK and dV ``(BLOCK_N, d)`` in fp32 registers (each
-warpgroup owns ``BLOCK_N / 2`` keys). It then walks the query tiles that see its keys; a tile
+One program (CTA) owns ``BLOCK_N`` keys of one (batch, head), 16 a warp (``BLOCK_N`` = 128:
+two warpgroups; 64: one, and two CTAs share an SM): it TMA-loads its K and V tiles once and
+keeps dK and dV ``(BLOCK_N, d)`` in fp32 registers. It then walks the query tiles that see its keys; a tile
 is ``BLOCK_M`` rows of Q, dO, LSE and D, TMA-loaded ``STAGES - 1`` tiles ahead into a ring of
 shared-memory slots (one mbarrier a slot, which the TMA completes with the bytes). Per tile,
 five GEMMs on the tensor cores (``warpgroup_mma``, asynchronous):
@@ -31,7 +31,7 @@ finish reading while the next tile computes. Afterwards ``dq_acc`` is cast to q'
 Against the chapter's two kernels this runs five GEMMs a tile pair in place of seven, and
 against ``ch9_one_kernel.py`` (Triton) it overlaps explicitly: the two GEMMs of a step that do
 not depend on each other are in flight together, and the exponentials and dS run while the
-tensor cores work on the GEMM before them. All eight warps still do every job in turn, meeting
+tensor cores work on the GEMM before them. All the warps still do every job in turn, meeting
 at a CTA barrier four times a step; FlashAttention-3 gives the loads and the dQ reduces their
 own warps. Chapter 9's Section 7 quotes what it measured and where the time goes.
 
@@ -67,7 +67,7 @@ HEAD_DIMS = (64, 128)
 
 @dataclasses.dataclass(frozen=True)
 class GluonBwdConfig:
-    """Query rows a step, keys a program (two warpgroups of 64), slots in the Q/dO ring."""
+    """Query rows a step, keys a program (16 a warp: 64 or 128), slots in the Q/dO ring."""
     BLOCK_M: int
     BLOCK_N: int
     STAGES: int
@@ -75,9 +75,9 @@ class GluonBwdConfig:
 
 def gluon_bwd_config(d: int) -> GluonBwdConfig:
     """The fastest of the configs measured on the H200 at d = 128: (32, 128, 2) (the 64-row
-    tile spills registers; a third slot did not help); (64, 128, 3) at d = 64. Shared memory
-    at d = 128: K, V 64 KB; two slots of Q, dO 32 KB; dS^T 8 KB; two fp32 dQ staging tiles
-    32 KB: 137 KB of 227."""
+    tile spills registers; a third slot did not help; 64 keys a CTA, two CTAs an SM, was
+    slower: twice the dQ reduces); (64, 128, 3) at d = 64. Shared memory at d = 128: K, V
+    64 KB; two slots of Q, dO 32 KB; dS^T 8 KB; two fp32 dQ staging tiles 32 KB: 137 KB of 227."""
     return GluonBwdConfig(32, 128, 2) if d > 64 else GluonBwdConfig(64, 128, 3)
 
 
@@ -85,9 +85,9 @@ def _check_config(cfg) -> GluonBwdConfig:
     if not isinstance(cfg, GluonBwdConfig):
         raise ValueError("gluon_backward: config must be a GluonBwdConfig, got "
                          f"{type(cfg).__name__}.")
-    if cfg.BLOCK_N != 128 or cfg.BLOCK_M not in (32, 64) or not 2 <= cfg.STAGES <= 4:
-        raise ValueError(f"gluon_backward: {cfg} is not supported: BLOCK_N = 128 (two "
-                         "warpgroups of 64 keys), BLOCK_M in (32, 64), STAGES in 2..4.")
+    if cfg.BLOCK_N not in (64, 128) or cfg.BLOCK_M not in (32, 64) or not 2 <= cfg.STAGES <= 4:
+        raise ValueError(f"gluon_backward: {cfg} is not supported: BLOCK_N in (64, 128) (one "
+                         "or two warpgroups of 64 keys), BLOCK_M in (32, 64), STAGES in 2..4.")
     return cfg
 
 
@@ -112,15 +112,17 @@ def _load_rows(t, n_iter, tile0, bh, q_desc, do_desc, lse_desc, dl_desc, q_ring,
 
 @gluon.constexpr_function
 def _layouts_of(BLOCK_M, BLOCK_N, HEAD_DIM):
-    """The register layouts: S^T and dP^T (BLOCK_N, BLOCK_M) and dK, dV (BLOCK_N, d) split
-    by rows between the two warpgroups; dQ^T (d, BLOCK_M) by rows at d = 128, by columns at
-    d = 64 (a warpgroup's wgmma is 64 rows)."""
-    s_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+    """The register layouts, for BLOCK_N / 16 warps (each owns 16 keys): S^T and dP^T
+    (BLOCK_N, BLOCK_M) and dK, dV (BLOCK_N, d) split by rows; dQ^T (d, BLOCK_M) by rows when d
+    has 16 for every warp, else by columns too (a warpgroup's wgmma is 64 rows)."""
+    warps = BLOCK_N // 16
+    s_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                          instr_shape=[16, BLOCK_M, 16])
-    kv_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+    kv_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                           instr_shape=[16, HEAD_DIM, 16])
-    dq_layout = s_layout if HEAD_DIM >= 128 else gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_M // 2, 16])
+    split = 1 if HEAD_DIM >= 16 * warps else warps // 4
+    dq_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // split, split],
+                                          instr_shape=[16, BLOCK_M // split, 16])
     return s_layout, kv_layout, dq_layout
 
 
@@ -197,7 +199,7 @@ def _step(t, dk, dv, tile0, n_iter, bh, n0, N_Q, diag, qk_scale, sm_scale, k_til
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, dl_desc, dq_desc, dk_desc, dv_desc,
                N_Q, N_K, qk_scale, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """Grid (cdiv(N_k, BLOCK_N), B*H), 8 warps. Descriptors: q, do (B*H, N_q, d) boxes
+    """Grid (cdiv(N_k, BLOCK_N), B*H), BLOCK_N / 16 warps. Descriptors: q, do (B*H, N_q, d) boxes
     (1, BLOCK_M, d); k, v, dk, dv (B*H, N_k, d) boxes (1, BLOCK_N, d); lse, D (B*H, N_q padded
     to 4) fp32 boxes (1, BLOCK_M); dq_acc (B*H, N_q, d) fp32 boxes (1, BLOCK_M, d)."""
     dtype: gl.constexpr = q_desc.dtype
@@ -360,7 +362,7 @@ def gluon_backward(q, k, v, o, lse, do, causal: bool = False,
                          desc3(dq_acc.view(B, H, N_q, d), bm, lay["dq"]),
                          desc3(dk, bn, lay["k"]), desc3(dv, bn, lay["k"]), N_q, N_k,
                          scale * LOG2E, scale, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d,
-                         STAGES=cfg.STAGES, CAUSAL=bool(causal), num_warps=8)
+                         STAGES=cfg.STAGES, CAUSAL=bool(causal), num_warps=bn // 16)
     return dq_acc.view(B, H, N_q, d).to(q.dtype), dk, dv
 
 
@@ -392,4 +394,4 @@ def compile_for_sm90(d: int = 128, dtype: torch.dtype = torch.float16, causal: b
     signature.update({n: "constexpr" for n in constexprs})
     source = gluon_ast_source()(fn=bwd_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=8, **options))
+                          options=dict(num_warps=cfg.BLOCK_N // 16, **options))
