@@ -48,7 +48,7 @@ from typing import Callable, Iterable
 
 __all__ = ["Timing", "Barrier", "Pipeline", "Hazard", "Span", "Read", "Write", "Run", "simulate",
            "pingpong_model", "single_model", "lockstep_model", "PARTS",
-           # the engine Chapter 7's five-role simulator (ch7/roles.py) extends
+           # the engine Chapter 7's five-role simulator (ch7/role_engine.py) extends
            "Engine", "Action", "Wait", "Arrive", "join_clocks"]
 
 PARTS = ("K", "V")
