@@ -1,5 +1,5 @@
 """The engine of Chapter 7's five-role simulator: Chapter 6's event loop, barriers, deadlock
-and protocol checks (``flashbook.chapters.ch6.pipeline.Engine``), with the five roles' actions
+and protocol checks (``flashbook.chapters.ch6.pipeline_engine.Engine``), with the five roles' actions
 plugged in: the tensor core as an in-order queue with commits, the TMA, timed work, and every
 access to a buffer checked for the hazards ``roles`` describes (read before ready, overwrite,
 race). ``RolePipeline.run`` is its entry."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..ch6 import pipeline as _ch6
 from ..ch6.pipeline import Hazard, Span
+from ..ch6.pipeline_engine import Engine, join_clocks
 from .role_actions import (ROLE_NAMES, TILES, Access, Buffer, Commit, MmaIssue, RoleAction,
                            TmaCopy, Work, access_label, content_text)
 from .roles import RolePipeline, RoleRun
@@ -39,7 +40,7 @@ class RoleEngine:
         unknown = [n for n in programs if n not in ROLE_NAMES]
         if unknown:
             raise ValueError(f"unknown role(s) {unknown}; the roles are {ROLE_NAMES}")
-        self.core = _ch6.Engine(pipe.core, programs)
+        self.core = Engine(pipe.core, programs)
         self.core.resume = self.resume                  # the five roles' actions
         self.core.deadlock_report = self.deadlock_report
         n = pipe.n_steps
@@ -369,7 +370,7 @@ class RoleEngine:
         p.vc[p.name] += 1
         vc = dict(p.vc)
         if self.finished_ops == self.issued_ops:
-            self.core.arrive(a.bar, p.name, _ch6.join_clocks(vc, self.tc_vc))
+            self.core.arrive(a.bar, p.name, join_clocks(vc, self.tc_vc))
         else:
             self.commits.append((a.bar, self.issued_ops, vc))
 
@@ -377,7 +378,7 @@ class RoleEngine:
         core, now = self.core, self.core.now
         a, issue_vc, issued_at = self.tc_queue.pop(0)
         self.tc_clock += 1
-        vc = _ch6.join_clocks(issue_vc, self.tc_vc)
+        vc = join_clocks(issue_vc, self.tc_vc)
         vc["tensor core"] = self.tc_clock
         dur = self.t.qk if a.kind == "QK" else self.t.pv
         t, j = a.tile, a.step
@@ -418,7 +419,7 @@ class RoleEngine:
         ready = [c for c in self.commits if c[1] <= self.finished_ops]
         self.commits = [c for c in self.commits if c[1] > self.finished_ops]
         for bar, _, issuer_vc in ready:
-            self.core.arrive(bar, "MMA warp", _ch6.join_clocks(issuer_vc, vc))
+            self.core.arrive(bar, "MMA warp", join_clocks(issuer_vc, vc))
         if self.tc_queue:
             self.tc_start()
 
