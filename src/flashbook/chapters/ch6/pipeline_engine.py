@@ -13,7 +13,7 @@ from typing import Callable
 from .pipeline import (PARTS, Action, Arrive, Barrier, Gemm, Hazard, Load, Pipeline, Read, Run,
                        Softmax, Span, Wait, Write)
 
-__all__ = ["Engine", "join_clocks"]
+__all__ = ["Engine", "join_clocks", "deadlock_text"]
 
 _EPS = 1e-9
 
@@ -25,6 +25,27 @@ def join_clocks(a: dict, b: dict) -> dict:
         if out.get(k, 0) < v:
             out[k] = v
     return out
+
+
+def deadlock_text(kind: str, stuck, who: Callable[[str], str], finished: dict,
+                  advice: str) -> str:
+    """The deadlock message: each stuck program's wait (``who`` names it) with its barrier's
+    phase count, the programs that finished ({name: time}), then the rule of a wait and
+    ``advice``."""
+    lines = [f"every unfinished {kind} waits on a barrier and nothing is in flight:"]
+    for p in stuck:
+        a, since = p.blocked_on
+        b = a.bar
+        lines.append(f"  {who(p.name)} waits on {b.name} for parity {a.parity} since "
+                     f"t={_t(since)} ({b.name} has completed {b.completed} phase(s), the "
+                     f"current one has {b.pending} of {b.arrivals} arrival(s))")
+    done = [f"{n} (t={_t(t)})" for n, t in finished.items()]
+    if done:
+        lines.append("  finished: " + ", ".join(done))
+    lines.append("A wait passes only once its barrier has completed a phase of that parity "
+                 "(on a fresh barrier parity 1 passes, parity 0 waits for the first phase)"
+                 + advice)
+    return "\n".join(lines)
 
 
 def _t(x: float) -> str:
@@ -115,21 +136,10 @@ class Engine:
                              f"{str(a).split('(')[0]}(...)`.")
 
     def deadlock_report(self, stuck) -> str:
-        lines = ["every unfinished warpgroup waits on a barrier and nothing is in flight:"]
-        for p in stuck:
-            a, since = p.blocked_on
-            b = a.bar
-            lines.append(f"  {_who(p.name)} waits on {b.name} for parity {a.parity} since "
-                         f"t={_t(since)} ({b.name} has completed {b.completed} phase(s), the "
-                         f"current one has {b.pending} of {b.arrivals} arrival(s))")
-        done = [f"{n} (t={_t(t)})" for n, t in self.finished.items()]
-        if done:
-            lines.append("  finished: " + ", ".join(done))
-        lines.append("A wait passes only once its barrier has completed a phase of that parity "
-                     "(on a fresh barrier parity 1 passes, parity 0 waits for the first phase): "
-                     "count the arrivals each barrier gets against the phases waited for; with "
-                     "ping-pong, both warpgroups take and pass the same number of turns.")
-        return "\n".join(lines)
+        return deadlock_text(
+            "warpgroup", stuck, _who, self.finished,
+            ": count the arrivals each barrier gets against the phases waited for; with "
+            "ping-pong, both warpgroups take and pass the same number of turns.")
 
     def resume(self, p: _Prog):
         """Run ``p`` until it blocks, starts a timed action or finishes."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..ch6 import pipeline as _ch6
 from ..ch6.pipeline import Hazard, Span
-from ..ch6.pipeline_engine import Engine, join_clocks
+from ..ch6.pipeline_engine import Engine, deadlock_text, join_clocks
 from .role_actions import (ROLE_NAMES, TILES, Access, Buffer, Commit, MmaIssue, RoleAction,
                            TmaCopy, Work, access_label, content_text)
 from .roles import RolePipeline, RoleRun
@@ -312,21 +312,11 @@ class RoleEngine:
         return text + self._hint(buf, acc, buf.content, buf.content)
 
     def deadlock_report(self, stuck) -> str:
-        lines = ["every unfinished role waits on a barrier and nothing is in flight:"]
-        for p in stuck:
-            a, since = p.blocked_on
-            b = a.bar
-            lines.append(f"  {_who_prog(p.name)} waits on {b.name} for parity {a.parity} since "
-                         f"t={_t(since)} ({b.name} has completed {b.completed} phase(s), the "
-                         f"current one has {b.pending} of {b.arrivals} arrival(s))")
-        done = [f"{_who_prog(n)} (t={_t(t)})" for n, t in self.core.finished.items()]
-        if done:
-            lines.append("  finished: " + ", ".join(done))
-        lines.append("A wait passes only once its barrier has completed a phase of that parity "
-                     "(on a fresh barrier parity 1 passes, parity 0 waits for the first phase). "
-                     "Every phase someone waits for needs its arrival: an arrive by a role, a "
-                     "commit by the MMA warp (after the MMAs it covers), or a landed TMA copy.")
-        return "\n".join(lines)
+        finished = {_who_prog(n): t for n, t in self.core.finished.items()}
+        return deadlock_text(
+            "role", stuck, _who_prog, finished,
+            ". Every phase someone waits for needs its arrival: an arrive by a role, a commit "
+            "by the MMA warp (after the MMAs it covers), or a landed TMA copy.")
 
     # ---------------------------------------------------------------- TMA (load warp)
     def do_tma(self, p, a: TmaCopy):
