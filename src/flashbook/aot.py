@@ -1,12 +1,22 @@
 """Ahead-of-time compiles of the chapters' Gluon kernels, shared by Chapters 6 and 7: Gluon's
-AST source class across the Triton versions the book runs (3.6 on GPU images, 3.9 in CI), and
-the writer of a stored table of what compiling reported (``src/flashbook/data/ch*_compiled.json``,
-with its provenance), which a chapter's checks read instead of compiling in a notebook."""
+AST source class across the Triton versions the book runs (3.6 on GPU images, 3.9 in CI), the
+writer and reader of a stored table of what compiling reported
+(``src/flashbook/data/ch*_compiled.json``, with its provenance), which a chapter's checks read
+instead of compiling in a notebook, and what filling such a table needs: the CUDA tools Triton
+bundles, ``cuobjdump``'s register and spill figures of a cubin, the shared provenance."""
 from __future__ import annotations
 
+import datetime
+import functools
+import hashlib
 import json
 import os
+import platform
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -40,3 +50,63 @@ def write_compiled_table(out: str | Path, module: str, argv: list[str] | None,
     lines = ",\n  ".join(json.dumps(r) for r in rows)
     Path(out).write_text(f'{{\n "provenance": {prov},\n "configs": [\n  {lines}\n ]\n}}\n')
     print("wrote", out)
+
+
+@functools.cache
+def _read_json(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def read_compiled_table(path: str | Path) -> dict:
+    """A stored table (``{"provenance": ..., "configs": [...]}``), read once per process."""
+    return _read_json(str(path))
+
+
+def triton_tool(name: str) -> str | None:
+    """The path of a CUDA tool Triton bundles (``ptxas``, ``cuobjdump``, ...), else the one on
+    PATH, else None."""
+    import triton
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return path if os.path.exists(path) else shutil.which(name)
+
+
+def cubin_resources(cubin: bytes, kernel: str) -> tuple[dict, str]:
+    """What ``cuobjdump`` (bundled with Triton) reads in a compiled kernel's cubin: n_regs and
+    stack (``-res-usage`` REG and STACK of function ``kernel``), spill_stores and spill_loads
+    (STL and LDL instructions in the SASS); and the SASS text."""
+    tool = triton_tool("cuobjdump")
+    if tool is None:
+        raise RuntimeError("cuobjdump not found (Triton bundles it in backends/nvidia/bin)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+    fields = dict(re.findall(r"(\w+):(\d+)", usage.split(f"Function {kernel}:", 1)[1]))
+    return dict(n_regs=int(fields["REG"]), stack=int(fields["STACK"]),
+                spill_stores=len(re.findall(r"\bSTL(\.\w+)*\b", sass)),
+                spill_loads=len(re.findall(r"\bLDL(\.\w+)*\b", sass))), sass
+
+
+def compile_provenance(command: str, kernel_file: str | Path,
+                       ptxas_names: Iterable[str] = ("ptxas",)) -> dict:
+    """The provenance every stored compile table shares: the Triton and ptxas versions, Python,
+    the date, the exact command, the environment switches that change code generation, and the
+    SHA-256 of the kernel's source file."""
+    import triton
+    ptxas = next((t for t in map(triton_tool, ptxas_names) if t), None)
+    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout \
+        if ptxas else ""
+    return dict(
+        triton=triton.__version__,
+        ptxas=(version.strip().splitlines() or [""])[-1],
+        python=platform.python_version(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=command,
+        env=dict(TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION"),
+                 TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET")),
+        kernel_source_sha256=hashlib.sha256(Path(kernel_file).read_bytes()).hexdigest())

@@ -31,12 +31,11 @@ recompiles two entries (slow test) and checks they still match.
 from __future__ import annotations
 
 import dataclasses
-import json
 import operator
-from functools import cache
 from pathlib import Path
 
-from flashbook.aot import write_compiled_table
+from flashbook.aot import compile_provenance, cubin_resources, read_compiled_table, \
+    write_compiled_table
 from flashbook.check import CheckFailure, report, require_implemented
 
 from . import planner
@@ -94,17 +93,12 @@ def _describe(c: Config) -> str:
 # ------------------------------------------------------------------------------------------------
 # the compiled table (data/ch6_compiled.json)
 # ------------------------------------------------------------------------------------------------
-@cache
-def _load(path: str) -> dict:
-    return json.loads(Path(path).read_text())
-
-
 def compiled_table(path: Path | str = COMPILED_PATH) -> dict:
     """``{"provenance": {...}, "configs": [entry, ...]}``; an entry: d, dtype, BLOCK_M, BLOCK_N,
     STAGES, shared (``metadata.shared``), n_regs (the launch's register count), stack (local
     bytes per thread, what Triton reports as ``n_spills`` on a GPU), spill_stores and spill_loads
     (STL and LDL instructions in the SASS) and spilled (any of them)."""
-    return _load(str(path))
+    return read_compiled_table(path)
 
 
 def compiled_entry(config: Config, path: Path | str = COMPILED_PATH) -> dict | None:
@@ -505,72 +499,29 @@ TABLE_CONFIGS = [(d, "float16", bm, bn, st) for d in (128, 64) for bm in (64, 12
                  (64, "bfloat16", 64, 128, 3), (64, "bfloat16", 128, 128, 2)]
 
 
-def _tool(name: str) -> str | None:
-    import os
-    import shutil
-    import triton
-    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-    return path if os.path.exists(path) else shutil.which(name)
-
-
 def compile_entry(d: int, dtype: str, bm: int, bn: int, stages: int) -> dict:
     """Compile the chapter's kernel (``gluon_fa3.compile_for_sm90``, non-causal, FA3's order)
     for one config and read what it needs: ``metadata.shared``, and from the cubin with
     ``cuobjdump`` (bundled with Triton) the register count, the stack and the spill
     instructions."""
-    import os
-    import re
-    import subprocess
-    import tempfile
     from . import gluon_fa3
     c = Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages).for_inputs(d, dtype)
     k = gluon_fa3.compile_for_sm90(c, causal=False)
     entry = dict(d=d, dtype=dtype, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
                  shared=k.metadata.shared)
-    tool = _tool("cuobjdump")
-    if tool is None:
-        raise RuntimeError("cuobjdump not found (Triton bundles it in backends/nvidia/bin)")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-    try:
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    finally:
-        os.unlink(f.name)
-    fields = dict(re.findall(r"(\w+):(\d+)", usage.split("Function fa3_kernel:", 1)[1]))
-    stores = len(re.findall(r"\bSTL(\.\w+)*\b", sass))
-    loads = len(re.findall(r"\bLDL(\.\w+)*\b", sass))
-    entry.update(n_regs=int(fields["REG"]), stack=int(fields["STACK"]), spill_stores=stores,
-                 spill_loads=loads, spilled=bool(stores or loads or int(fields["STACK"])))
+    entry.update(cubin_resources(k.asm["cubin"], "fa3_kernel")[0])
+    entry["spilled"] = bool(entry["spill_stores"] or entry["spill_loads"] or entry["stack"])
     return entry
 
 
 def _provenance(command: str) -> dict:
-    import datetime
-    import hashlib
-    import os
-    import platform
-    import subprocess
-    import triton
     from . import gluon_fa3
-    ptxas = _tool("ptxas")
-    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout \
-        if ptxas else ""
     return dict(
         what="Chapter 6's Gluon FA3 kernel (flashbook.chapters.ch6.gluon_fa3.fa3_kernel) "
              "compiled ahead of time, non-causal, OVERLAP=True, two consumer warpgroups, with "
              "the launch options and setmaxnreg budgets of gluon_fa3.kernel_args",
         target="GPUTarget('cuda', 90, 32): sm_90a (H100/H200)",
-        triton=triton.__version__,
-        ptxas=(version.strip().splitlines() or [""])[-1],
-        python=platform.python_version(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command=command,
-        env=dict(TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION"),
-                 TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET")),
-        kernel_source_sha256=hashlib.sha256(Path(gluon_fa3.__file__).read_bytes()).hexdigest(),
+        **compile_provenance(command, gluon_fa3.__file__),
         fields=dict(
             shared="metadata.shared: bytes of dynamic shared memory a block needs",
             n_regs="registers a thread at launch (cuobjdump -res-usage REG; what the driver "

@@ -47,13 +47,12 @@ registers in 32-column chunks, so 104 are enough.
 """
 from __future__ import annotations
 
-import json
 import operator
 from dataclasses import dataclass, field, replace
-from functools import cache
 from pathlib import Path
 
-from flashbook.aot import write_compiled_table
+from flashbook.aot import compile_provenance, cubin_resources, read_compiled_table, \
+    write_compiled_table
 
 __all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES",
            "TMEM_COLUMNS", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
@@ -304,14 +303,9 @@ TABLE_CONFIGS = [(128, "float16", 128, 2, False), (128, "bfloat16", 128, 1, True
                  (64, "float16", 64, 6, False)]
 
 
-@cache
-def _load(path: str) -> dict:
-    return json.loads(Path(path).read_text())
-
-
 def compiled_table(path: Path | str = COMPILED_PATH) -> dict:
     """``{"provenance": {...}, "configs": [entry, ...]}`` (see ``provenance.fields``)."""
-    return _load(str(path))
+    return read_compiled_table(path)
 
 
 def _key(d, dtype, bn, stages, causal) -> tuple:
@@ -327,14 +321,6 @@ def compiled_entry(config: Config, path: Path | str = COMPILED_PATH) -> dict | N
     return None
 
 
-def _tool(name: str) -> str | None:
-    import os
-    import shutil
-    import triton
-    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-    return path if os.path.exists(path) else shutil.which(name)
-
-
 def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool) -> dict:
     """Compile the chapter's kernel (``gluon_fa4.compile_for_sm100``) for one config and read
     what it needs: ``metadata.shared``, ``metadata.tmem_size`` and ``metadata.num_warps``; from
@@ -342,10 +328,7 @@ def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool) -
     values and the MMAs (SS: both operands in shared memory; TS: A in tensor memory); from the
     cubin (``cuobjdump``, bundled with Triton) the registers, the stack and the spill
     instructions. Needs Triton with Gluon; no GPU."""
-    import os
     import re
-    import subprocess
-    import tempfile
     from . import gluon_fa4
     c = Config(BLOCK_N=block_n, STAGES=stages, CAUSAL=causal).for_inputs(d, dtype)
     k = gluon_fa4.compile_for_sm100(c)
@@ -367,50 +350,19 @@ def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool) -
                                           ptx)),
                  tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::\w+",
                                            ptx)))
-    tool = _tool("cuobjdump")
-    if tool is None:
-        raise RuntimeError("cuobjdump not found (Triton bundles it in backends/nvidia/bin)")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-    try:
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    finally:
-        os.unlink(f.name)
-    fields = dict(re.findall(r"(\w+):(\d+)", usage.split("Function fa4_kernel:", 1)[1]))
-    entry.update(n_regs=int(fields["REG"]), stack=int(fields["STACK"]),
-                 spill_stores=len(re.findall(r"\bSTL(\.\w+)*\b", sass)),
-                 spill_loads=len(re.findall(r"\bLDL(\.\w+)*\b", sass)),
-                 utcmma=len(re.findall(r"\bUTC\w*MMA\w*\b", sass)))
+    resources, sass = cubin_resources(k.asm["cubin"], "fa4_kernel")
+    entry.update(resources, utcmma=len(re.findall(r"\bUTC\w*MMA\w*\b", sass)))
     return entry
 
 
 def _provenance(command: str) -> dict:
-    import datetime
-    import hashlib
-    import os
-    import platform
-    import subprocess
-    import triton
     from . import gluon_fa4
-    ptxas = _tool("ptxas-blackwell") or _tool("ptxas")
-    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout \
-        if ptxas else ""
     return dict(
         what="Chapter 7's Gluon Blackwell kernel (flashbook.chapters.ch7.gluon_fa4.fa4_kernel) "
              "compiled ahead of time with the launch options and setmaxnreg requests of "
              "gluon_fa4.kernel_args",
         target="GPUTarget('cuda', 100, 32): sm_100a (B200)",
-        triton=triton.__version__,
-        ptxas=(version.strip().splitlines() or [""])[-1],
-        python=platform.python_version(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command=command,
-        env=dict(TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION"),
-                 TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET")),
-        kernel_source_sha256=hashlib.sha256(Path(gluon_fa4.__file__).read_bytes()).hexdigest(),
+        **compile_provenance(command, gluon_fa4.__file__, ("ptxas-blackwell", "ptxas")),
         machine="no GPU: compiled on a CPU-only machine (the kernel needs an sm_100 GPU to run)",
         fields=dict(
             shared="metadata.shared: bytes of dynamic shared memory a block needs",
