@@ -16,7 +16,7 @@ import torch
 
 from flashbook import results
 from flashbook.bench import Peak
-from flashbook.chapters.ch6 import benchmark as b
+from flashbook.chapters.ch6 import benchmark as b, benchmark_jax as bj
 from flashbook.chapters.ch6 import recorded
 
 matplotlib.use("Agg")
@@ -118,16 +118,16 @@ def test_refused_setup_becomes_a_row():
 # ------------------------------------------------------------------------------ JAX helpers
 
 def test_jax_call_count_fills_the_target_within_limits():
-    assert b.jax_calls(3.0, 300, (10, 200)) == 100
-    assert b.jax_calls(100.0, 300, (10, 200)) == 10
-    assert b.jax_calls(0.01, 300, (10, 200)) == 200
-    assert b.jax_calls(0.0, 300, (10, 200)) == 200
+    assert bj.jax_calls(3.0, 300, (10, 200)) == 100
+    assert bj.jax_calls(100.0, 300, (10, 200)) == 10
+    assert bj.jax_calls(0.01, 300, (10, 200)) == 200
+    assert bj.jax_calls(0.0, 300, (10, 200)) == 200
 
 
 def test_jax_block_kv_keeps_the_order_of_jax_benchmark():
-    assert b.jax_block_kv(16384) == [256, 128, 64]
-    assert b.jax_block_kv(4224) == [128, 64]                   # 4224 = 33 * 128
-    assert b.jax_block_kv(100) == []
+    assert bj.jax_block_kv(16384) == [256, 128, 64]
+    assert bj.jax_block_kv(4224) == [128, 64]                   # 4224 = 33 * 128
+    assert bj.jax_block_kv(100) == []
 
 
 @pytest.mark.parametrize("cupti_works", [True, False])
@@ -144,7 +144,7 @@ def test_jax_time_takes_the_cupti_median_else_the_blocking_call(monkeypatch, cup
         return lambda *args: (f(*args), [3.0, 1.0, 2.0][:iterations])
     monkeypatch.setattr(profiler, "measure", measure)
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.5)[1])
-    ms, note = b.jax_time(lambda x: x + 1, [1.0])
+    ms, note = bj.jax_time(lambda x: x + 1, [1.0])
     if cupti_works:
         assert ms == 2.0 and note.startswith("timed: CUPTI kernel time, median of 3 calls; ")
         assert "do_bench(block_until_ready) 1.5 ms" in note
@@ -156,7 +156,7 @@ def test_jax_time_takes_the_cupti_median_else_the_blocking_call(monkeypatch, cup
 def test_missing_pallas_module_is_a_row_saying_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashbook.chapters.ch6.fa3_pallas", None)
     case = _case()
-    r = b.measure("ch6_pallas_fa3", "variant", case, b.pallas_setup(case, None, {}))
+    r = b.measure("ch6_pallas_fa3", "variant", case, bj.pallas_setup(case, None, {}))
     assert r.ms is None and "fa3_pallas" in r.note and "not measured" in r.note
 
 
@@ -164,7 +164,7 @@ def test_pallas_module_without_its_functions_is_a_row_saying_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashbook.chapters.ch6.fa3_pallas",
                         types.ModuleType("flashbook.chapters.ch6.fa3_pallas"))
     case = _case()
-    r = b.measure("ch6_pallas_fa3", "variant", case, b.pallas_setup(case, None, {}))
+    r = b.measure("ch6_pallas_fa3", "variant", case, bj.pallas_setup(case, None, {}))
     assert "fa3_pallas has no run_fa3, fa3_kernel, default_config" in r.note
 
 
@@ -192,10 +192,10 @@ def test_find_consumer_picks_the_function_fa3_kernel_can_call():
 
     def helper(*, steps, stages, scale, mask):
         pass
-    assert b.find_consumer({"consumer": consumer, "helper": helper,
+    assert bj.find_consumer({"consumer": consumer, "helper": helper,
                             "fa3_consumer": fa3_consumer}) is fa3_consumer
-    assert b.find_consumer({"consumer": consumer}, {"helper": helper}) is helper
-    assert b.find_consumer({"consumer": consumer}) is None
+    assert bj.find_consumer({"consumer": consumer}, {"helper": helper}) is helper
+    assert bj.find_consumer({"consumer": consumer}) is None
 
 
 def test_sort_rows_follows_cases_then_kernels():
