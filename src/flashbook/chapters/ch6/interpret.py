@@ -17,7 +17,7 @@ statements, constants by value, helper functions by their own source) to a child
 *target*, ``"flashbook.chapters.ch6.ring:run_ring"``) on NumPy inputs and writes NumPy outputs.
 The child is forked from a warm parent that has imported JAX once (``zygote``; a fresh
 ``python interpret.py JOBDIR`` where that cannot start), still one process per job.
-Inside the child, a watchdog notices when the process stops using CPU (every warpgroup blocked:
+Inside the child (``interpret_child``), a watchdog notices when the process stops using CPU (every warpgroup blocked:
 a deadlock, or the rest of the kernel after a barrier error) and reports the barrier waits that
 are pending, naming the barriers and the source lines; a hard time limit backs it up, and the
 parent kills the child's process group if even that fails. Then ``failure`` writes one message:
@@ -46,8 +46,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
-import inspect
-import itertools
 import json
 import linecache
 import os
@@ -57,7 +55,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import types
 from pathlib import Path
@@ -72,15 +69,15 @@ JAX_VERSION = "0.10.2"          # the version whose interpret mode the book's ch
 INSTALL = f'pip install "jax=={JAX_VERSION}" "jaxlib=={JAX_VERSION}" absl-py'
 TIMEOUT_S = 120                 # a whole job (every call) may take this long
 STALL_S = 10.0                  # no CPU used for this long (s): the process is stuck
-_DEADLOCK_S = 2.0               # no CPU used while warpgroups wait on barriers: a deadlock
-_GRACE_S = 1.0                  # after a barrier error: the rest of the kernel hangs, soon
+DEADLOCK_S = 2.0               # no CPU used while warpgroups wait on barriers: a deadlock
+GRACE_S = 1.0                  # after a barrier error: the rest of the kernel hangs, soon
 _PACKAGE = Path(__file__).resolve().parents[2]          # .../flashbook
 # Names a kernel's source may use without importing them (the child provides them).
-_DEFAULTS = {"jax": "import jax", "jnp": "import jax.numpy as jnp", "lax": "from jax import lax",
+DEFAULT_IMPORTS = {"jax": "import jax", "jnp": "import jax.numpy as jnp", "lax": "from jax import lax",
              "pl": "import jax.experimental.pallas as pl",
              "plgpu": "import jax.experimental.pallas.mosaic_gpu as plgpu",
              "np": "import numpy as np", "math": "import math", "functools": "import functools"}
-_EVENTS, _STDOUT, _STDERR = "events.jsonl", "stdout.txt", "stderr.txt"
+EVENTS, STDOUT, STDERR = "events.jsonl", "stdout.txt", "stderr.txt"
 
 
 if __name__ == "__main__" or getattr(sys.modules.get("flashbook"), "_bare", False):
@@ -88,8 +85,7 @@ if __name__ == "__main__" or getattr(sys.modules.get("flashbook"), "_bare", Fals
 else:
     from ...compare import CheckFailure
 if __name__ != "__main__":     # run as a script, the file only starts the child (at the end)
-    from ...shipping import Shipped, all_shipped, from_json, load, ship, student_globals, \
-        to_json
+    from ...shipping import Shipped, all_shipped, ship, to_json
 
 
 def _fail(message: str):
@@ -189,7 +185,7 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
                    TF_CPP_MIN_LOG_LEVEL="3", JAX_ENABLE_X64="0")
         env.pop("PYTHONSTARTUP", None)
         start = time.monotonic()
-        with open(job_dir / _STDOUT, "wb") as out, open(job_dir / _STDERR, "wb") as err:
+        with open(job_dir / STDOUT, "wb") as out, open(job_dir / STDERR, "wb") as err:
             proc = _start(job_dir, env, out, err)
             killed = False
             try:
@@ -237,7 +233,7 @@ def _kill(proc):
 
 def _collect(job_dir: Path, calls, shipped, killed: bool, wall: float, limit: float) -> Run:
     events = []
-    path = job_dir / _EVENTS
+    path = job_dir / EVENTS
     if path.exists():
         for line in path.read_text().splitlines():
             try:
@@ -245,7 +241,7 @@ def _collect(job_dir: Path, calls, shipped, killed: bool, wall: float, limit: fl
             except json.JSONDecodeError:
                 pass                                  # a line cut off by a kill
     log = ""
-    for name in (_STDOUT, _STDERR):
+    for name in (STDOUT, STDERR):
         p = job_dir / name
         if p.exists():
             text = p.read_text(errors="replace")
@@ -461,317 +457,6 @@ def run_checked(target: str, functions: dict, calls: Sequence[Call], *, title: s
     return [c["outputs"] for c in result.calls]
 
 
-# ----------------------------------------------------------------------- the child side
-
-class _Child:
-    """The child process: rebuild, run, report (one JSON line per event, flushed at once, so
-    that whatever happened before a hang or a kill is on disk)."""
-
-    def __init__(self, job_dir: Path):
-        self.dir = job_dir
-        self.job = json.loads((job_dir / "job.json").read_text())
-        self.lock = threading.Lock()
-        self.events = open(job_dir / _EVENTS, "a", buffering=1)
-        self.pending: dict[int, dict] = {}      # python thread -> the barrier wait it is in
-        self.barriers: dict[int, str] = {}      # id(Barrier) -> name
-        self.smem: dict[int, str] = {}          # SMEM buffer id -> name
-        self.call = None
-        self.problem_seen = 0.0
-        self.start = time.monotonic()
-
-    def emit(self, **event):
-        with self.lock:
-            self.events.write(json.dumps(event, default=str) + "\n")
-            self.events.flush()
-
-    # ---------------------------------------------------------------- the watchdog
-    def watchdog(self, parent: int):
-        timeout, stall = self.job["timeout"], self.job["stall"]
-        cpu, progress = time.process_time(), time.monotonic()
-        while True:
-            time.sleep(0.2)
-            now, c = time.monotonic(), time.process_time()
-            if c - cpu > 0.05:
-                cpu, progress = c, now
-            if os.getppid() != parent:                   # the notebook's kernel is gone
-                os._exit(5)
-            quiet = now - progress
-            if self.problem_seen and quiet > _GRACE_S:
-                self.stop("stalled")
-            if stall and (quiet > stall or (self.pending and quiet > min(stall, _DEADLOCK_S))):
-                self.stop("stalled")
-            if now - self.start > timeout:
-                self.stop("timeout")
-
-    def stop(self, why: str):
-        pending = []
-        for w in list(self.pending.values()):
-            bar = w["bar"]
-            pending.append(dict(thread=w["thread"], awaited=w["awaited"],
-                                phase=getattr(bar, "phase", "?"), site=w["site"],
-                                barrier=self.barriers.get(id(bar))))
-        self.emit(event=why, call=self.call, pending=pending)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(3)
-
-    # ------------------------------------------------------- interpreter instruments
-    def instrument(self):
-        """Record barrier waits (for deadlock reports), barrier errors (the interpreter raises
-        them in one thread and the others then hang) and races (it prints them), naming
-        barriers and SMEM buffers in allocation order. These are JAX internals: the barrier
-        instruments are installed only where they match JAX 0.10.2's, and none of them may
-        change what the interpreter does (their own failures are swallowed). With another
-        JAX the run is the same, the reports plainer (JAX 0.11 rewrote these internals)."""
-        try:
-            from jax._src.pallas.mosaic.interpret import race_detection_state as rds
-        except ImportError:
-            return
-        self._instrument_races(rds)
-        try:
-            from jax._src import source_info_util as siu
-            from jax._src.pallas.mosaic_gpu import core as mgpu_core
-            from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
-            from jax._src.pallas.mosaic_gpu.interpret import shared_memory as sm
-            B, M = sm.Barrier, sm.GPUSharedMemory
-            ok = (list(inspect.signature(B.wait).parameters) ==
-                  ["self", "device_id", "local_thread_id", "logging_info"]
-                  and list(inspect.signature(B.arrive).parameters) ==
-                  ["self", "clock", "logging_info"]
-                  and list(inspect.signature(B.deallocate).parameters) == ["self"]
-                  and "next_awaited_phase_by_thread" in inspect.getsource(B.__init__)
-                  and hasattr(M, "allocate_barrier") and hasattr(M, "allocate_buffer"))
-            smem_space = gpu_callbacks.get_memory_space_idx(mgpu_core.MemorySpace.SMEM)
-        except Exception:  # noqa: BLE001 - another JAX: no barrier instruments
-            return
-        if ok:
-            self._instrument_barriers(siu, B, M, smem_space)
-
-    def _names(self, kind: str) -> list:
-        call = self.job["calls"][self.call] if self.call is not None else {}
-        return call.get(kind, [])
-
-    def _instrument_barriers(self, siu, B, M, smem_space):
-        child = self
-        wait0, arrive0, dealloc0 = B.wait, B.arrive, B.deallocate
-        alloc_bar0, alloc_buf0 = M.allocate_barrier, M.allocate_buffer
-
-        def quietly(fn, *a, **k):
-            try:
-                return fn(*a, **k)
-            except Exception:  # noqa: BLE001 - bookkeeping must never break the kernel
-                return None
-
-        def site(logging_info):
-            si = getattr(logging_info, "source_info", None)
-            frames = list(itertools.islice(siu.user_frames(si.traceback), 1)) \
-                if si is not None and getattr(si, "traceback", None) is not None else []
-            return dict(file=frames[0].file_name, line=frames[0].start_line,
-                        function=frames[0].function_name) if frames else None
-
-        def name_barrier(mem, key):
-            n, given = len(child.barriers), child._names("barrier_names")
-            child.barriers[id(mem[key])] = given[n] if n < len(given) else f"barrier #{n}"
-
-        def name_buffer(key):
-            if getattr(key, "memory_space_id", None) == smem_space:
-                n, given = len(child.smem), child._names("smem_names")
-                child.smem[key.buffer_id] = given[n] if n < len(given) else f"SMEM buffer #{n}"
-
-        def allocate_barrier(self, key, *a, **k):
-            new = quietly(lambda: key not in self.mem)
-            out = alloc_bar0(self, key, *a, **k)
-            if new:
-                quietly(name_barrier, self.mem, key)
-            return out
-
-        def allocate_buffer(self, key, *a, **k):
-            new = quietly(lambda: key not in self.mem)
-            out = alloc_buf0(self, key, *a, **k)
-            if new:
-                quietly(name_buffer, key)
-            return out
-
-        def problem(kind, thread, where, bar, **extra):
-            child.problem_seen = time.monotonic()
-            child.emit(event="problem", kind=kind, call=child.call, thread=thread, site=where,
-                       barrier=child.barriers.get(id(bar)), **extra)
-
-        def awaited(bar, thread):
-            return bar.next_awaited_phase_by_thread[thread % bar.num_participating_threads]
-
-        def enter(bar, thread, logging_info):
-            child.pending[threading.get_ident()] = dict(
-                thread=thread, awaited=awaited(bar, thread), bar=bar, site=site(logging_info))
-
-        def wait(self, device_id, local_thread_id, logging_info=None):
-            quietly(enter, self, local_thread_id, logging_info)
-            try:
-                return wait0(self, device_id, local_thread_id, logging_info)
-            except ValueError as e:
-                msg = str(e)
-                quietly(lambda: problem("phase-passed", local_thread_id, site(logging_info),
-                                        self, message=msg,
-                                        awaited=awaited(self, local_thread_id),
-                                        phase=self.phase))
-                raise
-            finally:
-                child.pending.pop(threading.get_ident(), None)
-
-        def arrive(self, clock=None, logging_info=None):
-            try:
-                return arrive0(self, clock, logging_info)
-            except ValueError as e:
-                msg = str(e)
-                quietly(lambda: problem("completed-again", getattr(logging_info, "thread_id",
-                                                                   None),
-                                        site(logging_info), self, message=msg))
-                raise
-
-        def deallocate(self):
-            try:
-                return dealloc0(self)
-            except ValueError as e:
-                msg = str(e)
-                m = re.search(r"Thread (\d+) did not observe all phases \((\d+)\).*observed "
-                              r"(\d+)", msg)
-                quietly(lambda: problem(
-                    "unobserved-phases", int(m.group(1)) if m else None, None, self,
-                    message=msg, phase=int(m.group(2)) if m else None,
-                    observed=int(m.group(3)) if m else None))
-                raise
-
-        B.wait, B.arrive, B.deallocate = wait, arrive, deallocate
-        M.allocate_barrier, M.allocate_buffer = allocate_barrier, allocate_buffer
-
-    def _instrument_races(self, rds):
-        """The race detector prints its reports (module-level ``print``): read them as they
-        are printed, name the SMEM buffer, and record them as events."""
-        child = self
-        # JAX 0.10.2: "read of <key>[<range>] from <device>, <thread>[,] <file>:<line>:<col>
-        # (<function>)"; another format is kept as text
-        access = re.compile(r"^\s*(read|write) of (?P<buf>.*?)\[(?P<range>.*)\] from "
-                            r"(?P<dev>\d+), (?P<thr>\d+),? (?P<frame>.*)$")
-        frame = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)? \((?P<fn>.*)\)$")
-
-        def parse(line: str):
-            m = access.match(line)
-            if not m:
-                return None
-            f = frame.match(m.group("frame").strip())
-            buf = re.search(r"buffer_id=(\d+)", m.group("buf"))
-            idx = re.match(r"\((\d+),", m.group("range"))
-            return dict(kind=m.group(1), thread=int(m.group("thr")),
-                        site=dict(file=f.group("file"), line=int(f.group("line")),
-                                  function=f.group("fn")) if f else None,
-                        buffer=child.smem.get(int(buf.group(1))) if buf else None,
-                        index=int(idx.group(1)) if idx else None)
-
-        def record(text: str):
-            lines = text.splitlines()
-            if not (lines and lines[0].startswith("RACE DETECTED")):
-                return
-            acc = [a for a in (parse(l) for l in lines[1:]) if a]
-            if len(acc) == 2:           # the report names the current access first
-                second, first = acc
-                child.emit(event="race", call=child.call, first=first, second=second,
-                           buffer=second["buffer"] or first["buffer"], index=second["index"])
-            else:
-                child.emit(event="race", call=child.call, first=None, second=None, text=text)
-
-        def race_print(*args, **kw):
-            print(*args, **kw)
-            try:
-                record(" ".join(str(a) for a in args))
-            except Exception:  # noqa: BLE001
-                pass
-        rds.print = race_print
-
-    # ----------------------------------------------------------------------- main
-    def rebuild(self) -> dict:
-        g = student_globals(_DEFAULTS.values())
-        out = {}
-        for d in self.job["functions"]:
-            s = from_json(d)
-            try:
-                out[s.name] = load(s, g)
-            except Exception as e:  # noqa: BLE001 - reported, not raised
-                self.emit(event="source-error", name=s.name, type=type(e).__name__,
-                          message=str(e))
-                raise SystemExit(0)
-        return out
-
-    def main(self):
-        parent = os.getppid()
-        _die_with_parent()
-        threading.Thread(target=self.watchdog, args=(parent,), daemon=True).start()
-        try:
-            import jax
-            jax.config.update("jax_platforms", "cpu")
-            import jax.experimental.pallas.mosaic_gpu  # noqa: F401  (needs absl)
-            importlib.import_module("jax._src.pallas.mosaic_gpu.interpret.params")
-        except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
-            self.emit(event="no-jax", type=type(e).__name__, message=str(e))
-            return
-        self.emit(event="ready", jax=jax.__version__)
-        self.instrument()
-        functions = self.rebuild()
-        mod_name, fn_name = self.job["target"].split(":")
-        target = getattr(importlib.import_module(mod_name), fn_name)
-        arrays: dict[int, dict] = {}
-        with np.load(self.dir / "inputs.npz") as z:
-            for k in z.files:
-                i, name = k.split(":", 1)
-                arrays.setdefault(int(i), {})[name] = z[k]
-        for i, call in enumerate(self.job["calls"]):
-            self.call = i
-            self.barriers.clear()
-            self.smem.clear()
-            self.emit(event="start", call=i)
-            t0 = time.monotonic()
-            try:
-                outputs = target(**functions, **arrays.get(i, {}), **call["params"],
-                                 detect_races=self.job["detect_races"])
-            except BaseException as e:  # noqa: BLE001 - reported, then the job ends
-                self.report_error(e)
-                return
-            np.savez(self.dir / f"out{i}.npz", **{k: np.asarray(v) for k, v in outputs.items()})
-            races = False
-            try:
-                from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
-                races = bool(gpu_callbacks.get_races().races_found)
-            except Exception:  # noqa: BLE001
-                pass
-            self.emit(event="done", call=i, elapsed=time.monotonic() - t0, races=races)
-            if races:               # the first call with a race is reported; stop there
-                break
-        self.emit(event="finished")
-
-    def report_error(self, e: BaseException):
-        import traceback
-        text = "".join(traceback.format_exception(e))
-        etype, message = type(e).__name__, str(e)
-        frames = [dict(file=f.filename, line=f.lineno, function=f.name)
-                  for f in traceback.extract_tb(e.__traceback__)]
-        if etype in ("JaxRuntimeError", "XlaRuntimeError"):
-            # raised in a warpgroup's thread and flattened into text by the callback machinery
-            inner = list(re.finditer(r"^(\w+(?:Error|Exception)): ", message, re.M))
-            frames += [dict(file=f, line=int(n), function=fn) for f, n, fn in
-                       re.findall(r'File "(.+?)", line (\d+), in (\S+)', message)]
-            if inner:
-                etype, message = inner[-1].group(1), message[inner[-1].end():]
-        self.emit(event="error", call=self.call, type=etype, message=message[-3000:],
-                  frames=frames, text=text[-4000:])
-
-
-def _die_with_parent():
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass                         # not Linux: the watchdog's parent check still applies
-
-
 def _bare_packages():
     """Make ``flashbook.chapters.ch6.<module>`` importable without running the packages'
     ``__init__`` (which imports torch): the child needs numpy and JAX only."""
@@ -791,7 +476,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "--zygote":            # the warm parent of later jobs (``zygote``)
         importlib.import_module("flashbook.chapters.ch6.zygote").serve()
         os._exit(0)
-    _child = importlib.import_module("flashbook.chapters.ch6.interpret")._Child(Path(sys.argv[1]))
+    _child = importlib.import_module("flashbook.chapters.ch6.interpret_child").Child(
+        Path(sys.argv[1]))
     try:
         _child.main()
     finally:

@@ -132,8 +132,8 @@ class Zygote:
 
 def serve():
     """The zygote's loop (in ``python interpret.py --zygote``, bare packages: no torch)."""
-    from flashbook.chapters.ch6 import interpret
-    interpret._die_with_parent()
+    from flashbook.chapters.ch6 import interpret, interpret_child
+    interpret_child.die_with_parent()
     import jax
     jax.config.update("jax_platforms", "cpu")
     import jax.experimental.pallas.mosaic_gpu  # noqa: F401
@@ -155,7 +155,7 @@ def serve():
             line, buffer = buffer.split(b"\n", 1)
             pid = os.fork()
             if pid == 0:
-                _child(Path(line.decode()), interpret)
+                _child(Path(line.decode()), interpret, interpret_child)
             out.write(f"pid {pid}\n")
             out.flush()
         while True:
@@ -169,19 +169,19 @@ def serve():
             out.flush()
 
 
-def _child(job_dir: Path, interpret):
+def _child(job_dir: Path, interpret, interpret_child):
     """In the forked child: a session of its own, the job's files as stdio, then the job."""
     try:
         os.setsid()
         os.chdir(job_dir)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        for fd, name in ((1, interpret._STDOUT), (2, interpret._STDERR)):
+        for fd, name in ((1, interpret.STDOUT), (2, interpret.STDERR)):
             f = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(f, fd)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        interpret._Child(job_dir).main()
+        interpret_child.Child(job_dir).main()
     finally:
         try:
             sys.stdout.flush()
