@@ -21,11 +21,23 @@ help:
 
 # torch is installed first and on its own: torch==2.13.0 is the CPU wheel; a looser request
 # would pull a multi-GB CUDA build. constraints.txt pins every transitive dependency.
+# Downloads are large (torch, triton: ~300 MB each), so a dropped connection is resumed
+# (--resume-retries) and a failed install is tried again, up to 3 times; wheels that did arrive
+# stay in pip's cache, so a retry only fetches what is missing.
+PIP_INSTALL := $(BIN)/python -m pip install -qq --retries 10 --timeout 60 --resume-retries 50
+define retry3
+for attempt in 1 2 3; do \
+  $(1) && break; \
+  if [ $$attempt = 3 ]; then echo "make: pip install failed 3 times"; exit 1; fi; \
+  echo "make: install failed (attempt $$attempt of 3), retrying in 20 s"; sleep 20; \
+done
+endef
+
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -qq --upgrade pip
-	$(BIN)/python -m pip install -qq torch==2.13.0 -c constraints.txt
-	$(BIN)/python -m pip install -qq -e ".[dev]" -c constraints.txt
+	@$(call retry3,$(BIN)/python -m pip install -qq --retries 10 --upgrade pip -c constraints.txt)
+	@$(call retry3,$(PIP_INSTALL) torch==2.13.0 -c constraints.txt)
+	@$(call retry3,$(PIP_INSTALL) -e ".[dev]" -c constraints.txt)
 	touch $(STAMP)
 
 env: $(STAMP)
