@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import operator
 from typing import Callable, Sequence
 
 import numpy as np
@@ -80,6 +81,20 @@ def is_stub(obj) -> bool:
 def require_implemented(obj, what: str):
     if is_stub(obj):
         raise CheckFailure(f"{what}: {NOT_IMPLEMENTED}")
+
+
+def as_int(value, what: str) -> int:
+    """A student's answer that must be a whole number, as an int (an integral float is accepted,
+    a bool is not); anything else raises a ``CheckFailure`` that names ``what``."""
+    if isinstance(value, bool):
+        raise CheckFailure(f"{what}: {value!r}; it should be a whole number (an int).")
+    try:
+        return operator.index(value)
+    except TypeError:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise CheckFailure(f"{what}: {value!r} ({type(value).__name__}); it should be a whole "
+                           "number (an int).") from None
 
 
 def no_nan(t: torch.Tensor, what: str):

@@ -31,12 +31,11 @@ recompiles two entries (slow test) and checks they still match.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from pathlib import Path
 
 from flashbook.aot import compile_provenance, cubin_resources, read_compiled_table, \
     write_compiled_table
-from flashbook.check import CheckFailure, report, require_implemented
+from flashbook.check import CheckFailure, as_int, report, require_implemented
 
 from . import planner
 from .planner import Config
@@ -171,18 +170,6 @@ def choice_problems(hidden: bool = False) -> list[tuple[str, int, str, list, Dev
 # ------------------------------------------------------------------------------------------------
 # the check
 # ------------------------------------------------------------------------------------------------
-def _as_int(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise CheckFailure(f"{what}: returned {value!r}; it should return a number (an int).")
-    try:
-        return operator.index(value)
-    except TypeError:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise CheckFailure(f"{what}: returned {value!r} ({type(value).__name__}); it should "
-                           f"return a whole number (an int).") from None
-
-
 def _as_bool(value, what: str) -> bool:
     if isinstance(value, bool) or type(value).__name__ == "bool_":      # numpy's too
         return bool(value)
@@ -272,7 +259,7 @@ def _check_smem(smem_bytes, configs) -> int:
     compiled = 0
     for c in configs:
         what = f"smem_bytes, {_describe(c)}"
-        got = _as_int(smem_bytes(c), what)
+        got = as_int(smem_bytes(c), what)
         want, source = _smem_reference(c)
         compiled += source.startswith("the compiled")
         if not 0 <= want - got <= SMEM_SLACK:
@@ -288,7 +275,7 @@ def _check_budget(register_budget, hidden: bool) -> int:
     counts = (1, 2, 3, 4) if hidden else (1, 2, 3)
     for n in counts:
         what = f"register_budget({n})"
-        got = _as_int(register_budget(n), what)
+        got = as_int(register_budget(n), what)
         want = planner.register_budget(Config(CONSUMERS=n))["consumer"]
         if got == want:
             continue
@@ -314,7 +301,7 @@ def _check_need(consumer_register_need, register_budget, configs) -> int:
     spills = 0
     for c in configs:
         what = f"consumer_register_need, {_describe(c)}"
-        got = _as_int(consumer_register_need(c), what)
+        got = as_int(consumer_register_need(c), what)
         want = planner.consumer_registers(c)
         if got != want:
             d = c.HEAD_DIM
@@ -326,7 +313,7 @@ def _check_need(consumer_register_need, register_budget, configs) -> int:
                 f"counters and the row statistics (a warpgroup's 128 threads share each tile).")
         e = compiled_entry(c)
         if e is not None:
-            budget = _as_int(register_budget(c.CONSUMERS), f"register_budget({c.CONSUMERS})")
+            budget = as_int(register_budget(c.CONSUMERS), f"register_budget({c.CONSUMERS})")
             if (got > budget) != e["spilled"]:
                 raise CheckFailure(
                     f"{what}: {got} registers against a budget of {budget}, but ptxas "
@@ -363,7 +350,7 @@ def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
     edge = [c for c in configs if planner.consumer_registers(c) <= planner.register_budget(c)[
         "consumer"]]
     for c in (edge if hidden else edge[:2]):
-        need = _as_int(smem_bytes(c), f"smem_bytes, {_describe(c)}")
+        need = as_int(smem_bytes(c), f"smem_bytes, {_describe(c)}")
         exact = dataclasses.replace(H100_PROPS, name=f"a GPU whose blocks may use {need:,} B",
                                     shared_memory_per_block_optin=need,
                                     shared_memory_per_multiprocessor=need + 1024)

@@ -4,9 +4,8 @@ correction registers), against the kernel compiled ahead of time for sm_100a
 (``planner.compiled_table``) and, for more configs, against ``planner``."""
 from __future__ import annotations
 
-import operator
 
-from flashbook.check import CheckFailure, report, require_implemented
+from flashbook.check import CheckFailure, as_int, report, require_implemented
 
 from .planner import (BARRIER_ALIGN, PER_SLOT_BARRIERS, PER_TILE_BARRIERS, REGISTERS_PER_SM,
                       SINGLE_WARP_REGS, SOFTMAX_REGS, TABLE_CONFIGS, TILE_ALIGN, Config,
@@ -45,18 +44,6 @@ def _truth(config: Config) -> tuple[dict, str]:
                  threads=threads(config), launch=budget["launch"],
                  budgets={budget["correction"], budget["softmax"], budget["single_warp"]}),
             "the planner (byte-exact with the compiled kernel)")
-
-
-def _as_int(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise CheckFailure(f"{what}: {value!r}; it should be a whole number (an int).")
-    try:
-        return operator.index(value)
-    except TypeError:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise CheckFailure(f"{what}: {value!r} ({type(value).__name__}); it should be a whole "
-                           "number (an int).") from None
 
 
 def _smem_hint(config: Config, sizes: list[int]) -> str:
@@ -99,7 +86,7 @@ def _check_case(resources, config: Config):
         raise CheckFailure(f"{what}: the dict has no {', '.join(missing)}.")
     truth, source = _truth(config)
     try:
-        bufs = [(str(n), _as_int(b, f"{what}: the size of smem buffer {n!r}"))
+        bufs = [(str(n), as_int(b, f"{what}: the size of smem buffer {n!r}"))
                 for n, b in got["smem_buffers"]]
     except (TypeError, ValueError):
         raise CheckFailure(f"{what}: smem_buffers should be a list of (name, bytes) pairs, got "
@@ -113,7 +100,7 @@ def _check_case(resources, config: Config):
             f"warp_specialize's own {sum(b for _, b, _ in warp_specialize_buffers(config))} "
             f"bytes), need {smem:,} bytes of shared memory, but the kernel needs "
             f"{truth['shared']:,} ({source}).{_smem_hint(config, [b for _, b in bufs])}")
-    cols = _as_int(got["tmem_columns"], f"{what}: tmem_columns")
+    cols = as_int(got["tmem_columns"], f"{what}: tmem_columns")
     if cols != truth["tmem"]:
         used = tmem_columns_used(config)
         hint = (f" S0 and S1 take BLOCK_N = {config.BLOCK_N} fp32 columns each, O0 and O1 d = "
@@ -128,20 +115,20 @@ def _check_case(resources, config: Config):
             hint += ", rounded up to a power of two (at least 32)."
         raise CheckFailure(f"{what}: tmem_columns = {cols}, but the kernel allocates "
                            f"{truth['tmem']} ({source}).{hint}")
-    n_threads = _as_int(got["threads"], f"{what}: threads")
+    n_threads = as_int(got["threads"], f"{what}: threads")
     if n_threads != truth["threads"]:
         raise CheckFailure(
             f"{what}: threads = {n_threads}, but the CTA has {truth['threads']} ({source}: "
             f".reqntid). The partitions have 4 + 4 + 4 + 1 + 1 + 1 = 15 warps; setmaxnreg "
             f"works per warpgroup, so Triton pads them to whole warpgroups (the seed does the "
             f"same with its idle 16th warp).")
-    launch = _as_int(got["launch_registers"], f"{what}: launch_registers")
+    launch = as_int(got["launch_registers"], f"{what}: launch_registers")
     if launch != truth["launch"]:
         raise CheckFailure(
             f"{what}: launch_registers = {launch}, but every thread starts with "
             f"{truth['launch']} ({source}: .maxnreg): the SM's {REGISTERS_PER_SM:,} registers "
             f"shared by the CTA's {truth['threads']} threads.")
-    corr = _as_int(got["correction_registers"], f"{what}: correction_registers")
+    corr = as_int(got["correction_registers"], f"{what}: correction_registers")
     want = register_budget(config)["correction"]
     if corr != want or corr not in truth["budgets"]:
         total = 128 * (2 * SOFTMAX_REGS + corr + SINGLE_WARP_REGS)
