@@ -21,9 +21,10 @@ help:
 
 # torch is installed first and on its own: torch==2.13.0 is the CPU wheel; a looser request
 # would pull a multi-GB CUDA build. constraints.txt pins every transitive dependency.
-# Downloads are large (torch, triton: ~300 MB each), so a dropped connection is resumed
+# Downloads are large (torch and triton: about 200 and 290 MB), so a dropped connection is resumed
 # (--resume-retries) and a failed install is tried again, up to 3 times; wheels that did arrive
-# stay in pip's cache, so a retry only fetches what is missing.
+# stay in pip's cache, so a retry only fetches what is missing. The first step runs the venv's
+# bundled pip, which predates --resume-retries; it fetches only pip itself.
 PIP_INSTALL := $(BIN)/python -m pip install -qq --retries 10 --timeout 60 --resume-retries 50
 define retry3
 for attempt in 1 2 3; do \
