@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -280,6 +281,7 @@ def test_distribution_has_the_package_and_its_data_and_no_course_material(root, 
 
 # Solved exercises the package ships on purpose, each for a later chapter to build on or given
 # to the student anyway; no other file of the wheel may hold an answer (module -> grade ids).
+# The instructor guide lists the same (test_instructor_guide_lists_the_given_answers).
 GIVEN = {
     "flashbook/kernels.py": ("ch4_masks",),          # Chapter 4's masks, for Chapters 5-9
     "flashbook/chapters/ch7/lazy.py": ("ch3_attn_kernel",),   # Chapter 3's kernel, made lazy
@@ -320,6 +322,19 @@ def test_wheel_holds_no_answer_but_the_building_blocks_it_lists(root, dists):
     assert not leaked, f"answers in the wheel (module: grade ids): {leaked}"
     assert set(held) == set(GIVEN), f"GIVEN lists modules that hold no answer: {held}"
     assert not [n for n in _contents(dists["wheel"]) if "/variants" in n]
+
+
+def test_instructor_guide_lists_the_given_answers(root):
+    """The guide's table of the answers the package holds names exactly GIVEN's modules and
+    grade ids (a row: `module` | `grade id` (...) | why)."""
+    text = (root / "book" / "instructor-guide.md").read_text()
+    table = text.split("compares this table with GIVEN -->", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("|")][2:]   # past the head
+    listed = {}
+    for row in rows:
+        module, answers = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        listed[module.strip("`")] = tuple(re.findall(r"`(ch\d+_\w+)`", answers))
+    assert listed == GIVEN
 
 
 @ON_ONE_WORKER

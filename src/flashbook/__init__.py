@@ -24,6 +24,8 @@ Chapters and the pipeline:
     chapters   one package per chapter (chapters/chN/): its CHAPTER contract, wrappers, checks,
                figures, known-wrong variants and benchmark
     notebooks  release (student notebooks via nbgrader) and execution of chapter sources
+    given      the package modules a release generates from solution cells (a chapter's solved
+               code that a later chapter runs on: chapters/ch5/forward_kernels.py)
     book       the HTML book build and its benchmark appendix (sphinxext: its HTML fixes)
     grade      the instructor CLI's grading back end (imports nothing of the book)
     cli        the ``flashbook`` command: release, book, bench, grading

@@ -4,6 +4,8 @@ format with nbgrader cell metadata) becomes
 * the student notebook ``notebooks/chN_slug.ipynb`` (``flashbook release``, via nbgrader);
 * the book page (``flashbook book``): executed in CPU mode, then shown with the student's
   source (stubs) but the outputs the solution produced;
+* the package's generated modules (``given``: a chapter's solved code that a later chapter runs
+  on), rewritten by a release into the repository's ``notebooks/``;
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import nbformat
 
 from .grade.cellmeta import set_meta
 from .grade.markers import add_markers
-from . import colab_install, publish
+from . import colab_install, given, publish
 from .sources import Source, read, repo_root, sources
 
 # ------------------------------------------------------------------------ header cells
@@ -93,7 +95,10 @@ def nbgrader(args: list[str], course: Path, **kw) -> subprocess.CompletedProcess
 
 def release(root: Path | None = None, out_dir: Path | None = None, course: Path | None = None,
             only: list[str] | None = None) -> list[Path]:
-    """Regenerate student notebooks from solutions/ through nbgrader generate_assignment."""
+    """Regenerate student notebooks from solutions/ through nbgrader generate_assignment; a
+    release into the repository's notebooks/ (no ``out_dir``) also rewrites the package's
+    generated modules (``given.write``). Returns the paths written."""
+    into_repository = out_dir is None
     root = root or repo_root()
     course = course or root / "autograder"
     out_dir = out_dir or root / "notebooks"
@@ -116,6 +121,8 @@ def release(root: Path | None = None, out_dir: Path | None = None, course: Path 
         target = out_dir / f"{ch.name}.ipynb"
         nbformat.write(nb, target)
         written.append(target)
+    if into_repository:
+        written += given.write(root)
     return written
 
 

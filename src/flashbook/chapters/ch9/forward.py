@@ -1,17 +1,14 @@
-"""The forward pass Chapter 9 differentiates: Chapter 5's packed GQA kernels (causal masks
-bottom-right, O and the natural-log LSE ``(h_q, total_q)`` the backward needs), taken from
-Chapter 5's solution rather than copied. On a GPU the two-tile kernel; in CPU mode the one-tile
-kernel, whose 16-row tiles take any group size the checks use."""
+"""The forward pass Chapter 9 differentiates: Chapter 5's packed GQA kernel in its two-tile
+form (causal masks bottom-right, O and the natural-log LSE ``(h_q, total_q)`` the backward
+needs), from ``flashbook.chapters.ch5.forward_kernels``, which ``flashbook release`` generates
+from Chapter 5's solution: the package alone runs it, no checkout needed. The same kernel on
+every device (Chapter 5 gives it in full; its one-tile kernel is Exercise 1's answer, not in
+the package): in CPU mode two tiles of 16 rows, which take the group sizes the checks use."""
 from __future__ import annotations
-
-import contextlib
-import functools
-import io
 
 import numpy as np
 import torch
 
-from flashbook import sources
 from flashbook.chapters.ch4.launch import window_bounds
 from flashbook.chapters.ch5.launch import DTYPES, launch_gqa, validate_packed
 from flashbook.device import current
@@ -30,12 +27,6 @@ def _dtypes(dtype) -> tuple:
     return (*DTYPES, torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
-def _chapter5():
-    with contextlib.redirect_stdout(io.StringIO()):      # its setup cell's banner, again
-        return sources.solution_namespace("ch5")
-
-
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
             causal: bool = False, softmax_scale: float | None = None, validate: bool = True):
     """O (total_q, h_q, d) and LSE (h_q, total_q) float32 of packed q (total_q, h_q, d), k, v
@@ -45,10 +36,9 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     if validate:
         validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         dtypes=dtypes)
-    ns = _chapter5()
-    two = current().capability is not None
-    kernel = ns["attn_gqa_two_tiles" if two else "attn_gqa_kernel"]
+    from flashbook.chapters.ch5.forward_kernels import attn_gqa_two_tiles   # after setup()
     window = window_bounds((-1, -1), causal, max_seqlen_q, max_seqlen_k)
     with np.errstate(divide="ignore"):          # log(0) = -inf: rows that see no key
-        return launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          window=window, scale=softmax_scale, two_tiles=two, dtypes=dtypes)
+        return launch_gqa(attn_gqa_two_tiles, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, window=window, scale=softmax_scale, two_tiles=True,
+                          dtypes=dtypes)

@@ -1,0 +1,110 @@
+# Generated from solutions/ch5_gqa.py by `flashbook release` (make release): do not edit.
+# Edit the solution and release again (tests/test_given.py checks this file).
+#   store_folded_rows: an ungraded code cell
+#   attn_gqa_two_tiles: an ungraded code cell
+"""Chapter 5's packed GQA forward in its two-tile form, the forward Chapter 9
+differentiates (``ch9.forward``). The chapter gives this kernel in full (it is no exercise);
+Exercise 1's one-tile kernel, an answer, stays out of the package. Launch it with
+``ch5.launch_gqa(..., two_tiles=True)``. Import this module after ``flashbook.setup()``: it
+imports Triton.
+"""
+import triton
+import triton.language as tl
+
+from flashbook.kernels import attn_two_tile_step, key_tiles, program_tile, visible_pairs
+
+
+@triton.jit
+def store_folded_rows(O, LSE, acc, l_i, m_i, q_start, rows, heads, seqlen_q, stride_ot,
+                      stride_oh, total_q, offs_d):
+    """O = acc / l and the LSE of folded rows (position rows[r], query head heads[r])."""
+    ok = rows < seqlen_q
+    has_key = l_i > 0.0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = tl.where(has_key, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    tokens = q_start + rows
+    tl.store(O + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             o.to(O.dtype.element_ty), mask=ok[:, None])
+    tl.store(LSE + heads * total_q + tokens, lse, mask=ok)
+
+
+@triton.jit
+def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
+                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                       stride_ot, stride_oh, H_KV, total_q, qk_scale, window_left, window_right,
+                       heads_per_section, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       WINDOWED: tl.constexpr):
+    """attn_gqa_kernel with two query tiles of BLOCK_M // 2 rows: A holds the program's first
+    BLOCK_M // (2 * GROUP) positions for all GROUP heads, B the next ones. WINDOWED False
+    (no causal mask, no window): every row sees every key, so only the last tile needs a mask,
+    and only on the keys."""
+    POS: tl.constexpr = BLOCK_M // GROUP
+    HALF: tl.constexpr = BLOCK_M // 2
+    m_block, pid_bh = program_tile(heads_per_section)
+    seq = pid_bh // H_KV
+    kv_head = pid_bh % H_KV
+    m0 = m_block * POS
+    q_start = tl.load(CU_Q + seq)
+    seqlen_q = tl.load(CU_Q + seq + 1) - q_start
+    if m0 >= seqlen_q:
+        return
+    k_start = tl.load(CU_K + seq)
+    seqlen_k = tl.load(CU_K + seq + 1) - k_start
+    r = tl.arange(0, HALF)
+    rows_a = m0 + r // GROUP
+    rows_b = rows_a + POS // 2
+    heads = kv_head * GROUP + r % GROUP                   # the same heads in both tiles
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_h = Q + q_start * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q_a = tl.load(q_h + rows_a[:, None] * stride_qt, mask=(rows_a < seqlen_q)[:, None], other=0.0)
+    q_b = tl.load(q_h + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
+    # Scalar bases; each tile's (d x BLOCK_N) pointers are rebuilt from them inside the loop.
+    # Kept live across the loops, the two pointer tensors cost 128 registers a thread, and the
+    # compiler spilled: 507 against 535 TFLOP/s non-causal on an H200.
+    k_base = K + k_start * stride_kt + kv_head * stride_kh
+    v_base = V + k_start * stride_vt + kv_head * stride_vh
+    m_a = tl.full([HALF], float("-inf"), tl.float32)
+    l_a = tl.zeros([HALF], tl.float32)
+    acc_a = tl.zeros([HALF, HEAD_DIM], tl.float32)
+    m_b = tl.full([HALF], float("-inf"), tl.float32)
+    l_b = tl.zeros([HALF], tl.float32)
+    acc_b = tl.zeros([HALF, HEAD_DIM], tl.float32)
+    lo, full_lo, full_hi, hi = key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right,
+                                         POS, BLOCK_N)
+    if WINDOWED:                                          # the left band (windows only)
+        for start_n in range(lo, full_lo, BLOCK_N):
+            cols = start_n + offs_n
+            acc_a, l_a, m_a, acc_b, l_b, m_b = attn_two_tile_step(
+                acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b,
+                k_base + cols[None, :] * stride_kt + offs_d[:, None],
+                v_base + cols[:, None] * stride_vt + offs_d[None, :], cols < seqlen_k,
+                visible_pairs(rows_a, cols, seqlen_q, seqlen_k, window_left, window_right),
+                visible_pairs(rows_b, cols, seqlen_q, seqlen_k, window_left, window_right),
+                qk_scale, True, DOT_PRECISION)
+    all_keys = offs_n < BLOCK_N
+    for start_n in range(full_lo, full_hi, BLOCK_N):
+        cols = start_n + offs_n
+        acc_a, l_a, m_a, acc_b, l_b, m_b = attn_two_tile_step(
+            acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b,
+            k_base + cols[None, :] * stride_kt + offs_d[:, None],
+            v_base + cols[:, None] * stride_vt + offs_d[None, :], all_keys, all_keys[None, :],
+            all_keys[None, :], qk_scale, False, DOT_PRECISION)
+    for start_n in range(full_hi, hi, BLOCK_N):           # the diagonal band, or the last tile
+        cols = start_n + offs_n
+        if WINDOWED:
+            vis_a = visible_pairs(rows_a, cols, seqlen_q, seqlen_k, window_left, window_right)
+            vis_b = visible_pairs(rows_b, cols, seqlen_q, seqlen_k, window_left, window_right)
+        else:                                             # a (1, BLOCK_N) mask: fewer registers
+            vis_a = (cols < seqlen_k)[None, :]
+            vis_b = vis_a
+        acc_a, l_a, m_a, acc_b, l_b, m_b = attn_two_tile_step(
+            acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b,
+            k_base + cols[None, :] * stride_kt + offs_d[:, None],
+            v_base + cols[:, None] * stride_vt + offs_d[None, :], cols < seqlen_k, vis_a, vis_b,
+            qk_scale, True, DOT_PRECISION)
+    store_folded_rows(O, LSE, acc_a, l_a, m_a, q_start, rows_a, heads, seqlen_q, stride_ot,
+                      stride_oh, total_q, offs_d)
+    store_folded_rows(O, LSE, acc_b, l_b, m_b, q_start, rows_b, heads, seqlen_q, stride_ot,
+                      stride_oh, total_q, offs_d)
