@@ -177,8 +177,13 @@ from flashbook.chapters.ch6 import planner
 # The kernel around your code is given (`flashbook.chapters.ch6.ring`): warpgroups
 # `0 … num_consumers-1` are consumers (each waits on `full[slot]`, reads the tile into
 # registers, arrives on `consumed[slot]` at once, like FA3's early release of K, and adds the
-# tile, weighted by its step, to an accumulator); the last warpgroup runs your producer. The
-# Pallas calls you need:
+# tile, weighted by its step, to an accumulator); the last warpgroup runs your producer.
+# Between its read and its arrival each consumer runs `plgpu.commit_smem()`, a proxy fence
+# (`fence.proxy.async.shared::cta`): its read goes through the *generic proxy*, the refill
+# through the TMA's *async proxy*, and a barrier alone orders accesses of one proxy only.
+# (FA3's consumers need no such fence for K and V: `wgmma` reads them through the async proxy
+# too. JAX 0.11's race detector models the two proxies and reports the missing fence as a race
+# between the refill and the read; JAX 0.10.2's does not.) The Pallas calls you need:
 #
 # | call | does |
 # |---|---|

@@ -52,8 +52,8 @@ def thread_names(num_consumers: int) -> dict[int, str]:
 
 def kv_consumer(ring, full, consumed, out_smem, wg, *, stages: int, steps: int):
     """A consumer warpgroup: for each tile, wait until it has landed (``full``), read it into
-    registers, release the slot at once (``consumed``: like FA3's early K release), then
-    accumulate. Returns the accumulator."""
+    registers, fence (the read before the TMA's refill: two proxies), release the slot at once
+    (``consumed``: like FA3's early K release), then accumulate. Returns the accumulator."""
     import jax.numpy as jnp
     from jax import lax
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -63,7 +63,10 @@ def kv_consumer(ring, full, consumed, out_smem, wg, *, stages: int, steps: int):
     def step_fn(step, acc):
         slot = lax.rem(step, stages)
         plgpu.barrier_wait(full.at[slot])             # tile `step` has landed in `slot`
-        tile = ring[slot]                             # SMEM -> registers
+        tile = ring[slot]                             # SMEM -> registers (generic proxy)
+        # The refill is a TMA write (the async proxy): a proxy fence orders this thread's read
+        # before it, or the copy may overwrite the slot under the read (JAX >= 0.11 checks it).
+        plgpu.commit_smem()
         plgpu.barrier_arrive(consumed.at[slot])       # done with the slot: it may be refilled
         return acc + tile * (1.0 + scale * step.astype(jnp.float32))
 
