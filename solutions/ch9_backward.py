@@ -92,11 +92,11 @@ def tiled_backward(q, k, v, o, lse, do, causal=False, scale=None, block=16):
     D = (do * o).sum(-1)                                            # (H_q, N_q)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for n0 in range(0, N_k, block):                                 # K/V tiles: stationary
-        cols = torch.arange(n0, min(n0 + block, N_k))
+        cols = torch.arange(n0, min(n0 + block, N_k), device=q.device)
         for h in range(H_q):                                        # GQA: G heads per K/V head
             kv = h // G
             for m0 in range(0, N_q, block):
-                rows = torch.arange(m0, min(m0 + block, N_q))
+                rows = torch.arange(m0, min(m0 + block, N_q), device=q.device)
                 s = q[h, rows] @ k[kv, cols].T * scale              # (BM, BN)
                 p = torch.exp(s - lse[h, rows, None])               # recomputed, normalised
                 if causal:                                          # bottom-right
@@ -422,7 +422,8 @@ def attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seql
 # %% tags=["demo"]
 case = AttnCase("determinism", seqlens=(33, 20), H_q=4, H_kv=2, d=16, causal=True)
 q, k, v, do, o, lse, _ = ch9.backward_inputs(case, 1)
-args = (q, k, v, o, lse, do, case.cu_seqlens(), case.cu_seqlens(True), 33, 33, True)
+cu_q, cu_k = case.cu_seqlens().to(q.device), case.cu_seqlens(True).to(q.device)
+args = (q, k, v, o, lse, do, cu_q, cu_k, 33, 33, True)
 runs = ch9.when_solved(lambda: [attention_backward(*args) for _ in range(2)], "Exercises 1-2")
 if runs:
     print("two kernels, two runs: bitwise identical:",
@@ -436,13 +437,13 @@ if runs:
 # offsets: $O(N d)$ memory, never $O(N^2)$), non-tensor arguments on `ctx`; `backward(ctx, dO)`
 # returns one gradient per input of `forward`, `None` for the non-differentiable ones.
 #
-# The forward is Chapter 5's packed GQA kernel (`ch9.forward` takes it from Chapter 5's
-# solution). `torch.autograd.gradcheck` compares the analytic gradients with finite differences
-# and needs float64. The Triton interpreter multiplies float64 tiles correctly, but Chapter 5's
-# forward and the GPU configurations take fp16, bf16 and fp32 only; so in float64 your Function runs
-# the float64 reference forward (`reference.attention_varlen`, which also returns the LSE) and
-# the tiled PyTorch backward of Section 2. The same `ctx` plumbing is then graded by
-# gradcheck, and the kernel path by fp32 and fp16 comparisons with SDPA's gradients.
+# The forward is Chapter 5's packed GQA kernel (`ch9.forward` runs its two-tile form, which
+# the package holds). `torch.autograd.gradcheck` compares the analytic gradients with finite
+# differences and needs float64. The Triton interpreter multiplies float64 tiles correctly, but
+# Chapter 5's forward and the GPU configurations take fp16, bf16 and fp32 only; so in float64
+# your Function runs the float64 reference forward (`reference.attention_varlen`, which also
+# returns the LSE) and the tiled PyTorch backward of Section 2. The same `ctx` plumbing is then
+# graded by gradcheck, and the kernel path by fp32 and fp16 comparisons with SDPA's gradients.
 #
 # **Exercise 3 (2 points).** Write `FlashAttentionFn.forward` and `.backward` (about 15 lines):
 # forward validates the scale (`ch9.validate_scale(softmax_scale, d)`), picks the float64 or

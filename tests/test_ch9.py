@@ -156,6 +156,74 @@ def test_forward_takes_bf16_only_where_chapter_5s_kernels_are_right():
     ch5.validate_packed(q, k, v, cu, cu, 12, 12, dtypes=(torch.bfloat16,))
 
 
+def test_forward_is_the_packages_generated_chapter5_kernel(solution):
+    """``ch9.forward`` launches the package's copy of Chapter 5's two-tile kernel (generated
+    from its solution: no checkout needed), and agrees with the float64 reference."""
+    import sys
+    from flashbook.chapters.ch5 import forward_kernels
+    forward_module = sys.modules["flashbook.chapters.ch9.forward"]
+    assert "sources" not in vars(forward_module)
+    case = AttnCase("t", seqlens=(17, 0, 30), seqlens_k=(20, 4, 30), H_q=4, H_kv=1, d=16,
+                    causal=True)
+    q, k, v, do, o, lse, _ = _inputs(case)
+    got_o, got_lse = ch9.forward(q, k, v, case.cu_seqlens(), case.cu_seqlens(True), 30, 30,
+                                 causal=True)
+    torch.testing.assert_close(got_o.double(), o.double(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_lse, lse, atol=1e-5, rtol=1e-5)
+    assert forward_kernels.attn_gqa_two_tiles.fn.__module__ == forward_kernels.__name__
+
+
+# ------------------------------------------- tensors made where the inputs are (a GPU's 'cuda')
+
+def test_tiled_backward_makes_its_tensors_on_the_inputs_device(solution):
+    """On the 'meta' device (shapes only), as on a GPU, an index tensor made on the CPU beside
+    inputs on another device fails: the tiled backward makes its tensors on q's device."""
+    case = AttnCase("t", seqlens=(21, 9), seqlens_k=(13, 9), H_q=4, H_kv=2, d=8, causal=True)
+    q, k, v, do, o, lse, _ = _inputs(case)
+    meta = [t.to("meta") for t in (q, k, v, o, lse, do)]
+    for causal in (False, True):
+        got = solution["tiled_backward_packed"](*meta, case.cu_seqlens(), case.cu_seqlens(True),
+                                                causal)
+        assert [(g.device.type, g.shape) for g in got] == [("meta", t.shape) for t in (q, k, v)]
+
+
+class _LaunchSpy:
+    """A stand-in for a student's Triton kernel: ``kernel[grid](*args)`` records the device of
+    every tensor argument; ``fn`` carries a real function for the stub check."""
+    def __init__(self, devices):
+        self.devices, self.fn = devices, _LaunchSpy.__init__
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.devices.append(
+            {a.device.type for a in args if isinstance(a, torch.Tensor)})
+
+
+def test_checks_hand_student_code_tensors_on_the_inputs_device(monkeypatch, capsys):
+    """The graded checks with their inputs on the 'meta' device (the stand-in for a GPU):
+    every kernel launch gets cu_seqlens beside q, and the training run puts its model there.
+    (Values are not compared: meta tensors have none.)"""
+    import sys
+    import types
+    from flashbook import cases
+    from flashbook.chapters.ch9 import checks
+    train = sys.modules["flashbook.chapters.ch9.train"]       # ch9.train is its function
+    fake = types.SimpleNamespace(device="meta", capability=(9, 0), gpu=True)
+    monkeypatch.setattr(cases, "current", lambda: fake)      # backward_inputs: on 'meta'
+    monkeypatch.setattr(checks, "current", lambda: fake)     # no CPU guard; the model's device
+    for name in ("assert_close", "_compare", "no_nan"):
+        monkeypatch.setattr(checks, name, lambda *a, **kw: None)
+    devices = []
+    checks.check_dkdv(_LaunchSpy(devices), _LaunchSpy(devices), _LaunchSpy(devices))
+    checks.check_dq(_LaunchSpy(devices), _LaunchSpy(devices))
+    assert devices and all(d == {"meta"} for d in devices), devices
+    trained = []
+    monkeypatch.setattr(train, "train", lambda *a, device="cpu", **kw: trained.append(device)
+                        or [0.0] * a[1])
+    checks.check_training(lambda q, k, v, causal=False, softmax_scale=None: q * 1.0)
+    assert trained == ["meta", "meta"]
+    assert "PASSED" in capsys.readouterr().out
+
+
 def _dense(B=1, H=2, N=40, d=64, dtype=torch.float16):
     q, k, v, do, o = (torch.randn(B, H, N, d, dtype=dtype) for _ in range(5))
     return q, k, v, o, torch.zeros(B, H, N), do

@@ -60,9 +60,10 @@ def kernel_cases(hidden: bool = False) -> list[AttnCase]:
     ]
 
 
-def _packed_args(case):
-    return (case.cu_seqlens(), case.cu_seqlens(keys=True), max(case.seqlens),
-            max(case.seqlens_k or case.seqlens))
+def _packed_args(case, device):
+    """(cu_seqlens_q, cu_seqlens_k on ``device``, the inputs' device; max_seqlen_q, _k)."""
+    return (case.cu_seqlens().to(device), case.cu_seqlens(keys=True).to(device),
+            max(case.seqlens), max(case.seqlens_k or case.seqlens))
 
 
 def _compare(name, got, want, case, what):
@@ -84,7 +85,7 @@ def check_dkdv(preprocess_kernel, step, dkdv_kernel, hidden: bool = False) -> No
     guard = current().capability is None
     for i, case in enumerate(cases):
         q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 1)
-        cu_q, cu_k, max_q, max_k = _packed_args(case)
+        cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
         what = f"{title}, case {case.describe()}"
         delta = run_student(launch.launch_preprocess, preprocess_kernel, o, do, what=what,
                             guard=guard)
@@ -109,7 +110,7 @@ def check_dq(step, dq_kernel, hidden: bool = False) -> None:
     guard = current().capability is None
     for i, case in enumerate(cases):
         q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 2)
-        cu_q, cu_k, max_q, max_k = _packed_args(case)
+        cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
         what = f"{title}, case {case.describe()}"
         delta = (do.double() * o.double()).sum(-1).transpose(0, 1).float().contiguous()
         got = run_student(launch.launch_dq, dq_kernel, q, k, v, do, lse, delta, cu_q, cu_k,
@@ -122,7 +123,7 @@ def check_dq(step, dq_kernel, hidden: bool = False) -> None:
 
 def _grads_of(fn_apply, case, q, k, v, do, what):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    cu_q, cu_k, max_q, max_k = _packed_args(case)
+    cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
     o = run_student(fn_apply, q, k, v, cu_q, cu_k, max_q, max_k, case.causal, case.scale,
                     what=what)
     if not isinstance(o, torch.Tensor) or not o.requires_grad:
@@ -171,7 +172,7 @@ def check_autograd(function, hidden: bool = False) -> None:
     n = 0
     for i, case in enumerate(gc):
         q, k, v, do, *_ = backward_inputs(case, 30 + i)
-        cu_q, cu_k, max_q, max_k = _packed_args(case)
+        cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
         what = f"{title}, gradcheck (float64), case {case.describe()}"
         inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
         try:
@@ -242,9 +243,10 @@ def check_training(flash_attention, hidden: bool = False) -> None:
             _compare(name, t.grad, w, case, what)
     steps, seed = (4, 0) if not hidden else (3, 5)
     what = f"{title}: {steps} training steps of a tiny causal transformer (seed {seed})"
+    dev = current().device                       # the model and its batches: where q was
     ours = run_student(train, lambda a, b, c: flash_attention(a, b, c, True, None), steps,
-                       batch=2, seed=seed, what=what)
-    base = train(sdpa_attention, steps, batch=2, seed=seed)
+                       batch=2, seed=seed, device=dev, what=what)
+    base = train(sdpa_attention, steps, batch=2, seed=seed, device=dev)
     worst = max(abs(a - b) for a, b in zip(ours, base))
     if worst > 1e-4:
         raise CheckFailure(f"{what}: the losses differ from the same run with SDPA by up to "
