@@ -224,6 +224,29 @@ def test_checks_hand_student_code_tensors_on_the_inputs_device(monkeypatch, caps
     assert "PASSED" in capsys.readouterr().out
 
 
+def test_the_notebook_benchmark_reads_nothing_of_the_checkout(monkeypatch):
+    """The benchmark cell (``ch9.benchmark.run(ns=globals())``) times the student's backward
+    and the SDPA baselines only: the one-kernel designs of solutions/extras (course material,
+    absent from a student's install) are for ``flashbook bench ch9``."""
+    from flashbook.chapters.ch9 import benchmark
+
+    def checkout(*a, **kw):
+        raise AssertionError("the benchmark read the checkout")
+    timed = []
+    monkeypatch.setattr(benchmark, "_row", lambda kernel, *a: timed.append(kernel))
+    monkeypatch.setattr(benchmark, "sdpa_grads_fn", checkout)        # no SDPA run here
+    monkeypatch.setattr(sources, "course_module", checkout)
+    monkeypatch.setattr(sources, "solution_namespace", checkout)
+    case = ((1, 2, 16, 16, torch.float32, False, ("bwd", "fwdbwd")),)
+    benchmark.run(case, device="cpu", ns={"attention_backward": None})
+    assert not [k for k in timed if "atomic" in k or "fused" in k or "gluon" in k], timed
+    assert "ch9_bwd" in timed and "ch9_fwdbwd" in timed
+    timed.clear()
+    monkeypatch.setattr(sources, "solution_namespace", lambda chapter: {})
+    benchmark.run(case, device="cpu")                                 # flashbook bench ch9
+    assert {"ch9_bwd_atomic", "ch9_bwd_fused", "ch9_bwd_gluon"} <= set(timed)
+
+
 def _dense(B=1, H=2, N=40, d=64, dtype=torch.float16):
     q, k, v, do, o = (torch.randn(B, H, N, d, dtype=dtype) for _ in range(5))
     return q, k, v, o, torch.zeros(B, H, N), do

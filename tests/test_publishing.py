@@ -324,6 +324,38 @@ def test_wheel_holds_no_answer_but_the_building_blocks_it_lists(root, dists):
     assert not [n for n in _contents(dists["wheel"]) if "/variants" in n]
 
 
+@ON_ONE_WORKER
+def test_the_wheel_alone_runs_chapter_9s_autograd_function(root, dists, tmp_path):
+    """Chapter 9's Exercise 3 (its Function runs Chapter 5's forward kernel) from the unpacked
+    wheel, in a folder with no checkout, FLASHBOOK_ROOT pointing nowhere: the solution's code
+    cells up to Exercise 3's visible check (other graded cells and demos left out) pass it, and
+    nothing executed a chapter source (issue 27: "no chapter 'ch5' in solutions/")."""
+    with zipfile.ZipFile(dists["wheel"]) as z:
+        z.extractall(tmp_path / "site")
+    cells = []
+    for cell in sources.read(sources.source("ch9", root).path).cells:
+        gid = cellmeta.grade_id(cell)
+        if cell.cell_type != "code" or sources.is_demo(cell) or \
+                (cellmeta.is_graded_test(cell) and gid != "ch9_autograd_test"):
+            continue
+        cells.append(cell.source.split(hidden.BEGIN)[0])
+        if gid == "ch9_autograd_test":
+            break
+    script = tmp_path / "work" / "ch9_cells.py"        # a file: Triton reads kernels' source
+    script.parent.mkdir()
+    script.write_text("\n\n".join(cells) + "\n\nimport sys\nprint(fb.__file__)\n"
+                      "print(sorted(m for m in sys.modules if m.startswith("
+                      "('flashbook_solution', 'flashbook_course'))))\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "FLASHBOOK_FORCE_CPU": "1",
+           "FLASHBOOK_ROOT": str(tmp_path / "no-checkout")}
+    proc = subprocess.run([sys.executable, str(script)], cwd=script.parent, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    *out, where, executed = proc.stdout.splitlines()
+    assert where.startswith(str(tmp_path / "site")) and executed == "[]"
+    assert "PASSED FlashAttentionFn" in "\n".join(out)
+
+
 def test_instructor_guide_lists_the_given_answers(root):
     """The guide's table of the answers the package holds names exactly GIVEN's modules and
     grade ids (a row: `module` | `grade id` (...) | why)."""

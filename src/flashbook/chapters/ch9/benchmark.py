@@ -13,7 +13,8 @@ Inputs ``torch.randn`` (seeded), dO too. Rows per case:
   the course's ``solutions/extras/ch9_one_kernel.py`` (not in the package: it holds Exercise
   1's answer), K/V-stationary, adding dQ into fp32 by scalar atomics (``dq_tma=False``) or by
   TMA reduces (FlashAttention-3's way); each note says whether two runs gave the same bits.
-  Where the course's checkout is missing (a student's Colab) the rows say so, unmeasured.
+  Timed only with the chapter's own solution (``flashbook bench ch9``, ``tune``): a notebook's
+  benchmark cell (``run(ns=globals())``) reads nothing of the checkout and leaves them out.
 * ``ch9_bwd_gluon`` (variant, backward cases): the course's ``solutions/extras/ch9_gluon_bwd.py``,
   FlashAttention-3's one-kernel structure in Triton Gluon (sm_90 only; elsewhere unmeasured,
   the note says why), on the dense tensors, from the same forward's O and LSE.
@@ -160,9 +161,14 @@ def _row(kernel, role, fn_setup, B, H, N, d, dtype, causal, what) -> Row:
                                dtype=str(dtype).replace("torch.", ""))
 
 
-def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
+def run(cases=CASES, device="cuda", ns: dict | None = None,
+        course_designs: bool | None = None) -> list[Row]:
     """The rows of every case; ``ns``: the namespace whose ``attention_backward`` is timed (a
-    notebook's ``globals()``; default the chapter's solution)."""
+    notebook's ``globals()``; default the chapter's solution, from the checkout).
+    ``course_designs``: time the one-kernel designs of the course's ``solutions/extras`` too
+    (default: only when timing the chapter's solution, so a notebook needs no checkout)."""
+    if course_designs is None:
+        course_designs = ns is None
     ns = ns or sources.solution_namespace("ch9")
     rows = []
     for B, H, N, d, dtype, causal, kinds in cases:
@@ -189,12 +195,12 @@ def run(cases=CASES, device="cuda", ns: dict | None = None) -> list[Row]:
                 return (bwd if what == "bwd" else fwdbwd), _err_note(grads, want, want_from)
             rows.append(_row(f"ch9_{what}", "reference", setup, B, H, N, d, dtype, causal, what))
         for kernel, dq_tma in (("ch9_bwd_atomic", False), ("ch9_bwd_fused", True)):
-            if "bwd" in kinds:
+            if "bwd" in kinds and course_designs:
                 rows.append(_row(kernel, "variant",
                                  lambda t=dq_tma: one_kernel_fn(q, k, v, do, causal, t, want,
                                                                 want_from),
                                  B, H, N, d, dtype, causal, "bwd"))
-        if "bwd" in kinds:
+        if "bwd" in kinds and course_designs:
             rows.append(_row("ch9_bwd_gluon", "variant",
                              lambda: gluon_fn(q, k, v, do, causal, want, want_from),
                              B, H, N, d, dtype, causal, "bwd"))
