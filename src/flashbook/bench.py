@@ -12,6 +12,7 @@ trends at small sizes only, and a cell that needs a GPU says so instead of print
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable
 
 import torch
@@ -64,15 +65,34 @@ def needs_gpu(what: str) -> bool:
     return False
 
 
+# FLASHBOOK_QUICK_BENCH=1 (set by `flashbook selftest`): time with a few milliseconds of runs,
+# enough to show that a benchmark cell runs, not to measure anything (results.record refuses).
+QUICK_ENV = "FLASHBOOK_QUICK_BENCH"
+QUICK_GPU_TIMER = dict(warmup=2, rep=5, return_mode="median")
+QUICK_GRAPH_TIMER = dict(rep=5, return_mode="median")
+
+
+def quick() -> bool:
+    return os.environ.get(QUICK_ENV) == "1"
+
+
+def gpu_timer(graph: bool = False) -> dict:
+    """The keyword arguments of triton.testing.do_bench (``graph``: do_bench_cudagraph)."""
+    if quick():
+        return QUICK_GRAPH_TIMER if graph else QUICK_GPU_TIMER
+    return GRAPH_TIMER if graph else GPU_TIMER
+
+
 def time_ms(fn: Callable[[], object], graph: bool = False) -> float:
     """Median run time of ``fn()`` in milliseconds; ``graph``: replayed from a CUDA graph (GPU)."""
     if current().gpu:
         import triton.testing
         if graph:
-            return float(triton.testing.do_bench_cudagraph(fn, **GRAPH_TIMER))
-        return float(triton.testing.do_bench(fn, **GPU_TIMER))
+            return float(triton.testing.do_bench_cudagraph(fn, **gpu_timer(graph=True)))
+        return float(triton.testing.do_bench(fn, **gpu_timer()))
     from torch.utils import benchmark
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.2)
+    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(
+        min_run_time=0.01 if quick() else 0.2)
     return m.median * 1e3
 
 

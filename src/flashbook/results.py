@@ -232,6 +232,10 @@ def record(chapter: Chapter, out_root: Path, command: str) -> Path:
                            "CPU timings are not recorded.")
     if chapter.benchmark is None:
         raise ValueError(f"chapter {chapter.id} has no benchmark (its CHAPTER.benchmark is None)")
+    from .bench import QUICK_ENV, quick        # bench imports this module
+    if quick():
+        raise RuntimeError(f"flashbook bench {chapter.id}: {QUICK_ENV}=1 is set, and its quick "
+                           "timings are not measurements: unset it to record")
     rows = chapter.benchmark()
     return write(rows, Path(out_root) / chapter.id, gpu_slug(backend.name),
                  provenance(command, chapter.graph_timer))
