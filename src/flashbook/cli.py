@@ -1,4 +1,4 @@
-"""The ``flashbook`` command line: release, book, bench, and the grading commands."""
+"""The ``flashbook`` command line: release, book, bench, selftest, and the grading commands."""
 from __future__ import annotations
 
 import argparse
@@ -6,21 +6,28 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import book, chapters, notebooks, publish, results, sources
-from .grade import cli as grade_cli
+from . import chapters, publish, results, selftest, sources
+
+try:
+    from .grade import cli as grade_cli
+except ImportError as e:    # no Jupyter (nbformat) on this machine: bench and selftest still work
+    grade_cli, NO_GRADING = None, e
 
 
 def _release(args):
+    from . import notebooks
     for path in notebooks.release(only=args.chapters or None):
         print(f"wrote {path}")
 
 
 def _book(args):
+    from . import book
     index = book.build(instructor=args.instructor, strict=not args.no_strict)
     print(f"Book built: {index}")
 
 
 def _pdf(args):
+    from . import book
     pdf = book.build_pdf(strict=not args.no_strict)
     print(f"PDF built: {pdf}")
 
@@ -34,12 +41,32 @@ def _bench(args):
 
 def _readme(args):
     root = sources.repo_root()
-    changed = publish.update_readme(root, check=args.check)
-    if args.check and changed:
-        print("README.md's address and badges are stale: run `flashbook readme`", file=sys.stderr)
+    stale = [what for what, update in (("address and badges", publish.update_readme),
+                                       ("chapter table", publish.update_chapter_table))
+             if update(root, check=args.check)]
+    if args.check and stale:
+        print(f"README.md is stale ({', '.join(stale)}): run `flashbook readme`", file=sys.stderr)
         return 1
-    print("README.md " + ("updated" if changed else "is up to date") + " from _config.yml")
+    print("README.md " + (f"updated ({', '.join(stale)})" if stale else "is up to date")
+          + " from _config.yml and src/flashbook/data/selftest")
     return 0
+
+
+def _selftest(args):
+    root = Path(args.root).resolve() if args.root else sources.repo_root()
+    if not args.root and not (root / "solutions").is_dir() and Path("solutions").is_dir():
+        root = Path.cwd()          # an installed flashbook, run from inside a checkout
+    ids = [c.strip() for c in args.chapters.split(",") if c.strip()] if args.chapters else None
+    try:
+        path, _, ok = selftest.selftest(
+            root, ids, Path(args.out) if args.out else None, grade=not args.no_grade,
+            runner=args.runner, timeout=args.timeout, commit=args.commit,
+            command="flashbook " + shlex.join(args.argv), echo=lambda s: print(s, flush=True))
+    except ValueError as e:
+        print(f"flashbook selftest: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}" + ("" if ok else " (some chapters FAILED: see above)"))
+    return 0 if ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,17 +91,37 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="output root (default: src/flashbook/data/bench)")
     c.set_defaults(func=_bench)
 
-    m = sub.add_parser("readme", help="write README's book address and badges from _config.yml")
+    s = sub.add_parser("selftest", help="run (and grade) each solved chapter from the installed "
+                                        "package on this GPU; record it in data/selftest")
+    s.add_argument("--chapters", help="comma-separated chapter ids, e.g. ch1,ch4 (default: all)")
+    s.add_argument("--no-grade", action="store_true", help="only run the solved notebooks")
+    s.add_argument("--root", help="the checkout (default: $FLASHBOOK_ROOT, the checkout an "
+                                  "editable install runs from, else the current directory)")
+    s.add_argument("--out", help="the record (default: src/flashbook/data/selftest/<gpu>.json)")
+    s.add_argument("--commit", help="the commit to record where the root has no .git")
+    s.add_argument("--runner", choices=["auto", "nbclient", "script"], default="auto",
+                   help="auto: nbclient when nbclient and ipykernel are installed, else script")
+    s.add_argument("--timeout", type=float, default=1200,
+                   help="seconds per chapter, for its run and for its grading (default 1200)")
+    s.set_defaults(func=_selftest)
+
+    m = sub.add_parser("readme", help="write README's book address, badges and chapter table "
+                                      "(from _config.yml and the self-check records)")
     m.add_argument("--check", action="store_true", help="only say whether they are up to date")
     m.set_defaults(func=_readme)
 
     # the grading package knows no repository: this checkout's course is the CLI's default
-    grade_cli.add_subcommands(sub, default_course=sources.repo_root() / "autograder")
+    if grade_cli is not None:
+        grade_cli.add_subcommands(sub, default_course=sources.repo_root() / "autograder")
+    else:
+        p.epilog = f"The grading commands are missing: {NO_GRADING} (install nbgrader)."
     return p
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv                      # the command line, for the records' provenance
     return args.func(args) or 0
 
 
