@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 from flashbook import reference
-from flashbook.cases import validate_tensor
+from flashbook.cases import host_values, validate_tensor
 from flashbook.chapters import ch4
 
 # %% [markdown]
@@ -463,8 +463,16 @@ ch4.check_masked_kernel(attn_masked_kernel, hidden=True)
 # a `cu_seqlens` that is not a 1-d `torch.int32` tensor on q's device, whose two lengths differ
 # or are below 2, that does not start at 0, that decreases, or whose last entry is not the
 # tensor's token count; a `max_seqlen` that is not an int or is shorter than the longest
-# sequence; a `window_size` that is not two ints each `>= -1`. Reading `cu_seqlens` on the
-# host costs one small copy (`.tolist()`); do it once per tensor. About 30 lines.
+# sequence; a `window_size` that is not two ints each `>= -1`.
+#
+# The checks of `cu_seqlens`' *values* need them on the host: a copy from the GPU, which waits
+# for the GPU (a sync) and which a stream that is capturing a CUDA graph refuses (the benchmark
+# below times the wrapper replayed from a graph). Read them with `host_values(cu)` (from
+# `flashbook.cases`), never `.tolist()` or `.item()`: it returns them as a tuple, read once per
+# tensor (a second call with the same, unchanged tensor copies nothing), and returns `None`
+# while a graph is being captured: then skip the value checks (the call made before the capture
+# ran them). The check calls your function once more as if a graph were being captured. About
+# 30 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch4_validate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -483,19 +491,32 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     if q.shape[2] not in ch4.HEAD_DIMS:
         raise ValueError(f"{name}: q's head dimension {q.shape[2]} is not one of "
                          f"{ch4.HEAD_DIMS}.")
-    lengths = {}
-    for label, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
-                             ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+    for label, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32:
             raise ValueError(f"{name}: {label} must be a 1-d torch.int32 tensor, got "
                              f"{getattr(cu, 'dtype', type(cu).__name__)} "
                              f"{tuple(getattr(cu, 'shape', ()))}.")
         if cu.device != q.device:
             raise ValueError(f"{name}: {label} is on {cu.device}, q on {q.device}.")
-        offsets = cu.tolist()
+    for label, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: {label} must be an int, got {value!r}.")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1
+                       for w in window_size)):
+        raise ValueError(f"{name}: window_size must be two ints >= -1 (left, right; -1 is "
+                         f"unlimited), got {window_size!r}.")
+    # The values: read once per tensor; None while a CUDA graph is captured (checked before).
+    offsets_q, offsets_k = host_values(cu_seqlens_q), host_values(cu_seqlens_k)
+    if offsets_q is None or offsets_k is None:
+        return
+    lengths = {}
+    for label, offsets, total in (("cu_seqlens_q", offsets_q, q.shape[0]),
+                                  ("cu_seqlens_k", offsets_k, k.shape[0])):
         if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != total:
             raise ValueError(f"{name}: {label} must start at 0 and end at the token count "
-                             f"{total} (batch + 1 >= 2 entries), got {offsets[:4]}...{offsets[-2:]}.")
+                             f"{total} (batch + 1 >= 2 entries), got {list(offsets[:4])}..."
+                             f"{list(offsets[-2:])}.")
         steps = [b - a for a, b in zip(offsets, offsets[1:])]
         if min(steps) < 0:
             raise ValueError(f"{name}: {label} decreases at index {steps.index(min(steps)) + 1}: "
@@ -507,14 +528,9 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                          "sequences.")
     for label, value, steps in (("max_seqlen_q", max_seqlen_q, lengths["cu_seqlens_q"]),
                                 ("max_seqlen_k", max_seqlen_k, lengths["cu_seqlens_k"])):
-        if isinstance(value, bool) or not isinstance(value, int) or value < max(steps):
+        if value < max(steps):
             raise ValueError(f"{name}: {label} must be an int >= the longest sequence "
                              f"({max(steps)}), got {value!r}.")
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1
-                       for w in window_size)):
-        raise ValueError(f"{name}: window_size must be two ints >= -1 (left, right; -1 is "
-                         f"unlimited), got {window_size!r}.")
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ch4_validate_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -684,6 +700,9 @@ if bench.needs_gpu("the masked attention benchmark"):
         print(results.table(rows))
     except Exception as e:  # a stub kernel raises or does not compile
         print(f"Could not benchmark your kernel (are Exercises 1-3 done?): {type(e).__name__}")
+        if "captur" in str(e):   # a copy to the host while the CUDA graph was being captured
+            print("The wrapper read a GPU tensor on the host during the capture: read "
+                  "cu_seqlens with host_values (Exercise 3).")
 
 # %% tags=["demo"]
 recorded = results.recorded("ch4", "h200")

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 from flashbook import reference
-from flashbook.cases import validate_tensor
+from flashbook.cases import host_values, validate_tensor
 from flashbook.chapters import ch4, ch5
 from flashbook.kernels import attn_step, attn_two_tile_step, key_tiles, program_tile, \
     visible_pairs
@@ -491,8 +491,10 @@ ch5.check_decode_kernel(decode_kernel, hidden=True)
 # `n_new` or above what the cache holds (`max_len`, or `max_pages * page_size`); for a
 # contiguous cache, another batch size; for a paged cache, a `block_table` that is not a 2-d
 # int32 `(B, max_pages)` tensor, a page size that is not a multiple of 16, or an entry a
-# sequence uses (its first `cdiv(length, page_size)` pages) outside `[0, num_pages)`. About 30
-# lines.
+# sequence uses (its first `cdiv(length, page_size)` pages) outside `[0, num_pages)`. Read the
+# values of `cache_seqlens` and `block_table` with `host_values(t)`, as in Chapter 4's Exercise
+# 3: once per tensor, and `None` while a CUDA graph is captured (skip those checks then; the
+# check calls your function once that way). About 30 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch5_validate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def validate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None):
@@ -529,12 +531,14 @@ def validate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None):
             raise ValueError(f"{name}: the page size (k_cache.shape[1] = {rows_per_seq}) must be "
                              "a multiple of 16.")
         capacity = block_table.shape[1] * rows_per_seq
-    lengths = cache_seqlens.tolist()
+    lengths = host_values(cache_seqlens)         # None while a CUDA graph is captured
+    if lengths is None:
+        return
     if min(lengths, default=n_new) < n_new or max(lengths, default=0) > capacity:
         raise ValueError(f"{name}: cache_seqlens must lie in [n_new={n_new}, {capacity}] (the "
-                         f"cache's capacity), got {lengths[:8]}.")
+                         f"cache's capacity), got {list(lengths[:8])}.")
     if block_table is not None:
-        for b, (row, n) in enumerate(zip(block_table.tolist(), lengths)):
+        for b, (row, n) in enumerate(zip(host_values(block_table), lengths)):
             used = row[:-(-n // rows_per_seq)]
             if any(not 0 <= p < k_cache.shape[0] for p in used):
                 raise ValueError(f"{name}: block_table row {b} uses pages {used}, outside "

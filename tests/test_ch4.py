@@ -11,7 +11,7 @@ from flashbook import oob, reference, sources
 from flashbook.cases import AttnCase, make_inputs
 from flashbook.chapters import ch4
 from flashbook.chapters.ch4 import checks
-from flashbook.check import CheckFailure
+from flashbook.check import CheckFailure, simulated_capture
 
 from aot_compile import compile_script, too_big
 
@@ -54,6 +54,26 @@ def test_public_wrapper_refuses_a_bad_call_before_any_kernel_runs(solution):
         solution["attention_varlen"](q, k, v, cu_q.flip(0), cu_k, 5, 5)
     with pytest.raises(ValueError, match="max_seqlen_k"):
         solution["attention_varlen"](q, k, v, cu_q, cu_k, 5, 4)
+
+
+def test_validator_reads_cu_seqlens_once_and_not_at_all_while_a_graph_is_captured(
+        solution, monkeypatch):
+    """Issue 27: the benchmark times attention_varlen replayed from a CUDA graph, and a copy to
+    the host (cu.tolist()) during the capture failed it on every GPU."""
+    q, k, v, cu_q, cu_k = packed([5, 3], [5, 3])
+    validate = solution["validate_varlen"]
+    with simulated_capture():                  # a copy to the host would raise
+        validate(q, k, v, cu_q, cu_k, 5, 5)
+        validate(q, k, v, cu_q.flip(0), cu_k, 5, 5)          # values: skipped while capturing
+        with pytest.raises(ValueError, match="cu_seqlens_q"):  # types: checked while capturing
+            validate(q, k, v, cu_q.long(), cu_k, 5, 5)
+    reads, tolist = [], torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or tolist(t))
+    for _ in range(3):
+        validate(q, k, v, cu_q, cu_k, 5, 5)
+    assert len(reads) == 2                     # cu_seqlens_q and cu_seqlens_k, once each
+    with pytest.raises(ValueError, match="cu_seqlens_q"):    # a bad value: still refused
+        validate(q, k, v, cu_q.flip(0), cu_k, 5, 5)
 
 
 def test_two_tile_kernel_inherits_a_wrong_mask():

@@ -10,6 +10,7 @@ import torch
 from flashbook import reference, sources
 from flashbook.cases import AttnCase, expected, make_inputs
 from flashbook.chapters import ch5
+from flashbook.check import simulated_capture
 
 from aot_compile import compile_script, too_big
 
@@ -81,6 +82,32 @@ def test_validate_packed_names_the_argument(change, text):
         args["v"] = args["k"]
     with pytest.raises(ValueError, match=text):
         ch5.validate_packed(**args)
+
+
+def test_validators_read_nothing_on_the_host_while_a_graph_is_captured(solution, monkeypatch):
+    """Issue 27: validate_packed (attention_gqa, Chapter 9's forward) and the solution's
+    validate_decode read cu_seqlens, cache_seqlens and the block table once per tensor, and not
+    at all during a CUDA-graph capture; a bad value is still a ValueError."""
+    from flashbook.chapters.ch5.checks import _valid_decode
+    case = AttnCase("t", seqlens=(5, 7), H_q=4, H_kv=2, d=16)
+    q, k, v = make_inputs(case, 0)
+    cu = case.cu_seqlens()
+    paged = _valid_decode(paged=True)
+    with simulated_capture():
+        ch5.validate_packed(q, k, v, cu, cu, 7, 7)
+        solution["validate_decode"](**paged)
+        with pytest.raises(ValueError, match="cu_seqlens_k"):
+            ch5.validate_packed(q, k, v, cu, cu.long(), 7, 7)
+    reads, tolist = [], torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or tolist(t))
+    for _ in range(3):
+        ch5.validate_packed(q, k, v, cu, cu, 7, 7)
+        solution["validate_decode"](**paged)
+    assert len(reads) == 3                     # cu, cache_seqlens and block_table, once each
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        ch5.validate_packed(q, k, v, cu, cu, 6, 7)
+    with pytest.raises(ValueError, match="block_table"):
+        solution["validate_decode"](**{**paged, "block_table": paged["block_table"] + 10})
 
 
 AOT_SCRIPT = r'''

@@ -12,7 +12,7 @@ import torch
 from flashbook import sources
 from flashbook.chapters import ch8
 from flashbook.chapters.ch8 import mesh, ring
-from flashbook.check import CheckFailure
+from flashbook.check import CheckFailure, simulated_capture
 
 from aot_compile import compile_script, too_big
 
@@ -80,6 +80,25 @@ def test_wrapper_rejects_bad_arguments(solution, change, arg):
         call["v_cache"] = change["k_cache"]
     with pytest.raises(ValueError, match=arg):
         solution["decode_split_kv"](**call)
+
+
+def test_wrapper_checks_read_nothing_on_the_host_while_a_graph_is_captured(monkeypatch):
+    """Issue 27: cache_seqlens is read once per tensor, and not at all during a capture."""
+    call = dict(q=torch.randn(1, 1, 4, 16), k_cache=torch.randn(1, 64, 2, 16),
+                v_cache=torch.randn(1, 64, 2, 16),
+                cache_seqlens=torch.tensor([50], dtype=torch.int32))
+    with simulated_capture():
+        ch8.validate_split_decode(**call)
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            ch8.validate_split_decode(**{**call, "cache_seqlens": call["cache_seqlens"].long()})
+    reads, tolist = [], torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or tolist(t))
+    for _ in range(3):
+        ch8.validate_split_decode(**call)
+    assert len(reads) == 1
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        ch8.validate_split_decode(**{**call, "cache_seqlens": torch.tensor([70],
+                                                                           dtype=torch.int32)})
 
 
 def test_split_kv_matches_chapter5_decode(solution):

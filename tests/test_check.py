@@ -145,3 +145,70 @@ def test_cases_describe_and_grid():
     assert "H_q=4, H_kv=2" in text and "window=(2, 0)" in text and "logits x5" in text
     with pytest.raises(ValueError, match="multiple"):
         AttnCase("bad", H_q=3, H_kv=2)
+
+
+# -------------------------------------- index tensors read on the host (issue 27: CUDA graphs)
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every Tensor.tolist() call, by the tensor's id."""
+    seen, tolist = [], torch.Tensor.tolist
+
+    def counting(t):
+        seen.append(id(t))
+        return tolist(t)
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    return seen
+
+
+def test_host_values_reads_a_tensor_once_per_state(reads):
+    cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    assert cases.host_values(cu) == (0, 3, 3, 8) and len(reads) == 1
+    assert cases.host_values(cu) == (0, 3, 3, 8) and len(reads) == 1      # remembered
+    cu[2] = 5                                                             # _version bumps
+    assert cases.host_values(cu) == (0, 3, 5, 8) and len(reads) == 2
+    same_values = cu.clone()                                              # another tensor
+    assert cases.host_values(same_values) == (0, 3, 5, 8) and len(reads) == 3
+    table = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)
+    assert cases.host_values(table) == ((1, 2), (3, 4))
+    key = id(table)
+    del table                                  # a dead tensor's entry goes with it
+    assert key not in cases._READS
+
+
+def test_host_values_reads_inference_tensors_every_time(reads):
+    with torch.inference_mode():
+        lens = torch.tensor([4, 5], dtype=torch.int32)
+    assert cases.host_values(lens) == (4, 5) and cases.host_values(lens) == (4, 5)
+    assert len(reads) == 2                     # no version counter: nothing to trust
+
+
+def test_simulated_capture_refuses_host_reads_and_restores_torch():
+    before = {n: vars(torch.Tensor).get(n) for n in check.HOST_READS}
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    with check.simulated_capture():
+        assert cases.capturing() and cases.host_values(cu) is None
+        for read in (lambda: cu.tolist(), lambda: cu[1].item(), lambda: cu.cpu(),
+                     lambda: bool(cu[0]), lambda: int(cu[1]), lambda: cu.numpy()):
+            with pytest.raises(check.HostReadDuringCapture):
+                read()
+    assert not cases.capturing() and cases.host_values(cu) == (0, 3)
+    assert {n: vars(torch.Tensor).get(n) for n in check.HOST_READS} == before
+
+
+def test_argument_check_fails_a_validator_that_reads_while_captured():
+    def reads_on_the_host(cu):
+        if min(cu.tolist()) < 0:
+            raise ValueError("cu is negative")
+
+    def reads_with_host_values(cu):
+        values = cases.host_values(cu)
+        if values is not None and min(values) < 0:
+            raise ValueError("cu is negative")
+    good, bad = dict(cu=torch.tensor([0, 1])), dict(cu=torch.tensor([-1]))
+    args = dict(valid=[("ok", good)], invalid=[("negative", bad, "cu")], title="v",
+                captured=good, capture_hint="Use host_values.")
+    assert check.check_argument_errors(reads_with_host_values, **args) == 3
+    with pytest.raises(CheckFailure, match=r"captured: it read a tensor on the host "
+                                           r"\(Tensor.tolist\(\).*Use host_values"):
+        check.check_argument_errors(reads_on_the_host, **args)

@@ -55,6 +55,6 @@ VARIANTS = (
         ('cu.dim() != 1 or cu.dtype != torch.int32', 'cu.dim() != 1'),
     ), expect='int64'),
     Variant('validate_trusts_max_seqlen', 'ch4_validate', (
-        ('or value < max(steps)', 'or value < 0'),
+        ('if value < max(steps):', 'if value < 0:'),
     ), expect='max_seqlen_q'),
 )

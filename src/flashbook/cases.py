@@ -2,7 +2,9 @@
 
 ``AttnCase`` describes one seeded problem; ``make_inputs`` builds its q, k, v; ``expected``
 computes its float64 reference; ``validate_qkv`` is the argument check every kernel wrapper
-runs, so a bad call raises a ``ValueError`` that says what is wrong instead of crashing a kernel.
+runs, so a bad call raises a ``ValueError`` that says what is wrong instead of crashing a kernel;
+``host_values`` is how a wrapper reads an index tensor (``cu_seqlens``, ``cache_seqlens``, a block
+table) for its content checks without making the hot path wait for the GPU.
 
 Conventions (see ``reference``): dense tensors are (B, H, N, d); packed ("varlen") tensors are
 (total, H, d) with sequences given by lengths; H_q is a multiple of H_kv (grouped-query
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import weakref
 from typing import Sequence
 
 import torch
@@ -215,3 +218,76 @@ def validate_scale(scale, d: int, name: str = "attention") -> float:
     if not scale > 0 or math.isinf(scale):
         raise ValueError(f"{name}: scale must be a positive finite number, got {scale}.")
     return scale
+
+
+# ------------------------------------------------------------ index tensors read on the host
+
+def capturing() -> bool:
+    """True while this thread's current CUDA stream is capturing a CUDA graph (False without
+    CUDA: a graph can only be captured once CUDA is initialised)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+_READS: dict[int, tuple] = {}       # id(tensor) -> (weakref to it, its state, its values)
+READ_CACHE_SIZE = 64                # tensors remembered (the oldest is forgotten first)
+
+
+def _state(t: torch.Tensor):
+    """What must be unchanged for ``t``'s values to be unchanged: every write through torch
+    bumps ``_version``; ``set_``, a new view or a move change the rest. None for an inference
+    tensor (``torch.inference_mode``), which has no version counter."""
+    try:
+        version = t._version
+    except RuntimeError:
+        return None
+    return (version, t.data_ptr(), t.device, t.dtype, tuple(t.shape), t.stride())
+
+
+def host_values(t: torch.Tensor):
+    """The values of a small index tensor as nested tuples of Python numbers, for a wrapper's
+    content checks (monotone offsets, lengths in range, page numbers in the pool), read so that
+    the hot path never waits for the GPU:
+
+    * while a CUDA graph is being captured: ``None``, without reading (a copy to the host is
+      illegal during capture); the caller skips its content checks. The graph's warm-up call,
+      made before the capture (``do_bench_cudagraph``, ``torch.cuda.graphs.make_graphed_callables``
+      and the like do), checked the same tensors;
+    * otherwise read (``tolist()``: one small copy, a sync for a GPU tensor) once per tensor
+      state, and remembered: calling again with the same, unmodified tensor reads nothing.
+
+    Why not check on the device (``torch._assert_async``)? A failed device assert is not a
+    ValueError naming the argument: it kills the CUDA context. Why the cache is keyed by the
+    tensor object itself (a weak reference) and its version, not by ``data_ptr`` alone: a freed
+    tensor's memory is soon reused by another of the same shape, which must be read again.
+    Writes torch cannot see (a kernel writing through the pointer, a shared NumPy view) are not
+    noticed: index tensors written that way must be fresh tensors. An inference tensor has no
+    version counter: it is read on every call outside capture. CPU tensors take the same path
+    (reading them costs no sync), so the CPU tests exercise the GPU's.
+    """
+    if capturing():
+        return None
+    state = _state(t)
+    key = id(t)
+    hit = _READS.get(key)
+    if state is not None and hit is not None and hit[0]() is t and hit[1] == state:
+        return hit[2]
+    values = _frozen(t.tolist())
+    if state is not None:
+        while len(_READS) >= READ_CACHE_SIZE:
+            _READS.pop(next(iter(_READS)))
+        _READS[key] = (weakref.ref(t, _forget(key)), state, values)
+    return values
+
+
+def _frozen(v):
+    """tolist()'s nested lists as nested tuples: the remembered values cannot be changed."""
+    return tuple(_frozen(x) for x in v) if isinstance(v, list) else v
+
+
+def _forget(key: int):
+    """The weak reference's callback: drop the entry when its tensor dies (if it is still
+    that tensor's entry)."""
+    def drop(ref):
+        if _READS.get(key, (None,))[0] is ref:
+            _READS.pop(key, None)
+    return drop

@@ -14,6 +14,7 @@ case, which positions are wrong, by how much, and a hint about the usual cause.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import operator
@@ -29,7 +30,7 @@ from .race import RaceError
 
 __all__ = ["CheckFailure", "assert_close", "format_ranges", "TOLERANCES", "run_student",
            "is_stub", "require_implemented", "no_nan", "report", "check_attention",
-           "check_argument_errors"]
+           "check_argument_errors", "simulated_capture", "HostReadDuringCapture"]
 
 NOT_IMPLEMENTED = "not implemented yet (the stub still raises NotImplementedError)."
 
@@ -189,12 +190,56 @@ def check_attention(run: Callable, cases: Sequence[AttnCase], *, title: str,
 
 # ------------------------------------------------------------------- argument checks
 
+class HostReadDuringCapture(RuntimeError):
+    """A tensor was read on the host while a CUDA graph was (as if) being captured."""
+
+
+# What reads a tensor's values on the host: each is a device-to-host copy for a GPU tensor,
+# which a stream that is capturing a CUDA graph refuses.
+HOST_READS = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def simulated_capture():
+    """Run as if this thread's stream were capturing a CUDA graph, on any machine:
+    ``torch.cuda.is_current_stream_capturing()`` (and ``is_initialized()``) say True, and each
+    way of reading a tensor on the host (``HOST_READS``) raises ``HostReadDuringCapture``, as
+    the copy to the host fails during a real capture."""
+    own = vars(torch.Tensor)                          # the rest is inherited from TensorBase
+    saved = {name: own[name] for name in HOST_READS if name in own}
+    cuda = {name: getattr(torch.cuda, name) for name in ("is_initialized",
+                                                         "is_current_stream_capturing")}
+
+    def refuse(name):
+        def read(self, *args, **kwargs):
+            raise HostReadDuringCapture(f"Tensor.{name}() of a {tuple(self.shape)} "
+                                        f"{self.dtype} tensor")
+        return read
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        for name in cuda:
+            setattr(torch.cuda, name, lambda: True)
+        yield
+    finally:
+        for name in HOST_READS:
+            if name in saved:
+                setattr(torch.Tensor, name, saved[name])
+            else:
+                delattr(torch.Tensor, name)
+        for name, f in cuda.items():
+            setattr(torch.cuda, name, f)
+
+
 def check_argument_errors(validate: Callable, valid, invalid, *, title: str,
-                          valid_hint: str = "", consequence: str = "") -> int:
+                          valid_hint: str = "", consequence: str = "",
+                          captured: dict | None = None, capture_hint: str = "") -> int:
     """A wrapper's argument checks (Chapters 4 and 5): ``validate(**call)`` must return for every
     ``(name, call)`` in ``valid`` and raise a ValueError whose message names ``arg`` for every
     ``(name, call, arg)`` in ``invalid`` (any other exception is a failure too). ``consequence``
-    says what the kernel would do with a bad call that got through. Returns the number of calls."""
+    says what the kernel would do with a bad call that got through. ``captured``: a valid call
+    that must also pass while a CUDA graph is captured (``simulated_capture``), reading no
+    tensor on the host (``capture_hint`` says how). Returns the number of calls."""
     n = 0
     for name, call in valid:
         try:
@@ -216,5 +261,18 @@ def check_argument_errors(validate: Callable, valid, invalid, *, title: str,
                                f"naming `{arg}`.") from None
         else:
             raise CheckFailure(f"{what}: no ValueError. {consequence}".rstrip())
+        n += 1
+    if captured is not None:
+        what = f"{title}, a valid call while a CUDA graph is captured"
+        try:
+            with simulated_capture():
+                validate(**captured)
+        except HostReadDuringCapture as e:
+            raise CheckFailure(f"{what}: it read a tensor on the host ({e}), a copy a capturing "
+                               "stream refuses, so the wrapper cannot run inside a CUDA graph "
+                               f"(the benchmark's timer). {capture_hint}".rstrip()) from None
+        except Exception as e:  # noqa: BLE001 - a valid call must pass during capture too
+            raise CheckFailure(f"{what}: raised {type(e).__name__}({e}). "
+                               f"{capture_hint}".rstrip()) from None
         n += 1
     return n

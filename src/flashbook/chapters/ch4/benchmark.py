@@ -8,8 +8,10 @@ cannot be captured is timed launched from Python instead, its note saying so. A 
 (refused inputs, out of memory, ...) is recorded with ``ms`` empty and its note saying why.
 Our kernels are called through the solution's ``attention_varlen`` (and ``_one_tile``): once
 with its argument checks (that call's O is the one compared), then timed with
-``validate_varlen`` replaced by a no-op (``unchecked``), since its host copy of cu_seqlens is
-a sync that no CUDA graph can capture and that the baselines do not pay.
+``validate_varlen`` replaced by a no-op (``unchecked``): the timed call is the launch alone, as
+the baselines' are (the checks read cu_seqlens with ``cases.host_values``, which copies nothing
+again for the same tensor and nothing at all during a capture, so the wrapper can be captured
+with them too).
 
 1. Dense causal, (B, H, N, d) = (1,16,16384,128) and (4,16,4096,128): ``ch4_two_tiles``
    (reference, ``attention_varlen``), ``ch4_one_tile`` (variant, ``attention_varlen_one_tile``),
@@ -134,9 +136,9 @@ def measure(kernel, role, setup, *, B, N, causal, flops, tokens, note="") -> Row
 
 
 def unchecked(ns: dict, wrapper: str):
-    """The solution's ``wrapper`` with its argument checks (``validate_varlen``, which copies
-    cu_seqlens to the host: a sync no CUDA graph can capture) replaced by a no-op, in a copy of
-    the namespace: the same kernels, launched the same way."""
+    """The solution's ``wrapper`` with its argument checks (``validate_varlen``) replaced by a
+    no-op, in a copy of the namespace: the same kernels, launched the same way, without the
+    checks' Python time when the call is timed launched rather than replayed from a graph."""
     f = ns[wrapper]
     g = types.FunctionType(f.__code__, {**ns, "validate_varlen": lambda *a, **kw: None},
                            f.__name__, f.__defaults__, f.__closure__)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from flashbook.cases import validate_scale, validate_tensor
+from flashbook.cases import host_values, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E, Config, pick_config
 from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
 from flashbook.device import current
@@ -130,8 +130,9 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     window_size=(-1, -1), *, name: str = "attention_gqa",
                     dtypes: tuple = DTYPES):
     """Chapter 4's argument checks of a packed batch (its Exercise 3), with h_q a multiple of
-    h_kv: a ValueError that names the argument. Reads cu_seqlens on the host (one small copy).
-    ``dtypes``: as ``launch_gqa``'s."""
+    h_kv: a ValueError that names the argument. Reads cu_seqlens' values with
+    ``cases.host_values`` (once per tensor; not while a CUDA graph is captured, when the value
+    checks are skipped). ``dtypes``: as ``launch_gqa``'s."""
     for label, t in (("q", q), ("k", k), ("v", v)):
         validate_tensor(label, t, dims=3, dtypes=dtypes, name=name)
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
@@ -141,28 +142,35 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         raise ValueError(f"{name}: k {tuple(k.shape)} and v {tuple(v.shape)} must be (total_k, "
                          f"h_kv, d) with q's d (one of {HEAD_DIMS}) and h_kv dividing q's "
                          f"{q.shape[1]} heads.")
-    lengths = []
-    for label, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
-                             ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+    for label, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or \
                 cu.device != q.device:
             raise ValueError(f"{name}: {label} must be a 1-d torch.int32 tensor on {q.device}.")
-        offsets = cu.tolist()
+    for label, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: {label} must be an int, got {value!r}.")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size):
+        raise ValueError(f"{name}: window_size must be two ints >= -1, got {window_size!r}.")
+    offsets_q, offsets_k = host_values(cu_seqlens_q), host_values(cu_seqlens_k)
+    if offsets_q is None or offsets_k is None:    # a CUDA graph is being captured
+        return
+    lengths = []
+    for label, offsets, total in (("cu_seqlens_q", offsets_q, q.shape[0]),
+                                  ("cu_seqlens_k", offsets_k, k.shape[0])):
         steps = [b - a for a, b in zip(offsets, offsets[1:])]
         if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != total or min(steps) < 0:
             raise ValueError(f"{name}: {label} must rise from 0 to the token count {total} "
-                             f"(batch + 1 >= 2 entries), got {offsets[:4]}...{offsets[-2:]}.")
+                             f"(batch + 1 >= 2 entries), got {list(offsets[:4])}..."
+                             f"{list(offsets[-2:])}.")
         lengths.append(steps)
     if len(lengths[0]) != len(lengths[1]):
         raise ValueError(f"{name}: cu_seqlens_q and cu_seqlens_k describe different batch sizes.")
     for label, value, steps in (("max_seqlen_q", max_seqlen_q, lengths[0]),
                                 ("max_seqlen_k", max_seqlen_k, lengths[1])):
-        if isinstance(value, bool) or not isinstance(value, int) or value < max(steps):
+        if value < max(steps):
             raise ValueError(f"{name}: {label} must be an int >= the longest sequence "
                              f"({max(steps)}), got {value!r}.")
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
-            isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size):
-        raise ValueError(f"{name}: window_size must be two ints >= -1, got {window_size!r}.")
 
 
 def paged_cache(k_cache, v_cache, page_size: int, seed: int = 0, spare: int = 0):

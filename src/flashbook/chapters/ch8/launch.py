@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from flashbook.cases import validate_scale, validate_tensor
+from flashbook.cases import host_values, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E
 from flashbook.chapters.ch5.launch import decode_block_m
 from flashbook.device import current
@@ -116,7 +116,9 @@ def launch_combine(combine_kernel, o_part, lse_part, dtype=None, out=None):
 
 
 def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
-    """The public wrapper's argument checks: a ValueError naming the argument."""
+    """The public wrapper's argument checks: a ValueError naming the argument. cache_seqlens'
+    values are read with ``cases.host_values`` (once per tensor, and not while a CUDA graph is
+    captured), so the wrapper can be captured."""
     name = "decode_split_kv"
     for label, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         validate_tensor(label, t, dims=4, dtypes=DTYPES, name=name)
@@ -136,11 +138,12 @@ def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
             tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
         raise ValueError(f"{name}: cache_seqlens must be a ({B},) torch.int32 tensor on "
                          f"{q.device}.")
-    lengths = cache_seqlens.tolist()
-    if min(lengths, default=1) < 1 or max(lengths, default=0) > k_cache.shape[1]:
-        raise ValueError(f"{name}: cache_seqlens must lie in [1, {k_cache.shape[1]}], got "
-                         f"{lengths[:8]}.")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(
             num_splits, int) or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"{name}: num_splits must be an int in [1, {MAX_SPLITS}] or None, got "
                          f"{num_splits!r}.")
+    lengths = host_values(cache_seqlens)     # once per tensor; None while a graph is captured
+    if lengths is not None and (min(lengths, default=1) < 1
+                                or max(lengths, default=0) > k_cache.shape[1]):
+        raise ValueError(f"{name}: cache_seqlens must lie in [1, {k_cache.shape[1]}], got "
+                         f"{list(lengths[:8])}.")
