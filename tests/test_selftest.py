@@ -80,6 +80,7 @@ def test_record_round_trip_and_merge(tmp_path):
     selftest.save(path, first)
     assert selftest.load(path) == first
     assert [p.name for p in path.parent.iterdir()] == ["h200.json"]      # no temporary left
+    assert path.stat().st_mode & 0o777 == 0o644
     assert first["chapters"]["ch1"]["last_pass"] == {
         "sha256": "a" * 64, "commit": "1234567890abcdef", "date": "2026-01-02T03:04:05+00:00",
         "gpu": "NVIDIA H200"}
@@ -300,6 +301,7 @@ def test_without_jupyter_it_runs_scripts_and_skips_grading(tmp_path, monkeypatch
     assert ch1["grading"]["status"] == "skipped"
     assert ch1["grading"]["reason"].startswith("grading skipped: nbgrader/nbclient not installed")
     assert ch1["provenance"]["commit"] == "feedbeef"           # no .git: the --commit given
+    assert ch1["uncommitted_changes"] is None
     assert ch1["sha256"] == selftest.source_hash("ch1", root)
     _, record, _ = selftest.selftest(root, ["ch2"], out, grade=False, echo=lambda *_: None)
     assert list(selftest.load(out)["chapters"]) == ["ch1", "ch2"]

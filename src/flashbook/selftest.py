@@ -337,24 +337,26 @@ def full_marks(grading: dict) -> bool:
 
 # ------------------------------------------------------------------ provenance and the record
 
-def git_commit(root: Path) -> str | None:
+def _git(root: Path, *args) -> str | None:
+    """git's output in ``root``, or None (no .git, no git, or git refused)."""
     if not (root / ".git").exists():
         return None
     try:
-        proc = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+def git_commit(root: Path) -> str | None:
+    return _git(root, "rev-parse", "HEAD") or None
+
+
 def uncommitted(paths: list[Path], root: Path) -> bool | None:
-    """Whether git sees changes to ``paths`` (None: not a git checkout)."""
-    if not (root / ".git").exists():
-        return None
-    proc = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *map(str, paths)],
-                          capture_output=True, text=True, timeout=60)
-    return bool(proc.stdout.strip()) if proc.returncode == 0 else None
+    """Whether git sees changes to ``paths`` (None: it cannot tell)."""
+    status = _git(root, "status", "--porcelain", "--", *map(str, paths))
+    return None if status is None else bool(status)
 
 
 def provenance(command: str, root: Path, commit: str | None) -> dict:
@@ -408,6 +410,7 @@ def save(path: Path, record: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(record, indent=2) + "\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
