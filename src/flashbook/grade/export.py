@@ -1,6 +1,6 @@
 """``flashbook export``: the grades CSV (one row per student, one column per graded cell, plus
-per assignment ``total``, ``max``, ``notes`` and ``flags``: what the tampering scan found, as
-``cell:line what``) and the class summary: per-exercise score histograms (PNG) and a short
+per assignment ``total``, ``max``, ``notes``, ``lost`` (each graded cell that lost points, with
+the first line of its reason) and ``flags``: what the tampering scan found, as ``cell:line what``) and the class summary: per-exercise score histograms (PNG) and a short
 Markdown report."""
 from __future__ import annotations
 
@@ -22,6 +22,18 @@ def _columns(course: Course, a: str, results: dict[str, SubmissionResult]) -> li
         return sorted({g for r in results.values() for g in r.cells})
 
 
+def lost_points(cells: dict, order: list[str]) -> list[str]:
+    """"cell: reason" for each graded cell that scored less than its points (reason: the first
+    line of its message, at most 200 characters)."""
+    out = []
+    for g in order:
+        c = cells.get(g)
+        if c is not None and c.score is not None and c.score < c.max_score:
+            why = (c.message or "").strip().splitlines()
+            out.append(f"{g}: {why[0][:200] if why else c.status}")
+    return out
+
+
 def assignments_with_results(course: Course, results_root: Path | None) -> list[str]:
     root = results_root or course.root / "results"
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
@@ -41,7 +53,7 @@ def export(out: Path, course: Course | None = None, assignments: list[str] | Non
     header = ["student_id"]
     for a in assignments:
         header += [f"{a}/{g}" for g in cols[a]] + [f"{a}/total", f"{a}/max", f"{a}/notes",
-                                                   f"{a}/flags"]
+                                                   f"{a}/lost", f"{a}/flags"]
     header.append("total")
     rows = []
     for s in students:
@@ -57,6 +69,7 @@ def export(out: Path, course: Course | None = None, assignments: list[str] | Non
                 row[f"{a}/{g}"] = "" if c is None or c.score is None else f"{c.score:g}"
             row[f"{a}/total"], row[f"{a}/max"] = f"{r.score:g}", f"{r.max_score:g}"
             row[f"{a}/notes"] = "; ".join(r.reasons)
+            row[f"{a}/lost"] = "; ".join(lost_points(cells, cols[a]))
             row[f"{a}/flags"] = "; ".join(r.flags)        # possible tampering: review these
             total += r.score
         row["total"] = f"{total:g}"

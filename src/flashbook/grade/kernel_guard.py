@@ -19,6 +19,7 @@ functions, before the test cell runs. It cannot stop code that walks the interpr
 """
 import builtins
 import importlib
+import importlib.util
 import os
 import sys
 import types
@@ -33,7 +34,8 @@ _SHELL_METHODS = ("showtraceback", "_showtraceback", "showsyntaxerror", "showind
 _SHELL_LISTS = ("input_transformers_cleanup", "input_transformers_post", "ast_transformers")
 _SHELL_OBJECTS = ("displayhook", "display_pub", "display_trap", "builtin_trap", "InteractiveTB",
                   "SyntaxTB", "custom_exceptions", "CustomTB")
-_CACHES = (dict, list, set)         # module data that libraries may legitimately update
+_CACHES = (dict, list, set)
+_LOADING = []                       # non-empty while a fresh load runs         # module data that libraries may legitimately update
 
 
 def _functions(d):
@@ -186,32 +188,113 @@ def _ours(k):
     return any(k == p or k.startswith(p + ".") for p in _STATE["packages"])
 
 
-def _fresh(module_names):
-    """Load the checks' packages afresh from their installed files: new module objects that are
-    not in ``sys.modules`` (what the student's code had, or can name, stays as it was)."""
+class _FreshLoader:
+    """Wraps a loader of the checks' package during a fresh load: the module it executes gets
+    its own builtins, whose ``__import__`` resolves the checks' package to the fresh modules.
+    (A function keeps the builtins of the module it was defined in, so an import inside a check,
+    run long after the load, still finds the fresh modules, never the notebook's copies.)"""
+
+    def __init__(self, loader, builtins_dict):
+        self._loader, self._builtins = loader, builtins_dict
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__dict__["__builtins__"] = self._builtins
+        self._loader.exec_module(module)
+
+    def __getattr__(self, name):            # get_source, get_code, is_package ...
+        return getattr(self._loader, name)
+
+
+class _FreshFinder:
+    """On ``sys.meta_path`` while a fresh load runs: finds the checks' modules as usual and
+    wraps their loaders in ``_FreshLoader``."""
+
+    def __init__(self, builtins_dict):
+        self._builtins = builtins_dict
+
+    def find_spec(self, name, path=None, target=None):
+        if not _ours(name):
+            return None
+        for finder in _STATE["sys_lists"]["meta_path"]:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _FreshLoader(spec.loader, self._builtins)
+                return spec
+        return None
+
+
+def _fresh_builtins(registry):
+    """Builtins for the fresh modules: pristine, with an ``__import__`` that hands out (and loads
+    on first use) fresh modules of the checks' package from ``registry``."""
+    pristine = _STATE["builtins"][0]
+    plain_import = pristine["__import__"]
+    d = dict(pristine)
+
+    def fresh_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if _LOADING:                    # sys.modules is the fresh view already
+            return plain_import(name, globals, locals, fromlist, level)
+        package = (globals or {}).get("__package__") or ""
+        absolute = importlib.util.resolve_name("." * level + name, package) if level else name
+        if not _ours(absolute):
+            return plain_import(name, globals, locals, fromlist, level)
+        wanted = [absolute] + [f"{absolute}.{a}" for a in fromlist or () if a != "*"
+                               and _is_module(f"{absolute}.{a}")]
+        _load_fresh([m for m in wanted if m not in registry], registry, d)
+        if fromlist:
+            return registry[absolute]
+        return registry[absolute.partition(".")[0]] if not level else registry[absolute]
+
+    d["__import__"] = fresh_import
+    return d
+
+
+def _load_fresh(module_names, registry, builtins_dict):
+    """Import ``module_names`` with ``sys.modules`` holding only ``registry``'s modules of the
+    checks' package (what the student's code had, or can name, is put back after); add what was
+    loaded to ``registry``."""
+    if not module_names:
+        return
     s = _STATE
     saved = {k: v for k, v in sys.modules.items() if _ours(k)}
-    path = list(sys.path)
+    path, meta = list(sys.path), list(sys.meta_path)
     for k in saved:
         del sys.modules[k]
+    sys.modules.update(registry)
     # the installed package first: never a flashbook.py the submission put in its work dir
     sys.path[:] = [s["fresh_root"]] + [p for p in s["sys_lists"]["path"]
                                        if p not in ("", ".") and p != s["fresh_root"]]
+    sys.meta_path[:] = [_FreshFinder(builtins_dict)] + s["sys_lists"]["meta_path"]
+    _LOADING.append(True)
     try:
         for name in module_names:
             s["import_module"](name)
         fresh = {k: v for k, v in sys.modules.items() if _ours(k)}
     finally:
+        _LOADING.pop()
         for k in [k for k in sys.modules if _ours(k)]:
             del sys.modules[k]
         sys.modules.update(saved)
-        sys.path[:] = path
+        sys.path[:], sys.meta_path[:] = path, meta
     for k, m in fresh.items():
         f = getattr(m, "__file__", None) or ""
         if not f.startswith(s["fresh_prefix"]):
             raise ImportError(f"the grader's check module {k} did not come from its installed "
                               f"files ({f!r})")
-    return fresh
+    registry.update(fresh)
+
+
+def _fresh(module_names):
+    """Load the checks' packages afresh from their installed files: new module objects that are
+    not in ``sys.modules`` (what the student's code had, or can name, stays as it was). Imports
+    that these modules run later, inside their functions, get fresh modules too."""
+    registry = {}
+    _load_fresh(module_names, registry, _fresh_builtins(registry))
+    return registry
 
 
 def _is_module(name):

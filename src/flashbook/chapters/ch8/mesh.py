@@ -33,6 +33,23 @@ class _Recv:
     src: int
 
 
+def _as_op(op):
+    """``op`` as this module's ``_Send`` or ``_Recv``, else None. The grader loads the checks
+    afresh, so a program may yield the ops of the notebook's own import of this module: the
+    same classes by name and fields, which are copied into this module's (nothing else is
+    taken from them)."""
+    if type(op) in (_Send, _Recv):
+        return op
+    kind = type(op)
+    if kind.__module__ != __name__ or not dataclasses.is_dataclass(op):
+        return None
+    if kind.__qualname__ == "_Send":
+        return _Send(int(op.dst), op.value)
+    if kind.__qualname__ == "_Recv":
+        return _Recv(int(op.src))
+    return None
+
+
 def send(dst: int, value) -> _Send:
     """``yield send(dst, value)``: hand ``value`` to PE ``dst`` (one message)."""
     return _Send(int(dst), value)
@@ -123,6 +140,7 @@ def simulate(program: Callable, states: list, cols: int, *, max_ops: int = 10000
                     break
                 value[pe] = None
                 progressed = True
+                op = _as_op(op) or op
                 if isinstance(op, _Send):
                     if not 0 <= op.dst < n:
                         raise Deadlock({pe: op.dst}, n, cols)
