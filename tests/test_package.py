@@ -30,6 +30,22 @@ def test_setup_warns_when_triton_was_imported_first():
     assert "Restart the runtime" in proc.stdout and "restart True" in proc.stdout, proc.stderr
 
 
+def test_a_second_setup_on_cpu_needs_no_restart(capsys, monkeypatch):
+    """setup() compared the variables' values ("1") with "1" by looking up a variable named
+    "1": once triton was imported, every later setup() warned "restart needed"."""
+    import os
+    import triton  # noqa: F401 - imported, as in a notebook after its first cell
+    monkeypatch.setattr(flashbook.device, "_current", None)
+    for var in ("TRITON_INTERPRET", "NUMBA_ENABLE_CUDASIM"):
+        monkeypatch.setenv(var, "1")             # what the first setup() (here: conftest) set
+    first, second = flashbook.setup(), flashbook.setup()
+    assert not first.restart_needed and not second.restart_needed
+    assert "Restart the runtime" not in capsys.readouterr().out
+    monkeypatch.delenv("TRITON_INTERPRET")       # triton imported before CPU mode was on
+    assert flashbook.setup(verbose=False).restart_needed
+    assert os.environ["TRITON_INTERPRET"] == "1"
+
+
 def test_banner_and_chapter_minimum_compute_capability():
     b = flashbook.Backend(True, "Tesla T4", (7, 5), flashbook.device.GPU_SIZES)
     assert "Tesla T4 (sm_75)" in b.banner() and "CUDA" in b.banner()

@@ -11,6 +11,7 @@ import os
 import sys
 
 _CPU_ENV = {"TRITON_INTERPRET": "1", "NUMBA_ENABLE_CUDASIM": "1"}
+_MODULE_ENV = {"triton": "TRITON_INTERPRET", "numba": "NUMBA_ENABLE_CUDASIM"}   # read at import
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +78,9 @@ def setup(verbose: bool = True) -> Backend:
     gpu = _detect_gpu()
     restart = False
     if gpu is None:
-        stale = [m for m in ("triton", "numba") if m in sys.modules
-                 and os.environ.get(_CPU_ENV["TRITON_INTERPRET" if m == "triton"
-                                             else "NUMBA_ENABLE_CUDASIM"]) != "1"]
+        # imported before CPU mode was on: the variable (its name, not its value) was not "1"
+        stale = [m for m, var in _MODULE_ENV.items()
+                 if m in sys.modules and os.environ.get(var) != _CPU_ENV[var]]
         os.environ.update(_CPU_ENV)
         restart = bool(stale)
         backend = Backend(False, "CPU", None, CPU_SIZES, restart)
