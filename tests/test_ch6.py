@@ -5,17 +5,26 @@ masks against brute force, its barrier protocol (producer, two consumers, the pi
 in a simulation that runs the kernel's sequence of mbarrier operations under random
 interleavings, and the kernel itself compiled ahead of time for sm_90a (PTX with wgmma and TMA,
 setmaxnreg, no spills, no serialised wgmma, and shared memory equal to the planner's figure,
-byte for byte). The launcher's argument checks run on CPU tensors. The numbers on a GPU are
+byte for byte). The launcher's argument checks run on CPU tensors; the setup step that installs
+JAX when it is missing runs with a fake pip. The numbers on a GPU are
 ``flashbook bench ch6``'s record (``data/bench/ch6/``)."""
+import importlib.metadata
+import importlib.util
 import random
+import subprocess
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
+from flashbook import sources
 from flashbook.chapters.ch6 import planner
 from flashbook.chapters.ch6.planner import Config, cta_tiles, kv_tiles
 
 from aot_compile import compile_script
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cfg(d=128, dtype="float16", **kw):
@@ -367,3 +376,55 @@ def test_kernel_compiles_for_sm90a_with_the_planned_shared_memory(tmp_path):
         if r["sass"]:
             assert r["local"] == 0, f"register spills in {r['case']}"
             assert r["depbar"] < r["hgmma"] / 4, f"ptxas serialised the wgmmas in {r['case']}"
+
+
+# ------------------------------------------------------------------- JAX for Exercises 1 and 4
+
+def _versions(present):
+    def version(name):
+        if name not in present:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return present[name]
+    return version
+
+
+def test_setup_installs_jax_cpu_wheels_only_when_missing(capsys):
+    from flashbook.chapters.ch6 import interpret, jax_setup
+    calls = []
+
+    def pip(cmd, check=False, **kw):
+        calls.append(cmd)
+        return types.SimpleNamespace(returncode=0)
+    colab = {"torch": "2.8.0", "triton": "3.4.0", "jax": "0.7.2", "jaxlib": "0.7.2",
+             "absl-py": "1.4.0"}
+    assert jax_setup.ensure_jax(pip, _versions(colab), environ={}) == "present"
+    assert calls == []                                     # Colab's JAX is never replaced
+    assert jax_setup.ensure_jax(pip, _versions({"torch": "2.13.0"}), environ={}) == "installed"
+    (cmd,) = calls
+    assert cmd[cmd.index("-q") + 1:cmd.index("-c")] == list(interpret.JAX_REQUIREMENTS)
+    assert f"jax=={interpret.JAX_VERSION}" in cmd
+    out = capsys.readouterr().out
+    assert "installed jax==" in out and interpret.JAX_VERSIONS in out
+    assert jax_setup.ensure_jax(pip, _versions({}), environ={"NBGRADER_EXECUTION": "autograde"}) \
+        == "not installed while grading" and len(calls) == 1
+
+    def offline(cmd, check=False, **kw):
+        raise subprocess.CalledProcessError(1, cmd)
+    assert jax_setup.ensure_jax(offline, _versions({}), environ={}) == "install failed"
+    assert interpret.INSTALL in capsys.readouterr().out
+
+
+def test_one_wording_of_the_jax_versions(monkeypatch):
+    """The setup cell's printout and the checks' errors quote interpret.JAX_VERSIONS; the
+    chapter's opening text names no JAX version or install command of its own."""
+    from flashbook.chapters.ch6 import interpret
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "jax" else find_spec(name, *a))
+    problem = interpret.jax_problem()
+    assert interpret.INSTALL in problem and interpret.JAX_VERSIONS in problem
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.4.30")
+    assert interpret.JAX_VERSIONS in interpret.jax_problem()            # too old
+    opening = sources.source("ch6", ROOT).path.read_text().split("# %%", 2)[1]
+    assert "pip install" not in opening and "jax>=" not in opening

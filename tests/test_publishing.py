@@ -4,6 +4,7 @@ cell's install logic, and the wheel and sdist (built with --no-isolation, opened
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import inspect
 import os
 import re
@@ -209,6 +210,24 @@ def test_colab_install_takes_the_release_else_the_repository(released):
     assert light[light.index("-q") + 1:light.index("-c")] == ["numpy>=1.24", "numba-cuda>=0.10"]
     assert not [a for c in pip.calls for a in c if a.startswith(("torch", "triton"))]
     assert pip.constraints.split() == ["torch==2.8.0+cu126", "triton==3.4.0"]
+
+
+def test_install_missing_installs_only_what_is_absent_and_pins_the_rest():
+    have = {**COLAB, "absl-py": "1.4.0"}
+
+    def version(name):
+        if name not in have:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return have[name]
+    pip = FakePip(set())
+    assert colab_install.install_missing(["jax==0.10.2", "absl-py>=2.5.1"], run=pip,
+                                         installed_version=version) == ["jax==0.10.2"]
+    (cmd,) = pip.calls
+    assert cmd[cmd.index("-q") + 1:cmd.index("-c")] == ["jax==0.10.2"]
+    assert pip.constraints.split() == ["torch==2.8.0+cu126", "triton==3.4.0", "absl-py==1.4.0"]
+    pip = FakePip(set())
+    assert colab_install.install_missing(["absl-py"], run=pip, installed_version=version) == []
+    assert pip.calls == []                                  # nothing missing: pip never runs
 
 
 def test_setup_cell_is_the_tested_function_and_does_nothing_off_colab(root, monkeypatch):

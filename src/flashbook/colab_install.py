@@ -1,7 +1,9 @@
-"""The install step of every notebook's Colab setup cell.
+"""The install step of every notebook's Colab setup cell, and of a chapter's extra packages.
 
-The cell runs before flashbook is installed, so ``flashbook.notebooks`` copies the function below
-into it verbatim (the cell and this module cannot drift apart). It uses the standard library only.
+The cell runs before flashbook is installed, so ``flashbook.notebooks`` copies
+``install_flashbook`` into it verbatim (the cell and this module cannot drift apart). A chapter
+whose exercises need more (Chapter 6: JAX) calls ``install_missing`` from its own setup cell:
+the same pip, with the same pins. Standard library only.
 """
 import importlib.metadata
 import re
@@ -38,3 +40,30 @@ def install_flashbook(version, repository, ref, requirements, run=subprocess.run
         constraints.write("\n".join(pins) + "\n")
     run(pip + light + ["-c", constraints.name], check=True)
     return source
+
+
+def install_missing(requirements, run=subprocess.run, installed_version=importlib.metadata.version):
+    """Install those of ``requirements`` whose package is not installed, as ``install_flashbook``
+    installs the light ones: with a constraints file that pins ``KEPT`` and every package of
+    ``requirements`` already installed at its installed version, so nothing installed is
+    replaced. Returns the requirements it installed (none: pip did not run)."""
+    def have(name):
+        try:
+            return installed_version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    missing, present = [], []
+    for requirement in requirements:
+        name = re.match(r"[\w.-]+", requirement).group(0)
+        if have(name):
+            present.append(name)
+        else:
+            missing.append(requirement)
+    if not missing:
+        return []
+    pins = [f"{name}=={have(name)}" for name in (*KEPT, *present) if have(name)]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
+        constraints.write("\n".join(pins) + "\n")
+    run([sys.executable, "-m", "pip", "install", "-q", *missing, "-c", constraints.name],
+        check=True)
+    return missing

@@ -62,11 +62,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["JAX_VERSION", "INSTALL", "jax_problem", "require_jax", "params", "Call", "Run",
-           "run", "failure", "run_checked"]
+__all__ = ["JAX_VERSION", "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL",
+           "jax_problem", "require_jax", "params", "Call", "Run", "run", "failure", "run_checked"]
 
-JAX_VERSION = "0.10.2"          # the version whose interpret mode the book's checks are tested on
-INSTALL = f'pip install "jax=={JAX_VERSION}" "jaxlib=={JAX_VERSION}" absl-py'
+# Which JAX works, stated once: the chapter's setup cell prints JAX_VERSIONS (ch6/jax_setup.py),
+# the checks' errors quote it, pyproject's `hopper` extra and CI's pins hold JAX_VERSION.
+JAX_VERSION = "0.10.2"          # the JAX whose interpret mode the book's checks are proven on (CI)
+JAX_GPU_VERSION = "0.11.2"      # the JAX the Pallas kernels compiled and ran with on an H200
+JAX_VERSIONS = (f"the interpret-mode checks are proven on JAX {JAX_VERSION} (CPU wheels, in CI); "
+                f"the Pallas kernels compiled and ran on an H200 with JAX {JAX_GPU_VERSION}")
+JAX_REQUIREMENTS = (f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}", "absl-py>=2.5.1")
+INSTALL = "pip install " + " ".join(f'"{r}"' for r in JAX_REQUIREMENTS)
 TIMEOUT_S = 120                 # a whole job (every call) may take this long
 STALL_S = 10.0                  # no CPU used for this long (s): the process is stuck
 DEADLOCK_S = 2.0               # no CPU used while warpgroups wait on barriers: a deadlock
@@ -103,14 +109,14 @@ def jax_problem() -> str | None:
         return (f"the Pallas checks run your kernel in JAX's GPU interpret mode, but "
                 f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed "
                 f"in this Python. Install them, then run the check again (no GPU needed):\n"
-                f"    {INSTALL}\n(in a notebook: %pip install ...).")
+                f"    {INSTALL}\n(in a notebook: %pip install ...; {JAX_VERSIONS}).")
     try:
         have = importlib.metadata.version("jax")
     except importlib.metadata.PackageNotFoundError:
         return None
     if _version_tuple(have) < _version_tuple(JAX_VERSION):
         return (f"JAX {have} is too old for the Mosaic GPU interpret mode these checks use "
-                f"(tested with {JAX_VERSION}). Upgrade, then run the check again:\n"
+                f"({JAX_VERSIONS}). Upgrade, then run the check again:\n"
                 f"    {INSTALL}")
     return None
 
