@@ -18,8 +18,8 @@
 # - why the textbook implementation is **memory-bound**: it moves $O(N^2)$ bytes for
 #   $O(N^2 d)$ FLOPs, and what that means on a roofline.
 #
-# **What you need**: any runtime. A GPU (a free Colab T4 is plenty) makes the measurements
-# real; on a CPU runtime everything runs at small sizes. About 45 minutes.
+# **What you need**: any runtime with torch >= 2.11. A GPU (a free Colab T4 is plenty) makes the
+# measurements real; on a CPU runtime everything runs at small sizes. About 45 minutes.
 #
 # **Exercises** (10 points): a stable softmax (3), naive attention with LSE and an optional
 # causal mask (3 + 2), and a model of its memory traffic (2).
@@ -27,7 +27,8 @@
 # %%
 import flashbook as fb
 
-backend = fb.setup()   # first: on a CPU-only runtime this switches on the simulators
+# first: on a CPU-only runtime this switches on the simulators; it prints the versions it needs
+backend = fb.setup(needs=("torch",))
 
 import math
 

@@ -34,11 +34,12 @@
 # - compile-time specialisation and register tiling, which take scalar fp32 kernels from below
 #   0.01 to more than 10 TFLOP/s.
 #
-# **What you need**: Chapter 1 (softmax, attention, the float64 reference). A CUDA GPU of any
-# generation (a free Colab T4 is enough), or no GPU at all: on a CPU runtime every kernel runs in
-# Numba's CUDA simulator, which executes each GPU thread as a Python thread, at small sizes. No
-# CUDA C++ is needed: Section 3 walks through every statement of `flash.cu`. Allow about 2 hours;
-# CPU mode takes about two minutes to run top to bottom.
+# **What you need**: Chapter 1 (softmax, attention, the float64 reference); torch >= 2.11,
+# numba >= 0.68 and numba-cuda >= 0.30.4. A CUDA GPU of any generation (a free Colab T4 is
+# enough), or no GPU at all: on a CPU runtime every kernel runs in Numba's CUDA simulator, which
+# executes each GPU thread as a Python thread, at small sizes. No CUDA C++ is needed: Section 3
+# walks through every statement of `flash.cu`. Allow about 2 hours; CPU mode takes about two
+# minutes to run top to bottom.
 #
 # **Exercises** (16 points): a warm-up, one tile through shared memory (1 point); (1) the literal
 # port of `flash.cu` (3 points); (2) its bounds fixed for any N (3 points); (3) a launch
@@ -49,7 +50,8 @@
 
 # %%
 import flashbook as fb
-backend = fb.setup()          # before numba is imported: on CPU it switches on the simulator
+# before numba is imported: on CPU it switches on the simulator; prints the versions it needs
+backend = fb.setup(needs=("torch", "numba", "numba-cuda"))
 import math
 import numpy as np
 import torch

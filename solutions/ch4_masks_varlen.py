@@ -24,9 +24,10 @@
 #   same full / partial classification that PyTorch's FlexAttention stores in its `BlockMask`.
 # - Causal load balance: launching the longest rows first.
 #
-# **What you need**: Chapter 3 (the Triton forward, `attn_scores` / `attn_update`). Any
-# runtime: on a CPU the kernels run in the Triton interpreter at small sizes, and the checks
-# *count* the tiles your kernel loads; a GPU adds the benchmark. About 2 hours.
+# **What you need**: Chapter 3 (the Triton forward, `attn_scores` / `attn_update`);
+# torch >= 2.11 and triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton
+# interpreter at small sizes, and the checks *count* the tiles your kernel loads; a GPU adds the
+# benchmark. About 2 hours.
 #
 # **Exercises** (10 points): (1) the varlen forward: each program finds its sequence in a packed
 # batch (3); (2) causal and windowed masks with block skipping, in two cells: the mask and the

@@ -22,9 +22,9 @@
 # - Paged KV caches as serving systems keep them: a `block_table` of pages and `cache_seqlens`,
 #   as flash-attn's `flash_attn_with_kvcache` defines them; what paging buys and what it costs.
 #
-# **What you need**: Chapter 4 (packed batches, masks, `key_tiles`). Any runtime: on a CPU the
-# kernels run in the Triton interpreter at small sizes, and the checks count the K/V tiles your
-# kernels load; a GPU adds the benchmark. About 2 hours.
+# **What you need**: Chapter 4 (packed batches, masks, `key_tiles`); torch >= 2.11 and
+# triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton interpreter at small sizes,
+# and the checks count the K/V tiles your kernels load; a GPU adds the benchmark. About 2 hours.
 #
 # **Exercises** (10 points): (1) the M-fold prefill kernel (3); (2) the row lookup of a
 # contiguous and a paged cache (2); (3) the decode kernel, on both caches (3); (4) the decode

@@ -27,16 +27,16 @@
 #   interpret mode runs warp-specialized, barrier-driven kernels on a CPU and reports races and
 #   barrier misuse.
 #
-# **What you need**: Chapters 3 and 4 (the online softmax, two query tiles per program).
-# The exercises run on any machine: Exercises 1 and 4 in JAX's interpret mode (`pip install
-# "jax>=0.10.2" absl-py`, no GPU needed), Exercises 2 and 3 in plain Python. The chapter's kernel runs
-# for real on an H100 or H200.
+# **What you need**: Chapters 3 and 4 (the online softmax, two query tiles per program);
+# torch >= 2.11 and triton >= 3.6 (the Gluon kernel needs 3.6). The exercises run on any
+# machine: Exercises 1 and 4 in JAX's interpret mode (no GPU needed), Exercises 2 and 3 in plain
+# Python. The setup cell below installs JAX (CPU wheels) when it is missing, keeps an installed
+# one (Colab's), and prints which JAX versions the checks are proven on. The chapter's kernel
+# runs for real on an H100 or H200.
 #
-# **Versions.** The interpret-mode checks are tested with JAX 0.10.2 (the version the book's
-# test suite pins, CPU wheels); the Pallas kernels compiled and ran on an H200 with JAX 0.11.2.
-# The Gluon kernel is one source for Triton 3.6 (which it ran on, on the H200) and Triton 3.9
-# (which compiles it for sm_90a in the test suite, without a GPU); the few names that differ
-# between the two are mapped at the top of `gluon_fa3.py`.
+# **Versions.** The Gluon kernel is one source for Triton 3.6 (which it ran on, on the H200) and
+# Triton 3.9 (which compiles it for sm_90a in the test suite, without a GPU); the few names that
+# differ between the two are mapped at the top of `gluon_fa3.py`.
 #
 # **Exercises** (15 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
 # schedule of one producer and two consumers, (2a) the ring's barriers (3) and (2b) the
@@ -47,7 +47,8 @@
 import flashbook as fb
 backend = fb.setup()
 import torch
-from flashbook.chapters.ch6 import planner
+from flashbook.chapters.ch6 import jax_setup, planner
+jax_setup.ensure_jax()        # Exercises 1 and 4 run in JAX: installed when missing, never replaced
 
 # %% [markdown]
 # ## 1. What changed on Hopper

@@ -26,8 +26,9 @@
 #   cubic), with their error analysis.
 #
 # **What you need**: Chapter 3 (the online softmax, its Triton kernel) and Chapter 6 (warp
-# specialization, mbarriers, `setmaxnreg`). No Blackwell GPU: every exercise runs on a CPU (the
-# Triton ones in the interpreter) and on any GPU. About 2 hours.
+# specialization, mbarriers, `setmaxnreg`); torch >= 2.11 and triton >= 3.6 (Gluon's
+# `warp_specialize` signature changed in 3.5 and 3.6). No Blackwell GPU: every exercise runs on
+# a CPU (the Triton ones in the interpreter) and on any GPU. About 2 hours.
 #
 # **Exercises** (18 points): (1) a TMEM column map for the seed's tile shapes (3); (2) lazy
 # rescaling in Chapter 3's Triton kernel, exact on adversarial logits, with a count of the

@@ -29,8 +29,9 @@
 #   memory and bandwidth as the sequence grows.
 #
 # **What you need**: Chapter 3 (the online softmax and its merge), Chapter 5 (the M-fold and
-# decode). Any runtime: on a CPU the kernels run in the Triton interpreter and the ring runs as
-# 2 and 4 CPU processes over gloo; GPUs add the benchmarks. About 2 hours.
+# decode); torch >= 2.11 and triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton
+# interpreter and the ring runs as 2 and 4 CPU processes over gloo; GPUs add the benchmarks.
+# About 2 hours.
 #
 # **Exercises** (12 points): (1) `merge` (2); (2) the split-KV kernel and its combine kernel
 # (3); (3) a chain reduction without the seed's deadlock (2) and a tree (1); (4) the zig-zag

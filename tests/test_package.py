@@ -46,6 +46,23 @@ def test_a_second_setup_on_cpu_needs_no_restart(capsys, monkeypatch):
     assert os.environ["TRITON_INTERPRET"] == "1"
 
 
+def test_setup_prints_the_versions_the_chapter_needs(capsys):
+    from flashbook import versions
+    flashbook.setup(needs=("torch", "numba-cuda"))
+    out = capsys.readouterr().out
+    assert f"torch {versions.installed('torch')}" in out
+    assert "this chapter needs torch >= 2.11, numba-cuda >= 0.30.4" in out and "triton" not in out
+    old = {"torch": "2.8.0+cu126", "triton": "3.4.0"}
+    line, warnings = versions.report(("torch", "triton", "numba"), version=old.get)
+    assert line == ("flashbook | torch 2.8.0+cu126, triton 3.4.0, numba missing | this chapter "
+                    "needs torch >= 2.11, triton >= 3.6, numba >= 0.68")
+    assert len(warnings) == 3 and "torch 2.8.0+cu126 is older" in warnings[0]
+    assert "Gluon's warp_specialize" in warnings[1] and "numba is not installed" in warnings[2]
+    assert versions.report(("torch",), version={"torch": "2.11.0+cu130"}.get)[1] == []
+    with pytest.raises(ValueError, match="no minimum version known"):
+        versions.report(("jax",))
+
+
 def test_banner_and_chapter_minimum_compute_capability():
     b = flashbook.Backend(True, "Tesla T4", (7, 5), flashbook.device.GPU_SIZES)
     assert "Tesla T4 (sm_75)" in b.banner() and "CUDA" in b.banner()

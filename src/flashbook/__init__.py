@@ -2,6 +2,7 @@
 
 Toolkit modules (one job each; they know no chapter):
     device     GPU detection, CPU fallback (Triton interpreter, Numba simulator), size presets
+    versions   the toolchain versions the book needs (pyproject's lower bounds) and has here
     reference  float64 references: softmax, attention (GQA, causal/window masks, varlen), FLOPs
     cases      AttnCase (one seeded attention problem), its inputs and reference, and the
                argument validators every kernel wrapper runs
@@ -30,7 +31,8 @@ Chapters and the pipeline:
     grade      the instructor CLI's grading back end (imports nothing of the book)
     cli        the ``flashbook`` command: release, book, bench, grading
     publish    the published addresses, badges and project URLs, from one repository address
-    colab_install  the install step of every notebook's Colab setup cell
+    colab_install  the install step of every notebook's Colab setup cell (and of a chapter's
+               extra packages, installed only when missing)
 """
 from .device import setup, current, Backend
 from . import check, reference, bench, results, viz  # noqa: E402  (none imports triton/numba)

@@ -2,13 +2,16 @@
 
 ``setup()`` is the first code cell of every chapter. It must run before triton or
 numba are imported: with no GPU it sets ``TRITON_INTERPRET=1`` and
-``NUMBA_ENABLE_CUDASIM=1``, which both libraries read once, at import time.
+``NUMBA_ENABLE_CUDASIM=1``, which both libraries read once, at import time. It also prints
+the versions of the packages the chapter needs next to the minimums (``versions``).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import sys
+
+from . import versions
 
 _CPU_ENV = {"TRITON_INTERPRET": "1", "NUMBA_ENABLE_CUDASIM": "1"}
 _MODULE_ENV = {"triton": "TRITON_INTERPRET", "numba": "NUMBA_ENABLE_CUDASIM"}   # read at import
@@ -66,8 +69,10 @@ def _detect_gpu():
     return torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)
 
 
-def setup(verbose: bool = True) -> Backend:
-    """Detect the device, configure CPU mode if needed, print a one-line banner.
+def setup(verbose: bool = True, needs=versions.DEFAULT_NEEDS) -> Backend:
+    """Detect the device, configure CPU mode if needed, print a one-line banner and a line of
+    the installed versions of ``needs`` (package names of ``versions.MINIMUM``: what the chapter
+    needs) against their minimums, with a warning for each that is missing or older.
 
     Set ``FLASHBOOK_FORCE_CPU=1`` to use CPU mode on a GPU machine (what CI does).
     """
@@ -90,6 +95,10 @@ def setup(verbose: bool = True) -> Backend:
     _current = backend
     if verbose:
         print(backend.banner())
+        line, warnings = versions.report(needs)
+        print(line)
+        for warning in warnings:
+            print(warning)
         if restart:
             print(f"WARNING: {', '.join(stale)} was imported before flashbook.setup(), so it "
                   "cannot switch to CPU mode. Restart the runtime (Runtime > Restart session) "
