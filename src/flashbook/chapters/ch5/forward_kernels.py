@@ -71,8 +71,14 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     m_b = tl.full([HALF], float("-inf"), tl.float32)
     l_b = tl.zeros([HALF], tl.float32)
     acc_b = tl.zeros([HALF, HEAD_DIM], tl.float32)
-    lo, full_lo, full_hi, hi = key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right,
-                                         POS, BLOCK_N)
+    if WINDOWED:
+        lo, full_lo, full_hi, hi = key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right,
+                                             POS, BLOCK_N)
+    else:
+        # Every row sees every key: full tiles from key 0, then the last tile, masked on the
+        # keys. (key_tiles would take the tile's padding rows past seqlen_q for rows, whose left
+        # edge can fall past key 0: a left band that only the windowed loop visits.)
+        lo, full_lo, full_hi, hi = 0, 0, seqlen_k // BLOCK_N * BLOCK_N, seqlen_k
     if WINDOWED:                                          # the left band (windows only)
         for start_n in range(lo, full_lo, BLOCK_N):
             cols = start_n + offs_n
