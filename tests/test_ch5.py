@@ -76,6 +76,46 @@ def test_paged_decode_equals_contiguous_and_the_reference(solution):
         torch.testing.assert_close(o[b].transpose(0, 1).double(), want[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("wrapper", ["attention_gqa", "attention_gqa_two_tiles"])
+@pytest.mark.parametrize("H_q, H_kv", [(6, 2), (6, 1), (5, 1), (7, 1)])
+def test_prefill_takes_group_sizes_that_do_not_divide_the_tile(solution, wrapper, H_q, H_kv):
+    """G = 3, 5, 6, 7 (Qwen2.5-7B's G is 7): launch_gqa refused them ("BLOCK_M=32 must be a
+    multiple of 1 x G=3"); it now folds the part of G that divides the tile."""
+    case = AttnCase("t", seqlens=(16, 5), seqlens_k=(16, 21), H_q=H_q, H_kv=H_kv, d=32,
+                    causal=True)
+    q, k, v = make_inputs(case, 6)
+    o, lse = solution[wrapper](q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 16, 21,
+                               causal=True)
+    want, want_lse = expected(case, q, k, v)
+    torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_decode_of_many_new_tokens_is_taken_in_tiles_of_bounded_height(solution, monkeypatch,
+                                                                        causal):
+    """G x n_new rows made one tile of next_pow2(G x n_new) rows, without a cap (1,024 rows
+    needed 256 KB of shared memory on an H200). Now at most DECODE_MAX_ROWS rows a launch (8
+    here, so 4 heads x 9 new tokens take five launches); the answer is the same."""
+    from flashbook.chapters.ch5 import launch
+    monkeypatch.setattr(launch, "DECODE_MAX_ROWS", 8)
+    B, n_new, h_q, h_kv, d = 2, 9, 4, 1, 16
+    lengths = torch.tensor([30, 9], dtype=torch.int32)
+    q = torch.randn(B, n_new, h_q, d)
+    k, v = torch.randn(B, 32, h_kv, d), torch.randn(B, 32, h_kv, d)
+    heights = []
+    real = launch.decode_block_m
+    monkeypatch.setattr(launch, "decode_block_m", lambda G, n: heights.append(G * n) or real(G, n))
+    o, lse = solution["decode"](q, k, v, lengths, causal=causal)
+    assert max(heights) <= 8 and len(heights) == 5, heights
+    for b, n in enumerate(lengths.tolist()):
+        kv = [t[b, :n].repeat_interleave(h_q // h_kv, 1).transpose(0, 1)[None].double()
+              for t in (k, v)]
+        want = reference.attention(q[b].transpose(0, 1)[None].double(), *kv, causal=causal)
+        torch.testing.assert_close(o[b].transpose(0, 1).double(), want[0], atol=1e-5, rtol=1e-5)
+    assert lse.shape == (B, h_q, n_new) and torch.isfinite(lse).all()
+
+
 def test_paged_cache_pool_holds_the_pages_where_the_table_says():
     k = torch.arange(2 * 32 * 1 * 16, dtype=torch.float32).view(2, 32, 1, 16)
     kp, vp, table = ch5.paged_cache(k, k.clone(), 16, seed=3, spare=2)

@@ -15,6 +15,8 @@ Like Chapter 4's ``launch_varlen`` these check only what the launch needs; the p
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
@@ -50,9 +52,15 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     G = h_q // h_kv
     cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
     tiles = 2 if two_tiles else 1
-    if cfg.BLOCK_M % (tiles * G) or cfg.BLOCK_M // tiles < 16:
-        raise ValueError(f"{name}: BLOCK_M={cfg.BLOCK_M} must be a multiple of {tiles} x G={G} "
-                         f"with tiles of at least 16 rows.")
+    if cfg.BLOCK_M // tiles < 16:
+        raise ValueError(f"{name}: BLOCK_M={cfg.BLOCK_M} gives tiles of fewer than 16 rows.")
+    fold = math.gcd(G, cfg.BLOCK_M // tiles)
+    if fold < G:
+        # The fold needs G | the tile's rows (powers of two); for G = 3, 5, 6, 7 ... fold the
+        # largest group that divides them and repeat each K/V head G // fold times: right
+        # answers, at G // fold times the K/V traffic (and a copy of K and V).
+        k, v = (t.repeat_interleave(G // fold, dim=1) for t in (k, v))
+        h_kv, G = h_kv * (G // fold), fold
     scale = validate_scale(scale, d, name)
     o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
                      torch.empty((h_q, total_q), dtype=torch.float32, device=q.device))
@@ -74,9 +82,21 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     return o, lse
 
 
+# The most rows a decode tile holds (G heads x new tokens): more new tokens are taken in chunks.
+# A 1,024-row tile (G = 8, 128 new tokens) needed 256 KB of shared memory on an H200 (it has
+# 227 KB) and compiled for minutes in the CPU interpreter.
+DECODE_MAX_ROWS = 128
+
+
 def decode_block_m(G: int, n_new: int) -> int:
     """Rows of a decode tile: the G heads x n_new new tokens, at least 16 (``tl.dot``'s minimum)."""
     return max(16, triton.next_power_of_2(G * n_new))
+
+
+def decode_chunk(G: int, n_new: int) -> int:
+    """New tokens per launch: as many as keep the tile within ``DECODE_MAX_ROWS`` rows (one at
+    least, when G alone is larger)."""
+    return max(1, min(n_new, DECODE_MAX_ROWS // G))
 
 
 def decode_config(capability: tuple | None) -> tuple[int, int, int]:
@@ -101,6 +121,11 @@ def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, 
     B, n_new, h_q, d = q.shape
     h_kv = k_cache.shape[2]
     G = h_q // h_kv
+    chunk = decode_chunk(G, n_new)
+    if n_new > chunk:
+        return _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table,
+                                 chunk, causal=causal, scale=scale, block_n=block_n,
+                                 num_warps=num_warps, num_stages=num_stages, out=out)
     paged = block_table is not None
     rows_per_seq = k_cache.shape[1]
     tiles = decode_config(current().capability)
@@ -123,6 +148,26 @@ def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, 
                         BLOCK_M=BM, BLOCK_N=BN,
                         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                         num_warps=num_warps, num_stages=num_stages)
+    return o, lse
+
+
+def _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table, chunk: int, *,
+                      causal: bool, out, **launch):
+    """``launch_decode`` for many new tokens, ``chunk`` of them per launch, into views of one O
+    and LSE. The new tokens are the last ``n_new`` of each sequence: under the causal mask, the
+    chunk [c0, c1) sees the cache as if it ended ``n_new - c1`` keys earlier (bottom-right
+    alignment), so it is launched with ``cache_seqlens - (n_new - c1)``, a device op (no sync);
+    without the mask every chunk sees the whole cache."""
+    B, n_new, h_q, _ = q.shape
+    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
+                     torch.empty((B, h_q, n_new), dtype=torch.float32, device=q.device))
+    for c0 in range(0, n_new, chunk):
+        c1 = min(c0 + chunk, n_new)
+        seqlens = cache_seqlens - (n_new - c1) if causal else cache_seqlens
+        part = torch.empty((B, h_q, c1 - c0), dtype=torch.float32, device=q.device)
+        launch_decode(kernel, q[:, c0:c1], k_cache, v_cache, seqlens, block_table,
+                      causal=causal, out=(o[:, c0:c1], part), **launch)   # O: by its strides
+        lse[:, :, c0:c1] = part                     # the kernel writes LSE contiguous
     return o, lse
 
 
