@@ -10,6 +10,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import collections  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -60,6 +62,24 @@ def pytest_runtest_setup(item):
             and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):   # loadgroup: set in workers only
         pytest.fail("pytest-xdist's --dist loadgroup is not grouping tests with this pytest: "
                     "install the versions in constraints.txt, or run without -n", pytrace=False)
+
+
+def build_distributions(out: Path, *, wheel_only: bool = False) -> Path:
+    """`python -m build --no-isolation` of the tracked (and new, not ignored) files, copied out of
+    the checkout first (a build in place would leave build/ and egg-info there); returns ``out``."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tree = out.parent / f"{out.name}-tree"
+    for rel in filter(None, files.split("\0")):
+        if (ROOT / rel).is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, tree / rel)
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(out),
+                           *(["--wheel"] if wheel_only else []), str(tree)],
+                          capture_output=True, text=True, timeout=300)
+    shutil.rmtree(tree)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,8 @@ import yaml
 from flashbook import colab_install, notebooks, publish, sources
 from flashbook.grade import cellmeta, hidden
 
+from conftest import build_distributions
+
 WORKFLOWS = Path(".github") / "workflows"
 
 
@@ -246,19 +248,9 @@ def test_setup_cell_is_the_tested_function_and_does_nothing_off_colab(root, monk
 
 @pytest.fixture(scope="module")
 def dists(root, tmp_path_factory) -> dict[str, Path]:
-    """`python -m build --no-isolation` of the tracked (and new, not ignored) files."""
+    """The wheel and the sdist of the tracked (and new, not ignored) files."""
     work = tmp_path_factory.mktemp("dist")
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=root, capture_output=True, text=True, check=True).stdout
-    tree = work / "tree"
-    for rel in filter(None, files.split("\0")):
-        src = root / rel
-        if src.is_file():
-            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tree / rel).write_bytes(src.read_bytes())
-    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(work / "dist"),
-                           str(tree)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    build_distributions(work / "dist")
     return {"wheel": next((work / "dist").glob("*.whl")),
             "sdist": next((work / "dist").glob("*.tar.gz"))}
 

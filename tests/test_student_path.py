@@ -13,9 +13,7 @@ from __future__ import annotations
 import copy
 import csv
 import os
-import shutil
 import subprocess
-import sys
 import sysconfig
 import time
 import venv
@@ -32,6 +30,8 @@ from flashbook.grade import export as EX
 from flashbook.grade import feedback as FB
 from flashbook.grade.layout import Course
 
+from conftest import build_distributions
+
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = chapters.contracts()
 SUBMISSION_TIMEOUT = 1200          # s: the slowest chapter takes about 2 minutes on 2 cores
@@ -43,18 +43,7 @@ def student_python(tmp_path_factory) -> Path:
     wheel unpacked into its site-packages, and the pinned toolchain's site-packages added as a
     plain path entry (so the editable install's .pth, which maps flashbook to src/, is not run)."""
     work = tmp_path_factory.mktemp("student")
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    tree = work / "tree"
-    for rel in filter(None, files.split("\0")):
-        if (ROOT / rel).is_file():
-            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, tree / rel)
-    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "-o",
-                            str(work / "dist"), str(tree)], capture_output=True, text=True,
-                           timeout=300)
-    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    shutil.rmtree(tree)
+    build_distributions(work / "dist", wheel_only=True)
     env_dir = work / "env"
     venv.create(env_dir, with_pip=False, symlinks=True)
     python = env_dir / "bin" / "python"
