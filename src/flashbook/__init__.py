@@ -34,8 +34,24 @@ Chapters and the pipeline:
     colab_install  the install step of every notebook's Colab setup cell (and of a chapter's
                extra packages, installed only when missing)
 """
+import importlib
+
 from .device import setup, current, Backend
-from . import check, reference, bench, results, viz  # noqa: E402  (none imports triton/numba)
 
 __version__ = "0.1.0"
 __all__ = ["setup", "current", "Backend", "__version__"]
+
+# `fb.check`, `fb.bench`, ... are imported on first use (PEP 562): they import torch and
+# matplotlib, which the grader's worker processes and the command line never need (about 3 s
+# a process). None of them imports triton or numba, so `fb.setup()` may still come after.
+_LAZY = ("check", "reference", "bench", "results", "viz")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

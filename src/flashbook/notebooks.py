@@ -86,11 +86,39 @@ def source_notebook(ch: Source, root: Path, badge_image: str = COLAB_BADGE):
 
 def nbgrader(args: list[str], course: Path, **kw) -> subprocess.CompletedProcess:
     """Run an nbgrader command in the course directory (its nbgrader_config.py applies)."""
+    return nbgrader_python(["-m", "nbgrader", *args], course, **kw)
+
+
+# One interpreter for all of a release's assignments: importing nbgrader takes about 5 s, so
+# `nbgrader generate_assignment` once per chapter spent most of a release importing it. The
+# course's nbgrader_config.py is read as the command line reads it (NbGraderApp.initialize).
+_GENERATE = """
+import sys
+from nbgrader.apps import NbGraderAPI, NbGraderApp
+app = NbGraderApp()
+app.initialize([])
+api = NbGraderAPI(parent=app)
+for assignment in sys.argv[1:]:
+    result = api.generate_assignment(assignment, force=True)
+    if not result["success"]:
+        print(result.get("log", ""), result.get("error", ""), sep="\\n")
+        sys.exit(f"nbgrader generate_assignment {assignment} failed")
+"""
+
+
+def generate_assignments(assignments: list[str], course: Path,
+                         **kw) -> subprocess.CompletedProcess:
+    """``nbgrader generate_assignment A --force`` for each of ``assignments``, in one process."""
+    return nbgrader_python(["-c", _GENERATE, *assignments], course, **kw)
+
+
+def nbgrader_python(args: list[str], course: Path, **kw) -> subprocess.CompletedProcess:
+    """Run this Python with ``args`` in the course directory, as ``nbgrader`` runs there."""
     env = dict(kw.pop("env", None) or os.environ)
     # nbgrader runs `alembic` for its database: put this environment's scripts on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course,
-                          capture_output=True, text=True, env=env, **kw)
+    return subprocess.run([sys.executable, *args], cwd=course, capture_output=True, text=True,
+                          env=env, **kw)
 
 
 def release(root: Path | None = None, out_dir: Path | None = None, course: Path | None = None,
@@ -104,15 +132,15 @@ def release(root: Path | None = None, out_dir: Path | None = None, course: Path 
     out_dir = out_dir or root / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for ch in sources(root):
-        if only and ch.id not in only:
-            continue
+    chosen = [ch for ch in sources(root) if not only or ch.id in only]
+    for ch in chosen:
         src_dir = course / "source" / ch.id
         if src_dir.exists():
             shutil.rmtree(src_dir)
         src_dir.mkdir(parents=True)
         nbformat.write(source_notebook(ch, root), src_dir / f"{ch.name}.ipynb")
-        proc = nbgrader(["generate_assignment", ch.id, "--force"], course)
+    proc = generate_assignments([ch.id for ch in chosen], course) if chosen else None
+    for ch in chosen:
         released = course / "release" / ch.id / f"{ch.name}.ipynb"
         if proc.returncode != 0 or not released.exists():
             raise RuntimeError(f"nbgrader generate_assignment {ch.id} failed:\n{proc.stdout}\n"
