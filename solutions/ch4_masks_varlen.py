@@ -175,7 +175,9 @@ def attn_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, kv_ok, visible, qk_scale,
 #
 # The check packs sequences of lengths 0, 1, tile multiples and not, with `N_q != N_k`, and puts
 # a *canary* sequence of NaN between every two real ones: a kernel that reads one key past its
-# sequence reads NaN, and the check says which sequence leaked. About 35 lines.
+# sequence reads NaN, and the check says which sequence leaked. It then runs seeded random
+# shapes with the H200's tile of 128 x 64 (in CPU mode too), lengths next to its edges: a few
+# queries against many keys in a tall tile is where tile-range bugs hide. About 35 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch4_varlen_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit
@@ -382,7 +384,9 @@ ch4.check_mask_helpers(visible_pairs, key_tiles, hidden=True)
 # `visible_pairs(...)` of the tile's keys, and its `kv_ok` the keys `< seqlen_k`. The check
 # counts, in CPU mode, the K tiles each program loads and compares them with the tiles that
 # hold a visible pair: a kernel that masks but does not skip loads about twice as many for a
-# long causal sequence. About 45 lines (most of them Exercise 1's).
+# long causal sequence. Keep the left band's loop even without a window: a short sequence in a
+# tall tile (its padding rows count as queries) has one too, and the random shapes find it.
+# About 45 lines (most of them Exercise 1's).
 
 # %% nbgrader={"grade": false, "grade_id": "ch4_masked_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit

@@ -104,8 +104,9 @@ def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 # the kernel takes it, `ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)`, and
 # `ch5.launch_gqa(attn_gqa_kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
 # max_seqlen_k, window=..., scale=softmax_scale, config=config, sections=sections)`. The check runs
-# G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, and counts the K
-# tiles loaded in CPU mode: each K/V head's tiles exactly once. About 40 lines.
+# G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, then seeded random
+# shapes (G from 1 to 8, lengths next to the edges of the H200's 128-row tile, in CPU mode too),
+# and counts the K tiles loaded in CPU mode: each K/V head's tiles exactly once. About 40 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch5_mfold_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit

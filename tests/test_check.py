@@ -212,3 +212,39 @@ def test_argument_check_fails_a_validator_that_reads_while_captured():
     with pytest.raises(CheckFailure, match=r"captured: it read a tensor on the host "
                                            r"\(Tensor.tolist\(\).*Use host_values"):
         check.check_argument_errors(reads_on_the_host, **args)
+
+
+# ------------------------------------------------------------------ the random-shape sweep
+
+def _sweep(seed, **kw):
+    kw = {"block_m": 128, "block_n": 64, "tiles": 2, **kw}
+    return cases.sweep("s", seed=seed, n=40, **kw)
+
+
+def test_sweep_is_seeded_and_every_case_is_valid_and_has_work():
+    assert _sweep(3) == _sweep(3) and _sweep(3) != _sweep(4)
+    for case in _sweep(3, fold=True):
+        q, k, v = cases.make_inputs(case, 0)
+        o, lse = cases.expected(case, q, k, v)         # the reference accepts it
+        assert o.shape == q.shape and case.H_q % case.h_kv == 0
+        assert any(a and b for a, b in zip(case.seqlens, case.seqlens_k))
+
+
+def test_sweep_reaches_the_tile_edges_groups_and_masks_it_is_for():
+    many = [c for seed in range(5) for c in _sweep(seed)]
+    lens_k = {n for c in many for n in c.seqlens_k}
+    assert {0, 1, 63, 64, 65, 127, 128, 129} <= lens_k, sorted(lens_k)
+    assert {c.H_q // c.h_kv for c in many} == set(range(1, 9))
+    kinds = {("causal" if c.causal else "window" if c.window else "none") for c in many}
+    assert kinds == {"causal", "window", "none"}
+    # a few queries against more keys than one tile holds: where a tall tile's padding rows
+    # hide a left band of keys (Chapter 5's two-tile bug)
+    assert any(max(c.seqlens) <= 32 and max(c.seqlens_k) > 128 for c in many)
+    assert not any(c.causal or c.window for seed in range(5) for c in _sweep(seed, masks=False))
+
+
+def test_sweep_with_the_m_fold_puts_query_edges_at_a_tiles_positions():
+    """With the M-fold a 128-row tile holds 128 / G positions: the query lengths sit at its edges."""
+    edges = [n for seed in range(5) for c in _sweep(seed, fold=True, groups=(4,))
+             for n in c.seqlens]
+    assert {31, 32, 33, 64} & set(edges) and not {127, 129} & set(edges)

@@ -12,6 +12,7 @@ import html
 import io
 import json
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -677,3 +678,13 @@ def test_gpu_probe_reports_an_unusable_gpu():
     """On this CPU-only machine the probe's CUDA call fails: the reason is given, not a crash."""
     why = AG.gpu_problem("0", attempts=2, wait_s=0.0)
     assert why is not None and why.startswith("GPU 0 is not healthy (") and why.endswith(")"), why
+
+
+def test_a_grading_worker_starts_without_torch():
+    """The worker and the sandbox launcher run once per submission: importing flashbook must not
+    import torch or matplotlib there (about 3 s a process; flashbook's toolkit is lazy)."""
+    probe = subprocess.run([sys.executable, "-c", "import sys, flashbook.grade.worker, "
+                            "flashbook.grade.sandbox; "
+                            "print(sorted({'torch', 'matplotlib'} & set(sys.modules)))"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr

@@ -39,6 +39,10 @@ VARIANTS = (
         ('for start_n in range(full_hi, hi, BLOCK_N):',
          'for start_n in range(full_hi, seqlen_k, BLOCK_N):'),
     ), expect='nothing is skipped'),     # right, but loads every future tile
+    Variant('masked_left_band_only_for_windows', 'ch4_masked_kernel', (
+        ('    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)',
+         '    for start_n in range(lo, full_lo if window_left < seqlen_k else lo, BLOCK_N):'),
+    ), expect='random shapes'),          # a short sequence in a tall tile has a left band too
     Variant('masked_band_without_mask', 'ch4_masked_kernel', (
         ('visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left,\n'
          '                                                window_right), qk_scale, True, '

@@ -13,6 +13,10 @@ VARIANTS = (
          '    k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))\n'
          '    validate_gqa(q, k, v,'),
     ), expect='once per query head'),    # right numbers, G times the K/V traffic
+    Variant('mfold_left_band_only_for_windows', 'ch5_mfold_kernel', (
+        ('    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)',
+         '    for start_n in range(lo, full_lo if window_left < seqlen_k else lo, BLOCK_N):'),
+    ), expect='random shapes'),          # a short sequence in a tall tile has a left band too
     # ----------------------------------------------------------------- ch5_cache_rows
     Variant('page_lookup_off_by_one', 'ch5_cache_rows', (
         ('keys // rows_per_seq,', 'keys // rows_per_seq + 1,'),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import random
 import weakref
 from typing import Sequence
 
@@ -141,6 +142,51 @@ def grid(cases: Sequence[AttnCase], **axes) -> list[AttnCase]:
     for case in cases:
         for values in itertools.product(*axes.values()):
             out.append(dataclasses.replace(case, **dict(zip(axes, values))))
+    return out
+
+
+def sweep(name: str, seed: int, n: int, *, block_m: int, block_n: int, tiles: int = 3,
+          groups: Sequence[int] = range(1, 9), d: int = 16, dtype: torch.dtype = torch.float32,
+          masks: bool = True, max_sequences: int = 3, fold: bool = False) -> list[AttnCase]:
+    """``n`` seeded random valid packed problems that hunt tile-boundary bugs, which hand-picked
+    cases can miss: 1 to ``max_sequences`` sequences whose query and key lengths run from 0 to
+    ``tiles`` tiles (``block_m`` query rows, ``block_n`` keys; the GPU's tile shapes find what the
+    small CPU tiles cannot), most of them next to a tile edge (a multiple of the tile, -1, +1),
+    some with a few queries against many keys or the reverse;
+    G from ``groups`` with h_kv of 1 or 2; with ``masks``, causal, a sliding window or neither.
+    ``fold``: a query tile holds ``block_m // G`` positions of G heads (Chapter 5's M-fold), so
+    the query lengths' tile edges are multiples of that. The same seed gives the same cases on
+    every machine."""
+    rng = random.Random(seed)
+
+    def length(block: int, most: int = tiles) -> int:
+        edge = rng.randint(0, most) * block
+        return max(0, edge + rng.choice((-1, 0, 1, rng.randint(-block // 2, block // 2))))
+
+    out = []
+    for i in range(n):
+        G, h_kv = rng.choice(list(groups)), rng.choice((1, 2))
+        count = rng.randint(1, max_sequences)
+        rows = max(1, block_m // G) if fold else block_m
+        # a third of the cases: a few queries against many keys (a tall tile's padding rows
+        # then outnumber the real ones), or many queries against a few keys
+        family = rng.choice(("edges", "few queries", "few keys"))
+        lens_q = [rng.randint(0, max(1, rows // 4)) if family == "few queries" else length(rows)
+                  for _ in range(count)]
+        lens_k = [rng.randint(0, block_n // 2) if family == "few keys" else
+                  length(block_n, tiles + 1 if family == "few queries" else tiles)
+                  for _ in range(count)]
+        j = rng.randrange(count)            # at least one sequence with queries and keys
+        lens_q[j], lens_k[j] = max(lens_q[j], 1), max(lens_k[j], 1)
+        lens_q, lens_k = tuple(lens_q), tuple(lens_k)
+        kind = rng.choice(("none", "causal", "window")) if masks else "none"
+        window = None
+        if kind == "window":     # flash-attn's (left, right); -1 is unlimited on that side
+            window = (rng.choice((-1, rng.randint(0, 2 * block_n))),
+                      rng.choice((-1, 0, rng.randint(0, block_n))))
+        out.append(AttnCase(f"{name} {i + 1}/{n} (seed {seed})", seqlens=lens_q,
+                            seqlens_k=lens_k, H_q=G * h_kv, H_kv=h_kv, d=d, dtype=dtype,
+                            causal=kind == "causal", window=window))
     return out
 
 

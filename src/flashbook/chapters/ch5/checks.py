@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, make_inputs, seeded
+from flashbook.cases import AttnCase, make_inputs, seeded, sweep
 from flashbook.check import CheckFailure, assert_close, check_argument_errors, check_attention, \
     no_nan, report, require_implemented, run_student
 from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, tiles, \
@@ -45,6 +45,21 @@ def gqa_cases(hidden: bool = False) -> list[AttnCase]:
 def _configs():
     return [None, Config(64, 32, 4, 2)] if current().gpu else \
         [Config(16, 16, 4, 1), Config(32, 16, 4, 1)]
+
+
+# The random sweep runs with the H200's tile (128 x 64) in CPU mode too: a bug at the edge of a
+# tile of 128 rows (G query heads each at 128 / G positions) needs lengths around that tile.
+SWEEP_TILE = Config(128, 64, 4, 1)
+
+
+def sweep_cases(hidden: bool = False) -> list[AttnCase]:
+    # first, short sequences against long ones in that tall tile: its padding rows outnumber
+    # the real ones, and the key tiles a program visits start with a partial left band
+    edge = AttnCase("a few queries, many keys", seqlens=(1, 30), seqlens_k=(135, 200), H_q=2,
+                    H_kv=1, d=16)
+    return [edge] + sweep("random", seed=50 if hidden else 5, n=6 if hidden else 2,
+                          block_m=SWEEP_TILE.BLOCK_M, block_n=SWEEP_TILE.BLOCK_N, tiles=2,
+                          fold=True)
 
 
 def _run_prefill(wrapper, case: AttnCase, cfg, q, k, v, counter=None):
@@ -94,10 +109,15 @@ def check_gqa_prefill(attention_gqa, hidden: bool = False):
     """Exercise 1: the M-fold GQA forward matches float64 attention per query head, with
     Chapter 4's masks and packed batches, and loads each K/V tile once per group."""
     require_implemented(attention_gqa, "attention_gqa")
-    n = check_attention(lambda q, k, v, case, cfg: _run_prefill(attention_gqa, case, cfg, q, k, v),
-                        gqa_cases(hidden), title="GQA prefill", configs=_configs(),
+    def run(q, k, v, case, cfg):
+        return _run_prefill(attention_gqa, case, cfg, q, k, v)
+    n = check_attention(run, gqa_cases(hidden), title="GQA prefill", configs=_configs(),
                         describe_config=tiles, guard=True, seed=21 if hidden else 0,
                         lse_tol=(2e-4, 1e-4), hint=_HINT, quiet=True)
+    n += check_attention(run, sweep_cases(hidden), title="GQA prefill, random shapes",
+                         configs=[None] if current().gpu else [SWEEP_TILE],
+                         describe_config=tiles, guard=True, seed=31 if hidden else 1,
+                         lse_tol=(2e-4, 1e-4), hint=_HINT, quiet=True)
     report("GQA prefill (M-fold)", n, extra=_count_loads(attention_gqa, hidden), hidden=hidden)
 
 
@@ -179,7 +199,11 @@ def decode_cases(hidden: bool = False):
                   ("paged (16), G=1, lengths at page edges", 3, 1, 2, 2, 16, (16, 32, 17), 48,
                    16, torch.float32, None),
                   ("paged (16), tiles of 64 keys over 4 pages", 2, 2, 8, 2, 16, (50, 64), 64,
-                   16, torch.float32, 64)]
+                   16, torch.float32, 64),
+                  # G x n_new = 160 rows: the launcher runs chunks of at most DECODE_MAX_ROWS,
+                  # each causal-aligned to its own last token
+                  ("paged (16), G=4, 40 new tokens (two launches)", 2, 40, 8, 2, 16, (40, 75),
+                   80, 16, torch.float32, None)]
     return cases
 
 
