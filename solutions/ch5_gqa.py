@@ -20,7 +20,8 @@
 # - Decode against a KV cache: why it is memory-bound (its arithmetic intensity on the
 #   roofline), and a kernel that reads the cache exactly once, with per-sequence lengths.
 # - Paged KV caches as serving systems keep them: a `block_table` of pages and `cache_seqlens`,
-#   as flash-attn's `flash_attn_with_kvcache` defines them; what paging buys and what it costs.
+#   much as flash-attn's `flash_attn_with_kvcache` defines them (`decode`'s docstring says where
+#   it differs); what paging buys and what it costs.
 #
 # **What you need**: Chapter 4 (packed batches, masks, `key_tiles`); torch >= 2.11 and
 # triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton interpreter at small sizes,
@@ -561,8 +562,14 @@ ch5.check_validate_decode(validate_decode, hidden=True)
 # %%
 def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=None,
            causal=True):
-    """flash-attn's flash_attn_with_kvcache, forward: the new tokens q (B, n_new, h_q, d)
-    against a contiguous or paged cache. Returns O (B, n_new, h_q, d) and LSE (B, h_q, n_new)."""
+    """Decode: the new tokens q (B, n_new, h_q, d) attend to the first cache_seqlens[b] keys of
+    a contiguous (B, max_len, h_kv, d) or paged (pages, page_size, h_kv, d) cache. Returns O
+    (B, n_new, h_q, d) and LSE (B, h_q, n_new).
+
+    Where it differs from flash-attn's flash_attn_with_kvcache: the new tokens' keys and values
+    must already be in the cache (it appends nothing), so cache_seqlens counts them
+    (cache_seqlens[b] >= n_new; flash-attn's counts the keys before the new tokens), and causal
+    defaults to True (flash-attn's to False; with one new token it changes nothing)."""
     validate_decode(q, k_cache, v_cache, cache_seqlens, block_table)
     return ch5.launch_decode(decode_kernel, q, k_cache, v_cache, cache_seqlens, block_table,
                              causal=causal, scale=softmax_scale)
@@ -643,4 +650,4 @@ else:
 # * GQA {cite}`ainslie2023gqa` and MQA {cite}`shazeer2019mqa`.
 # * PagedAttention and vLLM {cite}`kwon2023vllm`: the paged KV cache.
 # * FlashAttention-2 {cite}`dao2023flashattention2`: `flash_attn_with_kvcache`, the decode
-#   interface this chapter follows.
+#   interface this chapter follows (with the new tokens already in the cache).
