@@ -404,3 +404,22 @@ def test_selftest_runs_where_jupyter_is_not_installed(tmp_path):
     first = selftest.load(out)["chapters"]["ch1"]
     assert first["passed"] and first["how"] == "script", first
     assert first["grading"]["reason"].startswith("grading skipped: nbgrader/nbclient not installed")
+
+
+def test_the_commit_given_wins_over_an_older_git_in_the_root(tmp_path):
+    """A copy of a checkout whose .git is at an older commit (the files are newer): the record
+    names the commit given, and cannot tell whether the files are committed."""
+    root = fake_root(tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    old = selftest.git_commit(root)
+    (root / "solutions" / "ch1_fake.py").write_text(
+        (root / "solutions" / "ch1_fake.py").read_text() + "\n# newer\n")
+    files = selftest.source_files("ch1", root)
+    assert selftest.uncommitted(files, root) is True                # judged against its git
+    assert selftest.uncommitted(files, root, old) is True
+    assert selftest.uncommitted(files, root, "f" * 40) is None      # another commit: unknown
+    assert selftest.recorded_commit(root, "f" * 40) == "f" * 40
+    assert selftest.recorded_commit(root, None) == old

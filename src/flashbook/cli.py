@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--root", help="the checkout (default: $FLASHBOOK_ROOT, the checkout an "
                                   "editable install runs from, else the current directory)")
     s.add_argument("--out", help="the record (default: src/flashbook/data/selftest/<gpu>.json)")
-    s.add_argument("--commit", help="the commit to record where the root has no .git")
+    s.add_argument("--commit", help="the commit to record (default: the root's git HEAD); name it "
+                   "where the root has no .git, or a .git older than its files")
     s.add_argument("--runner", choices=["auto", "nbclient", "script"], default="auto",
                    help="auto: nbclient when nbclient and ipykernel are installed, else script")
     s.add_argument("--timeout", type=float, default=1200,

@@ -355,10 +355,20 @@ def git_commit(root: Path) -> str | None:
     return _git(root, "rev-parse", "HEAD") or None
 
 
-def uncommitted(paths: list[Path], root: Path) -> bool | None:
-    """Whether git sees changes to ``paths`` (None: it cannot tell)."""
+def uncommitted(paths: list[Path], root: Path, commit: str | None = None) -> bool | None:
+    """Whether git sees changes to ``paths`` (None: it cannot tell, also when ``commit`` is
+    given and the root's git is at another commit: a copy of a checkout with an old .git)."""
+    head = git_commit(root)
+    if commit and head != commit:
+        return None
     status = _git(root, "status", "--porcelain", "--", *map(str, paths))
     return None if status is None else bool(status)
+
+
+def recorded_commit(root: Path, commit: str | None) -> str | None:
+    """The commit a record names: the one given (``--commit``: the caller knows what it copied),
+    else the root's git HEAD."""
+    return commit or git_commit(root)
 
 
 def provenance(command: str, root: Path, commit: str | None) -> dict:
@@ -375,7 +385,7 @@ def provenance(command: str, root: Path, commit: str | None) -> dict:
     cc = backend.capability
     info.update(gpu=backend.name, compute_capability=cc and f"{cc[0]}.{cc[1]}",
                 driver=info.get("driver") if backend.gpu else None,
-                device="gpu" if backend.gpu else "cpu", commit=git_commit(root) or commit,
+                device="gpu" if backend.gpu else "cpu", commit=recorded_commit(root, commit),
                 flashbook=__version__, package=package_kind(root),
                 package_dir=str(package_dir()), quick_bench=True)
     return info
@@ -450,7 +460,7 @@ def selftest(root: Path, chapter_ids: list[str] | None = None, out: Path | None 
         secret = secret_lines(solved_cells(chapter_sources.source(cid, root).path))
         entry = {"passed": ran["ran"] and full_marks(grading), **ran,
                  "sha256": source_hash(cid, root),
-                 "uncommitted_changes": uncommitted(source_files(cid, root), root),
+                 "uncommitted_changes": uncommitted(source_files(cid, root), root, commit),
                  "grading": redacted(grading, secret), "provenance": prov}
         echo(f"{cid}: {summary(entry)}")
         passed.append(entry["passed"])
