@@ -204,3 +204,20 @@ def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     res = compile_script(AOT_SCRIPT, tmp_path)
     assert len(res) == 6
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
+
+
+def test_a_head_dim_the_tiles_cannot_take_is_refused_with_the_reason_and_the_way_out():
+    """d = 96 (Chapter 5's table has models with d = 96-256) is refused by every launcher and
+    wrapper check of Chapters 4, 5 and 8, saying why and what to do, never deep in a kernel."""
+    from flashbook.chapters import ch4, ch8
+    q, k = torch.randn(16, 6, 96), torch.randn(16, 2, 96)
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    calls = [lambda: ch5.launch_gqa(None, q, k, k, cu, cu, 16, 16, window=(32, 32)),
+             lambda: ch4.launch_varlen(None, q, q, q, cu, cu, 16, 16),
+             lambda: ch5.validate_packed(q, k, k, cu, cu, 16, 16),
+             lambda: ch8.validate_split_decode(torch.randn(2, 1, 6, 96), torch.randn(2, 8, 2, 96),
+                                               torch.randn(2, 8, 2, 96),
+                                               torch.tensor([3, 8], dtype=torch.int32))]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"d=96.*power of two.*zero-pad"):
+            call()

@@ -223,13 +223,14 @@ def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], 
 def validate_qkv(q, k, v, *, name: str = "attention",
                  dtypes: Sequence[torch.dtype] = (torch.float16, torch.float32),
                  head_dims: Sequence[int] | None = None, d_max: int | None = None,
-                 contiguous: str = "last", same_shape: bool = False, gqa: bool = False,
+                 head_dims_why: str = "", contiguous: str = "last", same_shape: bool = False, gqa: bool = False,
                  allow_empty: bool = True) -> tuple[int, int, int, int, int, int]:
     """Check dense q (B, H_q, N_q, d), k and v (B, H_kv, N_k, d) for a kernel wrapper; raise a
     ValueError that names the problem. Returns (B, H_q, H_kv, N_q, N_k, d).
 
     ``same_shape``: q, k, v must be one shape (kernels that assume N_q == N_k); ``gqa``: H_q may
-    be a multiple of H_kv; ``head_dims``: the accepted d (else 1..``d_max``); ``allow_empty``:
+    be a multiple of H_kv; ``head_dims``: the accepted d (else 1..``d_max``), and
+    ``head_dims_why`` what the refusal of another says; ``allow_empty``:
     zero-sized B, H or N are accepted (the wrapper returns early).
     """
     for label, t in (("q", q), ("k", k), ("v", v)):
@@ -252,7 +253,8 @@ def validate_qkv(q, k, v, *, name: str = "attention",
         raise ValueError(f"{name}: empty input (B={B}, H={H_q}, N_q={N_q}, N_k={N_k}).")
     if head_dims is not None and d not in head_dims:
         raise ValueError(f"{name}: head dimension d={d} is not supported; use one of "
-                         f"{tuple(head_dims)}.")
+                         f"{tuple(head_dims)}" + (f": {head_dims_why}" if head_dims_why else "")
+                         + ".")
     if d_max is not None and not 1 <= d <= d_max:
         raise ValueError(f"{name}: head dimension d={d} is outside 1..{d_max}.")
     return B, H_q, H_kv, N_q, N_k, d

@@ -13,6 +13,10 @@ from flashbook.device import current
 
 LOG2E = 1.4426950408889634      # log2(e): exp(x) = exp2(x * LOG2E)
 HEAD_DIMS = (16, 32, 64, 128)   # tl.arange needs a power of two, tl.dot at least 16
+# what a refusal of another head dimension says (Chapters 3-5, 8 and 9 use these tiles)
+HEAD_DIMS_WHY = ("the kernels' tiles are a power of two wide (tl.arange) and at least 16 "
+                 "(tl.dot); for another d, zero-pad q, k and v to the next of these (scale "
+                 "1/sqrt(d) with your d) and slice O back")
 DTYPES = (torch.float16, torch.float32)
 
 # Shared memory one block may use (the opt-in maximum per block), by compute capability, from
@@ -115,7 +119,7 @@ def attention_forward(kernel, q, k, v, scale: float | None = None, config: Confi
     Memory traffic: Q read once, K and V once per query tile, O and LSE written once.
     """
     B, H, _, N_q, N_k, d = validate_qkv(q, k, v, name="attention", dtypes=DTYPES,
-                                        head_dims=HEAD_DIMS)
+                                        head_dims=HEAD_DIMS, head_dims_why=HEAD_DIMS_WHY)
     scale = validate_scale(scale, d)
     cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
     rows = cfg.BLOCK_M // 2 if two_tiles else cfg.BLOCK_M          # rows of one query tile
@@ -161,7 +165,8 @@ def merge_states(kernel, o_a, lse_a, o_b, lse_b, block_r: int = 16):
                          f"{o_b.dtype} must match.")
     d = o_a.shape[-1]
     if d not in HEAD_DIMS:
-        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of {HEAD_DIMS}.")
+        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of "
+                         f"{HEAD_DIMS}: {HEAD_DIMS_WHY}.")
     oa, ob = o_a.contiguous().reshape(-1, d), o_b.contiguous().reshape(-1, d)
     la, lb = lse_a.contiguous().reshape(-1), lse_b.contiguous().reshape(-1)
     n_rows = oa.shape[0]

@@ -17,7 +17,8 @@ import torch
 import triton
 
 from flashbook.cases import validate_scale, validate_tensor
-from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E, Config, pick_config
+from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
+    pick_config
 from flashbook.device import current
 
 __all__ = ["launch_varlen", "window_bounds", "heads_per_section", "Config", "pick_config", "HEAD_DIMS", "DTYPES"]
@@ -75,7 +76,8 @@ def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int
                         contiguous="all")
     total_q, H, d = q.shape
     if d not in HEAD_DIMS:
-        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of {HEAD_DIMS}.")
+        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of "
+                         f"{HEAD_DIMS}: {HEAD_DIMS_WHY}.")
     scale = validate_scale(scale, d, name)
     cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
     rows = cfg.BLOCK_M // 2 if two_tiles else cfg.BLOCK_M

@@ -21,7 +21,8 @@ import torch
 import triton
 
 from flashbook.cases import host_values, validate_scale, validate_tensor
-from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E, Config, pick_config
+from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
+    pick_config
 from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
 from flashbook.device import current
 
@@ -46,9 +47,11 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         validate_tensor(label, t, dims=3, dtypes=dtypes, name=name)
     total_q, h_q, d = q.shape
     h_kv = k.shape[1]
-    if d not in HEAD_DIMS or h_q % h_kv:
-        raise ValueError(f"{name}: need d in {HEAD_DIMS} and h_q a multiple of h_kv, got d={d}, "
-                         f"h_q={h_q}, h_kv={h_kv}.")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of "
+                         f"{HEAD_DIMS}: {HEAD_DIMS_WHY}.")
+    if h_q % h_kv:
+        raise ValueError(f"{name}: h_q={h_q} must be a multiple of h_kv={h_kv}.")
     G = h_q // h_kv
     cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
     tiles = 2 if two_tiles else 1
@@ -186,7 +189,8 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
             q.shape[2] not in HEAD_DIMS:
         raise ValueError(f"{name}: k {tuple(k.shape)} and v {tuple(v.shape)} must be (total_k, "
                          f"h_kv, d) with q's d (one of {HEAD_DIMS}) and h_kv dividing q's "
-                         f"{q.shape[1]} heads.")
+                         f"{q.shape[1]} heads" + (f"; d={q.shape[2]}: {HEAD_DIMS_WHY}"
+                                                  if q.shape[2] not in HEAD_DIMS else "") + ".")
     for label, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or \
                 cu.device != q.device:

@@ -20,7 +20,7 @@ import torch
 import triton
 
 from flashbook.cases import host_values, validate_scale, validate_tensor
-from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, LOG2E
+from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.chapters.ch5.launch import decode_block_m
 from flashbook.device import current
 
@@ -133,7 +133,8 @@ def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
             h_q % k_cache.shape[2] or d not in HEAD_DIMS:
         raise ValueError(f"{name}: k_cache {tuple(k_cache.shape)} and v_cache "
                          f"{tuple(v_cache.shape)} must be (B={B}, max_len, h_kv, d={d}) with h_kv "
-                         f"dividing h_q={h_q} and d one of {HEAD_DIMS}.")
+                         f"dividing h_q={h_q} and d one of {HEAD_DIMS}"
+                         + (f"; d={d}: {HEAD_DIMS_WHY}" if d not in HEAD_DIMS else "") + ".")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or \
             tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
         raise ValueError(f"{name}: cache_seqlens must be a ({B},) torch.int32 tensor on "

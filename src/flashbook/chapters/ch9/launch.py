@@ -24,7 +24,7 @@ import torch
 import triton
 
 from flashbook.cases import validate_scale, validate_tensor
-from flashbook.chapters.ch3.launch import HEAD_DIMS, LOG2E
+from flashbook.chapters.ch3.launch import HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.device import current
 
 __all__ = ["BwdConfig", "bwd_config", "check_backward_args", "launch_preprocess", "launch_dkdv",
@@ -84,7 +84,8 @@ def _check(name, tensors, d):
         raise ValueError(f"{name}: " + ", ".join(label for label, _ in tensors) + " must share "
                          "a dtype, got " + ", ".join(str(t.dtype) for _, t in tensors) + ".")
     if d not in HEAD_DIMS:
-        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of {HEAD_DIMS}.")
+        raise ValueError(f"{name}: head dimension d={d} is not supported; use one of "
+                         f"{HEAD_DIMS}: {HEAD_DIMS_WHY}.")
     if q.dtype == torch.bfloat16 and current().capability is None:
         raise ValueError(f"{name}: bf16 tl.dot is wrong in the CPU interpreter; use float16 "
                          "or float32 on a CPU.")
