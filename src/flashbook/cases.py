@@ -223,8 +223,8 @@ def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], 
 def validate_qkv(q, k, v, *, name: str = "attention",
                  dtypes: Sequence[torch.dtype] = (torch.float16, torch.float32),
                  head_dims: Sequence[int] | None = None, d_max: int | None = None,
-                 head_dims_why: str = "", contiguous: str = "last", same_shape: bool = False, gqa: bool = False,
-                 allow_empty: bool = True) -> tuple[int, int, int, int, int, int]:
+                 head_dims_why: str = "", contiguous: str = "last", same_shape: bool = False,
+                 gqa: bool = False, allow_empty: bool = True) -> tuple[int, int, int, int, int, int]:
     """Check dense q (B, H_q, N_q, d), k and v (B, H_kv, N_k, d) for a kernel wrapper; raise a
     ValueError that names the problem. Returns (B, H_q, H_kv, N_q, N_k, d).
 
