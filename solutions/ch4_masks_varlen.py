@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 from flashbook import reference
-from flashbook.cases import host_values, validate_tensor
+from flashbook.cases import as_window, host_values, validate_tensor
 from flashbook.chapters import ch4
 
 # %% [markdown]
@@ -637,7 +637,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      causal=False, window_size=(-1, -1), softmax_scale=None, config=None,
                      sections=None):
     """flash-attn's flash_attn_varlen_func, forward: returns O (total_q, H, d) and LSE
-    (H, total_q). Causal masks are bottom-right; window_size=(left, right), -1 unlimited."""
+    (H, total_q). Causal masks are bottom-right; window_size=(left, right), -1 unlimited
+    (Python, NumPy or torch integers)."""
+    window_size = as_window(window_size)         # NumPy or torch integers as Python ints
     validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
     return ch4.launch_varlen(attn_masked_two_tiles, q, k, v, cu_seqlens_q, cu_seqlens_k,
@@ -649,6 +651,7 @@ def attention_varlen_one_tile(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               causal=False, window_size=(-1, -1), softmax_scale=None,
                               config=None, sections=None):
     """attention_varlen with Exercise 2b's one-tile kernel (for comparison)."""
+    window_size = as_window(window_size)         # NumPy or torch integers as Python ints
     validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
     return ch4.launch_varlen(attn_masked_kernel, q, k, v, cu_seqlens_q, cu_seqlens_k,

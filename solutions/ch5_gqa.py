@@ -77,7 +77,10 @@ fig = ch5.plot_mfold(G=4, rows_per_head=4, block_m=16)
 
 # %% [markdown]
 # The public wrapper checks its arguments first: `validate_gqa` is Chapter 4's `validate_varlen`
-# (your Exercise 3 there) with `h_q` a multiple of `h_kv`.
+# (your Exercise 3 there) with `h_q` a multiple of `h_kv`, taking a `window_size` of NumPy or
+# torch integers as well, and bfloat16 on a GPU of compute capability 8.0 or newer
+# (`ch5.prefill_dtypes()`: the kernel casts P to V's dtype, so the same code runs in bf16; the
+# CPU interpreter's bf16 `tl.dot` is wrong, so the checks grade fp16 and fp32).
 
 # %%
 def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

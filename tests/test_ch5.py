@@ -221,3 +221,38 @@ def test_a_head_dim_the_tiles_cannot_take_is_refused_with_the_reason_and_the_way
     for call in calls:
         with pytest.raises(ValueError, match=r"d=96.*power of two.*zero-pad"):
             call()
+
+
+@pytest.mark.parametrize("kind", ["numpy ints", "torch ints", "a tensor", "a list"])
+def test_window_size_of_numpy_or_torch_integers_is_taken_as_python_ints(solution, kind):
+    """flash-attn users pass window_size from configs (NumPy ints) or as a tensor: Chapters 4
+    and 5's wrappers give the same O as with Python ints; floats and bools are still refused."""
+    import numpy as np
+    ch4_solution = sources.solution_namespace("ch4", ROOT)
+    window = {"numpy ints": (np.int64(5), np.int32(2)), "torch ints": (torch.tensor(5), 2),
+              "a tensor": torch.tensor([5, 2]), "a list": [5, 2]}[kind]
+    case = AttnCase("t", seqlens=(9, 20), seqlens_k=(12, 20), H_q=4, H_kv=2, d=16, window=(5, 2))
+    q, k, v = make_inputs(case, 6)
+    want, _ = expected(case, q, k, v)
+    args = (q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 20, 20)
+    o, _ = solution["attention_gqa"](*args, window_size=window)
+    torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
+    case1 = AttnCase("t", seqlens=(9, 20), seqlens_k=(12, 20), H_q=2, d=16, window=(5, 2))
+    q1, k1, v1 = make_inputs(case1, 6)
+    o1, _ = ch4_solution["attention_varlen"](q1, k1, v1, *args[3:], window_size=window)
+    torch.testing.assert_close(o1.double(), expected(case1, q1, k1, v1)[0], atol=1e-5, rtol=1e-5)
+    for bad in ((5.0, 2), (True, 2), torch.tensor([5.0, 2.0]), (np.int64(5),)):
+        with pytest.raises(ValueError, match="window_size"):
+            solution["attention_gqa"](*args, window_size=bad)
+        with pytest.raises(ValueError, match="window_size"):
+            ch4_solution["attention_varlen"](q1, k1, v1, *args[3:], window_size=bad)
+
+
+def test_bf16_is_refused_in_cpu_mode_saying_where_it_is_taken():
+    """bf16 on a CPU runtime: the prefill's dtypes leave it out (the interpreter's bf16 tl.dot
+    is wrong), and the refusal says so and where bf16 is taken."""
+    assert torch.bfloat16 not in ch5.prefill_dtypes()
+    q = torch.randn(16, 2, 16, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"bfloat16.*compute capability 8\.0.*interpreter"):
+        ch5.validate_packed(q, q, q, cu, cu, 16, 16)

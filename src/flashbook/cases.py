@@ -2,7 +2,7 @@
 
 ``AttnCase`` describes one seeded problem; ``make_inputs`` builds its q, k, v; ``expected``
 computes its float64 reference; ``validate_qkv`` is the argument check every kernel wrapper
-runs, so a bad call raises a ``ValueError`` that says what is wrong instead of crashing a kernel;
+runs (``as_window`` turns a ``window_size`` of NumPy or torch integers into Python ints first), so a bad call raises a ``ValueError`` that says what is wrong instead of crashing a kernel;
 ``host_values`` is how a wrapper reads an index tensor (``cu_seqlens``, ``cache_seqlens``, a block
 table) for its content checks without making the hot path wait for the GPU.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
 import random
 import weakref
 from typing import Sequence
@@ -202,9 +203,13 @@ def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], 
     if t.dim() != dims:
         raise ValueError(f"{name}: {label} must have {dims} dimensions, got shape {tuple(t.shape)}.")
     if t.dtype not in dtypes:
+        why = ("; bfloat16 is taken only on a GPU of compute capability 8.0 or newer, and only by "
+               "Chapter 5's prefill and Chapter 9 (the CPU interpreter's bf16 tl.dot is wrong, so "
+               "the other chapters' graded kernels are fp16/fp32)"
+               if t.dtype == torch.bfloat16 else "")
         raise ValueError(f"{name}: {label} has dtype {t.dtype}; this kernel takes "
-                         f"{', '.join(str(d) for d in dtypes)} (convert with "
-                         f".to({dtypes[0]})).")
+                         f"{', '.join(str(d) for d in dtypes)} here (convert with "
+                         f".to({dtypes[0]})){why}.")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: {label} is on {t.device} but the other inputs are on {device}.")
     want = current().device
@@ -218,6 +223,33 @@ def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], 
     if contiguous == "last" and t.numel() and t.stride(-1) != 1:
         raise ValueError(f"{name}: {label} must be contiguous in its last dimension (stride(-1) "
                          f"== 1), got strides {t.stride()}; call .contiguous() first.")
+
+
+def as_window(window_size):
+    """flash-attn's ``window_size`` as a tuple of Python ints when it holds integers of another
+    kind: NumPy or torch integer scalars, or a 1-d integer tensor of two entries (read with
+    ``host_values``). Anything else is returned unchanged, for the validator to refuse (floats,
+    bools, a wrong length)."""
+    if isinstance(window_size, torch.Tensor):
+        if window_size.dim() != 1 or window_size.is_floating_point() or \
+                window_size.dtype == torch.bool:
+            return window_size
+        values = host_values(window_size)
+        if values is None:
+            raise ValueError("window_size: a tensor cannot be read while a CUDA graph is being "
+                             "captured; pass two Python ints.")
+        return tuple(values)
+    if not isinstance(window_size, (tuple, list)):
+        return window_size
+    out = []
+    for w in window_size:
+        if isinstance(w, bool) or str(getattr(w, "dtype", "")) in ("bool", "torch.bool"):
+            return window_size
+        try:
+            out.append(operator.index(w))      # int, numpy integers, 0-d integer tensors
+        except TypeError:
+            return window_size
+    return tuple(out)
 
 
 def validate_qkv(q, k, v, *, name: str = "attention",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from flashbook.cases import validate_scale, validate_tensor
+from flashbook.cases import as_window, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.device import current
@@ -28,9 +28,10 @@ def window_bounds(window: tuple[int, int], causal: bool, max_seqlen_q: int,
                   max_seqlen_k: int) -> tuple[int, int]:
     """``(left, right)`` as the kernels take them: non-negative key counts, an unlimited side
     (negative in flash-attn's ``window_size``) replaced by a bound no sequence reaches
-    (``max_seqlen_q + max_seqlen_k``), and ``causal`` making the right side 0."""
+    (``max_seqlen_q + max_seqlen_k``), and ``causal`` making the right side 0. ``window`` may
+    hold NumPy or torch integers (``cases.as_window``)."""
     unlimited = max_seqlen_q + max_seqlen_k
-    left, right = window
+    left, right = as_window(window)
     left = unlimited if left < 0 else left
     right = 0 if causal else (unlimited if right < 0 else right)
     return int(left), int(right)

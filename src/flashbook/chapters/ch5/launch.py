@@ -20,31 +20,39 @@ import math
 import torch
 import triton
 
-from flashbook.cases import host_values, validate_scale, validate_tensor
+from flashbook.cases import as_window, host_values, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
 from flashbook.device import current
 
-__all__ = ["launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache", "validate_packed",
-           "DTYPES", "HEAD_DIMS"]
+__all__ = ["launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache",
+           "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS"]
+
+
+def prefill_dtypes() -> tuple:
+    """The dtypes the prefill launch takes here: float16 and float32, and bfloat16 on a GPU of
+    compute capability 8.0 or newer. Not bf16 in CPU mode: the interpreter's bf16 ``tl.dot`` is
+    wrong, so the checks cannot grade it there (the kernels cast P to V's dtype, so the same
+    code is right in bf16 on a GPU)."""
+    cc = current().capability
+    return DTYPES if cc is None or tuple(cc) < (8, 0) else (*DTYPES, torch.bfloat16)
 
 
 def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                max_seqlen_k: int, *, window: tuple[int, int], scale: float | None = None,
                config: Config | None = None, sections: int | None = None, out=None,
-               two_tiles: bool = False, dtypes: tuple = DTYPES):
+               two_tiles: bool = False, dtypes: tuple | None = None):
     """Launch the M-fold prefill kernel (``two_tiles``: its two-tile form, whose BLOCK_M holds
     both tiles, and which takes ``WINDOWED``: False compiles the masked bands out when no causal
     mask or window applies); returns (O, LSE (h_q, total_q)).
 
     Grid: ``(cdiv(max_seqlen_q, BLOCK_M // G) * S, batch * h_kv // S)``: Chapter 4's sections,
     over (sequence, K/V head) pairs. ``window``: non-negative ``(left, right)``
-    (``window_bounds``). ``dtypes``: those accepted (bf16 is the caller's to allow, on a GPU:
-    a bf16 ``tl.dot`` is wrong in the CPU interpreter)."""
+    (``window_bounds``). ``dtypes``: those accepted (default ``prefill_dtypes()``)."""
     name = "launch_gqa"
     for label, t in (("q", q), ("k", k), ("v", v)):
-        validate_tensor(label, t, dims=3, dtypes=dtypes, name=name)
+        validate_tensor(label, t, dims=3, dtypes=dtypes or prefill_dtypes(), name=name)
     total_q, h_q, d = q.shape
     h_kv = k.shape[1]
     if d not in HEAD_DIMS:
@@ -176,13 +184,13 @@ def _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table, c
 
 def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     window_size=(-1, -1), *, name: str = "attention_gqa",
-                    dtypes: tuple = DTYPES):
+                    dtypes: tuple | None = None):
     """Chapter 4's argument checks of a packed batch (its Exercise 3), with h_q a multiple of
     h_kv: a ValueError that names the argument. Reads cu_seqlens' values with
     ``cases.host_values`` (once per tensor; not while a CUDA graph is captured, when the value
     checks are skipped). ``dtypes``: as ``launch_gqa``'s."""
     for label, t in (("q", q), ("k", k), ("v", v)):
-        validate_tensor(label, t, dims=3, dtypes=dtypes, name=name)
+        validate_tensor(label, t, dims=3, dtypes=dtypes or prefill_dtypes(), name=name)
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
         raise ValueError(f"{name}: q, k, v must share a dtype and a device.")
     if k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1] or \
@@ -198,6 +206,7 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     for label, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name}: {label} must be an int, got {value!r}.")
+    window_size = as_window(window_size)          # NumPy or torch integers: Python ints
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
             isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size):
         raise ValueError(f"{name}: window_size must be two ints >= -1, got {window_size!r}.")

@@ -10,21 +10,18 @@ import numpy as np
 import torch
 
 from flashbook.chapters.ch4.launch import window_bounds
-from flashbook.chapters.ch5.launch import DTYPES, launch_gqa, validate_packed
+from flashbook.chapters.ch5.launch import launch_gqa, prefill_dtypes, validate_packed
 from flashbook.device import current
 
 __all__ = ["forward"]
 
 
 def _dtypes(dtype) -> tuple:
-    """The dtypes Chapter 5's launch may take here. It takes fp16 and fp32 (its checks run in
-    the CPU interpreter, where a bf16 ``tl.dot`` is wrong); on a GPU of compute capability 8.0
-    or newer its kernels are right in bf16 too."""
-    if dtype != torch.bfloat16:
-        return DTYPES
-    if current().capability is None or tuple(current().capability) < (8, 0):
+    """The dtypes Chapter 5's launch takes here (``prefill_dtypes``: bf16 on a GPU of compute
+    capability 8.0 or newer only), with this function's name in a bf16 refusal."""
+    if dtype == torch.bfloat16 and dtype not in prefill_dtypes():
         raise ValueError("forward: bf16 needs a GPU of compute capability 8.0 or newer.")
-    return (*DTYPES, torch.bfloat16)
+    return prefill_dtypes()
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
