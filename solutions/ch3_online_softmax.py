@@ -279,7 +279,9 @@ fig = ch3.plot_tiles(N_q=128, N_k=150, block_m=32, block_n=32, program=1)
 # `scale * log2(e)` (fp32). Pass `input_precision=DOT_PRECISION` to both `tl.dot`s (fp32 inputs
 # use exact `"ieee"` products). Hints: K's tile is loaded transposed, as `(HEAD_DIM, BLOCK_N)`,
 # by putting the `d` offsets on axis 0 of the pointer block; about 25 lines in all for the two
-# functions, 20 for the kernel.
+# functions, 20 for the kernel. The kernel's check runs fixed cases with three tile shapes, then
+# seeded random shapes with the H200's 128 x 64 tile (in CPU mode too): lengths next to that
+# tile's edges, where a wrong tail mask shows.
 
 # %% nbgrader={"grade": false, "grade_id": "ch3_attn_tile", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit

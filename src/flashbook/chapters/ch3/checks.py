@@ -14,12 +14,13 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, seeded
+from flashbook.cases import AttnCase, dense_sweep, seeded
 from flashbook.check import CheckFailure, assert_close, check_attention, no_nan, report, \
     require_implemented, run_student
 from flashbook.device import current
 
-from .launch import LOG2E, Config, attention_forward, copy_tiles, merge_states, softmax_rows
+from .launch import LOG2E, Config, attention_forward, copy_tiles, merge_states, pick_config, \
+    softmax_rows
 
 
 def softmax_cases(hidden: bool = False):
@@ -352,6 +353,13 @@ def _edge_rows(run, configs):
     return n
 
 
+def sweep_tile(two_tiles: bool = False) -> Config:
+    """The H200's fp16 tile at d <= 64 (two query tiles in BLOCK_M for the two-tile kernel): the
+    random shapes run with it in CPU mode as well, so a bug at the edge of a GPU-sized tile
+    shows on a CPU."""
+    return dataclasses.replace(pick_config(16, torch.float16, (9, 0), two_tiles), num_stages=1)
+
+
 def check_attention_kernel(kernel, hidden: bool = False, configs=None, two_tiles: bool = False):
     """Exercise 2: the forward kernel returns O and LSE (natural log) that match float64 attention.
 
@@ -369,14 +377,24 @@ def check_attention_kernel(kernel, hidden: bool = False, configs=None, two_tiles
     def run(q, k, v, case, cfg):
         return attention_forward(kernel, q, k, v, scale=case.scale, config=cfg, two_tiles=two_tiles)
 
-    n = check_attention(
-        run, attention_cases(hidden), title="attention forward kernel", configs=configs,
-        describe_config=_tiles, guard=True, pad=4096, seed=7 if hidden else 0, lse_tol=(2e-4, 1e-4),
+    hints = dict(
         hint="rescale acc and l by alpha = exp2(m_old - m_new) whenever the running max grows, "
              "mask keys >= N_k to -inf in the last tile, and divide by l once after the loop.",
         lse_hint="the kernel works in base 2: m and log2(l) are base-2 numbers, so LSE = "
-                 "(m + log2(l)) * ln(2) in natural log.",
-        quiet=True)
+                 "(m + log2(l)) * ln(2) in natural log.")
+    n = check_attention(
+        run, attention_cases(hidden), title="attention forward kernel", configs=configs,
+        describe_config=_tiles, guard=True, pad=4096, seed=7 if hidden else 0, lse_tol=(2e-4, 1e-4),
+        quiet=True, **hints)
+    # seeded random shapes with the H200's tile, in CPU mode too: lengths next to its edges
+    tile = sweep_tile(two_tiles)
+    n += check_attention(
+        run, dense_sweep("random", seed=70 if hidden else 7, n=3 if hidden else 2,
+                         block_m=tile.BLOCK_M, block_n=tile.BLOCK_N, tiles=2,
+                         dtypes=(torch.float32, torch.float16)),
+        title="attention forward kernel, random shapes",
+        configs=[None] if current().gpu else [tile], describe_config=_tiles, guard=True,
+        pad=4096, seed=17 if hidden else 1, lse_tol=(2e-4, 1e-4), quiet=True, **hints)
     n += _edge_rows(lambda q, k, v, scale, cfg: attention_forward(
         kernel, q, k, v, scale=scale, config=cfg, two_tiles=two_tiles), configs)
     report("attention forward kernel", n, hidden=hidden)
