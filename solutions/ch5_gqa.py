@@ -421,8 +421,9 @@ ch5.check_cache_rows(cache_rows, hidden=True)
 # BLOCK_N)` (the left band is empty: decode has no left window here), with the K and V pointers
 # from `cache_rows` (`K + rows[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]`).
 # The check runs a contiguous cache and paged caches with shuffled page tables, pages of 16 to
-# 64 keys, tiles that span pages, and NaN in every cache slot past a sequence's length. About
-# 40 lines.
+# 64 keys, tiles that span pages, and NaN in every cache slot past a sequence's length, then
+# seeded random problems with the H200's 128-key tile (in CPU mode too; G 1-8, lengths next to
+# its edges, contiguous or paged). About 40 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch5_decode_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit

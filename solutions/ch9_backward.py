@@ -183,7 +183,8 @@ for name, g, w in zip(("dQ", "dK", "dV"), got, want):
 #
 # `ch9.launch_preprocess` and `ch9.launch_dkdv` launch them (their docstrings give the grids);
 # the check gives your kernels O and LSE from the float64 reference, so only the backward is
-# graded.
+# graded. Both kernels' checks end with seeded random packed shapes run with the H200's tiles
+# (in CPU mode too): lengths next to the tiles' edges, G 1-8, causal or not.
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_preprocess", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit

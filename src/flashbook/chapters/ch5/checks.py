@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, make_inputs, seeded, sweep
+from flashbook.cases import AttnCase, decode_sweep, make_inputs, seeded, sweep
 from flashbook.check import CheckFailure, assert_close, check_argument_errors, check_attention, \
     no_nan, report, require_implemented, run_student
 from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, tiles, \
@@ -20,7 +20,7 @@ from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, ti
 from flashbook.chapters.ch4.launch import window_bounds
 from flashbook.device import current
 
-from .launch import Config, decode_block_m, launch_decode, paged_cache
+from .launch import Config, decode_block_m, decode_config, launch_decode, paged_cache
 
 _HINT = ("row r of the tile is query head kv_head * GROUP + r % GROUP at position m0 + r // GROUP; "
          "K and V come from head kv_head = pid_bh % H_KV; masks and tile ranges as in Chapter 4.")
@@ -204,6 +204,14 @@ def decode_cases(hidden: bool = False):
                   # each causal-aligned to its own last token
                   ("paged (16), G=4, 40 new tokens (two launches)", 2, 40, 8, 2, 16, (40, 75),
                    80, 16, torch.float32, None)]
+    # then seeded random problems with the H200's key tile (in CPU mode too): cache lengths next
+    # to its edges, G 1-8, 1-3 new tokens, contiguous or in pages smaller than the tile
+    block_n = decode_config((9, 0))[0]
+    cases += [(c.name, c.B, c.n_new, c.h_q, c.h_kv, 16, c.lengths, c.max_len, c.page,
+               torch.float32, block_n)
+              for c in decode_sweep("random", seed=60 if hidden else 6, n=3 if hidden else 2,
+                                    block_n=block_n, tiles=2, new_tokens=(1, 2, 3),
+                                    pages=(None, 16, 64))]
     return cases
 
 

@@ -4,17 +4,18 @@ counts, critical path, the deadlock), the zig-zag layout and ring attention over
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 
 from flashbook import oob
-from flashbook.cases import seeded
+from flashbook.cases import decode_sweep, seeded
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
 from flashbook.device import current
 
 from . import mesh, ring
-from .launch import launch_combine, launch_split_kv
+from .launch import launch_combine, launch_split_kv, split_config
 from .state import block_attention, merge_states, state_of
 
 __all__ = ["check_merge", "check_split_kv", "check_chain_reduce", "check_tree_reduce",
@@ -139,7 +140,8 @@ _SPLIT_HINT = ("program (pid_bh, split) covers keys [split * keys_per_split, min
 
 
 def split_cases(hidden: bool = False):
-    """(name, B, h_q, h_kv, d, lengths, max_len, num_splits, dtype, logit boost)."""
+    """(name, B, h_q, h_kv, d, lengths, max_len, num_splits, dtype, logit boost, BLOCK_N or None:
+    the launcher's)."""
     cases = [("G=4, two sequences, 3 splits (empty ones for the short sequence)", 2, 8, 2, 16,
               (40, 1), 64, 3, torch.float32, 1.0),
              ("MQA (G=4), float16, logits x30", 1, 4, 1, 16, (70,), 80, 4, torch.float16, 30.0),
@@ -149,6 +151,16 @@ def split_cases(hidden: bool = False):
         cases += [("G=2, h_kv=3, d=32, 5 splits", 2, 6, 3, 32, (50, 23), 80, 5, torch.float32,
                    1.0),
                   ("G=8, more splits than tiles", 1, 8, 1, 16, (20,), 32, 6, torch.float32, 1.0)]
+    cases = [c + (None,) for c in cases]
+    # then seeded random problems with the H200's 128-key tile (in CPU mode too): lengths next
+    # to its edges, G 1-8, 1-8 splits (a split's keys are a whole number of tiles, so short
+    # sequences leave splits empty)
+    block_n = split_config((9, 0))[0]
+    rng = random.Random(80 if hidden else 8)
+    cases += [(c.name, c.B, c.h_q, c.h_kv, 16, c.lengths, c.max_len, rng.randint(1, 8),
+               torch.float32, 1.0, block_n)
+              for c in decode_sweep("random", seed=80 if hidden else 8, n=3 if hidden else 2,
+                                    block_n=block_n, tiles=3)]
     return cases
 
 
@@ -221,7 +233,7 @@ def check_split_kv(split_kernel, combine_kernel, hidden: bool = False):
     require_implemented(split_kernel, "split_kv_kernel")
     require_implemented(combine_kernel, "combine_kernel")
     n = _check_combine(combine_kernel, hidden)
-    for i, (name, B, h_q, h_kv, d, lengths, max_len, S, dtype, boost) in \
+    for i, (name, B, h_q, h_kv, d, lengths, max_len, S, dtype, boost, block_n) in \
             enumerate(split_cases(hidden)):
         q = seeded((B, 1, h_q, d), 80 + i, dtype, scale=boost)
         k, v = _cache(B, max_len, h_kv, d, lengths, dtype, 90 + 2 * i)
@@ -234,9 +246,10 @@ def check_split_kv(split_kernel, combine_kernel, hidden: bool = False):
                                          v[b, :L].transpose(0, 1).double().cpu()[None])
             want_o[b], want_lse[b] = o_b[0].transpose(0, 1), lse_b[0]
         what = (f"split-KV decode, case '{name}' (B={B}, h_q={h_q}, h_kv={h_kv}, d={d}, lengths "
-                f"{list(lengths)}, max_len={max_len}, {S} splits, {str(dtype)[6:]})")
+                f"{list(lengths)}, max_len={max_len}, {S} splits, {str(dtype)[6:]}"
+                + (f", {block_n}-key tiles" if block_n else "") + ")")
         o, lse = run_student(launch_split_kv, split_kernel, combine_kernel, q, k, v, seqlens, S,
-                             what=what, guard=True)
+                             block_n=block_n, what=what, guard=True)
         no_nan(o, what + ", O (NaN: a key past cache_seqlens was read)")
         assert_close(o, want_o, what=what + ", O", dims=("b", "new", "head", "col"), dtype=dtype,
                      hint=_SPLIT_HINT)

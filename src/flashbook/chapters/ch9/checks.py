@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from flashbook.cases import AttnCase
+from flashbook.cases import AttnCase, sweep
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
 from flashbook.device import current
@@ -60,6 +60,22 @@ def kernel_cases(hidden: bool = False) -> list[AttnCase]:
     ]
 
 
+def _with_sweep(kernel: str, hidden: bool) -> list[tuple[AttnCase, launch.BwdConfig | None]]:
+    """The fixed cases with the launcher's tiles, then seeded random packed shapes (lengths next
+    to tile edges, G 1-8, causal or not) with the H200's fp16 tiles of ``kernel`` ("dkdv" or
+    "dq"), in CPU mode too: a bug at the edge of a GPU-sized tile shows on a CPU."""
+    tile = launch.bwd_config(kernel, 16, torch.float16, (9, 0))
+    cfg = None if current().gpu else dataclasses.replace(tile, num_stages=1)
+    random_cases = sweep("random", seed=(90 if hidden else 9) + (kernel == "dq"),
+                         n=3 if hidden else 2, block_m=tile.BLOCK_M, block_n=tile.BLOCK_N,
+                         tiles=2, windows=False)
+    return [(c, None) for c in kernel_cases(hidden)] + [(c, cfg) for c in random_cases]
+
+
+def _tiles(cfg) -> str:
+    return f", {cfg.BLOCK_M}x{cfg.BLOCK_N} tiles" if cfg else ""
+
+
 def _packed_args(case, device):
     """(cu_seqlens_q, cu_seqlens_k on ``device``, the inputs' device; max_seqlen_q, _k)."""
     return (case.cu_seqlens().to(device), case.cu_seqlens(keys=True).to(device),
@@ -81,12 +97,12 @@ def check_dkdv(preprocess_kernel, step, dkdv_kernel, hidden: bool = False) -> No
     for kern, label in ((preprocess_kernel, "bwd_preprocess_kernel"), (step, "dkdv_step"),
                         (dkdv_kernel, "bwd_dkdv_kernel")):
         require_implemented(kern, f"{title}: {label}")
-    cases = kernel_cases(hidden)
+    cases = _with_sweep("dkdv", hidden)
     guard = current().capability is None
-    for i, case in enumerate(cases):
+    for i, (case, cfg) in enumerate(cases):
         q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 1)
         cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
-        what = f"{title}, case {case.describe()}"
+        what = f"{title}, case {case.describe()}{_tiles(cfg)}"
         delta = run_student(launch.launch_preprocess, preprocess_kernel, o, do, what=what,
                             guard=guard)
         want_d = (do.double() * o.double()).sum(-1).transpose(0, 1)
@@ -94,7 +110,7 @@ def check_dkdv(preprocess_kernel, step, dkdv_kernel, hidden: bool = False) -> No
                      atol=1e-4, rtol=1e-4, hint=_HINTS["D"])
         got_dk, got_dv = run_student(launch.launch_dkdv, dkdv_kernel, q, k, v, do, lse, delta,
                                      cu_q, cu_k, max_k, causal=case.causal, scale=case.scale,
-                                     what=what, guard=guard)
+                                     config=cfg, what=what, guard=guard)
         _compare("dV", got_dv, dv, case, what)
         _compare("dK", got_dk, dk, case, what)
     report(title, len(cases), hidden=hidden)
@@ -106,15 +122,16 @@ def check_dq(step, dq_kernel, hidden: bool = False) -> None:
     title = "dQ kernel"
     require_implemented(step, f"{title}: dq_step")
     require_implemented(dq_kernel, f"{title}: bwd_dq_kernel")
-    cases = kernel_cases(hidden)
+    cases = _with_sweep("dq", hidden)
     guard = current().capability is None
-    for i, case in enumerate(cases):
+    for i, (case, cfg) in enumerate(cases):
         q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 2)
         cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
-        what = f"{title}, case {case.describe()}"
+        what = f"{title}, case {case.describe()}{_tiles(cfg)}"
         delta = (do.double() * o.double()).sum(-1).transpose(0, 1).float().contiguous()
         got = run_student(launch.launch_dq, dq_kernel, q, k, v, do, lse, delta, cu_q, cu_k,
-                          max_q, causal=case.causal, scale=case.scale, what=what, guard=guard)
+                          max_q, causal=case.causal, scale=case.scale, config=cfg, what=what,
+                          guard=guard)
         _compare("dQ", got, dq, case, what)
     report(title, len(cases), hidden=hidden)
 
