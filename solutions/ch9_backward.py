@@ -448,7 +448,11 @@ if runs:
 #
 # **Exercise 3 (2 points).** Write `FlashAttentionFn.forward` and `.backward` (about 15 lines):
 # forward validates the scale (`ch9.validate_scale(softmax_scale, d)`), picks the float64 or
-# the kernel path, saves, returns O; backward returns `dq, dk, dv` and six `None`.
+# the kernel path, saves, and returns O and the LSE `(h_q, total_q)`, as flash-attn's Function
+# does (a caller merging partial results, Chapter 8's split-KV or ring, needs it), the LSE
+# marked non-differentiable (`ctx.mark_non_differentiable(lse)`: no gradient flows through
+# it); backward gets one gradient per output, `do` and the LSE's (unused), and returns
+# `dq, dk, dv` and six `None`.
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_autograd", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class FlashAttentionFn(torch.autograd.Function):
@@ -467,11 +471,12 @@ class FlashAttentionFn(torch.autograd.Function):
                                  max_seqlen_k, causal=causal, softmax_scale=scale)
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale)
-        return o
+        ctx.mark_non_differentiable(lse)
+        return o, lse
         ### END SOLUTION
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do, dlse):
         ### BEGIN SOLUTION
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         max_q, max_k, causal, scale = ctx.meta
@@ -490,23 +495,31 @@ ch9.check_autograd(FlashAttentionFn, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Exercise 4 (1 point).** The dense API a model calls, `(B, H, N, d)` in and out, is a reshape
-# around the Function: pack each tensor with `ch9.to_packed` (`(B*N, H, d)`), build int32
-# offsets `arange(B + 1) * N_q` for the queries and `* N_k` for the keys, call
-# `FlashAttentionFn.apply`, unpack O with `ch9.from_packed(o, B)` (about 6 lines). The check
-# compares O and its gradients with float64 autograd, then trains the tiny transformer of
-# Section 6 for a few steps with your function and with SDPA: the losses must agree.
+# **Exercise 4 (1 point).** The dense API a model calls is a reshape around the Function:
+# `flash_attention(q, k, v, causal, softmax_scale, layout="bhnd", return_lse=False)` takes
+# `(B, H, N, d)` tensors, or with `layout="bnhd"` flash-attn's `(B, N, H, d)` (`flash_attn_func`),
+# and returns O in the same layout, with `return_lse=True` also the LSE `(B, h_q, N_q)`. Pack
+# each tensor with `ch9.to_packed(t, layout)` (`(B*N, H, d)`), build int32 offsets
+# `arange(B + 1) * N_q` for the queries and `* N_k` for the keys, call `FlashAttentionFn.apply`,
+# unpack O with `ch9.from_packed(o, B, layout)` and the LSE with `ch9.lse_from_packed(lse, B)`
+# (about 10 lines). The check compares O, the LSE and the gradients with float64 autograd in
+# both layouts, then trains the tiny transformer of Section 6 for a few steps with your function
+# and with SDPA: the losses must agree.
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_dense", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def flash_attention(q, k, v, causal=False, softmax_scale=None):
-    """q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d) -> O (B, h_q, N_q, d), differentiable."""
+def flash_attention(q, k, v, causal=False, softmax_scale=None, layout="bhnd", return_lse=False):
+    """q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d) (layout="bnhd": (B, N, h, d)) -> O like q,
+    differentiable; return_lse: (O, LSE (B, h_q, N_q) float32, natural log)."""
     ### BEGIN SOLUTION
-    B, N_q, N_k = q.shape[0], q.shape[2], k.shape[2]
+    seq = 2 if layout == "bhnd" else 1          # the sequence axis (to_packed checks layout)
+    B, N_q, N_k = q.shape[0], q.shape[seq], k.shape[seq]
     cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_q
     cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_k
-    o = FlashAttentionFn.apply(ch9.to_packed(q), ch9.to_packed(k), ch9.to_packed(v), cu_q, cu_k,
-                               N_q, N_k, causal, softmax_scale)
-    return ch9.from_packed(o, B)
+    o, lse = FlashAttentionFn.apply(ch9.to_packed(q, layout), ch9.to_packed(k, layout),
+                                    ch9.to_packed(v, layout), cu_q, cu_k, N_q, N_k, causal,
+                                    softmax_scale)
+    o = ch9.from_packed(o, B, layout)
+    return (o, ch9.lse_from_packed(lse, B)) if return_lse else o
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ch9_training_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}

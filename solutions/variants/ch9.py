@@ -62,6 +62,9 @@ VARIANTS = (
         ('ctx.meta = (max_seqlen_q, max_seqlen_k, causal, scale)',
          'ctx.meta = (max_seqlen_q, max_seqlen_k, False, scale)'),
     ), expect='gradcheck'),
+    Variant('autograd_lse_left_differentiable', 'ch9_autograd', (
+        ('        ctx.mark_non_differentiable(lse)\n', ''),
+    ), expect='non-differentiable'),
     Variant('gradients_returned_in_the_wrong_order', 'ch9_autograd', (
         ('return dq, dk, dv, None', 'return dq, dv, dk, None'),
     ), expect='gradcheck'),
@@ -71,9 +74,15 @@ VARIANTS = (
          'cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_q'),
     ), expect='N_k=20'),
     Variant('dense_drops_causal', 'ch9_dense', (
-        ('N_q, N_k, causal, softmax_scale)', 'N_q, N_k, False, softmax_scale)'),
+        ('N_q, N_k, causal,', 'N_q, N_k, False,'),
     ), expect='causal'),
     Variant('dense_unpacks_without_transpose', 'ch9_dense', (
-        ('return ch9.from_packed(o, B)', 'return o.reshape(q.shape)'),
+        ('o = ch9.from_packed(o, B, layout)', 'o = o.reshape(q.shape)'),
     ), expect='output O'),
+    Variant('dense_ignores_the_layout', 'ch9_dense', (
+        ('seq = 2 if layout == "bhnd" else 1', 'seq, layout = 2, "bhnd"'),
+    ), expect='bnhd'),
+    Variant('dense_lse_reshaped_not_transposed', 'ch9_dense', (
+        ('ch9.lse_from_packed(lse, B)', 'lse.reshape(B, -1, N_q)'),
+    ), expect='LSE'),
 )

@@ -138,15 +138,32 @@ def check_dq(step, dq_kernel, hidden: bool = False) -> None:
 
 # ------------------------------------------------------------------ the autograd Function
 
+def _outputs(result, q, what):
+    """apply()'s (O, LSE): O shaped like q that requires grad, LSE (h_q, total_q) that does not
+    (marked non-differentiable)."""
+    if not (isinstance(result, tuple) and len(result) == 2
+            and all(isinstance(t, torch.Tensor) for t in result)):
+        raise CheckFailure(f"{what}: apply() must return (O, LSE), two tensors, got "
+                           f"{type(result).__name__}.")
+    o, lse = result
+    if not o.requires_grad:
+        raise CheckFailure(f"{what}: O must require grad (it is the differentiable output).")
+    want = (q.shape[1], q.shape[0])
+    if tuple(lse.shape) != want or lse.requires_grad:
+        raise CheckFailure(f"{what}: LSE must be (h_q, total_q) = {want}, marked "
+                           f"non-differentiable (ctx.mark_non_differentiable(lse)); got shape "
+                           f"{tuple(lse.shape)}, requires_grad={lse.requires_grad}.")
+    return o, lse
+
+
 def _grads_of(fn_apply, case, q, k, v, do, what):
+    """(dQ, dK, dV, LSE) of apply() on the packed case."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
-    o = run_student(fn_apply, q, k, v, cu_q, cu_k, max_q, max_k, case.causal, case.scale,
-                    what=what)
-    if not isinstance(o, torch.Tensor) or not o.requires_grad:
-        raise CheckFailure(f"{what}: apply() must return O, a tensor that requires grad.")
+    o, lse = _outputs(run_student(fn_apply, q, k, v, cu_q, cu_k, max_q, max_k, case.causal,
+                                  case.scale, what=what), q, what)
     run_student(o.backward, do, what=what + ", backward")
-    return [t.grad if t.grad is not None else torch.zeros_like(t) for t in (q, k, v)]
+    return [t.grad if t.grad is not None else torch.zeros_like(t) for t in (q, k, v)] + [lse]
 
 
 def _sdpa_grads(q, k, v, do, causal, scale):
@@ -193,9 +210,11 @@ def check_autograd(function, hidden: bool = False) -> None:
         what = f"{title}, gradcheck (float64), case {case.describe()}"
         inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
         try:
+            _outputs(function.apply(*inputs, cu_q, cu_k, max_q, max_k, case.causal, case.scale),
+                     q, what)
             ok = torch.autograd.gradcheck(
                 lambda a, b, c: function.apply(a, b, c, cu_q, cu_k, max_q, max_k, case.causal,
-                                               case.scale), inputs, fast_mode=True,
+                                               case.scale)[0], inputs, fast_mode=True,
                 raise_exception=True)
         except NotImplementedError:
             raise CheckFailure(f"{what}: not implemented yet.") from None
@@ -211,14 +230,17 @@ def check_autograd(function, hidden: bool = False) -> None:
         want = _sdpa_grads(q, k, v, do, case.causal, case.scale)
         packed_case = dataclasses.replace(case, seqlens=(case.N_q,) * case.B, B=case.B)
         got = _grads_of(function.apply, packed_case, *(to_packed(t) for t in (q, k, v, do)),
-                        what)
+                        what)[:3]
         for name, g, w in zip(("dQ", "dK", "dV"), got, want):
             _compare(name, from_packed(g, case.B), w, case, what + " (against SDPA)")
         n += 1
     for i, case in enumerate(packed):
         q, k, v, do, o, lse, want = backward_inputs(case, 50 + i)
         what = f"{title}, case {case.describe()}"
-        got = _grads_of(function.apply, case, q, k, v, do, what)
+        *got, got_lse = _grads_of(function.apply, case, q, k, v, do, what)
+        assert_close(got_lse, lse.to(got_lse.device), what=f"{what}, LSE", dims=("h", "token"),
+                     dtype=torch.float32, atol=2e-4, rtol=1e-4,
+                     hint="return the forward's LSE (h_q, total_q), natural log, as it is.")
         for name, g, w in zip(("dQ", "dK", "dV"), got, want):
             _compare(name, g, w, case, what)
         n += 1
@@ -227,34 +249,59 @@ def check_autograd(function, hidden: bool = False) -> None:
 
 # ------------------------------------------------------------------ the dense wrapper, trained
 
-def training_cases(hidden: bool = False) -> list[AttnCase]:
+def training_cases(hidden: bool = False) -> list[tuple[AttnCase, str, bool]]:
+    """(case, layout, return_lse): (B, H, N, d) and flash-attn's (B, N, H, d)."""
     if not hidden:
-        return [AttnCase("dense, causal GQA, N_q < N_k", B=2, H_q=4, H_kv=2, N_q=12, N_k=20,
-                         d=16, causal=True)]
-    return [AttnCase("dense fp16, N_q > N_k", B=1, H_q=2, N_q=24, N_k=8, d=16,
-                     dtype=torch.float16, scale=0.5)]
+        return [(AttnCase("dense, causal GQA, N_q < N_k", B=2, H_q=4, H_kv=2, N_q=12, N_k=20,
+                          d=16, causal=True), "bhnd", False),
+                (AttnCase("flash-attn's (B, N, H, d), causal GQA, with the LSE", B=2, H_q=4,
+                          H_kv=2, N_q=9, N_k=14, d=16, causal=True), "bnhd", True)]
+    return [(AttnCase("dense fp16, N_q > N_k", B=1, H_q=2, N_q=24, N_k=8, d=16,
+                      dtype=torch.float16, scale=0.5), "bhnd", True),
+            (AttnCase("(B, N, H, d) fp16, MQA", B=2, H_q=3, H_kv=1, N_q=7, N_k=11, d=16,
+                      dtype=torch.float16), "bnhd", False)]
+
+
+def _dense_call(flash_attention, case, layout, return_lse, q, k, v, what):
+    """O (and the LSE) in (B, H, N, d), from a call in ``layout``."""
+    args = [t.transpose(1, 2) if layout == "bnhd" else t for t in (q, k, v)]
+    kwargs = dict(layout=layout, return_lse=True) if return_lse else \
+        (dict(layout=layout) if layout == "bnhd" else {})
+    out = run_student(flash_attention, *args, case.causal, case.scale, what=what, **kwargs)
+    o, lse = out if return_lse and isinstance(out, tuple) and len(out) == 2 else (out, None)
+    if return_lse and lse is None:
+        raise CheckFailure(f"{what}: with return_lse=True, expected (O, LSE), got "
+                           f"{type(out).__name__}.")
+    if not isinstance(o, torch.Tensor) or o.shape != args[0].shape:
+        raise CheckFailure(f"{what}: expected O shaped like q {tuple(args[0].shape)} (layout="
+                           f"{layout!r}), got {getattr(o, 'shape', type(o).__name__)}.")
+    return (o.transpose(1, 2) if layout == "bnhd" else o), lse
 
 
 def check_training(flash_attention, hidden: bool = False) -> None:
-    """Exercise 4: ``flash_attention(q, k, v, causal, softmax_scale)`` on dense (B, H, N, d)
-    tensors: O and its gradients against float64 autograd, then a few training steps of
-    ``train.TinyLM`` whose losses must match the same run with SDPA."""
+    """Exercise 4: ``flash_attention(q, k, v, causal, softmax_scale, layout=..., return_lse=...)``
+    on dense (B, H, N, d) or (B, N, H, d) tensors: O, the LSE and the gradients against float64
+    autograd, then a few training steps of ``train.TinyLM`` whose losses must match the same
+    run with SDPA."""
     from .train import sdpa_attention, train
     title = "flash_attention (dense) and training"
     require_implemented(flash_attention, title)
-    for i, case in enumerate(training_cases(hidden)):
-        q, k, v, do, o_ref, lse, want = backward_inputs(case, 60 + i)
-        what = f"{title}, case {case.describe()}"
+    for i, (case, layout, return_lse) in enumerate(training_cases(hidden)):
+        q, k, v, do, o_ref, lse_ref, want = backward_inputs(case, 60 + i)
+        what = (f"{title}, case {case.describe()}, layout={layout!r}"
+                + (", return_lse=True" if return_lse else ""))
         q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        o = run_student(flash_attention, q, k, v, case.causal, case.scale, what=what)
-        if not isinstance(o, torch.Tensor) or o.shape != q.shape:
-            raise CheckFailure(f"{what}: expected O shaped like q {tuple(q.shape)}, got "
-                               f"{getattr(o, 'shape', type(o).__name__)}.")
+        o, lse = _dense_call(flash_attention, case, layout, return_lse, q, k, v, what)
         atol, rtol = GRAD_TOL[case.dtype]
         assert_close(o, o_ref, what=f"{what}, output O", dims=("b", "h", "row", "col"),
                      dtype=case.dtype, atol=atol, rtol=rtol,
                      hint="pack (B, H, N, d) as (B*N, H, d) with cu_seqlens_q = arange(B+1) * "
                           "N_q and cu_seqlens_k = arange(B+1) * N_k; unpack O the same way.")
+        if return_lse:
+            assert_close(lse, lse_ref.to(lse.device), what=f"{what}, LSE",
+                         dims=("b", "h", "row"), dtype=torch.float32, atol=2e-4, rtol=1e-4,
+                         hint="the packed LSE is (h_q, B * N_q): ch9.lse_from_packed(lse, B) "
+                              "makes it (B, h_q, N_q).")
         run_student(o.backward, do, what=what + ", backward")
         for name, t, w in zip(("dQ", "dK", "dV"), (q, k, v), want):
             _compare(name, t.grad, w, case, what)

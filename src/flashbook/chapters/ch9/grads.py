@@ -15,7 +15,7 @@ from flashbook.cases import AttnCase, make_inputs, seeded
 from flashbook.reference import visible_mask
 
 __all__ = ["attention_grads", "backward_inputs", "dense_attention", "to_packed",
-           "from_packed", "stored_p_bytes"]
+           "from_packed", "lse_from_packed", "stored_p_bytes", "LAYOUTS"]
 
 
 def dense_attention(q, k, v, scale=None, causal=False):
@@ -36,14 +36,32 @@ def dense_attention(q, k, v, scale=None, causal=False):
     return torch.matmul(p, v), lse
 
 
-def to_packed(t):
-    """(B, H, N, d) -> (B * N, H, d), contiguous."""
+LAYOUTS = ("bhnd", "bnhd")       # (B, H, N, d), and flash-attn's (B, N, H, d)
+
+
+def _layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} ((B, H, N, d) or flash-attn's "
+                         f"(B, N, H, d)), got {layout!r}.")
+    return layout
+
+
+def to_packed(t, layout: str = "bhnd"):
+    """(B, H, N, d) (``layout="bnhd"``: (B, N, H, d)) -> (B * N, H, d), contiguous."""
+    if _layout(layout) == "bnhd":
+        return t.reshape(-1, t.shape[2], t.shape[3]).contiguous()
     return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]).contiguous()
 
 
-def from_packed(t, B):
-    """(B * N, H, d) -> (B, H, N, d) (a view)."""
-    return t.view(B, -1, t.shape[1], t.shape[2]).transpose(1, 2)
+def from_packed(t, B, layout: str = "bhnd"):
+    """(B * N, H, d) -> (B, H, N, d) (``layout="bnhd"``: (B, N, H, d)), a view."""
+    t = t.view(B, -1, t.shape[1], t.shape[2])
+    return t if _layout(layout) == "bnhd" else t.transpose(1, 2)
+
+
+def lse_from_packed(lse, B):
+    """A packed LSE (H, B * N) -> (B, H, N), a view."""
+    return lse.view(lse.shape[0], B, -1).transpose(0, 1)
 
 
 def _sequences(case: AttnCase, tensors, keys):
