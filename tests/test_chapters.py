@@ -180,6 +180,15 @@ VARIANTS = [_on_one_worker(ch, v, f"{ch.id}-{v.name}") for ch in CONTRACTS
             for v in sources.variants(ch.id)]
 
 
+def test_a_variant_must_name_the_failure_that_catches_it():
+    """``expect`` is required and not blank: any failure would otherwise satisfy the variant."""
+    from flashbook.contract import Variant
+    with pytest.raises(TypeError):
+        Variant("v", "cell", ())
+    with pytest.raises(ValueError, match="expect"):
+        Variant("v", "cell", (), expect="  ")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("ch, v", VARIANTS)
 def test_known_wrong_variant_loses_points_to_its_bug(ch, v):

@@ -6,7 +6,7 @@ VARIANTS = (
     Variant('softmax_no_rescale_of_l', 'ch3_softmax_kernel', (
         ('l_vec = l_vec * tl.exp(m_vec - m_ref) + tl.exp(x - m_ref)',
          'l_vec = l_vec + tl.exp(x - m_ref)'),
-    )),
+    ), expect='multiply l by exp(m_old - m_new)'),
     Variant('softmax_unmasked_load', 'ch3_softmax_kernel', (
         ('x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float("-inf"))\n',
          'x = tl.load(x_row + start + cols)\n'),
@@ -60,7 +60,7 @@ VARIANTS = (
          'start_n, N_k, 1.0, offs_n'),
         ('n_full, N_k, qk_scale, offs_n',
          'n_full, N_k, 1.0, offs_n'),
-    )),
+    ), expect='large logits'),
     Variant('attn_exp_instead_of_exp2', 'ch3_attn_tile', (
         ('p = tl.math.exp2(s * qk_scale - m_new[:, None])',
          'p = tl.exp(s * qk_scale - m_new[:, None])'),
@@ -68,15 +68,15 @@ VARIANTS = (
     Variant('attn_no_final_normalisation', 'ch3_attn_kernel', (
         ('o = acc / tl.where(has_key, l_i, 1.0)[:, None]',
          'o = acc'),
-    )),
+    ), expect='output O'),
     Variant('attn_lse_left_in_base_2', 'ch3_attn_kernel', (
         ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453',
          '(m_i + tl.math.log2(l_i))'),
-    )),
+    ), expect='LSE: '),
     Variant('attn_forgets_the_tail_tile', 'ch3_attn_kernel', (
         ('if n_full < N_k:',
          'if n_full < 0:'),
-    )),
+    ), expect='16x64 tiles, output O'),
     Variant('attn_unmasked_output_store', 'ch3_attn_kernel', (
         ('o.to(O.dtype.element_ty), mask=row_ok[:, None])',
          'o.to(O.dtype.element_ty))'),
@@ -84,15 +84,15 @@ VARIANTS = (
     Variant('two_tiles_b_repeats_a', 'ch3_two_tiles_kernel', (
         ('rows_b = rows_a + HALF',
          'rows_b = rows_a'),
-    )),
+    ), expect='contains NaN'),
     Variant('two_tiles_b_scores_with_q_a', 'ch3_two_tiles_kernel', (
         ('acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs + start_n * stride_kn',
          'acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_a, k_ptrs + start_n * stride_kn'),
-    )),
+    ), expect='Wrong rows: 16-31, 48-63'),
     Variant('two_tiles_forgets_the_tail_tile', 'ch3_two_tiles_kernel', (
         ('if n_full < N_k:',
          'if n_full < 0:'),
-    )),
+    ), expect='32x64 tiles, output O'),
     Variant('two_tiles_unmasked_output_store', 'ch3_two_tiles_kernel', (
         ('o.to(O_bh.dtype.element_ty),\n             mask=ok[:, None])',
          'o.to(O_bh.dtype.element_ty))'),
@@ -100,7 +100,7 @@ VARIANTS = (
     Variant('two_tiles_lse_left_in_base_2', 'ch3_two_tiles_kernel', (
         ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453',
          '(m_i + tl.math.log2(l_i))'),
-    )),
+    ), expect='LSE: '),
     Variant('merge_unmasked_loads', 'ch3_merge_kernel', (
         ('oa = tl.load(O_a + offs, mask=ok[:, None], other=0.0)',
          'oa = tl.load(O_a + offs)'),
@@ -129,7 +129,7 @@ VARIANTS = (
     Variant('merge_plain_average', 'ch3_merge_kernel', (
         ('o = (oa * (wa * inv)[:, None] + ob * (wb * inv)[:, None])',
          'o = 0.5 * (oa + ob)'),
-    )),
+    ), expect='merge kernel, case'),
     # A float16 running state (cast back after every K/V tile, as `.to(q.dtype)` would do): its
     # error grows with N_k and the logits' range; the fp32 long-row case and the -96000 row see it.
     Variant('attn_accumulator_in_float16', 'ch3_attn_kernel', (
@@ -137,19 +137,19 @@ VARIANTS = (
          'acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float16)'),
         ('                                  False, DOT_PRECISION)\n',
          '                                  False, DOT_PRECISION)\n        acc = acc.to(tl.float16)\n'),
-    )),
+    ), expect='float32), 16x16 tiles, output O'),
     Variant('two_tiles_accumulator_a_in_float16', 'ch3_two_tiles_kernel', (
         ('acc_a = tl.zeros([HALF, HEAD_DIM], tl.float32)', 'acc_a = tl.zeros([HALF, HEAD_DIM], tl.float16)'),
         ('offs_n, False, DOT_PRECISION)\n', 'offs_n, False, DOT_PRECISION)\n        acc_a = acc_a.to(tl.float16)\n'),
-    )),
+    ), expect='float32), 32x16 tiles, output O'),
     Variant('two_tiles_running_max_a_in_float16', 'ch3_two_tiles_kernel', (
         ('m_a = tl.full([HALF], float("-inf"), tl.float32)', 'm_a = tl.full([HALF], float("-inf"), tl.float16)'),
         ('offs_n, False, DOT_PRECISION)\n', 'offs_n, False, DOT_PRECISION)\n        m_a = m_a.to(tl.float16)\n'),
-    )),
+    ), expect='float32), 32x16 tiles, LSE'),
     Variant('two_tiles_running_sum_b_in_float16', 'ch3_two_tiles_kernel', (   # rounded to fp16
         ('offs_n, False, DOT_PRECISION)\n',
          'offs_n, False, DOT_PRECISION)\n        l_b = l_b.to(tl.float16).to(tl.float32)\n'),
-    )),
+    ), expect='LSE'),
     Variant('two_tiles_max_starts_at_minus_1e4', 'ch3_two_tiles_kernel', (
         ('m_b = tl.full([HALF], float("-inf"), tl.float32)', 'm_b = tl.full([HALF], -1e4, tl.float32)'),
     ), expect='-96000'),

@@ -30,13 +30,18 @@ class Variant:
     """A known-wrong answer: one solution cell with one classic bug edited in.
 
     ``edits`` are (old, new) replacements that must each apply exactly once, so the variant
-    follows the solution when it changes. ``expect``: text the failure message must contain
-    (the bug is caught for the right reason), when one phrase names it.
+    follows the solution when it changes. ``expect`` (required): text the failure message must
+    contain, so the bug is caught for its own reason, not by any failure.
     """
     name: str
     cell: str
     edits: tuple[tuple[str, str], ...]
-    expect: str = ""
+    expect: str
+
+    def __post_init__(self):
+        if not self.expect.strip():
+            raise ValueError(f"known-wrong variant {self.name!r}: expect must name the text of "
+                             "the failure that catches its bug")
 
     def apply(self, source: str) -> str:
         for old, new in self.edits:
