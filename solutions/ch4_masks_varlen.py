@@ -460,7 +460,8 @@ ch4.check_masked_kernel(attn_masked_kernel, hidden=True)
 # **Exercise 3 (2 points).** Write `validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
 # max_seqlen_q, max_seqlen_k, window_size)`: return `None` for a valid call, and raise a
 # `ValueError` whose message names the offending argument (`q`, `k`, `v`, `cu_seqlens_q`,
-# `cu_seqlens_k`, `max_seqlen_q`, `max_seqlen_k` or `window_size`) for each of:
+# `cu_seqlens_k`, `max_seqlen_q`, `max_seqlen_k` or `window_size`; a message that names more
+# than three of them does not say which one is wrong, and loses the case) for each of:
 # q, k, v not 3-d tensors of one float dtype (float16 or float32) on this runtime's device with a
 # contiguous last dimension (`validate_tensor(label, t, dims=3, dtypes=ch4.DTYPES,
 # name="attention_varlen")` checks one tensor: use it); k and v of different shapes, or a head

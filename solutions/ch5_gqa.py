@@ -495,7 +495,9 @@ ch5.check_decode_kernel(decode_kernel, hidden=True)
 # **Exercise 4 (2 points).** Write `validate_decode(q, k_cache, v_cache, cache_seqlens,
 # block_table=None)`, the checks of the public `decode` wrapper: return `None` for a valid call
 # and raise a `ValueError` that names the offending argument (`q`, `k_cache`, `v_cache`,
-# `cache_seqlens` or `block_table`) for: q not a 4-d `(B, n_new, h_q, d)` tensor, or a cache not
+# `cache_seqlens` or `block_table`; a message that names more than three arguments does not say
+# which one is wrong, and loses the case) for: q not a 4-d `(B, n_new, h_q, d)` tensor, k_cache
+# and v_cache of different shapes, or a cache not
 # 4-d, of another dtype or device, or with a contiguous last dimension missing (use
 # `validate_tensor(label, t, dims=4, dtypes=ch5.DTYPES, name="decode")` for each); `h_q` not a
 # multiple of the cache's `h_kv`, or another head dimension, or one not in `ch5.HEAD_DIMS`;
@@ -503,7 +505,8 @@ ch5.check_decode_kernel(decode_kernel, hidden=True)
 # `n_new` or above what the cache holds (`max_len`, or `max_pages * page_size`); for a
 # contiguous cache, another batch size; for a paged cache, a `block_table` that is not a 2-d
 # int32 `(B, max_pages)` tensor, a page size that is not a multiple of 16, or an entry a
-# sequence uses (its first `cdiv(length, page_size)` pages) outside `[0, num_pages)`. Read the
+# sequence uses (its first `cdiv(length, page_size)` pages) outside `[0, num_pages)` (entries
+# past those are not read: serving engines leave them -1, a valid call). Read the
 # values of `cache_seqlens` and `block_table` with `host_values(t)`, as in Chapter 4's Exercise
 # 3: once per tensor, and `None` while a CUDA graph is captured (skip those checks then; the
 # check calls your function once that way). About 30 lines.

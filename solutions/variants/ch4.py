@@ -58,6 +58,21 @@ VARIANTS = (
     Variant('validate_accepts_int64_cu_seqlens', 'ch4_validate', (
         ('cu.dim() != 1 or cu.dtype != torch.int32', 'cu.dim() != 1'),
     ), expect='int64'),
+    Variant('validate_skips_the_kv_shapes', 'ch4_validate', (
+        ('if k.shape != v.shape or k.shape[1:] != q.shape[1:]:', 'if False:'),
+    ), expect='k has another head'),
+    Variant('validate_one_message_for_everything', 'ch4_validate', (
+        ('def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,\n'
+         '                    window_size=(-1, -1)):\n',
+         'def validate_varlen(*args, **kwargs):\n'
+         '    try:\n'
+         '        _validate_varlen(*args, **kwargs)\n'
+         '    except ValueError:\n'
+         '        raise ValueError("bad call: check q, k, v, cu_seqlens_q, cu_seqlens_k, "\n'
+         '                         "max_seqlen_q, max_seqlen_k, window_size") from None\n\n\n'
+         'def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,\n'
+         '                     window_size=(-1, -1)):\n'),
+    ), expect='say which one is wrong'),
     Variant('validate_trusts_max_seqlen', 'ch4_validate', (
         ('if value < max(steps):', 'if value < 0:'),
     ), expect='max_seqlen_q'),

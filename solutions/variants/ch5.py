@@ -45,6 +45,15 @@ VARIANTS = (
     Variant('validate_trusts_the_page_table', 'ch5_validate', (
         ('if any(not 0 <= p < k_cache.shape[0] for p in used):', 'if False:'),
     ), expect='page table entry'),
+    Variant('validate_decode_skips_the_v_cache_shape', 'ch5_validate', (
+        ('if v_cache.shape != k_cache.shape or k_cache.shape[3] != d', 'if k_cache.shape[3] != d'),
+    ), expect='v_cache holds fewer slots'),
+    Variant('validate_decode_rejects_unused_pages', 'ch5_validate', (
+        ('used = row[:-(-n // rows_per_seq)]', 'used = row'),
+    ), expect='-1 in the entries past'),
+    Variant('validate_decode_capacity_from_max_len', 'ch5_validate', (
+        ('capacity = block_table.shape[1] * rows_per_seq', 'capacity = 1 << 30'),
+    ), expect='paged capacity'),
     Variant('validate_trusts_cache_seqlens', 'ch5_validate', (
         ('or max(lengths, default=0) > capacity', ''),
     ), expect='beyond the cache'),

@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import itertools
 import operator
+import re
 from typing import Callable, Sequence
 
 import numpy as np
@@ -231,12 +232,24 @@ def simulated_capture():
             setattr(torch.cuda, name, f)
 
 
+MAX_NAMED = 3      # a message naming more arguments than this does not say which one is wrong
+
+
+def named_arguments(message: str, call: dict) -> set[str]:
+    """The argument names of ``call`` that ``message`` names as whole words ("q" is not named
+    by "cu_seqlens_q", nor "k" by "block")."""
+    return {name for name in call if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}"
+                                               rf"(?![A-Za-z0-9_])", message)}
+
+
 def check_argument_errors(validate: Callable, valid, invalid, *, title: str,
                           valid_hint: str = "", consequence: str = "",
                           captured: dict | None = None, capture_hint: str = "") -> int:
     """A wrapper's argument checks (Chapters 4 and 5): ``validate(**call)`` must return for every
     ``(name, call)`` in ``valid`` and raise a ValueError whose message names ``arg`` for every
-    ``(name, call, arg)`` in ``invalid`` (any other exception is a failure too). ``consequence``
+    ``(name, call, arg)`` in ``invalid``, as a whole word and among at most ``MAX_NAMED`` of the
+    call's arguments (one catch-all message naming them all says nothing); any other exception
+    is a failure too. ``consequence``
     says what the kernel would do with a bad call that got through. ``captured``: a valid call
     that must also pass while a CUDA graph is captured (``simulated_capture``), reading no
     tensor on the host (``capture_hint`` says how). Returns the number of calls."""
@@ -253,9 +266,14 @@ def check_argument_errors(validate: Callable, valid, invalid, *, title: str,
         try:
             validate(**call)
         except ValueError as e:
-            if arg not in str(e):
+            named = named_arguments(str(e), call)
+            if arg not in named:
                 raise CheckFailure(f"{what}: the ValueError's message should name `{arg}`, got: "
                                    f"{e}") from None
+            if len(named) > MAX_NAMED:
+                raise CheckFailure(f"{what}: the ValueError's message names {len(named)} "
+                                   f"arguments ({', '.join(sorted(named))}): say which one is "
+                                   f"wrong (`{arg}`) and why, got: {e}") from None
         except Exception as e:  # noqa: BLE001 - any other exception is the wrong answer
             raise CheckFailure(f"{what}: raised {type(e).__name__}({e}) instead of a ValueError "
                                f"naming `{arg}`.") from None

@@ -419,6 +419,8 @@ def validate_cases(hidden: bool = False):
         ("window_size (-2, 0)", dict(window_size=(-2, 0)), "window_size"),
         ("k has another head dimension than q", dict(k=base["k"][..., :8].contiguous(),
                                                      v=base["v"][..., :8].contiguous()), "k"),
+        ("k and v have another head count than q", dict(k=base["k"][:, :1].contiguous(),
+                                                        v=base["v"][:, :1].contiguous()), "k"),
         ("q is 4-d", dict(q=base["q"][None]), "q"),
     ]
     if hidden:
@@ -432,6 +434,10 @@ def validate_cases(hidden: bool = False):
             ("q's last dimension is strided", dict(q=base["q"].repeat(1, 1, 2)[..., ::2]), "q"),
             ("cu_seqlens_q has one entry", dict(cu_seqlens_q=torch.tensor([0], **i32),
                                                 q=base["q"][:0]), "cu_seqlens_q"),
+            ("v has one token fewer than k", dict(v=base["v"][:-1]), "v"),
+            ("head dimension 24 (not a power of two)", {
+                n: seeded((base[n].shape[0], 2, 24), 5 + i, base[n].dtype)
+                for i, n in enumerate(("q", "k", "v"))}, "q"),
         ]
     return cases
 

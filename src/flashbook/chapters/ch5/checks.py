@@ -282,6 +282,22 @@ def _valid_decode(dtype=torch.float32, paged=False):
     return call
 
 
+def _pages_of_8(paged: dict) -> dict:
+    """The paged call's pools cut into pages of 8 slots (page j of 16 -> pages 2j, 2j + 1)."""
+    k, v, table = paged["k_cache"], paged["v_cache"], paged["block_table"]
+    halves = torch.stack((2 * table, 2 * table + 1), dim=-1).flatten(1)
+    return dict(k_cache=k.reshape(-1, 8, *k.shape[2:]), v_cache=v.reshape(-1, 8, *v.shape[2:]),
+                block_table=halves.to(torch.int32))
+
+
+def _unused_pages_marked(paged: dict) -> dict:
+    """The paged call with -1 in every block_table entry past a sequence's used pages (the
+    second sequence, 5 keys, uses one page of 16), as serving engines leave them."""
+    table = paged["block_table"].clone()
+    table[1, 1:] = -1
+    return dict(block_table=table)
+
+
 def validate_decode_cases(hidden: bool = False):
     """(what is wrong, paged?, changes to a valid call, the argument the message must name)."""
     dev = current().device
@@ -296,6 +312,10 @@ def validate_decode_cases(hidden: bool = False):
         ("a page table entry out of range", True,
          dict(block_table=paged["block_table"] + 10), "block_table"),
         ("k_cache is float16, q float32", False, dict(k_cache=base["k_cache"].half()), "k_cache"),
+        ("v_cache holds fewer slots than k_cache", False,
+         dict(v_cache=base["v_cache"][:, :16].contiguous()), "v_cache"),
+        ("a length beyond the paged capacity (max_pages x page_size = 16)", True,
+         dict(block_table=paged["block_table"][:, :1].contiguous()), "cache_seqlens"),
         ("q is 3-d", False, dict(q=base["q"][:, 0]), "q"),
     ]
     if hidden:
@@ -308,6 +328,11 @@ def validate_decode_cases(hidden: bool = False):
              dict(k_cache=base["k_cache"][:1], v_cache=base["v_cache"][:1]), "k_cache"),
             ("the cache's last dimension is strided", False,
              dict(k_cache=base["k_cache"].repeat(1, 1, 1, 2)[..., ::2]), "k_cache"),
+            ("head dimension 24 (not a power of two)", False,
+             {n: seeded(base[n].shape[:-1] + (24,), 7 + i, torch.float32)
+              for i, n in enumerate(("q", "k_cache", "v_cache"))}, "q"),
+            ("pages of 8 slots (not a multiple of 16)", True,
+             _pages_of_8(paged), "k_cache"),
         ]
     return cases
 
@@ -316,9 +341,12 @@ def check_validate_decode(validate, hidden: bool = False):
     """Exercise 4: every bad call raises a ValueError naming the argument; valid calls pass,
     one of them while a CUDA graph is (as if) captured, reading nothing on the host."""
     require_implemented(validate, "validate_decode")
+    paged = _valid_decode(paged=True)
     valid = [("a valid contiguous call", _valid_decode()),
-             ("a valid paged call", _valid_decode(paged=True)),
-             ("float16, paged", _valid_decode(torch.float16, paged=True))]
+             ("a valid paged call", paged),
+             ("float16, paged", _valid_decode(torch.float16, paged=True)),
+             ("paged, -1 in the entries past a sequence's used pages",
+              {**paged, **_unused_pages_marked(paged)})]
     invalid = [(name, {**_valid_decode(paged=paged), **change}, arg)
                for name, paged, change, arg in validate_decode_cases(hidden)]
     n = check_argument_errors(validate, valid, invalid, title="validate_decode",
