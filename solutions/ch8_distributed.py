@@ -360,8 +360,9 @@ for n in (4, 8, 16, 6):
 # PE 0, returns the group's state (the others return `None`). The fix: a row's chain starts at
 # its *last PE*, which in the last row need not be in column `cols - 1`. Send whole states, one
 # message per hop (the seed sends m, l and O as three). The check runs groups whose size is not
-# a multiple of the width, requires the exact merged result, $n - 1$ messages, none left
-# unreceived, and a critical path within $(\text{cols} - 1) + (\text{rows} - 1)$. About 15 lines.
+# a multiple of the width, requires the exact merged result, $n - 1$ messages, each to a
+# neighbour (one mesh hop), none left unreceived, and a critical path within
+# $(\text{cols} - 1) + (\text{rows} - 1)$. About 15 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch8_chain", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def chain_reduce(pe, n, cols, state, merge):
@@ -516,7 +517,10 @@ ch8.check_zigzag(zigzag_chunks, hidden=True)
 # hold (with `merge` and `as_state`), then wait and take the received block. The check runs your
 # function in 2 processes (4 in the hidden tests) over gloo, started the way `torchrun` starts
 # them, on zig-zag and contiguous shards, causal and not, GQA, fp64 and fp32, and compares every
-# rank's O and LSE with single-process attention: fp64 must match to $10^{-10}$. A rank that
+# rank's O and LSE with single-process attention: fp64 must match to $10^{-10}$. It also counts
+# what each rank sends with `batch_isend_irecv`: its K and V blocks $P - 1$ times (plus the
+# positions), and no collective (an all-gather of K and V gives the same numbers, but it is not
+# a ring: every rank holds all of K/V and nothing computes under the transfer). A rank that
 # raises, or a ring that deadlocks, fails the check within a time limit, and every process is
 # killed. About 15 lines.
 
@@ -527,8 +531,8 @@ def ring_attention(q, k, v, q_pos, k_pos, causal=False):
     rank, P = dist.get_rank(), dist.get_world_size()
     send_to, recv_from = (rank + 1) % P, (rank - 1) % P
     rows = q.shape[:-1]
-    state = (torch.full(rows, -math.inf, dtype=q.dtype), torch.zeros(rows, dtype=q.dtype),
-             torch.zeros_like(q))
+    like = dict(dtype=q.dtype, device=q.device)          # on q's device: CPU or GPU ranks
+    state = (torch.full(rows, -math.inf, **like), torch.zeros(rows, **like), torch.zeros_like(q))
     for step in range(P):
         if step < P - 1:                                  # post the hop, then compute under it
             nxt = [torch.empty_like(t) for t in (k, v, k_pos)]

@@ -29,6 +29,10 @@ VARIANTS = (
     Variant('combine_without_max_shift', 'ch8_combine_kernel', (
         ('m_ref = tl.where(m == float("-inf"), 0.0, m)', 'm_ref = 0.0'),
     ), expect='combine kernel'),         # exp(LSE) overflows fp32 past 88
+    Variant('combine_without_the_empty_guard', 'ch8_combine_kernel', (
+        ('m_ref = tl.where(m == float("-inf"), 0.0, m)         # every split empty: no NaN',
+         'm_ref = m'),
+    ), expect='every split of (b=0, head=1) empty'),
     Variant('combine_not_normalised', 'ch8_combine_kernel', (
         ('/ tl.where(total > 0.0, total, 1.0)', '/ num_splits'),
     ), expect='combine kernel'),
@@ -39,6 +43,19 @@ VARIANTS = (
     Variant('chain_skips_last_of_row', 'ch8_chain', (
         ('if col < width - 1:', 'if col < width - 2:'),
     ), expect='never received'),
+    Variant('chain_reduce_is_a_tree', 'ch8_chain', (
+        ('    cols = min(cols, n)\n',
+         '    step = 1\n'
+         '    while step < n:\n'
+         '        if pe % (2 * step):\n'
+         '            yield send(pe - step, state)\n'
+         '            return None\n'
+         '        if pe + step < n:\n'
+         '            state = merge(state, (yield recv(pe + step)))\n'
+         '        step *= 2\n'
+         '    return state\n'
+         '    cols = min(cols, n)\n'),
+    ), expect='mesh hops'),              # as few steps, but messages to far PEs
     # ------------------------------------------------------------------------- ch8_tree
     Variant('tree_partner_past_the_group', 'ch8_tree', (
         ('if pe + step < n:', 'if pe + step <= n:'),
@@ -61,9 +78,19 @@ VARIANTS = (
          '[dist.P2POp(dist.irecv, t, recv_from) for t in nxt[::2]]'),
         ('k, v, k_pos = nxt', 'k, _, k_pos = nxt'),
     ), expect='output O'),               # V stays on its rank: O is wrong, LSE right
+    Variant('ring_all_gathers_k_and_v', 'ch8_ring', (
+        ('    rank, P = dist.get_rank(), dist.get_world_size()\n',
+         '    P = dist.get_world_size()\n'
+         '    ks, vs, ps = ([torch.empty_like(t) for _ in range(P)] for t in (k, v, k_pos))\n'
+         '    for parts, t in ((ks, k), (vs, v), (ps, k_pos)):\n'
+         '        dist.all_gather(parts, t)\n'
+         '    return block_attention(q, torch.cat(ks, 2), torch.cat(vs, 2), q_pos, '
+         'torch.cat(ps), causal)\n'
+         '    rank, P = dist.get_rank(), dist.get_world_size()\n'),
+    ), expect='all_gather'),
     Variant('ring_merges_own_block_twice', 'ch8_ring', (
-        ('    state = (torch.full(rows, -math.inf, dtype=q.dtype), torch.zeros(rows, '
-         'dtype=q.dtype),\n             torch.zeros_like(q))',
+        ('    state = (torch.full(rows, -math.inf, **like), torch.zeros(rows, **like), '
+         'torch.zeros_like(q))',
          '    state = as_state(*block_attention(q, k, v, q_pos, k_pos, causal))'),
     ), expect='ring attention'),
 )

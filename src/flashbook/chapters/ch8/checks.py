@@ -182,12 +182,16 @@ def _check_combine(combine_kernel, hidden: bool) -> int:
         lse_part[0, 0, 1:] = -math.inf                            # only split 0
         lse_part[-1, -1, :] += 500.0                              # exp(lse) overflows fp32
         o_part[0, 0, 1:] = 0.0
-        what = f"combine kernel, partials (B={B}, h_q={H}, splits={S}, d={d})"
+        empty = B * H > 2                                          # a row whose splits are all
+        if empty:                                                  # empty: O = 0, LSE = -inf
+            lse_part[0, 1, :], o_part[0, 1] = -math.inf, 0.0
+        what = (f"combine kernel, partials (B={B}, h_q={H}, splits={S}, d={d}"
+                + (", every split of (b=0, head=1) empty" if empty else "") + ")")
         o, lse = run_student(launch_combine, combine_kernel, o_part, lse_part, what=what,
                              guard=True)
         no_nan(o, what + ", O")
         want_lse = torch.logsumexp(lse_part.double().cpu(), -1)
-        w = torch.exp(lse_part.double().cpu() - want_lse[..., None])
+        w = torch.exp(lse_part.double().cpu() - want_lse[..., None]).nan_to_num(0.0)
         want_o = (w[..., None] * o_part.double().cpu()).sum(-2)
         assert_close(o, want_o, what=what + ", O", dims=("b", "head", "col"),
                      dtype=torch.float32, hint="w_s = exp(LSE_s - max_s LSE_s); O = sum_s w_s O_s "
@@ -312,6 +316,10 @@ def check_chain_reduce(chain_reduce, hidden: bool = False):
             raise CheckFailure(f"{what}: the root finished after {res.steps} sequential "
                                f"messages; the chain's critical path is (cols - 1) + (rows - 1) "
                                f"= {(c - 1) + (rows - 1)}: rows reduce in parallel, then column 0.")
+        if res.hops != n - 1:
+            raise CheckFailure(f"{what}: its {n - 1} messages travelled {res.hops} mesh hops in "
+                               f"all; a chain sends each state to a neighbour, one hop: west "
+                               f"along its row to column 0, then north up column 0 ({n - 1}).")
         hops.append(res.hops)
     report("chain_reduce (no deadlock, n - 1 messages)", len(hops), hidden=hidden)
 
@@ -367,6 +375,26 @@ def ring_cases(hidden: bool = False):
     return (4 if hidden else 2), cases
 
 
+def _check_traffic(out: dict, case, P: int, q, pos, what: str) -> None:
+    """A ring's traffic: point-to-point messages only, and each rank sends its K and V block
+    (and, if it likes, their positions) to the next rank P - 1 times."""
+    if out.get("collectives"):
+        raise CheckFailure(f"{what}: it called {', '.join(out['collectives'])}: a collective "
+                           "gathers K and V on every rank at once (all of K/V in memory per "
+                           "rank, and no compute under the transfer). The ring passes one K/V "
+                           "block to the next rank each step, with batch_isend_irecv.")
+    item = torch.empty((), dtype=getattr(torch, case.dtype)).element_size()
+    block = case.B * case.H_kv * (case.n // P) * case.d * item          # K's shard on a rank
+    least = (P - 1) * 2 * block                                          # K and V, P - 1 hops
+    most = least + (P - 1) * (case.n // P) * pos.element_size()          # + the positions
+    if not least <= out["sent_bytes"] <= most:
+        raise CheckFailure(f"{what}: the rank sent {out['sent_bytes']} bytes with "
+                           f"batch_isend_irecv; a ring sends its K and V blocks ({2 * block} "
+                           f"bytes) to the next rank P - 1 = {P - 1} times: {least} bytes (plus "
+                           f"the key positions, up to {most}). Fewer: K/V did not travel round "
+                           "the ring; more: blocks were sent to more than one rank.")
+
+
 def check_ring_attention(ring_attention, hidden: bool = False, timeout: float = ring.TIMEOUT_S):
     """Exercise 4b: ring_attention in P processes over gloo, every rank's (O, LSE) against
     single-process float64 attention; a raise or a hang fails the check, and every process is
@@ -405,6 +433,7 @@ def check_ring_attention(ring_attention, hidden: bool = False, timeout: float = 
             assert_close(out["lse"], want_lse[:, :, p], what=what + ", LSE",
                          dims=("b", "h", "row"), dtype=dt, atol=tol or 1e-5, rtol=tol or 1e-5,
                          hint="every block merged exactly once: P steps, P - 1 hops.")
+            _check_traffic(out, case, P, q, pos, what)
             sent.append(out["sent_bytes"])
     report(title, len(cases) * P, hidden=hidden,
            extra=f" (exact against one process; {run.wall_s:.1f} s with process start; each rank "

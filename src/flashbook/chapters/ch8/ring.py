@@ -90,7 +90,8 @@ class RingCase:
 @dataclasses.dataclass
 class RingRun:
     status: str                  # ok | raised | timeout | died
-    outputs: dict                # (case index, rank) -> dict(o, lse, sent_bytes, sent_msgs)
+    outputs: dict                # (case index, rank) -> dict(o, lse, sent_bytes, sent_msgs,
+                                 #   collectives: the names of those it called)
     error: str = ""              # the traceback of the first worker that raised
     rank: int | None = None      # which worker raised
     wall_s: float = 0.0
@@ -191,18 +192,40 @@ def _die_with_parent():
         pass
 
 
-def _count_p2p(dist, counter: dict):
-    """Wrap ``dist.batch_isend_irecv`` to count the messages and bytes this rank sends."""
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+               "all_to_all_single", "broadcast", "all_reduce", "reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "gather", "scatter")
+
+
+def _count_traffic(dist, counter: dict):
+    """Wrap ``dist.batch_isend_irecv`` to count the messages and bytes this rank sends, and the
+    collectives to record their use (a ring passes K/V with point-to-point messages only).
+    Returns the function that puts the originals back."""
     from torch.distributed import distributed_c10d as c10d
-    original = dist.batch_isend_irecv
+    originals = {name: getattr(dist, name) for name in ("batch_isend_irecv", *COLLECTIVES)
+                 if hasattr(dist, name)}
 
     def counted(p2p_op_list):
         for op in p2p_op_list:
             if op.op is c10d.isend:
                 counter["msgs"] += 1
                 counter["bytes"] += op.tensor.numel() * op.tensor.element_size()
-        return original(p2p_op_list)
+        return originals["batch_isend_irecv"](p2p_op_list)
+
+    def recorded(name):
+        def collective(*args, **kwargs):
+            counter["collectives"].add(name)
+            return originals[name](*args, **kwargs)
+        return collective
     dist.batch_isend_irecv = counted
+    for name in COLLECTIVES:
+        if name in originals:
+            setattr(dist, name, recorded(name))
+
+    def restore():
+        for name, f in originals.items():
+            setattr(dist, name, f)
+    return restore
 
 
 def _worker(job_dir: Path, rank: int):
@@ -223,17 +246,20 @@ def _worker(job_dir: Path, rank: int):
             case = RingCase(**c)
             q, k, v = case.inputs()
             pos = case.positions(world_size, rank)
-            counter = {"msgs": 0, "bytes": 0}
-            _count_p2p(dist, counter)
-            out = fn(q[:, :, pos].contiguous(), k[:, :, pos].contiguous(),
-                     v[:, :, pos].contiguous(), pos.clone(), pos.clone(), case.causal)
-            dist.batch_isend_irecv = _original_batch(dist)
+            counter = {"msgs": 0, "bytes": 0, "collectives": set()}
+            restore = _count_traffic(dist, counter)
+            try:
+                out = fn(q[:, :, pos].contiguous(), k[:, :, pos].contiguous(),
+                         v[:, :, pos].contiguous(), pos.clone(), pos.clone(), case.causal)
+            finally:
+                restore()
             if not (isinstance(out, tuple) and len(out) == 2
                     and all(isinstance(t, torch.Tensor) for t in out)):
                 raise TypeError(f"ring_attention must return a tuple (O, LSE) of tensors, got "
                                 f"{type(out).__name__}")
             torch.save({"o": out[0].detach().clone(), "lse": out[1].detach().clone(),
-                        "sent_msgs": counter["msgs"], "sent_bytes": counter["bytes"]},
+                        "sent_msgs": counter["msgs"], "sent_bytes": counter["bytes"],
+                        "collectives": sorted(counter["collectives"])},
                        job_dir / f"out_case{i}_rank{rank}.pt")
             dist.barrier()
         dist.destroy_process_group()
@@ -245,11 +271,6 @@ def _worker(job_dir: Path, rank: int):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-
-
-def _original_batch(dist):
-    from torch.distributed import distributed_c10d as c10d
-    return c10d.batch_isend_irecv
 
 
 if __name__ == "__main__":
