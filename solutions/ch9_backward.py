@@ -452,7 +452,8 @@ if runs:
 # does (a caller merging partial results, Chapter 8's split-KV or ring, needs it), the LSE
 # marked non-differentiable (`ctx.mark_non_differentiable(lse)`: no gradient flows through
 # it); backward gets one gradient per output, `do` and the LSE's (unused), and returns
-# `dq, dk, dv` and six `None`.
+# `dq, dk, dv` and six `None`. In the fp32 and fp16 cases the check makes the float64 path
+# (`reference`, `tiled_backward_packed`) raise: those must run your kernels.
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_autograd", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class FlashAttentionFn(torch.autograd.Function):

@@ -65,6 +65,12 @@ VARIANTS = (
     Variant('autograd_lse_left_differentiable', 'ch9_autograd', (
         ('        ctx.mark_non_differentiable(lse)\n', ''),
     ), expect='non-differentiable'),
+    Variant('autograd_always_on_the_reference_path', 'ch9_autograd', (
+        ('        if q.dtype == torch.float64:\n            o, lse = reference',
+         '        if True:\n            o, lse = reference'),
+        ('        if q.dtype == torch.float64:\n            dq, dk, dv = tiled',
+         '        if True:\n            dq, dk, dv = tiled'),
+    ), expect='must run the kernel path'),
     Variant('gradients_returned_in_the_wrong_order', 'ch9_autograd', (
         ('return dq, dk, dv, None', 'return dq, dv, dk, None'),
     ), expect='gradcheck'),

@@ -8,10 +8,13 @@ out-of-bounds guard, and compares with float64 autograd gradients (``grads``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import types
 
 import torch
 
+from flashbook import reference
 from flashbook.cases import AttnCase, sweep
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
@@ -138,6 +141,41 @@ def check_dq(step, dq_kernel, hidden: bool = False) -> None:
 
 # ------------------------------------------------------------------ the autograd Function
 
+_REFERENCE_PATH = ("tiled_backward", "tiled_backward_packed")   # the chapter's PyTorch backward
+
+
+@contextlib.contextmanager
+def kernel_path_only(function, what: str):
+    """While fp16/fp32 cases run, the float64 path of the student's notebook (the reference
+    forward, Section 2's tiled PyTorch backward) raises: those cases must run the kernels. The
+    names are looked up in ``function``'s globals, the notebook's own, so this holds under the
+    grader's fresh modules too."""
+    ns = getattr(function, "__globals__", None) or getattr(
+        getattr(function, "forward", None), "__globals__", {})
+    saved = {}
+
+    def refuse(name):
+        def call(*args, **kwargs):
+            raise CheckFailure(f"{what}: it ran {name} for a non-float64 case; float16 and "
+                               "float32 must run the kernel path (ch9.forward and your "
+                               "attention_backward), the float64 path is for gradcheck only.")
+        return call
+    for name in _REFERENCE_PATH:
+        if callable(ns.get(name)):
+            saved[name] = ns[name]
+            ns[name] = refuse(name)
+    for name, value in list(ns.items()):
+        if value is reference:                   # `from flashbook import reference`
+            saved[name] = value
+            ns[name] = types.SimpleNamespace(**{
+                **vars(reference), "attention": refuse("reference.attention"),
+                "attention_varlen": refuse("reference.attention_varlen")})
+    try:
+        yield
+    finally:
+        ns.update(saved)
+
+
 def _outputs(result, q, what):
     """apply()'s (O, LSE): O shaped like q that requires grad, LSE (h_q, total_q) that does not
     (marked non-differentiable)."""
@@ -229,15 +267,17 @@ def check_autograd(function, hidden: bool = False) -> None:
         what = f"{title}, case {case.describe()}"
         want = _sdpa_grads(q, k, v, do, case.causal, case.scale)
         packed_case = dataclasses.replace(case, seqlens=(case.N_q,) * case.B, B=case.B)
-        got = _grads_of(function.apply, packed_case, *(to_packed(t) for t in (q, k, v, do)),
-                        what)[:3]
+        with kernel_path_only(function, what):
+            got = _grads_of(function.apply, packed_case,
+                            *(to_packed(t) for t in (q, k, v, do)), what)[:3]
         for name, g, w in zip(("dQ", "dK", "dV"), got, want):
             _compare(name, from_packed(g, case.B), w, case, what + " (against SDPA)")
         n += 1
     for i, case in enumerate(packed):
         q, k, v, do, o, lse, want = backward_inputs(case, 50 + i)
         what = f"{title}, case {case.describe()}"
-        *got, got_lse = _grads_of(function.apply, case, q, k, v, do, what)
+        with kernel_path_only(function, what):
+            *got, got_lse = _grads_of(function.apply, case, q, k, v, do, what)
         assert_close(got_lse, lse.to(got_lse.device), what=f"{what}, LSE", dims=("h", "token"),
                      dtype=torch.float32, atol=2e-4, rtol=1e-4,
                      hint="return the forward's LSE (h_q, total_q), natural log, as it is.")
@@ -291,7 +331,9 @@ def check_training(flash_attention, hidden: bool = False) -> None:
         what = (f"{title}, case {case.describe()}, layout={layout!r}"
                 + (", return_lse=True" if return_lse else ""))
         q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        o, lse = _dense_call(flash_attention, case, layout, return_lse, q, k, v, what)
+        with kernel_path_only(flash_attention, what):
+            o, lse = _dense_call(flash_attention, case, layout, return_lse, q, k, v, what)
+            run_student(o.backward, do, what=what + ", backward")
         atol, rtol = GRAD_TOL[case.dtype]
         assert_close(o, o_ref, what=f"{what}, output O", dims=("b", "h", "row", "col"),
                      dtype=case.dtype, atol=atol, rtol=rtol,
@@ -302,7 +344,6 @@ def check_training(flash_attention, hidden: bool = False) -> None:
                          dims=("b", "h", "row"), dtype=torch.float32, atol=2e-4, rtol=1e-4,
                          hint="the packed LSE is (h_q, B * N_q): ch9.lse_from_packed(lse, B) "
                               "makes it (B, h_q, N_q).")
-        run_student(o.backward, do, what=what + ", backward")
         for name, t, w in zip(("dQ", "dK", "dV"), (q, k, v), want):
             _compare(name, t.grad, w, case, what)
     steps, seed = (4, 0) if not hidden else (3, 5)
