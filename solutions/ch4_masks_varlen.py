@@ -165,7 +165,10 @@ def attn_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, kv_ok, visible, qk_scale,
 #    Read the sequence's start and length of queries from `CU_Q` and of keys from `CU_K`;
 #    return at once if `m0` is past the end.
 # 2. Token `t` of head `h` of `Q` is at `Q + t * stride_qt + h * stride_qh` (the last dimension
-#    is contiguous; likewise K, V, O). Load the Q tile (masked to the sequence), then run
+#    is contiguous; likewise K, V, O, each with its own strides: the check passes K and V as
+#    the two halves of one `(total_k, 2, H, d)` tensor, as a fused KV projection makes them,
+#    and a case whose every score is -96000, below any finite start of the running max).
+#    Load the Q tile (masked to the sequence), then run
 #    `attn_step` over the full K/V tiles and the one masked tail tile, exactly as Chapter 3's
 #    loop did, but with the sequence's start and length.
 # 3. `attn_store_rows` writes `O = acc / l` and the LSE (natural log) of the rows inside the

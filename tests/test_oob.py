@@ -81,3 +81,18 @@ def test_canaries():
     assert oob.canaries_intact(t) and torch.equal(t, torch.arange(6.0).view(2, 3))
     t._flashbook_canary[0][-1] = 1.0
     assert not oob.canaries_intact(t)
+
+
+def test_the_two_halves_of_one_kv_tensor_are_told_apart():
+    """K and V as views of one (total, 2, H, d) tensor interleave in memory: an address is K's
+    or V's by its index, not by the span (the guard took a V row past K's span for K's)."""
+    kv = torch.zeros(10, 2, 3, 4)
+    k, v = kv[:, 0], kv[:, 1]
+    rk, rv = oob.region_of("K", k), oob.region_of("V", v)
+    item = kv.element_size()
+    at = lambda t, *i: np.array([t[i].data_ptr()], dtype=np.int64)  # noqa: E731
+    assert rk.holds(at(k, 9, 2, 3), item).all() and not rv.holds(at(k, 9, 2, 3), item).any()
+    assert rv.holds(at(v, 9, 2, 3), item).all() and not rk.holds(at(v, 9, 2, 3), item).any()
+    assert rv.holds(at(v, 0, 0, 0), item).all() and not rk.holds(at(v, 0, 0, 0), item).any()
+    dense = oob.region_of("Q", torch.zeros(10, 3, 4))
+    assert dense.gaps == ()                            # no holes: the span alone decides

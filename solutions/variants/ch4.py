@@ -20,6 +20,16 @@ VARIANTS = (
         ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453', 'm_i + tl.math.log2(l_i)'),
     ), expect='LSE'),
     # ----------------------------------------------------------------- ch4_masks
+    Variant('varlen_k_and_v_with_q_strides', 'ch4_varlen_kernel', (
+        ('(k_start + offs_n)[None, :] * stride_kt + h * stride_kh',
+         '(k_start + offs_n)[None, :] * stride_qt + h * stride_qh'),
+        ('(k_start + offs_n)[:, None] * stride_vt + h * stride_vh',
+         '(k_start + offs_n)[:, None] * stride_qt + h * stride_qh'),
+    ), expect='K and V with their own strides'),
+    Variant('varlen_max_starts_at_minus_1e4', 'ch4_varlen_kernel', (
+        ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+         'm_i = tl.full([BLOCK_M], -1e4, tl.float32)'),
+    ), expect='every score -96000'),
     Variant('mask_top_left_alignment', 'ch4_masks', (
         ('diag = rows[:, None] + (seqlen_k - seqlen_q)', 'diag = rows[:, None]'),
     ), expect='visible_pairs'),
@@ -43,6 +53,16 @@ VARIANTS = (
         ('    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)',
          '    for start_n in range(lo, full_lo if window_left < seqlen_k else lo, BLOCK_N):'),
     ), expect='random shapes'),          # a short sequence in a tall tile has a left band too
+    Variant('masked_left_band_reads_v_one_key_late', 'ch4_masked_kernel', (
+        ('# left band (windows)\n'
+         '        cols = start_n + offs_n\n'
+         '        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,\n'
+         '                                  v_ptrs + start_n * stride_vt,',
+         '# left band (windows)\n'
+         '        cols = start_n + offs_n\n'
+         '        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,\n'
+         '                                  v_ptrs + (start_n + 1) * stride_vt,'),
+    ), expect="window's left edge"),
     Variant('masked_band_without_mask', 'ch4_masked_kernel', (
         ('visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left,\n'
          '                                                window_right), qk_scale, True, '

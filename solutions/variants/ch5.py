@@ -18,6 +18,20 @@ VARIANTS = (
          '    for start_n in range(lo, full_lo if window_left < seqlen_k else lo, BLOCK_N):'),
     ), expect='random shapes'),          # a short sequence in a tall tile has a left band too
     # ----------------------------------------------------------------- ch5_cache_rows
+    Variant('mfold_max_starts_at_minus_1e4', 'ch5_mfold_kernel', (
+        ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+         'm_i = tl.full([BLOCK_M], -1e4, tl.float32)'),
+    ), expect='every score -96000'),
+    Variant('mfold_left_band_reads_v_one_key_late', 'ch5_mfold_kernel', (
+        ('# left band (windows)\n'
+         '        cols = start_n + offs_n\n'
+         '        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,\n'
+         '                                  v_ptrs + start_n * stride_vt,',
+         '# left band (windows)\n'
+         '        cols = start_n + offs_n\n'
+         '        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,\n'
+         '                                  v_ptrs + (start_n + 1) * stride_vt,'),
+    ), expect='left edge'),
     Variant('page_lookup_off_by_one', 'ch5_cache_rows', (
         ('keys // rows_per_seq,', 'keys // rows_per_seq + 1,'),
     ), expect='cache_rows, paged'),

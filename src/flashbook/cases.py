@@ -12,6 +12,8 @@ attention); causal masks and windows are aligned bottom-right.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import math
@@ -25,7 +27,7 @@ import torch
 from . import oob, reference
 from .device import current
 
-LAYOUTS = ("bhnd", "bnhd")
+LAYOUTS = ("bhnd", "bnhd", "kvpacked")   # kvpacked: packed cases, K and V views of one tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +35,13 @@ class AttnCase:
     """One seeded attention problem.
 
     ``layout="bnhd"``: the tensors are (B, N, H, d) in memory, viewed as (B, H, N, d) (strided,
-    as a model's projection produces them). ``seqlens``: a packed batch of sequences of these
+    as a model's projection produces them). ``layout="kvpacked"`` (packed cases): K and V are
+    views of one (total_k, 2, H, d) tensor, so their token stride is twice q's (the checks
+    make them with ``kv_packed``). ``seqlens``: a packed batch of sequences of these
     query lengths (``seqlens_k``: key lengths, default the same); B is then the sequence count.
     ``logit_boost`` multiplies q: large values stress the softmax's stability.
+    ``constant_scores``: q all -1 and k all +1, so every score is ``-d * scale`` (with a large
+    ``scale``, far below any finite start of a running max, and out of float16's range).
     """
     name: str
     B: int = 1
@@ -52,6 +58,7 @@ class AttnCase:
     layout: str = "bhnd"
     scale: float | None = None
     logit_boost: float = 1.0
+    constant_scores: bool = False
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -88,7 +95,12 @@ class AttnCase:
         extra += f", window={self.window}" if self.window is not None else ""
         extra += f", scale={self.scale:g}" if self.scale is not None else ""
         extra += f", logits x{self.logit_boost:g}" if self.logit_boost != 1 else ""
+        if self.constant_scores:
+            scale = self.scale if self.scale is not None else 1 / math.sqrt(self.d)
+            extra += f", every score {-self.d * scale:g}"
         extra += ", strided (B, N, H, d) layout" if self.layout == "bnhd" else ""
+        extra += ", K and V views of one (total_k, 2, H, d) tensor" \
+            if self.layout == "kvpacked" else ""
         return f"'{self.name}' ({size}, d={self.d}, {dt}{extra})"
 
 
@@ -117,11 +129,20 @@ def make_inputs(case: AttnCase, seed: int = 0, *, device=None, pad: int = 0):
                   (case.B, case.h_kv, case.n_k, case.d)]
     boosts = (case.logit_boost, 1.0, 1.0)
     out = [seeded(s, seed + i, case.dtype, b, device) for i, (s, b) in enumerate(zip(shapes, boosts))]
+    if case.constant_scores:
+        out[0], out[1] = torch.full_like(out[0], -1.0), torch.full_like(out[1], 1.0)
     if case.layout == "bnhd" and not case.varlen:
         return tuple(t.transpose(1, 2) for t in out)
     if pad:
         return tuple(oob.embed(t, pad=pad) for t in out)
     return tuple(out)
+
+
+def kv_packed(k: torch.Tensor, v: torch.Tensor, pad: int = 256):
+    """K and V (total_k, H, d) as the two halves of one (total_k, 2, H, d) tensor (inside NaN
+    padding), as a fused KV projection produces them: token stride 2 * H * d, not H * d."""
+    kv = oob.embed(torch.stack((k, v), dim=1), pad=pad)
+    return kv[:, 0], kv[:, 1]
 
 
 def expected(case: AttnCase, q, k, v):
@@ -356,6 +377,29 @@ def validate_scale(scale, d: int, name: str = "attention") -> float:
     if not scale > 0 or math.isinf(scale):
         raise ValueError(f"{name}: scale must be a positive finite number, got {scale}.")
     return scale
+
+
+# ------------------------------------------------------------ launchers' output buffers
+
+_POISON = contextvars.ContextVar("flashbook_poisoned_outputs", default=False)
+
+
+@contextlib.contextmanager
+def poisoned_outputs():
+    """Inside, the launchers' output buffers (``output``) start as NaN, so an output row a
+    kernel never writes shows as NaN instead of whatever the memory held (often the right
+    answer of the previous call). The checks run every student launch inside."""
+    token = _POISON.set(True)
+    try:
+        yield
+    finally:
+        _POISON.reset(token)
+
+
+def output(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
+    """A launcher's output buffer: ``torch.empty``, NaN-filled inside ``poisoned_outputs``."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t.fill_(math.nan) if _POISON.get() else t
 
 
 # ------------------------------------------------------------ index tensors read on the host

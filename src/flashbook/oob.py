@@ -65,6 +65,23 @@ class Region:
     itemsize: int
     shape: tuple
     dtype: str
+    gaps: tuple = ()   # a view with holes (K and V halves of one KV tensor): its (size, stride)
+                       # dimensions, outermost first, to tell its elements from the other's
+
+    def holds(self, a: np.ndarray, itemsize: int) -> np.ndarray:
+        """Which byte addresses ``a`` (of accesses of ``itemsize`` bytes) fall on this view's
+        elements: inside its span and, for a view with holes, on an index it has."""
+        inside = (a >= self.lo) & (a + itemsize <= self.hi)
+        if not self.gaps:
+            return inside
+        off = (a - self.base).astype(np.int64)
+        ok = inside & (off % self.itemsize == 0)
+        off = off // self.itemsize
+        for size, stride in self.gaps:
+            idx = off // stride
+            ok &= (idx >= 0) & (idx < size)
+            off = off - idx * stride
+        return ok & (off == 0)
 
     def describe(self) -> str:
         return f"`{self.name}` (shape {self.shape}, {self.dtype})"
@@ -86,8 +103,11 @@ def region_of(name: str, t: torch.Tensor) -> Region | None:
     lo_off = sum(st * (n - 1) for n, st in zip(t.shape, t.stride()) if st < 0)
     hi_off = sum(st * (n - 1) for n, st in zip(t.shape, t.stride()) if st > 0)
     base = t.data_ptr()
+    dims = sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda x: -x[1])
+    holes = hi_off + 1 - lo_off > t.numel() and lo_off == 0 and all(st > 0 for _, st in dims)
     return Region(name, base + lo_off * item, base + (hi_off + 1) * item, base, item,
-                  tuple(t.shape), str(t.dtype).replace("torch.", ""))
+                  tuple(t.shape), str(t.dtype).replace("torch.", ""),
+                  tuple(dims) if holes else ())
 
 
 def _kernel_frame():
@@ -175,8 +195,7 @@ class Guard:
         # which region holds each lane (-1: none)
         owner = np.full(addr.shape, -1, dtype=np.int64)
         for i, r in enumerate(regs):
-            inside = (a >= r.lo) & (a + itemsize <= r.hi)
-            owner = np.where((owner < 0) & inside, i, owner)
+            owner = np.where((owner < 0) & r.holds(a, itemsize), i, owner)
         lanes = owner[active]
         counts = np.bincount(lanes[lanes >= 0], minlength=len(regs)) if len(regs) else np.zeros(0)
         home = int(np.argmax(counts)) if counts.size and counts.max() > 0 else -1

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 import triton
 
-from flashbook.cases import validate_qkv, validate_scale, validate_tensor
+from flashbook.cases import output, validate_qkv, validate_scale, validate_tensor
 from flashbook.device import current
 
 LOG2E = 1.4426950408889634      # log2(e): exp(x) = exp2(x * LOG2E)
@@ -127,8 +127,8 @@ def attention_forward(kernel, q, k, v, scale: float | None = None, config: Confi
         raise ValueError(f"attention: query and key tiles must be at least 16 (tl.dot needs 16 "
                          f"on a GPU), got BLOCK_M={cfg.BLOCK_M}"
                          f"{' (two tiles)' if two_tiles else ''}, BLOCK_N={cfg.BLOCK_N}.")
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    o = output(q.shape, dtype=q.dtype, device=q.device)
+    lse = output((B, H, N_q), dtype=torch.float32, device=q.device)
     # N_k == 0 still launches: the key loops run zero times and every row is empty, which the
     # kernel must turn into O = 0, LSE = -inf itself (the check's only way to give it empty rows).
     if B * H * N_q == 0:
@@ -170,8 +170,8 @@ def merge_states(kernel, o_a, lse_a, o_b, lse_b, block_r: int = 16):
     oa, ob = o_a.contiguous().reshape(-1, d), o_b.contiguous().reshape(-1, d)
     la, lb = lse_a.contiguous().reshape(-1), lse_b.contiguous().reshape(-1)
     n_rows = oa.shape[0]
-    o = torch.empty_like(oa)
-    lse = torch.empty_like(la)
+    o = output(oa.shape, dtype=oa.dtype, device=oa.device)
+    lse = output(la.shape, dtype=la.dtype, device=la.device)
     if n_rows:
         kernel[(triton.cdiv(n_rows, block_r),)](oa, la, ob, lb, o, lse, n_rows,
                                                HEAD_DIM=d, BLOCK_R=block_r)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, make_inputs, seeded, sweep
+from flashbook.cases import AttnCase, kv_packed, make_inputs, seeded, sweep
 from flashbook.check import CheckFailure, check_argument_errors, check_attention, report, \
     require_implemented, run_student
 from flashbook.device import current
@@ -72,6 +72,8 @@ def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles
                 counter: oob.Guard | None = None, sections: int | None = None):
     """Launch ``kernel`` on the case's batch with canaries; return the real rows' (O, LSE)."""
     qc, kc, vc, cu_q, cu_k, rows, seq_index = with_canaries(case, q, k, v)
+    if case.layout == "kvpacked":
+        kc, vc = kv_packed(kc, vc)
     max_q = max(max(case.seqlens), CANARY[0])
     max_k = max(max(case.seqlens_k or case.seqlens), CANARY[1])
     window = window_bounds(case.window or (-1, -1), case.causal, max_q, max_k) if masked else None
@@ -113,6 +115,10 @@ def _varlen_cases(hidden: bool, masked: bool) -> list[AttnCase]:
             AttnCase("a sequence with queries but no keys", seqlens=(6, 9), seqlens_k=(0, 12), **v),
             AttnCase("float16, d=32, strided heads", seqlens=(33, 10), seqlens_k=(20, 50), H_q=3,
                      d=32, dtype=torch.float16),
+            AttnCase("K and V with their own strides", seqlens=(20, 7), seqlens_k=(30, 18),
+                     layout="kvpacked", **v),
+            AttnCase("every score -96000: a finite start of the running max is wrong",
+                     seqlens=(20, 7), seqlens_k=(30, 5), scale=6000.0, constant_scores=True, **v),
         ]
         if hidden:
             cases += [AttnCase("8 sequences, float16, large logits", seqlens=(1, 2, 17, 31, 0, 5,
@@ -128,6 +134,10 @@ def _varlen_cases(hidden: bool, masked: bool) -> list[AttnCase]:
         AttnCase("causal, N_q > N_k: the first rows see no key", seqlens=(30,), seqlens_k=(11,),
                  causal=True, **v),
         AttnCase("window (5, 0)", seqlens=(50,), window=(5, 0), **v),
+        AttnCase("window (40, 0): partial tiles at the window's left edge, K/V own strides",
+                 seqlens=(100,), window=(40, 0), layout="kvpacked", **v),
+        AttnCase("causal, every score -96000", seqlens=(30,), seqlens_k=(40,), causal=True,
+                 scale=6000.0, constant_scores=True, **v),
         AttnCase("window (3, 7), N_q != N_k, lengths 0 and 1", seqlens=(0, 1, 33),
                  seqlens_k=(4, 1, 45), window=(3, 7), **v),
     ]

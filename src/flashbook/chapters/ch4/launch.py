@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from flashbook.cases import as_window, validate_scale, validate_tensor
+from flashbook.cases import as_window, output, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.device import current
@@ -86,8 +86,8 @@ def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int
         raise ValueError(f"{name}: query and key tiles must be at least 16 (tl.dot needs 16 on a "
                          f"GPU), got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}.")
     if out is None:
-        o = torch.empty((total_q, H, d), dtype=q.dtype, device=q.device)
-        lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
+        o = output((total_q, H, d), dtype=q.dtype, device=q.device)
+        lse = output((H, total_q), dtype=torch.float32, device=q.device)
     else:
         o, lse = out
     batch = cu_seqlens_q.numel() - 1

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, decode_sweep, make_inputs, seeded, sweep
+from flashbook.cases import AttnCase, decode_sweep, kv_packed, make_inputs, seeded, sweep
 from flashbook.check import CheckFailure, assert_close, check_argument_errors, check_attention, \
     no_nan, report, require_implemented, run_student
 from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, tiles, \
@@ -33,6 +33,11 @@ def gqa_cases(hidden: bool = False) -> list[AttnCase]:
         AttnCase("MQA (h_kv=1), G=4", seqlens=(20, 7), H_q=4, H_kv=1, d=16),
         AttnCase("G=2, window (5, 0)", seqlens=(30,), H_q=4, H_kv=2, d=16, window=(5, 0)),
         AttnCase("G=1 (MHA)", seqlens=(17, 1), H_q=2, H_kv=2, d=16, causal=True),
+        AttnCase("G=2, window (40, 0): partial tiles at its left edge, K/V own strides",
+                 seqlens=(100,), H_q=4, H_kv=2, d=16, window=(40, 0), layout="kvpacked"),
+        AttnCase("G=4, causal, every score -96000", seqlens=(20,), seqlens_k=(30,), H_q=4,
+                 H_kv=1, d=16, causal=True, scale=6000.0, constant_scores=True),
+        AttnCase("G=8, causal", seqlens=(9, 20), H_q=8, H_kv=1, d=16, causal=True),
     ]
     if hidden:
         cases += [AttnCase("G=8, causal, float16", seqlens=(3, 25), seqlens_k=(3, 30), H_q=8,
@@ -65,6 +70,8 @@ def sweep_cases(hidden: bool = False) -> list[AttnCase]:
 def _run_prefill(wrapper, case: AttnCase, cfg, q, k, v, counter=None):
     """The wrapper on the case's batch with canary sequences; the real rows' (O, LSE)."""
     qc, kc, vc, cu_q, cu_k, rows, seq_index = with_canaries(case, q, k, v, trailing=False)
+    if case.layout == "kvpacked":
+        kc, vc = kv_packed(kc, vc)
     max_q = max(max(case.seqlens), CANARY[0])
     max_k = max(max(case.seqlens_k or case.seqlens), CANARY[1])
     o, lse = wrapper(qc, kc, vc, cu_q, cu_k, max_q, max_k, causal=case.causal,

@@ -20,7 +20,7 @@ import math
 import torch
 import triton
 
-from flashbook.cases import as_window, host_values, validate_scale, validate_tensor
+from flashbook.cases import as_window, host_values, output, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
@@ -73,8 +73,8 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         k, v = (t.repeat_interleave(G // fold, dim=1) for t in (k, v))
         h_kv, G = h_kv * (G // fold), fold
     scale = validate_scale(scale, d, name)
-    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
-                     torch.empty((h_q, total_q), dtype=torch.float32, device=q.device))
+    o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
+                     output((h_q, total_q), dtype=torch.float32, device=q.device))
     n_bkv = (cu_seqlens_q.numel() - 1) * h_kv
     if n_bkv == 0 or max_seqlen_q == 0:
         return o, lse
@@ -146,8 +146,8 @@ def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, 
     BM = decode_block_m(G, n_new)
     window = window_bounds((-1, -1), causal, BM, max_keys)   # padding rows count as queries
     scale = validate_scale(scale, d, "launch_decode")
-    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
-                     torch.empty((B, h_q, n_new), dtype=torch.float32, device=q.device))
+    o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
+                     output((B, h_q, n_new), dtype=torch.float32, device=q.device))
     if B * h_kv * n_new == 0:
         return o, lse
     table = block_table if paged else cache_seqlens          # any int32 tensor when not paged
@@ -170,12 +170,12 @@ def _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table, c
     alignment), so it is launched with ``cache_seqlens - (n_new - c1)``, a device op (no sync);
     without the mask every chunk sees the whole cache."""
     B, n_new, h_q, _ = q.shape
-    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
-                     torch.empty((B, h_q, n_new), dtype=torch.float32, device=q.device))
+    o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
+                     output((B, h_q, n_new), dtype=torch.float32, device=q.device))
     for c0 in range(0, n_new, chunk):
         c1 = min(c0 + chunk, n_new)
         seqlens = cache_seqlens - (n_new - c1) if causal else cache_seqlens
-        part = torch.empty((B, h_q, c1 - c0), dtype=torch.float32, device=q.device)
+        part = output((B, h_q, c1 - c0), dtype=torch.float32, device=q.device)
         launch_decode(kernel, q[:, c0:c1], k_cache, v_cache, seqlens, block_table,
                       causal=causal, out=(o[:, c0:c1], part), **launch)   # O: by its strides
         lse[:, :, c0:c1] = part                     # the kernel writes LSE contiguous

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from flashbook.cases import host_values, validate_scale, validate_tensor
+from flashbook.cases import host_values, output, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.chapters.ch5.launch import decode_block_m
 from flashbook.device import current
@@ -81,12 +81,12 @@ def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seq
         raise ValueError(f"launch_split_kv: num_splits must lie in [1, {MAX_SPLITS}], got {S}.")
     keys_per_split = triton.cdiv(triton.cdiv(max_len, S), BN) * BN
     scale = validate_scale(scale, d, "launch_split_kv")
-    o, lse = out or (torch.empty_like(q, memory_format=torch.contiguous_format),
-                     torch.empty((B, h_q, 1), dtype=torch.float32, device=q.device))
+    o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
+                     output((B, h_q, 1), dtype=torch.float32, device=q.device))
     if B * h_q == 0:
         return o, lse
-    o_part = torch.empty((B, h_q, S, d), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((B, h_q, S), dtype=torch.float32, device=q.device)
+    o_part = output((B, h_q, S, d), dtype=torch.float32, device=q.device)
+    lse_part = output((B, h_q, S), dtype=torch.float32, device=q.device)
     split_kernel[(B * h_kv, S)](
         q, k_cache, v_cache, o_part, lse_part, cache_seqlens,
         q.stride(0), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -104,9 +104,8 @@ def launch_combine(combine_kernel, o_part, lse_part, dtype=None, out=None):
     log; -inf for an empty split) into O (B, h_q, d) (``dtype``, default fp32) and LSE (B, h_q).
     One program per (b, head), all S partials in one tile."""
     B, h_q, S, d = o_part.shape
-    o, lse = out or (torch.empty((B, h_q, d), dtype=dtype or torch.float32,
-                                 device=o_part.device),
-                     torch.empty((B, h_q), dtype=torch.float32, device=o_part.device))
+    o, lse = out or (output((B, h_q, d), dtype=dtype or torch.float32, device=o_part.device),
+                     output((B, h_q), dtype=torch.float32, device=o_part.device))
     if B * h_q:
         combine_kernel[(B * h_q,)](o_part, lse_part.contiguous(), o, lse, S,
                                    o_part.stride(0), o_part.stride(1), o_part.stride(2),
