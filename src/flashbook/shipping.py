@@ -92,10 +92,22 @@ def _importable(obj) -> str | None:
     return f"from {mod} import {qual}"
 
 
+def _is_jit(obj) -> bool:
+    """A ``@triton.jit`` function, compiled or interpreted (told by its type's name: this
+    module imports no triton)."""
+    return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and \
+        callable(getattr(obj, "fn", None))
+
+
 def ship(fn: Callable, name: str, _seen: set | None = None) -> Shipped:
     """The source of ``fn`` and what it uses from its globals, for the child to rebuild.
-    Raises CheckFailure when there is no source text to ship."""
+    A ``@triton.jit`` function ships with its decorator (the child imports triton for it) and
+    its jit helpers. Raises CheckFailure when there is no source text to ship."""
     _seen = set() if _seen is None else _seen
+    jit = _is_jit(fn)
+    if jit:
+        _seen.add(id(fn))
+        fn = fn.fn                                    # the Python function it compiles
     fn = inspect.unwrap(fn)
     code = getattr(fn, "__code__", None)
     if code is None or fn.__name__ == "<lambda>":
@@ -114,7 +126,7 @@ def ship(fn: Callable, name: str, _seen: set | None = None) -> Shipped:
                 globs[var] = cell.cell_contents
             except ValueError:
                 pass
-    prelude, helpers = [], []
+    prelude, helpers = (["import triton"] if jit else []), []
     _seen.add(id(fn))
     for g in sorted(_code_names(code) | set(code.co_freevars)):
         if g not in globs or g == fn.__name__:
@@ -126,7 +138,8 @@ def ship(fn: Callable, name: str, _seen: set | None = None) -> Shipped:
             prelude.append(f"{g} = {expr}")
         elif callable(value) and (imp := _importable(value)):
             prelude.append(f"{imp} as {g}")
-        elif isinstance(value, types.FunctionType) and id(value) not in _seen:
+        elif (isinstance(value, types.FunctionType) or _is_jit(value)) and \
+                id(value) not in _seen:
             helpers.append(ship(value, g, _seen))
         # anything else (other objects): not shipped; using it fails in the child with a
         # NameError, which the caller's report explains
@@ -173,8 +186,13 @@ def load(s: Shipped, g: dict):
         load(h, g)
     for stmt in s.prelude:
         exec(stmt, g)
-    linecache.cache[s.filename] = (0, None, [""] * (s.firstlineno - 1)
-                                   + s.source.splitlines(True), s.filename)
+    # one file (a notebook cell) may hold several shipped functions: each fills in its own
+    # lines of the cached text (Triton reads a kernel's source lazily, at its first compile)
+    lines = list(linecache.cache.get(s.filename, (0, None, [], s.filename))[2])
+    body = s.source.splitlines(True)
+    lines += ["\n"] * max(0, s.firstlineno - 1 + len(body) - len(lines))
+    lines[s.firstlineno - 1:s.firstlineno - 1 + len(body)] = body
+    linecache.cache[s.filename] = (0, None, lines, s.filename)
     exec(compile("\n" * (s.firstlineno - 1) + s.source, s.filename, "exec"), g)
     g[s.name] = g[s.defines]          # a helper may be known by another name
     return g[s.defines]

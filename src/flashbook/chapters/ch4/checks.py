@@ -19,6 +19,7 @@ from flashbook import oob, reference
 from flashbook.cases import AttnCase, kv_packed, make_inputs, seeded, sweep
 from flashbook.check import CheckFailure, check_argument_errors, check_attention, report, \
     require_implemented, run_student
+from flashbook.cpu_child import on_cpu
 from flashbook.device import current
 
 from .launch import Config, launch_varlen, window_bounds
@@ -348,10 +349,12 @@ def expected_loads(layout, H: int, BM: int, BN: int) -> dict:
     return want
 
 
-def _check_counts(kernel, hidden: bool) -> str:
-    """Run one long causal and one windowed sequence under a load counter (CPU mode only)."""
+def count_masked_loads(kernel, hidden: bool = False) -> str:
+    """Run one long causal and one windowed sequence under a load counter. The counter needs
+    the interpreter: on a GPU runtime this runs in a CPU-mode child process (``cpu_child``)."""
     if current().gpu:
-        return " (tile loads are counted in CPU mode only)"
+        return on_cpu("flashbook.chapters.ch4.checks:count_masked_loads", {"kernel": kernel},
+                      hidden=hidden)
     cfg = Config(16, 16, 4, 1)
     lines = []
     for case in (AttnCase("causal, N = 128", seqlens=(128,), causal=True, H_q=1, d=16),
@@ -393,7 +396,7 @@ def check_masked_kernel(kernel, hidden: bool = False):
                       "masks are aligned bottom-right: row i sees key j iff i + N_k - N_q - left "
                       "<= j <= i + N_k - N_q + right; partial tiles need visible_pairs, full "
                       "tiles none; a row that sees no key gives O = 0 and LSE = -inf.")
-    counts = _check_counts(kernel, hidden)
+    counts = count_masked_loads(kernel, hidden)
     report("masked kernel", n, extra=counts, hidden=hidden)
 
 

@@ -18,6 +18,7 @@ from flashbook.check import CheckFailure, assert_close, check_argument_errors, c
 from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, tiles, \
     with_canaries
 from flashbook.chapters.ch4.launch import window_bounds
+from flashbook.cpu_child import on_cpu
 from flashbook.device import current
 
 from .launch import Config, decode_block_m, decode_config, launch_decode, paged_cache
@@ -83,10 +84,12 @@ def _run_prefill(wrapper, case: AttnCase, cfg, q, k, v, counter=None):
     return o, lse
 
 
-def _count_loads(wrapper, hidden: bool) -> str:
-    """CPU mode: the K tiles loaded in all must be each K/V head's visible tiles once."""
+def count_prefill_loads(wrapper, hidden: bool = False) -> str:
+    """The K tiles loaded in all must be each K/V head's visible tiles once. The counter needs
+    the interpreter: on a GPU runtime this runs in a CPU-mode child process (``cpu_child``)."""
     if current().gpu:
-        return " (K tile loads are counted in CPU mode only)"
+        return on_cpu("flashbook.chapters.ch5.checks:count_prefill_loads",
+                      {"attention_gqa": wrapper}, hidden=hidden)
     cfg = Config(32, 16, 4, 1)
     case = AttnCase("G=4, causal, N=64", seqlens=(64,), H_q=8, H_kv=2, d=16, causal=True)
     q, k, v = make_inputs(case, 3)
@@ -125,7 +128,8 @@ def check_gqa_prefill(attention_gqa, hidden: bool = False):
                          configs=[None] if current().gpu else [SWEEP_TILE],
                          describe_config=tiles, guard=True, seed=31 if hidden else 1,
                          lse_tol=(2e-4, 1e-4), hint=_HINT, quiet=True)
-    report("GQA prefill (M-fold)", n, extra=_count_loads(attention_gqa, hidden), hidden=hidden)
+    report("GQA prefill (M-fold)", n, extra=count_prefill_loads(attention_gqa, hidden),
+           hidden=hidden)
 
 
 # ------------------------------------------------------------- Exercise 2: the row lookup
