@@ -28,7 +28,7 @@
 #
 # **What you need**: Chapter 1 (softmax, LSE, the attention reference); torch >= 2.11 and
 # triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton interpreter at small sizes;
-# a GPU (Colab T4 or better) adds the benchmark. About 2 hours.
+# a GPU (Colab T4 or better) adds the benchmark. About 2-3 hours.
 #
 # **Exercises** (15 points): (1) a one-pass online-softmax row kernel (3); a warm-up that copies
 # a 2-D tile with a mask (1); (2) the FlashAttention forward, in two cells: the loop body's two

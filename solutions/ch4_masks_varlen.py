@@ -17,7 +17,9 @@
 #   and how much work padding every sequence to the longest one wastes.
 # - How a program of a FlashAttention kernel finds its sequence and its tile in a packed batch.
 # - Causal masking with the book's convention: aligned **bottom-right** when `N_q != N_k`, and a
-#   row that sees no key gives `O = 0`, `LSE = -inf`, never NaN. Sliding-window (local)
+#   row that sees no key gives `O = 0`, `LSE = -inf`, never NaN (the log of an empty sum;
+#   flash-attn stores `+inf` there instead, so that its backward's `exp(S - LSE)` is 0, and
+#   Chapter 9 turns `-inf` into `+inf` where it needs that). Sliding-window (local)
 #   attention, `window_size = (left, right)`, as the same mechanism.
 # - **Block skipping**: tiles that are wholly masked are never loaded, tiles that are wholly
 #   visible run without any mask arithmetic, and only the diagonal band pays for the mask. The
@@ -27,7 +29,7 @@
 # **What you need**: Chapter 3 (the Triton forward, `attn_scores` / `attn_update`);
 # torch >= 2.11 and triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton
 # interpreter at small sizes, and the checks *count* the tiles your kernel loads; a GPU adds the
-# benchmark. About 2 hours.
+# benchmark. About 3-4 hours.
 #
 # **Exercises** (10 points): (1) the varlen forward: each program finds its sequence in a packed
 # batch (3); (2) causal and windowed masks with block skipping, in two cells: the mask and the
@@ -308,7 +310,7 @@ print("window (2, 0), N_q=N_k=6:\n", reference.visible_mask(6, 6, window=(2, 0))
 # (longest-processing-time-first scheduling). But *which* programs run at the same time also
 # decides what the L2 cache holds. If every head's last tile ran first, the 132 programs in
 # flight on an H200 would read the K and V of all 16 heads at once, 128 MB at N = 16384, far
-# more than the 50 MB of L2, and each program would fetch them from HBM again. So the grid
+# more than the H200's 60 MiB of L2, and each program would fetch them from HBM again. So the grid
 # walks **sections**: `heads_per_section` (sequence, head) pairs whose K and V fit in half the
 # L2 (`ch4.heads_per_section` picks the number), all their tiles from the longest to the
 # shortest, then the next section. `program_tile` decodes the program id: the grid is
@@ -455,8 +457,10 @@ ch4.check_masked_kernel(attn_masked_kernel, hidden=True)
 #
 # The kernels trust `cu_seqlens`. A `cu_seqlens_q` that decreases gives a negative length (the
 # program returns, the rows are never written: uninitialised memory comes back as O); one that
-# ends past `total_q` reads and writes out of bounds; an int64 tensor is read as pairs of int32
-# (every second length is 0); a `max_seqlen_q` shorter than the longest sequence launches too
+# ends past `total_q` reads and writes out of bounds; an int64 tensor is read as int32 halves
+# (the little-endian offsets `[0, 5, 8]` of two sequences read as `0, 0, 5`: sequence 0 gets
+# length 0 and sequence 1 the rows of sequence 0; the rest of the buffer is never read); a
+# `max_seqlen_q` shorter than the longest sequence launches too
 # few programs and leaves rows unwritten. None of these crashes: they return wrong numbers. The
 # wrapper users call must refuse them, with a message that names the argument.
 #

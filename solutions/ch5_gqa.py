@@ -25,7 +25,7 @@
 #
 # **What you need**: Chapter 4 (packed batches, masks, `key_tiles`); torch >= 2.11 and
 # triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton interpreter at small sizes,
-# and the checks count the K/V tiles your kernels load; a GPU adds the benchmark. About 2 hours.
+# and the checks count the K/V tiles your kernels load; a GPU adds the benchmark. About 3-4 hours.
 #
 # **Exercises** (10 points): (1) the M-fold prefill kernel (3); (2) the row lookup of a
 # contiguous and a paged cache (2); (3) the decode kernel, on both caches (3); (4) the decode
@@ -71,6 +71,11 @@ print(ch5.kv_table_markdown(tokens=8192, batch=32))
 # position `m0 + r // G`, so a tile covers `BLOCK_M // G` positions of all G heads. The scores
 # `tl.dot(q, kT)` then use each K tile for G heads at once, and everything of Chapter 4 carries
 # over: `key_tiles` takes the `BLOCK_M // G` positions, `visible_pairs` the row positions.
+# The fold needs G to divide `BLOCK_M` (a power of two). For G = 3, 5, 6 or 7 (Qwen2.5-7B has
+# G = 7, Falcon-7B G = 71, both in the table above) `ch5.launch_gqa` folds the largest power of
+# two that divides G and repeats each K/V head for the rest: right answers, at that many times
+# the K/V traffic. FlashAttention-3's PackGQA folds (position, head) into M without the
+# divisibility condition; this chapter's kernels do not.
 
 # %% tags=["demo"]
 fig = ch5.plot_mfold(G=4, rows_per_head=4, block_m=16)
@@ -223,8 +228,7 @@ def attention_gqa_per_head(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # left band out when there is no causal mask and no window, and masks the last tile on its keys
 # alone, a `(1, BLOCK_N)` mask instead of two `(BLOCK_M / 2, BLOCK_N)` ones. FlashAttention-2's
 # CUDA code makes the same choice with its `Is_causal` and `Is_local` template flags. On an
-# H200, the two together took the non-causal kernel from `n_spills` = 22 and 507 TFLOP/s to
-# `n_spills` = 2 and 535.
+# H200, the two together took the non-causal kernel from `n_spills` = 22 to 2.
 
 # %%
 @triton.jit
@@ -275,7 +279,7 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     q_b = tl.load(q_h + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
     # Scalar bases; each tile's (d x BLOCK_N) pointers are rebuilt from them inside the loop.
     # Kept live across the loops, the two pointer tensors cost 128 registers a thread, and the
-    # compiler spilled: 507 against 535 TFLOP/s non-causal on an H200.
+    # compiler spilled (sm_90: 22 spills against 2).
     k_base = K + k_start * stride_kt + kv_head * stride_kh
     v_base = V + k_start * stride_vt + kv_head * stride_vh
     m_a = tl.full([HALF], float("-inf"), tl.float32)
@@ -355,8 +359,9 @@ peak = fb.bench.PEAKS["H200"]
 fig = ch5.plot_roofline(peak[0], peak[2], ch5.example_points(), gpu="H200 (datasheet)")
 
 # %% [markdown]
-# The M-fold is what makes decode work on tensor cores at all: with one new token per query
-# head, a program's tile would have one row, and `tl.dot` needs 16. Folding the G heads (times
+# The M-fold is what makes decode use the tensor cores well: with one new token per query head,
+# a program's tile would hold one real row of the 16 that `tl.dot` needs (15 rows of padding
+# per tile, or a loop of vector products instead). Folding the G heads (times
 # the new tokens) gives `G x n_new` rows, padded to 16 (`ch5.decode_block_m`). One program
 # takes one (sequence, K/V head) and walks its cache from key 0 to `cache_seqlens[b]`; new
 # tokens sit at the end of the cache, so the causal mask is Chapter 4's bottom-right one with
@@ -371,10 +376,8 @@ fig = ch5.plot_roofline(peak[0], peak[2], ch5.example_points(), gpu="H200 (datas
 # `block_table[b, j // page_size]`, row `j % page_size` of it. Looking the page up once per
 # tile would tie the tile size to the page size (a tile of 128 keys cannot sit in a page of
 # 16); looking it up per key lets a tile span pages, and costs little, because the keys of one
-# page read the same table entry, from cache. Measured on an H200, 128-key tiles over pages of
-# 16 to 256 keys read the cache within 2 % of a contiguous one, while 64-key tiles, with one
-# lookup each, lost 9 %: each tile's loads wait for its lookup, and larger tiles pay that wait
-# half as often.
+# page read the same table entry, from cache. Each tile's loads wait for its lookup, so larger
+# tiles pay that wait less often (`ch5.decode_config` takes 128-key tiles on an H200).
 
 # %% tags=["demo"]
 table = torch.tensor([[5, 2, 7], [0, 6, -1], [3, 1, 4]], dtype=torch.int32)

@@ -12,8 +12,9 @@
 # # Chapter 6: The Hopper design (FlashAttention-3)
 #
 # **What you will learn**
-# - What changed on Hopper (H100, H200) and why a FlashAttention-2-style kernel leaves a third
-#   of the tensor cores idle there: TMA bulk copies that complete on mbarriers with transaction
+# - What changed on Hopper (H100, H200) and why a FlashAttention-2-style kernel leaves about
+#   two thirds of the tensor cores idle there (the recorded FlashAttention-2 row runs at about a
+#   third of the H200's peak): TMA bulk copies that complete on mbarriers with transaction
 #   counts, `wgmma` reading its operands from shared memory and accumulating asynchronously,
 #   227 KB of shared memory per block, and register reallocation between warpgroups
 #   (`setmaxnreg`).
@@ -41,7 +42,7 @@
 # **Exercises** (15 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
 # schedule of one producer and two consumers, (2a) the ring's barriers (3) and (2b) the
 # consumers' ping-pong (2); (3) a config planner for the chapter's kernel (3); (4) the consumer
-# warpgroups of an FA3-shaped kernel in Pallas Mosaic GPU (4).
+# warpgroups of an FA3-shaped kernel in Pallas Mosaic GPU (4). About 4-6 hours.
 
 # %%
 import flashbook as fb
@@ -73,12 +74,12 @@ jax_setup.ensure_jax()        # Exercises 1 and 4 run in JAX: installed when mis
 # issued between the two runs while the tensor cores multiply.
 #
 # **227 KB of shared memory per block** (232,448 bytes of the SM's 228 KB), against 163 KB on an
-# A100: room for two 128-row Q tiles and several stages of K and V.
+# A100: room for the Q tiles of 128 query rows and several stages of K and V.
 #
 # **Register reallocation.** An SM has 65,536 registers. A warpgroup can give some back
 # (`setmaxnreg.dec`) and another can take them (`setmaxnreg.inc`): the producer warpgroup, which
 # only issues copies, keeps 24-40 registers per thread, and the two consumer warpgroups, which
-# hold 128 x d fp32 accumulators, get 232-240.
+# hold 64 x d fp32 accumulators each, get 232-240.
 #
 # A kernel in which every warp loads, multiplies and does the softmax in turn cannot keep the
 # tensor cores busy while it computes exponentials: an H100 does 989 TFLOP/s of fp16 matrix
@@ -90,7 +91,9 @@ jax_setup.ensure_jax()        # Exercises 1 and 4 run in JAX: installed when mis
 # %% [markdown]
 # ## 2. The FlashAttention-3 structure
 #
-# One program (a CTA of three warpgroups) computes two 128-row query tiles of one head:
+# One program (a CTA of three warpgroups) computes 128 query rows of one head, as two 64-row
+# tiles, one per consumer warpgroup (a 64 x d fp32 accumulator fills half of a thread's
+# registers at d = 128):
 #
 # - **The producer** (warpgroup 0) loads Q once, then walks the K/V tiles: for step j it waits
 #   until ring slot `j % stages` has been *consumed* by both consumers, tells the slot's *full*

@@ -16,7 +16,8 @@
 #   thread and fully asynchronous; **tensor memory** (TMEM), 128 lanes x 512 columns of 32-bit
 #   cells per SM, where the accumulators now live instead of registers; how TMEM is allocated;
 #   two 128-row query tiles per CTA.
-# - How the seed kernel (a warp-specialized SM100 forward in CuTe DSL) divides the work: its
+# - How CUTLASS's CuTe DSL Blackwell attention example {cite}`cutlass2025fmha` ("the example"
+#   below: a warp-specialized SM100 forward) divides the work: its
 #   warp roles and the barriers between them, the register split between the roles, the
 #   persistent tile scheduler, and the TMEM column map where P overwrites the scores it came from.
 # - Why, once the tensor cores doubled, the **exponentials** of the softmax set the pace, and
@@ -28,9 +29,9 @@
 # **What you need**: Chapter 3 (the online softmax, its Triton kernel) and Chapter 6 (warp
 # specialization, mbarriers, `setmaxnreg`); torch >= 2.11 and triton >= 3.6 (Gluon's
 # `warp_specialize` signature changed in 3.5 and 3.6). No Blackwell GPU: every exercise runs on
-# a CPU (the Triton ones in the interpreter) and on any GPU. About 2 hours.
+# a CPU (the Triton ones in the interpreter) and on any GPU. About 4-6 hours.
 #
-# **Exercises** (18 points): (1) a TMEM column map for the seed's tile shapes (3); (2) lazy
+# **Exercises** (18 points): (1) a TMEM column map for the example's tile shapes (3); (2) lazy
 # rescaling in Chapter 3's Triton kernel, exact on adversarial logits, with a count of the
 # rescales it avoids (4); (3) exp2 by a polynomial in float32, (3a) with torch (2) and (3b) as a
 # Triton function inside a kernel (2); (4) the MMA and correction roles of a five-role schedule,
@@ -60,7 +61,7 @@ from flashbook.chapters import ch7
 # mbarrier arrive when the multiplies issued so far are done. A is read from shared memory or
 # from tensor memory, B from shared memory, and the result D is accumulated in **tensor memory**.
 # One instruction computes a tile of up to M = 128 rows (M = 256 with a pair of CTAs, the 2-CTA
-# mode, which the seed does not use), so a single "MMA warp" can keep the tensor cores busy
+# mode, which the example does not use), so a single "MMA warp" can keep the tensor cores busy
 # while the other warps do everything else.
 #
 # **Tensor memory.** Each SM has 256 KB of TMEM: 128 **lanes** x 512 **columns** of 32-bit cells.
@@ -74,7 +75,7 @@ from flashbook.chapters import ch7
 # warp that used it has said so on an mbarrier; before that, `relinquish_alloc_permit` declares
 # that this CTA will allocate no more.
 #
-# **Two query tiles per CTA.** A CTA of the seed takes 256 query rows as two tiles, Q0 and Q1, of
+# **Two query tiles per CTA.** A CTA of the example takes 256 query rows as two tiles, Q0 and Q1, of
 # 128 rows each, and streams every K and V tile once for both. Each tile has its own scores
 # (S0, S1) and its own output accumulator (O0, O1), all in TMEM, so the registers of the softmax
 # warps hold only the row they are working on.
@@ -128,7 +129,7 @@ print(f"B200: emulate {ch7.best_emulated_fraction():.0%} of the exponentials to 
 fig = ch7.plot_unit_cycles()
 
 # %% [markdown]
-# ## 3. The seed kernel: warp roles, barriers, registers, scheduler
+# ## 3. The example kernel: warp roles, barriers, registers, scheduler
 #
 # The seed is a persistent, warp-specialized forward kernel for SM100 written in CuTe DSL (the
 # Python front end of CUTLASS). A CTA has 16 warps, 512 threads, and each warp has exactly one
@@ -159,7 +160,7 @@ print(ch7.register_table())
 # %% [markdown]
 # **Barriers.** The roles talk only through mbarrier pipelines, each a small ring of stages with
 # a producer and a consumer (Chapter 6's *full* and *consumed* barriers, wrapped as objects with
-# `acquire`, `commit`, `wait` and `release`). The figure shows the nine of the seed. Four carry
+# `acquire`, `commit`, `wait` and `release`). The figure shows the nine of the example. Four carry
 # data: `load_q` and `load_kv` (K and V share one ring of 3 stages in shared memory) tell the MMA
 # warp that a TMA copy landed; `mma_s0` and `mma_s1` hand a score tile S_i to its softmax
 # warpgroup, and back: the softmax *releases* S_i when it has written P_i over it, which is the
@@ -197,13 +198,13 @@ for cta, mine in enumerate(ch7.static_schedule(tiles, sms=5)):
 # %% [markdown]
 # ## 4. Tensor memory: the column map
 #
-# Everything the two query tiles accumulate lives in one TMEM allocation, and the seed lays it
+# Everything the two query tiles accumulate lives in one TMEM allocation, and the example lays it
 # out by hand. Each S_i is a 128 x 128 fp32 tile: 128 columns. Each O_i is 128 x d fp32: d
-# columns. Two S and two O tiles with d = 128 fill all 512 columns, which is why the seed stops
+# columns. Two S and two O tiles with d = 128 fill all 512 columns, which is why the example stops
 # at d = 128. The probabilities P_i, in 16 bits, need 128 x 16 / 32 = 64 columns, and the row
 # statistics (the running max and sum a softmax warpgroup hands the correction warpgroup) two
 # more. There is no room left for them, and no need: once a softmax thread has loaded its row
-# of S_i into registers, those columns are free, so the seed writes the statistics over the
+# of S_i into registers, those columns are free, so the example writes the statistics over the
 # first columns of S_i and P_i over columns 32-95 of it. The tensor core then reads P_i straight
 # from TMEM as the A operand of $O_i \mathrel{+}= P_i V$. The aliasing is safe only because of
 # the barriers: the MMA warp overwrites S_i with the next $Q_i K^T$ only after the softmax
@@ -211,7 +212,7 @@ for cta, mine in enumerate(ch7.static_schedule(tiles, sms=5)):
 # statistics.
 
 # %% tags=["demo"]
-fig = ch7.plot_tmem(ch7.SEED_MAP, title="The seed's TMEM map (d = 128): P and the statistics "
+fig = ch7.plot_tmem(ch7.SEED_MAP, title="The example's TMEM map (d = 128): P and the statistics "
                     "alias S")
 
 # %% [markdown]
@@ -223,10 +224,10 @@ fig = ch7.plot_tmem(ch7.SEED_MAP, title="The seed's TMEM map (d = 128): P and th
 # - widths: S_i is `block_n` columns, O_i `head_dim`, P_i `block_n * p_bits // 32` (16-bit P:
 #   two values per column; 8-bit P: four), stats_i 2;
 # - alignment: every buffer starts on a multiple of 32 columns. This is our planner's
-#   convention: 32 columns is TMEM's allocation granule, and the seed keeps every offset on it
+#   convention: 32 columns is TMEM's allocation granule, and the example keeps every offset on it
 #   (0, 32, 128, 160, 256, 384);
 # - allocation: `alloc_cols` is a power of two from 32 to 512, the smallest that holds two S and
-#   two O side by side (unlike the seed, which always takes 512): the rest of the SM's TMEM stays
+#   two O side by side (unlike the example, which always takes 512): the rest of the SM's TMEM stays
 #   free for another CTA; no buffer may reach past it;
 # - aliasing: P_i and stats_i lie inside S_i (not inside the other tile's S), without
 #   overlapping each other; nothing else overlaps anything;
@@ -307,11 +308,15 @@ except NotImplementedError:
 # **Choosing $\tau$, and the error analysis.** The limit is overflow. P is converted to 16 bits
 # for the tensor cores: float16's largest value is 65504, just below $2^{16}$, so $\tau \le 15$
 # for float16 (bfloat16 reaches $2^{127}$); $\tilde O$ and $\ell$ stay in fp32, far from its
-# $2^{128}$. FlashAttention-4 uses $\tau = 8$ (a factor of 256) for 16-bit inputs. Rounding does
-# not get worse: a floating-point number's relative error does not depend on its scale, so each
-# $2^{s_j c - r}$ and each product is as accurate with a stale $r$ as with the true max, and
-# every skipped rescale is one multiplication, one rounding, fewer. What matters is that $\tilde
-# O$ and $\ell$ always use the *same* $r$. The tempting shortcut, to skip the multiplication but
+# $2^{128}$. FlashAttention-4 uses $\tau = 8$ (a factor of 256) for 16-bit inputs. Rounding gets
+# a little worse, not much. A floating-point number's relative error does not depend on its
+# scale, and every skipped rescale is one multiplication, one rounding, fewer; but with the
+# true max the row's largest weight is exactly $2^0 = 1$, which 16 bits hold without error,
+# while with a stale reference it is $2^x$ for some $x$ in $(0, \tau]$, rounded like every
+# other weight. The row's dominant weight, the one that decides O, then carries a rounding
+# error too: the recorded 16-bit errors of the lazy kernel are larger than the eager one's
+# (each row's `err=` in Section 9's data). What matters for exactness is that $\tilde O$ and
+# $\ell$ always use the *same* $r$. The tempting shortcut, to skip the multiplication but
 # still move the max, mixes two references and is wrong by up to $2^\tau$.
 #
 # **Who decides.** On Blackwell the decision is per row (a softmax thread owns a row), but the
@@ -417,9 +422,10 @@ except NotImplementedError:
 # %% [markdown]
 # ## 6. exp2 by a polynomial on the FMA units
 #
-# Section 2's model says that on a B200 the special-function unit's 16 exponentials per clock
-# are as slow as the tensor cores at d = 128 and slower below, while the FMA units, 128 per
-# clock, are partly idle. FlashAttention-4 {cite}`zadouri2026flashattention4` therefore computes
+# Section 2's model says that on a B200 (sm_100) the special-function unit's 16 exponentials
+# per clock are as slow as the tensor cores at d = 128 and slower below, while the FMA units,
+# 128 per clock, are partly idle. This is a B200 answer: Blackwell Ultra (B300, sm_103) doubles
+# the special-function unit's exponential rate, which moves the balance back towards MUFU. FlashAttention-4 {cite}`zadouri2026flashattention4` therefore computes
 # a share of the exponentials in software, with instructions that run on the FMA units, and
 # leaves the rest on MUFU. The method is the one every math library uses, cut down to what a
 # 16-bit P needs:
@@ -457,7 +463,7 @@ except NotImplementedError:
 #   \approx 6 \cdot 10^{-8}$, negligible next to the cubic's $7.5 \cdot 10^{-5}$.
 #
 # P is then rounded to 16 bits, which costs up to $2^{-11} \approx 4.9 \cdot 10^{-4}$
-# (float16) or $2^{-9} \approx 2 \cdot 10^{-3}$ (bfloat16) anyway: a cubic is enough, a
+# (float16) or $2^{-8} \approx 3.9 \cdot 10^{-3}$ (bfloat16) anyway: a cubic is enough, a
 # quadratic is not. In the output, weights $p_j (1 + \epsilon_j)$ with $|\epsilon_j| \le
 # \epsilon$ move $O = \sum_j p_j v_j / \sum_j p_j$ by at most about $2 \epsilon \max_j |v_j|$.
 # The check's bound is $\epsilon \le 10^{-4}$, a fifth of float16's rounding.
@@ -836,9 +842,9 @@ planner.check_resources(kernel_resources, hidden=True)
 # %% [markdown]
 # What the figures say. At d = 128 the two Q tiles and two slots of K and V take 196,608 of the
 # 232,448 bytes a block may use, so a third slot (another 65,536) cannot fit: that is why
-# Exercise 4's `KV_STAGES` is 2, and why the seed shares one ring between K and V (three tiles,
+# Exercise 4's `KV_STAGES` is 2, and why the example shares one ring between K and V (three tiles,
 # 96 KB). Tensor memory is full at d = 128 (512 of 512 columns), so d = 256 would need another
-# map (the seed supports d <= 128 for the same reason). One CTA per SM, 512 threads, 128
+# map (the example supports d <= 128 for the same reason). One CTA per SM, 512 threads, 128
 # registers each at launch; then the softmax threads, which hold a whole row of S, get 192.
 
 # %% tags=["demo"]
@@ -917,8 +923,10 @@ else:
 # adds a whole-tile maximum and a branch on it each step: the two warpgroups of a tile must
 # agree, which needs a reduction through shared memory and a barrier. On Blackwell the same
 # rescale reads and writes O in tensor memory through a separate correction warpgroup, which
-# is what makes skipping it worth the branch. Both tricks keep the error where it was: the
-# per-case errors against float64 are in the figure's data (`err=` in each row's note).
+# is what makes skipping it worth the branch. The polynomial keeps the error where it was;
+# lazy rescaling raises the 16-bit error a little, for the reason of Section 5 (the row's
+# largest weight is no longer exactly 1). The per-case errors against float64 are in the
+# figure's data (`err=` in each row's note).
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt

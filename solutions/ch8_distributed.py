@@ -21,9 +21,10 @@
 # - **Split-KV decode** (Flash-Decoding): one long sequence's keys cut across many programs of
 #   one GPU, partial $(O, \text{LSE})$ written, then a combine kernel; how many splits for a
 #   GPU's SM count and a batch.
-# - **Reductions over workers**: the seed's chain over a 2-D mesh of processing elements, its
-#   critical path, the deadlock it has when the group does not fill its last row, and a tree;
-#   messages and latency of each.
+# - **Reductions over workers**: the chain reduce of a GQA prefill kernel written for a
+#   simulated mesh accelerator (an unpublished design; "the mesh kernel" below) over a 2-D mesh
+#   of processing elements, its critical path, the deadlock it has when the group does not fill
+#   its last row, and a tree; messages and latency of each.
 # - **Ring attention** with `torch.distributed`: K/V blocks travel around a ring of processes
 #   while each merges; causal balance with zig-zag shards; what context parallelism costs in
 #   memory and bandwidth as the sequence grows.
@@ -31,10 +32,10 @@
 # **What you need**: Chapter 3 (the online softmax and its merge), Chapter 5 (the M-fold and
 # decode); torch >= 2.11 and triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton
 # interpreter and the ring runs as 2 and 4 CPU processes over gloo; GPUs add the benchmarks.
-# About 2 hours.
+# About 4-6 hours.
 #
 # **Exercises** (12 points): (1) `merge` (2); (2) the split-KV kernel and its combine kernel
-# (3); (3) a chain reduction without the seed's deadlock (2) and a tree (1); (4) the zig-zag
+# (3); (3) a chain reduction without the mesh kernel's deadlock (2) and a tree (1); (4) the zig-zag
 # layout (1) and ring attention over `torch.distributed` (3).
 
 # %%
@@ -325,7 +326,7 @@ else:
         print(f"ValueError: {e}")
 
 # %% [markdown]
-# ## 4. Reductions across workers: the seed's chain, and a tree
+# ## 4. Reductions across workers: the mesh kernel's chain, and a tree
 #
 # The seed runs on a mesh accelerator: processing elements (PEs) on a 2-D grid, each talking to
 # its four neighbours over links. The PEs of a group split a head's keys, each computes its
@@ -341,7 +342,7 @@ else:
 # does everyone who waits on it. The simulator below runs PE programs written as Python
 # generators: `x = yield recv(src)` blocks until PE `src` sends, `yield send(dst, x)` sends (the
 # sender goes on); a message takes one time step; and when every unfinished PE is blocked, it
-# reports a deadlock. Here is the seed's rule, drawn for a group of 6, then run:
+# reports a deadlock. Here is the mesh kernel's rule, drawn for a group of 6, then run:
 
 # %% tags=["demo"]
 fig = ch8.plot_mesh_chain(6, 4)
@@ -354,12 +355,12 @@ for n in (4, 8, 16, 6):
         print(f"group of {n:2d}: {e}")
 
 # %% [markdown]
-# **Exercise 3a (2 points).** Write `chain_reduce(pe, n, cols, state, merge)`, the seed's chain
+# **Exercise 3a (2 points).** Write `chain_reduce(pe, n, cols, state, merge)`, the mesh kernel's chain
 # without its deadlock: a generator that PE `pe` of a group of `n` runs (row `pe // cols`, column
 # `pe % cols`, with `cols = min(cols, n)`); it merges what it receives with `merge` and the root,
 # PE 0, returns the group's state (the others return `None`). The fix: a row's chain starts at
 # its *last PE*, which in the last row need not be in column `cols - 1`. Send whole states, one
-# message per hop (the seed sends m, l and O as three). The check runs groups whose size is not
+# message per hop (the mesh kernel sends m, l and O as three). The check runs groups whose size is not
 # a multiple of the width, requires the exact merged result, $n - 1$ messages, each to a
 # neighbour (one mesh hop), none left unreceived, and a critical path within
 # $(\text{cols} - 1) + (\text{rows} - 1)$. About 15 lines.
@@ -455,10 +456,12 @@ except NotImplementedError:
 # chapter's check runs), NCCL for GPUs. Point-to-point transfers are `dist.P2POp(dist.isend,
 # tensor, peer)` and `dist.P2POp(dist.irecv, buffer, peer)`, posted together with
 # `reqs = dist.batch_isend_irecv([...])` and completed with `req.wait()` for each request. Posting
-# both at once is what avoids the ordering deadlock of blocking sends and receives, the seed's
+# both at once is what avoids the ordering deadlock of blocking sends and receives, the mesh kernel's
 # "send before anyone receives" constraint. PyTorch has a prototype,
-# `torch.distributed.tensor.experimental.context_parallel`, that swaps SDPA for ring attention,
-# but it does not run on CPU processes with gloo, so this chapter writes the ring itself.
+# `torch.distributed.tensor.experimental.context_parallel`, that swaps SDPA for context-parallel
+# attention; by default it all-gathers K and V (its `rotate_method` is ALL_GATHER) rather than
+# passing them round a ring, and it does not run on CPU processes with gloo, so this chapter
+# writes the ring itself.
 #
 # Each rank needs one more thing for a **causal** mask: the positions of its queries and of the
 # keys it holds, which travel with the keys. `block_attention` computes a block's partial
@@ -564,7 +567,7 @@ ch8.check_ring_attention(ring_attention, hidden=True)
 # chapter's multi-GPU benchmark (`python -m torch.distributed.run --nproc-per-node=P -m
 # flashbook.chapters.ch8.ring_bench`) runs this ring with NCCL and Chapter 5's fastest Triton
 # forward, and records per step the compute time and the time the GPU waited for the
-# transfer. It has not been recorded yet; when it is, this section shows the timeline.
+# transfer. Section 7 quotes its recording on two H200s and draws the timeline.
 #
 # ## 6. What context parallelism costs as N grows
 #
@@ -590,8 +593,9 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 # `flashbook bench ch8` measures on one H200 a batch-1 decode step at context 131072 with
 # $h_q = 32$, $h_{kv} = 8$, $d = 128$, fp16: the split-KV kernels of Exercise 2 (split count from
 # `choose_num_splits`, and a sweep of split counts), Chapter 5's decode kernel without splits,
-# cuDNN and FlashAttention-2 through SDPA and compiled FlexAttention, with the read ceiling
-# `hbm_read` measured in the same run. Decode rows report the bytes of K and V read per second.
+# cuDNN and FlashAttention-2 through SDPA and compiled FlexAttention, with `hbm_read`, the read
+# rate of a plain copy, measured in the same run (a reference, not a ceiling: cuDNN's kernel
+# reads faster). Decode rows report the bytes of K and V read per second.
 # The multi-GPU ring (`python -m torch.distributed.run --nproc-per-node=P -m
 # flashbook.chapters.ch8.ring_bench`, NCCL, one process per GPU) runs at N = 32768, 131072 and
 # 262144, 16 heads of d = 128 in fp16, causal (zig-zag) and not, against one GPU running the
@@ -600,7 +604,10 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 #
 # **Measured on H200s** (the figures below are read from the recorded data). At batch 1 and
 # context 131072, split-KV reads 4249 GB/s, 0.98x cuDNN (4326) and 100 % of `hbm_read` (4266):
-# the decode step runs at the GPU's read bandwidth. Chapter 5's decode kernel is the contrast:
+# the decode step reads the cache as fast as a plain copy does. Compiled FlexAttention is the
+# low bar of the figure: at batch 1 with one query token its kernel is not built for decode,
+# and it reads the cache at a small fraction of the others' rate. Chapter 5's decode kernel is
+# the contrast:
 # without splits the same cache reads at 294 GB/s, with 8 programs (one per K/V head) for 132
 # SMs. The split count matters as much as the kernel: 8 splits give half the bandwidth of 32.
 #
@@ -609,7 +616,8 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 # Each K/V hop (1.8 ms alone) is hidden behind a
 # step of attention twenty times longer, so the exposed wait per step is a few microseconds
 # (the timeline on the right). PyTorch's `context_parallel` takes 63.0 ms at the same size: it
-# runs cuDNN's attention kernel inside its ring, and on one GPU cuDNN's kernel leads ours by a
+# runs cuDNN's attention kernel on the K and V it all-gathers (its default), not in a ring, and
+# on one GPU cuDNN's kernel leads ours by a
 # similar margin (Chapter 5). At N = 32768 the steps shrink to a few milliseconds and the fixed costs of a step
 # (launches, the merge) show: 85 %.
 
@@ -647,9 +655,9 @@ else:
 # ## What was measured, and what is left
 #
 # On a CPU this chapter measured what its cells print: the merge's properties, the error of each
-# wire format, split-KV's independence of the split count, the seed's deadlock and the costs of
+# wire format, split-KV's independence of the split count, the mesh kernel's deadlock and the costs of
 # a chain and a tree, and a ring over 2 and 4 gloo processes exact against one process. On
-# H200s, Section 7 recorded split-KV at the read ceiling and the ring at 95.6 % scaling
+# H200s, Section 7 recorded split-KV at a plain copy's read rate and the ring at 95.6 % scaling
 # efficiency on two GPUs, with its communication hidden; runs on 4 and 8 GPUs are the next
 # measurements this chapter needs.
 #

@@ -26,7 +26,7 @@
 #
 # **What you need**: Chapters 3-5 (the Triton forward that writes the LSE, masks, packed
 # batches, GQA). Any runtime: on a CPU the kernels run in the Triton interpreter at small
-# sizes; a GPU adds the benchmark. About 2 hours.
+# sizes; a GPU adds the benchmark. About 6-8 hours.
 #
 # **Exercises** (10 points): (1) the preprocessing $D$ and the dK/dV kernel (4); (2) the dQ
 # kernel (3); (3) the autograd Function (2); (4) the dense wrapper, trained against SDPA (1).
@@ -146,7 +146,7 @@ for name, g, w in zip(("dQ", "dK", "dV"), got, want):
 # result depend on the order in which the adds land: floating-point addition does not
 # associate, so two runs differ in the last bits. FlashAttention-2 and FlashAttention-3
 # {cite}`shah2024flashattention3` accumulate $dQ$ that way, in fp32, with a slower deterministic
-# mode; JAX's Pallas FA3 kernels (seed 004 of this book) take the alternative used here: **a
+# mode; JAX's Pallas FA3 kernels {cite}`jax2025pallasfa3` take the alternative used here: **a
 # second kernel, Q-stationary**, that recomputes $S$ and $P$ once more and accumulates $dQ_i$ in
 # registers. It costs one extra $QK^\top$ and $dO V^\top$
 # (7 matmuls in place of 5: the 2.5x count above is what the benchmark credits, as cuDNN's and
@@ -570,7 +570,9 @@ if ours:
 # `flashbook bench ch9` measures, on a GPU, forward + backward (`ch9_fwdbwd`) and the backward
 # alone (`ch9_bwd`) against cuDNN's and FlashAttention-2's SDPA backends (`sdpa_cudnn_bwd`,
 # `sdpa_flash_bwd`, ...) at $(B, H, N, d) = (1, 16, 16384, 128)$ fp16, causal and not,
-# crediting the backward with 2.5x the forward's FLOPs, and the configuration of the public
+# crediting the backward with 2.5x the forward's FLOPs (the book's kernels replayed from CUDA
+# graphs; the SDPA rows, cuDNN's and FlashAttention-2's, called directly, without graphs: the
+# ratios below compare those), and the configuration of the public
 # CS336 (2025) leaderboard: forward + backward, $B = 1$, 16 heads of 64, $N = 16384$, bf16, causal.
 # It also times the two one-kernel designs of Section 3: scalar atomics (`ch9_bwd_atomic`) and
 # each $dQ$ tile added by one TMA reduce (`cp.reduce.async.bulk`, `ch9_bwd_fused`), the way
@@ -654,6 +656,6 @@ else:
 # - FlashAttention-2 {cite}`dao2023flashattention2`, Section 3.2 and Algorithm 2: the backward
 #   this chapter builds, with $D$ and the recomputation from the LSE.
 # - FlashAttention {cite}`dao2022flashattention`, Appendix B: the derivation of the gradients.
-# - FlashAttention-3 {cite}`shah2024flashattention3`: the Hopper backward, with separate dQ and
-#   dK/dV kernels.
+# - FlashAttention-3 {cite}`shah2024flashattention3`: the Hopper backward, one K/V-stationary
+#   kernel whose dQ tiles are added into fp32 by TMA reduce-adds (Section 3's one-kernel design).
 # - Triton's fused-attention tutorial {cite}`triton2025tutorials`: a backward in Triton.

@@ -296,7 +296,7 @@ def test_distribution_has_the_package_and_its_data_and_no_course_material(root, 
 GIVEN = {
     "flashbook/kernels.py": ("ch4_masks",),          # Chapter 4's masks, for Chapters 5-9
     "flashbook/chapters/ch7/lazy.py": ("ch3_attn_kernel",),   # Chapter 3's kernel, made lazy
-    "flashbook/chapters/ch8/mesh.py": ("ch8_chain",),  # the seed's buggy reduction the
+    "flashbook/chapters/ch8/mesh.py": ("ch8_chain",),  # the mesh kernel's buggy reduction the
 }                                                      # exercise fixes (in the notebook too)
 
 

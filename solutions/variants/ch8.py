@@ -39,7 +39,7 @@ VARIANTS = (
     # ------------------------------------------------------------------------ ch8_chain
     Variant('chain_assumes_full_rows', 'ch8_chain', (
         ('width = min(cols, n - row * cols)', 'width = cols'),
-    ), expect='deadlock'),               # the seed's bug: group_size = 6, 4 columns
+    ), expect='deadlock'),               # the mesh kernel's bug: group_size = 6, 4 columns
     Variant('chain_skips_last_of_row', 'ch8_chain', (
         ('if col < width - 1:', 'if col < width - 2:'),
     ), expect='never received'),

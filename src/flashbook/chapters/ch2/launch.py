@@ -106,7 +106,7 @@ def launch_fa1(kernel, q, k, v, Bc: int = 32, *, grid=None, smem: int | None = N
                buffers: dict | None = None, check: bool = True):
     """Run a flash.cu-shaped kernel ``kernel(Q, K, V, N, d, Tc, Tr, Bc, Br, scale, l, m, O)``.
 
-    Like the seed's host code: grid (B, H), one block of Bc threads per (batch, head), Br = Bc,
+    Like flash.cu's host code: grid (B, H), one block of Bc threads per (batch, head), Br = Bc,
     l = 0 and m = -inf in global memory, O = 0. Returns O as a (B, H, N, d) tensor (None when
     ``buffers`` supplies the flat Q, K, V, l, m, O arrays, e.g. oversized for the canary run).
     """

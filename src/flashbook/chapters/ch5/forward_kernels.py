@@ -62,7 +62,7 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     q_b = tl.load(q_h + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
     # Scalar bases; each tile's (d x BLOCK_N) pointers are rebuilt from them inside the loop.
     # Kept live across the loops, the two pointer tensors cost 128 registers a thread, and the
-    # compiler spilled: 507 against 535 TFLOP/s non-causal on an H200.
+    # compiler spilled (sm_90: 22 spills against 2).
     k_base = K + k_start * stride_kt + kv_head * stride_kh
     v_base = V + k_start * stride_vt + kv_head * stride_vh
     m_a = tl.full([HALF], float("-inf"), tl.float32)

@@ -1,6 +1,6 @@
 """Chapter 7: the Blackwell design (FlashAttention-4 era).
 
-No Blackwell GPU is needed: ``design`` models the seed kernel's warp roles, registers, pipelines,
+No Blackwell GPU is needed: ``design`` models the CuTe DSL example's warp roles, registers, pipelines,
 persistent scheduler and per-tile cycle budget; ``tmem`` gives Exercise 1's tensor-memory map
 rules, check and picture; ``lazy`` runs Exercise 2's lazy rescaling inside Chapter 3's Triton
 kernel (interpreter or any GPU) and counts the rescales it avoids; ``exp2poly`` fits and grades

@@ -1,4 +1,4 @@
-"""Chapter 7's model of the Blackwell forward kernel (seed 001, FlashAttention-4's structure): the
+"""Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL Blackwell example, FlashAttention-4's structure): the
 warp roles and their registers, the pipelines between the roles, the persistent tile scheduler,
 and a cycle model of one tile that shows why the exponentials, not the matrix multiplies, set
 the pace on Blackwell. Pure Python (no GPU, no Triton).
@@ -28,7 +28,7 @@ class Role:
     job: str
 
 
-# The seed's 16 warps (512 threads). setmaxnreg works per warpgroup (4 consecutive warps), so
+# The example's 16 warps (512 threads). setmaxnreg works per warpgroup (4 consecutive warps), so
 # warps 12-15 share one count, and warp 15 exists only to complete that warpgroup.
 ROLES = (
     Role("softmax0", (0, 1, 2, 3), 192, "S0 -> P0 for query tile 0: row max, exp2, P, row sum"),
@@ -40,7 +40,7 @@ ROLES = (
     Role("empty", (15,), 32, "idle: completes the fourth warpgroup"),
 )
 
-# Producer -> consumer pipelines of the seed (name, from, to, stages, what it says).
+# Producer -> consumer pipelines of the example (name, from, to, stages, what it says).
 PIPELINES = (
     ("load_q", "load", "mma", 2, "Q0 / Q1 landed (TMA transaction bytes)"),
     ("load_kv", "load", "mma", 3, "a K or V tile landed (one ring for both)"),
@@ -82,7 +82,7 @@ def register_table() -> str:
 # ------------------------------------------------------------------ persistent scheduler
 
 def work_tiles(seqlen_q: int, heads: int, batch: int, rows_per_cta: int = 256) -> int:
-    """Work tiles of the seed's scheduler: (ceil(seqlen_q / 256), heads, batch)."""
+    """Work tiles of the example's scheduler: (ceil(seqlen_q / 256), heads, batch)."""
     return math.ceil(seqlen_q / rows_per_cta) * heads * batch
 
 
@@ -182,7 +182,7 @@ _ARROWS = {
 
 
 def plot_roles():
-    """The warp roles as boxes (warps, registers) and the seed's pipelines as arrows."""
+    """The warp roles as boxes (warps, registers) and the example's pipelines as arrows."""
     fig, ax = plt.subplots(figsize=(11, 4.6))
     roles = {r.name: r for r in ROLES}
     for name, (x, y) in _BOXES.items():
@@ -204,7 +204,7 @@ def plot_roles():
     ax.set_xlim(-0.2, 12.7)
     ax.set_ylim(0.5, 5.3)
     ax.axis("off")
-    ax.set_title("Seed 001: the warp roles of one CTA and the pipelines between them "
+    ax.set_title("The CuTe DSL example: the warp roles of one CTA and the pipelines between them "
                  "(stages in parentheses)", fontsize=10)
     fig.tight_layout()
     return fig

@@ -1,4 +1,4 @@
-"""Chapter 7's Blackwell kernel: the seed's five roles written in Triton Gluon for sm_100a.
+"""Chapter 7's Blackwell kernel: the example's five roles written in Triton Gluon for sm_100a.
 
 One program (CTA) owns ``2 * BLOCK_M`` query rows of one (batch, head), as two Q tiles of
 ``BLOCK_M = 128`` rows, and forks into the roles of Exercise 4's schedule

@@ -120,7 +120,7 @@ def _check_case(resources, config: Config):
         raise CheckFailure(
             f"{what}: threads = {n_threads}, but the CTA has {truth['threads']} ({source}: "
             f".reqntid). The partitions have 4 + 4 + 4 + 1 + 1 + 1 = 15 warps; setmaxnreg "
-            f"works per warpgroup, so Triton pads them to whole warpgroups (the seed does the "
+            f"works per warpgroup, so Triton pads them to whole warpgroups (the example does the "
             f"same with its idle 16th warp).")
     launch = as_int(got["launch_registers"], f"{what}: launch_registers")
     if launch != truth["launch"]:

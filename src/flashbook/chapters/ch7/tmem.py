@@ -8,7 +8,7 @@ with the names ``S0 S1 O0 O1 P0 P1 stats0 stats1``. The rules (``problems``):
 * widths: S_i (fp32 scores) ``block_n`` columns; O_i (fp32 accumulator) ``head_dim``; P_i (the
   probabilities, ``p_bits`` wide) ``block_n * p_bits / 32``; stats_i (row max and row sum) 2;
 * alignment: every buffer starts on a multiple of 32 columns (TMEM's allocation granule: the
-  planner's convention, which the seed keeps: its offsets are 0, 32, 128, 160, 256, 384);
+  planner's convention, which the example keeps: its offsets are 0, 32, 128, 160, 256, 384);
 * the allocation is a power of two, at least 32, at most 512, and the smallest one that holds
   the map and that any map of this shape needs (S0, S1, O0, O1 side by side), so the other
   columns stay free for another CTA; no buffer reaches past it (overflow);
@@ -26,7 +26,7 @@ LANES, COLUMNS, GRANULE = 128, 512, 32
 NAMES = ("S0", "S1", "O0", "O1", "P0", "P1", "stats0", "stats1")
 ALIASES = {"P0": "S0", "P1": "S1", "stats0": "S0", "stats1": "S1"}
 
-# The seed's fixed map (d <= 128; it always allocates all 512 columns).
+# The example's fixed map (d <= 128; it always allocates all 512 columns).
 SEED_MAP = (512, {"S0": (0, 128), "S1": (128, 128), "O0": (256, 128), "O1": (384, 128),
                   "P0": (32, 64), "P1": (160, 64), "stats0": (0, 2), "stats1": (128, 2)})
 

@@ -3,7 +3,7 @@ mesh, ring attention on torch.distributed.
 
 ``state`` holds the merge and its (O, LSE) form, solved (the checks' references) and the wire
 precision experiment; ``launch`` launches the split-KV decode kernels (Flash-Decoding) and picks
-the split count; ``mesh`` simulates message passing on a 2-D mesh (and runs the seed's chain);
+the split count; ``mesh`` simulates message passing on a 2-D mesh (and runs the mesh kernel's chain);
 ``ring`` runs a student's ring attention in gloo processes and tears them down; ``checks`` grades
 the exercises; ``figures`` draws the chapter's pictures; ``benchmark`` (one GPU) and
 ``ring_bench`` (``torchrun``, any number of GPUs, with ``cp_baseline``: PyTorch's prototype

@@ -298,13 +298,13 @@ def _run_reduce(program, n, cols, what):
                  hint="every PE's state merged exactly once.")
     if res.messages != n - 1:
         raise CheckFailure(f"{what}: {res.messages} messages; reducing {n} states to one needs "
-                           f"{n - 1}, each carrying one whole (m, l, O) state (the seed sends m, "
+                           f"{n - 1}, each carrying one whole (m, l, O) state (the mesh kernel sends m, "
                            "l and O as three).")
     return res
 
 
 def check_chain_reduce(chain_reduce, hidden: bool = False):
-    """Exercise 3a: the seed's chain without its deadlock: the root's state is every PE's
+    """Exercise 3a: the mesh kernel's chain without its deadlock: the root's state is every PE's
     merged once, n - 1 messages, and a critical path of at most (cols - 1) + (rows - 1)."""
     require_implemented(chain_reduce, "chain_reduce")
     hops = []

@@ -116,8 +116,8 @@ def plot_cp_costs(P: int = 8, sizes=(8192, 32768, 131072, 524288, 1048576), peak
 
 
 def plot_mesh_chain(n: int = 6, cols: int = 4):
-    """The seed's chain on a group of n PEs in rows of ``cols``: row chains flowing west, the
-    column bridge flowing north to PE 0; in red, the east neighbours the seed waits on that are
+    """The mesh kernel's chain on a group of n PEs in rows of ``cols``: row chains flowing west, the
+    column bridge flowing north to PE 0; in red, the east neighbours the mesh kernel waits on that are
     not in the group (its deadlock when n is not a multiple of cols)."""
     cols = min(cols, n)
     rows = -(-n // cols)
@@ -126,7 +126,7 @@ def plot_mesh_chain(n: int = 6, cols: int = 4):
         r, c = divmod(pe, cols)
         ax.add_patch(plt.Rectangle((c - 0.3, -r - 0.3), 0.6, 0.6, color="C0" if pe else "C2"))
         ax.text(c, -r, f"PE {pe}", ha="center", va="center", color="white", fontsize=9)
-        if c < cols - 1:                                   # the seed receives from the east
+        if c < cols - 1:                                   # the mesh kernel receives from the east
             missing = pe + 1 >= n
             ax.annotate("", xy=(c + 0.32, -r), xytext=(c + 0.68, -r),
                         arrowprops=dict(arrowstyle="->", color="red" if missing else "k",
@@ -141,6 +141,6 @@ def plot_mesh_chain(n: int = 6, cols: int = 4):
     ax.set_ylim(-rows + 0.4, 0.6)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title(f"the seed's chain: {n} PEs, {cols} columns (PE 0, green, is the root)")
+    ax.set_title(f"the mesh kernel's chain: {n} PEs, {cols} columns (PE 0, green, is the root)")
     fig.tight_layout()
     return fig

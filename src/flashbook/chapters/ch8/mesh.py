@@ -1,5 +1,5 @@
 """A message-passing simulator for reductions over the processing elements (PEs) of one group
-laid out on a 2-D mesh (Chapter 8, Exercise 3), and the seed's chain reduce.
+laid out on a 2-D mesh (Chapter 8, Exercise 3), and the mesh kernel's chain reduce.
 
 PE ``p`` of a group of ``n`` sits at row ``p // cols``, column ``p % cols`` (row-major; the last
 row may be partial). Each PE runs a *program*, a Python generator: ``x = yield recv(src)``
@@ -159,7 +159,7 @@ def simulate(program: Callable, states: list, cols: int, *, max_ops: int = 10000
 
 
 def seed_chain_reduce(pe, n, cols, state, merge):
-    """The seed's reduction, as a program: a row chain flowing west (each PE but the last of its
+    """The mesh kernel's reduction, as a program: a row chain flowing west (each PE but the last of its
     row receives from its east neighbour, merges, and all but column 0 send west), then a
     column chain flowing north along column 0, with ``cols = min(4, n)`` columns. It assumes
     every row is full: with n = 6 and 4 columns, PE 5 (row 1, column 1) waits on an east

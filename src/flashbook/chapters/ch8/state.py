@@ -77,7 +77,7 @@ def wire_roundtrip_error(parts: int = 8, keys: int = 4096, d: int = 64, boost: f
                          seed: int = 0) -> dict:
     """Chain-merge ``parts`` partial states of one set of query rows over ``keys`` keys, rounding
     what travels between parts to a wire dtype; return the max |O - O_exact| for each wire
-    format: m, l and O all fp32; all fp16 (the seed's choice); LSE fp32 with O fp16.
+    format: m, l and O all fp32; all fp16 (the mesh kernel's choice); LSE fp32 with O fp16.
     ``boost`` scales the logits (large logits are where fp16's m goes wrong)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(16, d, generator=g, dtype=torch.float64) * boost
@@ -102,7 +102,7 @@ def wire_roundtrip_error(parts: int = 8, keys: int = 4096, d: int = 64, boost: f
         return lse, torch.ones_like(l), f16(o)
     return {"fp32 m, l, O": chain(lambda st: tuple(t.to(torch.float32).to(torch.float64)
                                                      for t in st)),
-            "fp16 m, l, O (the seed)": chain(lambda st: tuple(f16(t) for t in st)),
+            "fp16 m, l, O (the mesh kernel)": chain(lambda st: tuple(f16(t) for t in st)),
             "fp32 LSE, fp16 O": chain(lse_f32),
             "largest l": max(st[1].max().item() for st in shards),
             "largest m": max(st[0].max().item() for st in shards)}
