@@ -248,3 +248,25 @@ def test_sweep_with_the_m_fold_puts_query_edges_at_a_tiles_positions():
     edges = [n for seed in range(5) for c in _sweep(seed, fold=True, groups=(4,))
              for n in c.seqlens]
     assert {31, 32, 33, 64} & set(edges) and not {127, 129} & set(edges)
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_a_stub_the_gpu_compiler_refuses_is_reported_as_not_implemented(guard):
+    """On a GPU, Triton refuses a @triton.jit helper's `raise NotImplementedError()` with
+    'unsupported AST node type: Raise': the check says the exercise is unfinished, and where."""
+    from flashbook.check import run_student
+
+    class CompilationError(Exception):
+        pass
+
+    def launch():
+        raise CompilationError("at 3:4:\ndef visible_pairs(rows, cols, seqlen_q):\n"
+                               "    # YOUR CODE HERE\n    ^\nunsupported AST node type: Raise")
+    with pytest.raises(CheckFailure, match=r"not implemented yet.*Unfinished: `visible_pairs`"):
+        run_student(launch, what="masked kernel", guard=guard)
+
+
+def test_other_errors_of_student_code_propagate_unchanged():
+    from flashbook.check import run_student
+    with pytest.raises(TypeError, match="unsupported operand"):
+        run_student(lambda: 1 + "a", what="x")

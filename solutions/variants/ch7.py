@@ -55,6 +55,14 @@ VARIANTS = (
     Variant('exp2_degree_too_low', 'ch7_exp2_poly', (
         ('coeffs = ch7.fit_exp2(3)', 'coeffs = ch7.fit_exp2(2)'),
     ), expect='raise the degree'),
+    # the hardware exponential: what the exercise replaces
+    Variant('exp2_is_torch_exp2', 'ch7_exp2_poly', (
+        ('    return p * two_n\n', '    return torch.exp2(x)\n'),
+    ), expect='hardware exp2'),
+    # a quartic: below the bound, but one FMA a score more than needed
+    Variant('exp2_degree_higher_than_needed', 'ch7_exp2_poly', (
+        ('coeffs = ch7.fit_exp2(3)', 'coeffs = ch7.fit_exp2(4)'),
+    ), expect='higher-degree polynomial'),
 
     # ----------------------------------------------------------------- ch7_exp2_poly_tl
     # the exponent bias off by one: every result half of 2^x
@@ -69,6 +77,9 @@ VARIANTS = (
     Variant('exp2_tl_floor_with_round_fit', 'ch7_exp2_poly_tl', (
         ('n = tl.floor(x + 0.5)', 'n = tl.floor(x)'),
     ), expect='outside the interval'),
+    Variant('exp2_tl_is_the_hardware_exp2', 'ch7_exp2_poly_tl', (
+        ('    return p * two_n\n', '    return tl.math.exp2(x)\n'),
+    ), expect='hardware exp2'),
 
     # PV reads P_t from S_t's columns while softmax t is still writing it (or before): the
     # scores are still there

@@ -57,13 +57,21 @@ def run_student(fn: Callable, *args, what: str, guard: bool = False,
         raise CheckFailure(f"{what}: {e}") from None
     except CheckFailure:
         raise
-    except NotImplementedError:
-        raise CheckFailure(f"{what}: {NOT_IMPLEMENTED}") from None
+    except NotImplementedError as e:
+        where = str(e).partition(" (in `")[2].rstrip(")")
+        raise CheckFailure(f"{what}: {NOT_IMPLEMENTED}"
+                           + (f" Unfinished: `{where}" if where else "")) from None
     except ValueError as e:
         raise CheckFailure(f"{what}: the call was rejected with ValueError: {e}") from None
     except IndexError as e:     # the Numba CUDA simulator checks every index
         raise CheckFailure(f"{what}: the kernel indexed past the end of an array: {e}\n  (tid is "
                            f"the thread, ctaid the block.) {index_hint}".rstrip()) from None
+    except Exception as e:      # a stub a GPU's compiler refused ("unsupported AST node: Raise")
+        stub = oob.stub_of(e)
+        if stub is None:
+            raise
+        raise CheckFailure(f"{what}: {NOT_IMPLEMENTED}"
+                           + (f" Unfinished: `{stub}`." if stub else "")) from None
 
 
 def _source(obj) -> str:

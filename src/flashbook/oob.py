@@ -31,6 +31,7 @@ import collections
 import dataclasses
 import linecache
 import os
+import re
 import sys
 from typing import Callable
 
@@ -315,15 +316,30 @@ def find_oob(exc: BaseException | None) -> OutOfBoundsError | None:
     return None
 
 
+# On a GPU, Triton compiles a @triton.jit helper's stub (``raise NotImplementedError()``) and
+# refuses it with this message, naming neither the exception nor (always) the stub.
+_COMPILED_RAISE = "unsupported AST node type: Raise"
+
+
 def _stub_behind(exc: BaseException | None) -> bool:
-    """True if ``exc`` comes from a ``raise NotImplementedError()`` stub inside a kernel."""
+    """True if ``exc`` comes from a ``raise NotImplementedError()`` stub inside a kernel: raised
+    (the interpreter) or refused by the compiler (a GPU)."""
+    return stub_of(exc) is not None
+
+
+def stub_of(exc: BaseException | None) -> str | None:
+    """None unless ``exc`` comes from a stub inside a kernel; then the name of the jit function
+    that holds it when the compiler's message shows it ("" when it does not)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, NotImplementedError) or "NotImplementedError" in str(exc)[:2000]:
-            return True
+        text = str(exc)[:4000]
+        if isinstance(exc, NotImplementedError) or "NotImplementedError" in text or \
+                _COMPILED_RAISE in text:
+            names = re.findall(r"def (\w+)\(", text.split(_COMPILED_RAISE)[0])
+            return names[-1] if names else ""
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def call(fn: Callable, *args, what: str = "kernel", **kwargs):
@@ -340,8 +356,10 @@ def call(fn: Callable, *args, what: str = "kernel", **kwargs):
     except (NotImplementedError, ValueError, CheckFailure):
         raise
     except Exception as e:  # noqa: BLE001 - anything a student kernel raises
-        if _stub_behind(e):
-            raise NotImplementedError(f"{what}: a kernel still raises NotImplementedError") from None
+        stub = stub_of(e)
+        if stub is not None:
+            raise NotImplementedError(f"{what}: a kernel still raises NotImplementedError"
+                                      + (f" (in `{stub}`)" if stub else "")) from None
         oob = find_oob(e)
         if oob is not None:
             raise CheckFailure(f"{what}: {oob}") from None

@@ -145,6 +145,19 @@ def _judge_below(y, what: str):
                            f"score is -inf and must give a weight of 0, never NaN or garbage.")
 
 
+def _judge_degree(worst: float, what: str) -> None:
+    """The exercise asks for the lowest degree below ``BOUND``, the cubic: a result more accurate
+    than a cubic can be on the dense set is a higher degree, or the hardware exponential
+    (``torch.exp2``, ``tl.math.exp2``), which is what the exercise replaces."""
+    floor = 0.3 * fit_error(3)               # the cubic's error, with room for rounding
+    if worst < floor:
+        raise CheckFailure(
+            f"{what}: largest relative error {worst:.2e}, below any cubic's ({fit_error(3):.1e}): "
+            "this is a higher-degree polynomial or the hardware exp2 (torch.exp2 / "
+            "tl.math.exp2). The exercise asks for the lowest degree whose error is below the "
+            f"bound {BOUND:g}: each degree costs an FMA per score on the units it relieves.")
+
+
 def check_exp2_poly(exp2_poly, hidden: bool = False):
     """Exercise 3a: ``exp2_poly(x)`` (torch, float32) within ``BOUND`` relative error on the
     dense set, and in [0, 2^-126] below -126 (including -inf)."""
@@ -153,6 +166,7 @@ def check_exp2_poly(exp2_poly, hidden: bool = False):
     what = "exp2_poly"
     y = run_student(exp2_poly, x.clone(), what=what)
     worst = _judge(y, x, what)
+    _judge_degree(worst, what)
     below = torch.tensor([-126.5, -127.0, -150.0, -1000.0, -float("inf")])
     _judge_below(run_student(exp2_poly, below.clone(), what=what), what)
     report("polynomial exp2 (torch, float32)", x.numel() + below.numel(), hidden=hidden,
@@ -203,6 +217,7 @@ def check_exp2_poly_triton(exp2_poly_tl, hidden: bool = False):
     what = "exp2_poly_tl (in a Triton kernel)"
     y = run_student(run_exp2, exp2_poly_tl, x, what=what, guard=True)
     worst = _judge(y, x, what)
+    _judge_degree(worst, what)
     below = torch.tensor([-126.5, -127.0, -150.0, -1000.0, -float("inf")])
     _judge_below(run_student(run_exp2, exp2_poly_tl, below, block=16, what=what, guard=True), what)
     # a softmax built on it
