@@ -29,11 +29,12 @@ class RingCase:
 
 
 def ring_cases(hidden: bool = False) -> list[RingCase]:
-    cases = [RingCase(3, 8, why="slots refilled once or twice: the tiles do not divide evenly")]
+    cases = [RingCase(3, 8, why="slots refilled once or twice: the tiles do not divide evenly"),
+             RingCase(3, 2, why="fewer tiles than slots: nothing is refilled, the drain waits "
+                                "for 2 releases, not 3")]
     if hidden:
         cases += [RingCase(2, 5, why="a 2-slot ring, slots refilled twice"),
                   RingCase(2, 7, 1, why="one consumer: consumed needs 1 arrival"),
-                  RingCase(3, 2, why="fewer tiles than slots: nothing is refilled"),
                   RingCase(2, 2, 1, why="exactly one tile per slot"),
                   RingCase(3, 4, why="one refill")]
     return cases

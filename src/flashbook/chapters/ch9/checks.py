@@ -52,10 +52,10 @@ def kernel_cases(hidden: bool = False) -> list[AttnCase]:
             AttnCase("GQA, causal, packed", seqlens=(17, 33), seqlens_k=(20, 33), H_q=4, H_kv=2,
                      d=16, causal=True),
             AttnCase("fp16 GQA", seqlens=(40,), H_q=4, H_kv=2, d=32, dtype=torch.float16),
+            AttnCase("MQA, causal, N_q > N_k (empty rows)", seqlens=(40,), seqlens_k=(24,),
+                     H_q=4, H_kv=1, d=16, causal=True, scale=0.3),
         ]
     return [
-        AttnCase("MQA, causal, N_q > N_k (empty rows)", seqlens=(40,), seqlens_k=(24,), H_q=4,
-                 H_kv=1, d=16, causal=True, scale=0.3),
         AttnCase("packed with an empty sequence", seqlens=(9, 0, 30), seqlens_k=(12, 3, 30),
                  H_q=4, H_kv=2, d=16, causal=True),
         AttnCase("fp16 causal, large logits", seqlens=(48,), H_q=2, d=16, causal=True,
