@@ -428,3 +428,19 @@ def test_one_wording_of_the_jax_versions(monkeypatch):
     assert interpret.JAX_VERSIONS in interpret.jax_problem()            # too old
     opening = sources.source("ch6", ROOT).path.read_text().split("# %%", 2)[1]
     assert "pip install" not in opening and "jax>=" not in opening
+
+
+def test_the_launcher_plans_once_per_problem(fa3, monkeypatch):
+    """attention_fa3 without a config asks the planner (milliseconds of Python) once per
+    problem shape, not on every call; another shape is planned anew."""
+    calls = []
+    real = fa3.planner.best
+    monkeypatch.setattr(fa3.planner, "best", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    fa3.pick_config.cache_clear()
+    first = fa3.pick_config(64, torch.float16, True, 2, 8, 4096, 4096)
+    assert fa3.pick_config(64, torch.float16, True, 2, 8, 4096, 4096) is first
+    fa3.pick_config(128, torch.float16, True, 2, 8, 4096, 4096)
+    assert len(calls) == 2
+    args = fa3.kernel_args(first.for_inputs(64, "float16"))
+    assert fa3.kernel_args(first.for_inputs(64, "float16")) is args
+    fa3.pick_config.cache_clear()

@@ -35,6 +35,7 @@ against the planner.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -405,17 +406,22 @@ def fa3_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
 _TORCH_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
+@functools.lru_cache(maxsize=256)
 def pick_config(head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = False,
                 B: int = 1, H: int = 16, N_q: int = 16384, N_k: int | None = None) -> Config:
-    """The planner's fastest feasible config for this problem (``planner.best``)."""
+    """The planner's fastest feasible config for this problem (``planner.best``), cached by the
+    arguments (the planner takes milliseconds of Python; a call of ``attention_fa3`` without a
+    config would otherwise pay them every time). ``Config`` is frozen: sharing it is safe."""
     return planner.best(head_dim, _TORCH_DTYPE_NAMES[dtype], B=B, H=H, N_q=N_q, N_k=N_k,
                         causal=causal)
 
 
+@functools.lru_cache(maxsize=256)
 def kernel_args(config: Config, exp2: str = "hw", rescale_tau: float | None = None) -> dict:
     """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
     the ahead-of-time tests build the same kernel from this). ``exp2`` and ``rescale_tau``
-    are Chapter 7's experiments (``EXP2_MODES``; None: rescale on every tile)."""
+    are Chapter 7's experiments (``EXP2_MODES``; None: rescale on every tile). Cached by its
+    arguments: callers unpack it and must not change it."""
     budget = planner.register_budget(config)
     return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
