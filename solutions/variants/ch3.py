@@ -60,7 +60,7 @@ VARIANTS = (
          'start_n, N_k, 1.0, offs_n'),
         ('n_full, N_k, qk_scale, offs_n',
          'n_full, N_k, 1.0, offs_n'),
-    ), expect='large logits'),
+    ), expect='LSE'),
     Variant('attn_exp_instead_of_exp2', 'ch3_attn_tile', (
         ('p = tl.math.exp2(s * qk_scale - m_new[:, None])',
          'p = tl.exp(s * qk_scale - m_new[:, None])'),
