@@ -28,7 +28,7 @@
 # batches, GQA). Any runtime: on a CPU the kernels run in the Triton interpreter at small
 # sizes; a GPU adds the benchmark. About 6-8 hours.
 #
-# **Exercises** (10 points): (1) the preprocessing $D$ and the dK/dV kernel (4); (2) the dQ
+# **Exercises** (10 points): (1) the preprocessing $D$ (1) and the dK/dV kernel (3); (2) the dQ
 # kernel (3); (3) the autograd Function (2); (4) the dense wrapper, trained against SDPA (1).
 
 # %%
@@ -166,7 +166,8 @@ for name, g, w in zip(("dQ", "dK", "dV"), got, want):
 # $G$ query heads of its K/V head, summing their gradients in its fp32 accumulators (K and V
 # are loaded once for all $G$, the M-fold's saving of Chapter 5, here for the backward).
 #
-# **Exercise 1 (4 points).** Three pieces, the dK/dV side:
+# **Exercise 1 (1 + 3 points).** Three pieces, the dK/dV side, graded in two parts (the
+# preprocessing alone, then the step and the kernel, with D computed by the check):
 #
 # 1. `bwd_preprocess_kernel`: $D$ for `BLOCK_M` tokens of one head (`program_id(1)`), masked at
 #    `total_q`, stored at `Delta + h * total_q + t` (about 8 lines).
@@ -202,6 +203,12 @@ def bwd_preprocess_kernel(O, DO, Delta, stride_ot, stride_oh, stride_dot, stride
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + h * total_q + t, delta, mask=t < total_q)         # write BLOCK_M
     ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch9_preprocess_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch9.check_preprocess(bwd_preprocess_kernel)
+### BEGIN HIDDEN TESTS
+ch9.check_preprocess(bwd_preprocess_kernel, hidden=True)
+### END HIDDEN TESTS
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_dkdv_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit
@@ -286,10 +293,10 @@ def bwd_dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, CU_Q, CU_K,
              dv.to(DV.dtype.element_ty), mask=kv_ok)
     ### END SOLUTION
 
-# %% nbgrader={"grade": true, "grade_id": "ch9_dkdv_test", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-ch9.check_dkdv(bwd_preprocess_kernel, dkdv_step, bwd_dkdv_kernel)
+# %% nbgrader={"grade": true, "grade_id": "ch9_dkdv_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+ch9.check_dkdv(dkdv_step, bwd_dkdv_kernel)
 ### BEGIN HIDDEN TESTS
-ch9.check_dkdv(bwd_preprocess_kernel, dkdv_step, bwd_dkdv_kernel, hidden=True)
+ch9.check_dkdv(dkdv_step, bwd_dkdv_kernel, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -213,7 +213,8 @@ def test_checks_hand_student_code_tensors_on_the_inputs_device(monkeypatch, caps
     for name in ("assert_close", "_compare", "no_nan"):
         monkeypatch.setattr(checks, name, lambda *a, **kw: None)
     devices = []
-    checks.check_dkdv(_LaunchSpy(devices), _LaunchSpy(devices), _LaunchSpy(devices))
+    checks.check_preprocess(_LaunchSpy(devices))
+    checks.check_dkdv(_LaunchSpy(devices), _LaunchSpy(devices))
     checks.check_dq(_LaunchSpy(devices), _LaunchSpy(devices))
     assert devices and all(d == {"meta"} for d in devices), devices
     trained = []

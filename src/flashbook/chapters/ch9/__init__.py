@@ -17,6 +17,7 @@ from flashbook.contract import Chapter, Exercise
 
 from . import benchmark, recorded
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
+    check_preprocess, \
     check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
@@ -28,7 +29,7 @@ from .train import TinyLM, repeat_batch, sdpa_attention, train
 
 __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq",
            "bwd_config", "BwdConfig", "BWD_DTYPES", "validate_scale",
-           "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
+           "check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
            "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
            "dense_attention", "to_packed", "from_packed", "lse_from_packed", "saved_bytes",
            "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
@@ -38,8 +39,10 @@ CHAPTER = Chapter(
     id="ch9",
     title="The backward pass",
     exercises=(
-        Exercise("ch9_dkdv_test", ("ch9_preprocess", "ch9_dkdv_step", "ch9_dkdv_kernel"),
-                 ("bwd_preprocess_kernel", "dkdv_step", "bwd_dkdv_kernel"), check_dkdv),
+        Exercise("ch9_preprocess_test", ("ch9_preprocess",), ("bwd_preprocess_kernel",),
+                 check_preprocess),
+        Exercise("ch9_dkdv_test", ("ch9_dkdv_step", "ch9_dkdv_kernel"),
+                 ("dkdv_step", "bwd_dkdv_kernel"), check_dkdv),
         Exercise("ch9_dq_test", ("ch9_dq_step", "ch9_dq_kernel"), ("dq_step", "bwd_dq_kernel"),
                  check_dq),
         Exercise("ch9_autograd_test", ("ch9_autograd",), ("FlashAttentionFn",),

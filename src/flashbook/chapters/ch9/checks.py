@@ -1,4 +1,4 @@
-"""Chapter 9's graded checks: the dK/dV kernel with its preprocessing, the dQ kernel, and the
+"""Chapter 9's graded checks: the preprocessing (D), the dK/dV kernel, the dQ kernel, and the
 autograd Function (gradcheck in float64, then against SDPA's and the float64 reference's
 gradients in fp32 and fp16, causal, packed and GQA included).
 
@@ -23,7 +23,7 @@ from flashbook.device import current
 from . import launch
 from .grads import backward_inputs, from_packed, to_packed
 
-__all__ = ["check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
+__all__ = ["check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
            "autograd_cases", "training_cases", "GRAD_TOL"]
 
 # (atol, rtol) of a gradient against float64, by input dtype: fp16 rounds P and dS to fp16
@@ -93,12 +93,29 @@ def _compare(name, got, want, case, what):
                  atol=atol, rtol=rtol, hint=_HINTS[name])
 
 
-def check_dkdv(preprocess_kernel, step, dkdv_kernel, hidden: bool = False) -> None:
-    """Exercise 1: D from ``preprocess_kernel``, then dK, dV from ``dkdv_kernel`` (which calls
-    ``step``, the loop body)."""
-    title = "preprocess + dK/dV kernel"
-    for kern, label in ((preprocess_kernel, "bwd_preprocess_kernel"), (step, "dkdv_step"),
-                        (dkdv_kernel, "bwd_dkdv_kernel")):
+def check_preprocess(preprocess_kernel, hidden: bool = False) -> None:
+    """Exercise 1a: D = rowsum(dO * O) (h, total_q) in fp32 from ``preprocess_kernel``, on the
+    kernel cases' packed tensors (token counts that are not a multiple of its block)."""
+    title = "preprocess kernel (D)"
+    require_implemented(preprocess_kernel, f"{title}: bwd_preprocess_kernel")
+    guard = current().capability is None
+    cases = kernel_cases(hidden)
+    for i, case in enumerate(cases):
+        q, k, v, do, o, lse, _ = backward_inputs(case, 10 * i + 1)
+        what = f"{title}, case {case.describe()}"
+        delta = run_student(launch.launch_preprocess, preprocess_kernel, o, do, what=what,
+                            guard=guard)
+        want_d = (do.double() * o.double()).sum(-1).transpose(0, 1)
+        assert_close(delta, want_d, what=f"{what}, D", dims=("h", "token"), dtype=torch.float32,
+                     atol=1e-4, rtol=1e-4, hint=_HINTS["D"])
+    report(title, len(cases), hidden=hidden)
+
+
+def check_dkdv(step, dkdv_kernel, hidden: bool = False) -> None:
+    """Exercise 1b: dK, dV from ``dkdv_kernel`` (which calls ``step``, the loop body); D is
+    computed here in float64, so this part stands alone."""
+    title = "dK/dV kernel"
+    for kern, label in ((step, "dkdv_step"), (dkdv_kernel, "bwd_dkdv_kernel")):
         require_implemented(kern, f"{title}: {label}")
     cases = _with_sweep("dkdv", hidden)
     guard = current().capability is None
@@ -106,11 +123,7 @@ def check_dkdv(preprocess_kernel, step, dkdv_kernel, hidden: bool = False) -> No
         q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 1)
         cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
         what = f"{title}, case {case.describe()}{_tiles(cfg)}"
-        delta = run_student(launch.launch_preprocess, preprocess_kernel, o, do, what=what,
-                            guard=guard)
-        want_d = (do.double() * o.double()).sum(-1).transpose(0, 1)
-        assert_close(delta, want_d, what=f"{what}, D", dims=("h", "token"), dtype=torch.float32,
-                     atol=1e-4, rtol=1e-4, hint=_HINTS["D"])
+        delta = (do.double() * o.double()).sum(-1).transpose(0, 1).float().contiguous()
         got_dk, got_dv = run_student(launch.launch_dkdv, dkdv_kernel, q, k, v, do, lse, delta,
                                      cu_q, cu_k, max_k, causal=case.causal, scale=case.scale,
                                      config=cfg, what=what, guard=guard)
