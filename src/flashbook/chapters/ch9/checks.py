@@ -93,6 +93,12 @@ def _compare(name, got, want, case, what):
                  atol=atol, rtol=rtol, hint=_HINTS[name])
 
 
+def _reference_delta(o, do):
+    """D = rowsum(dO * O) in float64, (h, total_q): what the preprocessing must give, and what
+    the dK/dV and dQ checks hand the kernels so that each part is graded alone."""
+    return (do.double() * o.double()).sum(-1).transpose(0, 1)
+
+
 def check_preprocess(preprocess_kernel, hidden: bool = False) -> None:
     """Exercise 1a: D = rowsum(dO * O) (h, total_q) in fp32 from ``preprocess_kernel``, on the
     kernel cases' packed tensors (token counts that are not a multiple of its block)."""
@@ -105,7 +111,7 @@ def check_preprocess(preprocess_kernel, hidden: bool = False) -> None:
         what = f"{title}, case {case.describe()}"
         delta = run_student(launch.launch_preprocess, preprocess_kernel, o, do, what=what,
                             guard=guard)
-        want_d = (do.double() * o.double()).sum(-1).transpose(0, 1)
+        want_d = _reference_delta(o, do)
         assert_close(delta, want_d, what=f"{what}, D", dims=("h", "token"), dtype=torch.float32,
                      atol=1e-4, rtol=1e-4, hint=_HINTS["D"])
     report(title, len(cases), hidden=hidden)
@@ -123,7 +129,7 @@ def check_dkdv(step, dkdv_kernel, hidden: bool = False) -> None:
         q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 1)
         cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
         what = f"{title}, case {case.describe()}{_tiles(cfg)}"
-        delta = (do.double() * o.double()).sum(-1).transpose(0, 1).float().contiguous()
+        delta = _reference_delta(o, do).float().contiguous()
         got_dk, got_dv = run_student(launch.launch_dkdv, dkdv_kernel, q, k, v, do, lse, delta,
                                      cu_q, cu_k, max_k, causal=case.causal, scale=case.scale,
                                      config=cfg, what=what, guard=guard)
@@ -144,7 +150,7 @@ def check_dq(step, dq_kernel, hidden: bool = False) -> None:
         q, k, v, do, o, lse, (dq, dk, dv) = backward_inputs(case, 10 * i + 2)
         cu_q, cu_k, max_q, max_k = _packed_args(case, q.device)
         what = f"{title}, case {case.describe()}{_tiles(cfg)}"
-        delta = (do.double() * o.double()).sum(-1).transpose(0, 1).float().contiguous()
+        delta = _reference_delta(o, do).float().contiguous()
         got = run_student(launch.launch_dq, dq_kernel, q, k, v, do, lse, delta, cu_q, cu_k,
                           max_q, causal=case.causal, scale=case.scale, config=cfg, what=what,
                           guard=guard)
