@@ -194,7 +194,8 @@ def _as(outcome, dtype) -> dict:
 
 # ------------------------------------------------------------------ the grid
 
-def run(quick: bool = False, only: str | None = None) -> list[dict]:
+def run(quick: bool = False, only: str | None = None, done=None) -> list[dict]:
+    """The rows of every job (of chapter ``only``); ``done(rows)`` after each job."""
     gpu = current().gpu
     dims = (16,) if quick else (32, 64, 128, 96, 256)
     dts = ("fp32",) if quick else ("fp16", "bf16", "fp32")
@@ -203,49 +204,57 @@ def run(quick: bool = False, only: str | None = None) -> list[dict]:
     modes = ("causal",) if quick else ("none", "causal", "window (64, 0)")
     ns = {c: sources.solution_namespace(c) for c in ("ch3", "ch4", "ch5", "ch7", "ch8", "ch9")
           if not only or only == c}
-    jobs = {
-        "ch3": lambda: _dense_rows(ns["ch3"], "ch3.attention", "attention",
-                                   itertools.product(dims, dts, dense_n, (False,)), "dense")
-        + _dense_rows(ns["ch3"], "ch3.attention_two_tiles", "attention_two_tiles",
-                      itertools.product(dims, dts, dense_n, (False,)), "dense"),
-        "ch4": lambda: _packed_rows(ns["ch4"], "ch4.attention_varlen", "attention_varlen",
-                                    itertools.product(dims, dts, (1,), modes), quick),
-        "ch5": lambda: _packed_rows(ns["ch5"], "ch5.attention_gqa", "attention_gqa",
-                                    itertools.product(dims, dts, G_s, modes), quick)
-        + _packed_rows(ns["ch5"], "ch5.attention_gqa_two_tiles", "attention_gqa_two_tiles",
-                       itertools.product(dims, dts, G_s, modes), quick)
-        + _decode_rows(ns["ch5"], "ch5.decode",
-                       itertools.product(dims, dts, G_s, (1, 4) if not quick else (2,),
-                                         (False, True)), split=False, small=quick),
-        "ch7": lambda: _dense_rows(ns["ch7"], "ch7.attention_lazy", "attention_lazy",
-                                   itertools.product(dims, dts, dense_n, (False,)), "dense"),
-        "ch8": lambda: _decode_rows(ns["ch8"], "ch8.decode_split_kv",
-                                    itertools.product(dims, dts, G_s, (1,), (False,)),
-                                    split=True, small=quick),
-        "ch9": lambda: _trainable_rows(ns["ch9"], itertools.product(
+    jobs = {   # "chapter.function": the calls; --only ch5 runs every ch5 job
+        "ch3.attention": lambda: _dense_rows(
+            ns["ch3"], "ch3.attention", "attention",
+            itertools.product(dims, dts, dense_n, (False,)), "dense"),
+        "ch3.attention_two_tiles": lambda: _dense_rows(
+            ns["ch3"], "ch3.attention_two_tiles", "attention_two_tiles",
+            itertools.product(dims, dts, dense_n, (False,)), "dense"),
+        "ch4.attention_varlen": lambda: _packed_rows(
+            ns["ch4"], "ch4.attention_varlen", "attention_varlen",
+            itertools.product(dims, dts, (1,), modes), quick),
+        "ch5.attention_gqa": lambda: _packed_rows(
+            ns["ch5"], "ch5.attention_gqa", "attention_gqa",
+            itertools.product(dims, dts, G_s, modes), quick),
+        "ch5.attention_gqa_two_tiles": lambda: _packed_rows(
+            ns["ch5"], "ch5.attention_gqa_two_tiles", "attention_gqa_two_tiles",
+            itertools.product(dims, dts, G_s, modes), quick),
+        "ch5.decode": lambda: _decode_rows(
+            ns["ch5"], "ch5.decode",
+            itertools.product(dims, dts, G_s, (1, 4) if not quick else (2,), (False, True)),
+            split=False, small=quick),
+        "ch7.attention_lazy": lambda: _dense_rows(
+            ns["ch7"], "ch7.attention_lazy", "attention_lazy",
+            itertools.product(dims, dts, dense_n, (False,)), "dense"),
+        "ch8.decode_split_kv": lambda: _decode_rows(
+            ns["ch8"], "ch8.decode_split_kv", itertools.product(dims, dts, G_s, (1,), (False,)),
+            split=True, small=quick),
+        "ch9.flash_attention": lambda: _trainable_rows(ns["ch9"], itertools.product(
             dims, dts, ("bhnd", "bnhd"), (True,) if quick else (False, True)), quick),
     }
     if gpu and not quick and (not only or only == "ch6"):
         from flashbook.chapters.ch6 import gluon_fa3
-        jobs["ch6"] = lambda: _dense_rows({"f": gluon_fa3.attention_fa3},
-                                          "ch6.gluon_fa3.attention_fa3", "f",
-                                          itertools.product(dims, dts, dense_n, (False, True)),
-                                          "fa3")
+        jobs["ch6.gluon_fa3.attention_fa3"] = lambda: _dense_rows(
+            {"f": gluon_fa3.attention_fa3}, "ch6.gluon_fa3.attention_fa3", "f",
+            itertools.product(dims, dts, dense_n, (False, True)), "fa3")
     rows = []
-    for chapter, job in jobs.items():
-        if only and chapter != only:
+    for name, job in jobs.items():
+        if only and name.split(".")[0] != only:
             continue
         start = time.monotonic()
         try:
             got = job()
-        except Exception:  # noqa: BLE001 - one chapter's crash must not lose the others
-            got = [dict(function=chapter, status="error", note=traceback.format_exc()[-600:])]
+        except Exception:  # noqa: BLE001 - one function's crash must not lose the others
+            got = [dict(function=name, status="error", note=traceback.format_exc()[-600:])]
         rows += got
-        print(f"{chapter}: {len(got)} calls, {time.monotonic() - start:.0f} s, "
+        print(f"{name}: {len(got)} calls, {time.monotonic() - start:.0f} s, "
               f"{sum(r['status'] == 'ok' for r in got)} ok, "
               f"{sum(r['status'] == 'refused' for r in got)} refused, "
               f"{sum(r['status'] in ('wrong', 'error') for r in got)} wrong or failed",
               flush=True)
+        if done is not None:
+            done(rows)
     return rows
 
 
@@ -257,11 +266,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from flashbook import setup
     setup()
-    rows = run(args.quick, args.only)
-    record = dict(provenance=results.provenance(
-        "python -m flashbook.conformance" + (" --quick" if args.quick else "")
-        + (f" --only {args.only}" if args.only else "")), rows=rows)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    command = ("python -m flashbook.conformance" + (" --quick" if args.quick else "")
+               + (f" --only {args.only}" if args.only else ""))
+
+    def write(rows):   # after each function, so a time limit keeps the finished ones
+        record = dict(provenance=results.provenance(command), rows=rows)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    rows = run(args.quick, args.only, done=write)
+    write(rows)
     return 1 if any(r["status"] in ("wrong", "error") for r in rows) else 0
 
 

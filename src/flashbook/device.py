@@ -69,6 +69,24 @@ def _detect_gpu():
     return torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)
 
 
+def _index_scalars_of_shape_one() -> None:
+    """Triton 3.6's interpreter keeps a loaded scalar as a NumPy array of shape (1,) and turns
+    it into a Python int with ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional
+    arrays ..."): every ``range(lo, hi)`` over a loaded sequence length fails. Later Triton
+    squeezes the array first; do the same on the interpreter's patched ``tl.tensor``."""
+    from triton.runtime import interpreter
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "flashbook_squeezes", False):
+        return
+
+    def patch_lang_tensor(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor.flashbook_squeezes = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
 def setup(verbose: bool = True, needs=versions.DEFAULT_NEEDS) -> Backend:
     """Detect the device, configure CPU mode if needed, print a one-line banner and a line of
     the installed versions of ``needs`` (package names of ``versions.MINIMUM``: what the chapter
@@ -87,6 +105,7 @@ def setup(verbose: bool = True, needs=versions.DEFAULT_NEEDS) -> Backend:
         stale = [m for m, var in _MODULE_ENV.items()
                  if m in sys.modules and os.environ.get(var) != _CPU_ENV[var]]
         os.environ.update(_CPU_ENV)
+        _index_scalars_of_shape_one()
         restart = bool(stale)
         backend = Backend(False, "CPU", None, CPU_SIZES, restart)
     else:
