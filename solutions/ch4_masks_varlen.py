@@ -503,7 +503,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                          f"(total_k, H, d) with q's H and d (q is {tuple(q.shape)}).")
     if q.shape[2] not in ch4.HEAD_DIMS:
         raise ValueError(f"{name}: q's head dimension {q.shape[2]} is not one of "
-                         f"{ch4.HEAD_DIMS}.")
+                         f"{ch4.HEAD_DIMS}: {ch4.HEAD_DIMS_WHY}.")
     for label, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32:
             raise ValueError(f"{name}: {label} must be a 1-d torch.int32 tensor, got "

@@ -526,11 +526,13 @@ def validate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None):
         raise ValueError(f"{name}: q, k_cache and v_cache must share a dtype and a device.")
     B, n_new, h_q, d = q.shape
     rows_per_seq, h_kv = k_cache.shape[1], k_cache.shape[2]
-    if v_cache.shape != k_cache.shape or k_cache.shape[3] != d or h_q % h_kv or \
-            d not in ch5.HEAD_DIMS:
+    if d not in ch5.HEAD_DIMS:
+        raise ValueError(f"{name}: q's head dimension d={d} is not one of {ch5.HEAD_DIMS}: "
+                         f"{ch5.HEAD_DIMS_WHY}.")
+    if v_cache.shape != k_cache.shape or k_cache.shape[3] != d or h_q % h_kv:
         raise ValueError(f"{name}: k_cache {tuple(k_cache.shape)} and v_cache "
-                         f"{tuple(v_cache.shape)} must match, with q's head dimension d={d} (one "
-                         f"of {ch5.HEAD_DIMS}) and h_kv dividing h_q={h_q}.")
+                         f"{tuple(v_cache.shape)} must match, with q's head dimension d={d} and "
+                         f"h_kv dividing h_q={h_q}.")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or \
             tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
         raise ValueError(f"{name}: cache_seqlens must be a ({B},) torch.int32 tensor on "

@@ -49,6 +49,9 @@ def _capability(meta: dict) -> tuple[int, ...] | None:
         return None
 
 
+CONFORMANCE_DIR = Path(__file__).resolve().parent / "data" / "conformance"
+
+
 def benchmarks_page() -> str:
     """The appendix of measured results, generated from src/flashbook/data/bench (MyST markdown)."""
     lines = ["# Measured benchmarks", "",
@@ -86,7 +89,29 @@ def benchmarks_page() -> str:
                 lines += [f"† `{kernel}`: {why}, so its % of the fp32 FMA peak is not a fraction of "
                           "what the hardware it runs on can do; it only places it next to the FMA "
                           "kernels of the same table.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + conformance_section())
+
+
+def conformance_section() -> list[str]:
+    """What each public function accepts, from src/flashbook/data/conformance (MyST lines)."""
+    import json
+    from . import conformance
+    lines = []
+    for path in sorted(CONFORMANCE_DIR.glob("*.json")):
+        record = json.loads(path.read_text())
+        parts = record["provenance"]
+        parts = parts if isinstance(parts, list) else [parts]
+        first = parts[0]
+        lines += ["## What the functions accept: " + first.get("gpu", path.stem), "",
+                  "Each function the chapters show, called as a reader calls it over a grid of "
+                  "head dimensions, dtypes, group sizes and modes, and compared with PyTorch's "
+                  "SDPA in float32 (gradients too for Chapter 9): *ok* is a right answer, "
+                  "*refused* a `ValueError` that says why, *wrong or failed* a bug. Measured with "
+                  "`python -m flashbook.conformance --only <chapter>` at "
+                  + ", ".join(sorted({f"`{p['commit']}`" for p in parts if p.get("commit")}))
+                  + "; " + results.describe(first) + ".", "",
+                  conformance.summary(record["rows"]), ""]
+    return lines
 
 
 def title_first(nb):

@@ -203,7 +203,7 @@ def run(quick: bool = False, only: str | None = None, done=None) -> list[dict]:
     G_s = (3,) if quick else (1, 3, 7, 8)
     modes = ("causal",) if quick else ("none", "causal", "window (64, 0)")
     ns = {c: sources.solution_namespace(c) for c in ("ch3", "ch4", "ch5", "ch7", "ch8", "ch9")
-          if not only or only == c}
+          if not only or only.split(".")[0] == c}
     jobs = {   # "chapter.function": the calls; --only ch5 runs every ch5 job
         "ch3.attention": lambda: _dense_rows(
             ns["ch3"], "ch3.attention", "attention",
@@ -233,14 +233,14 @@ def run(quick: bool = False, only: str | None = None, done=None) -> list[dict]:
         "ch9.flash_attention": lambda: _trainable_rows(ns["ch9"], itertools.product(
             dims, dts, ("bhnd", "bnhd"), (True,) if quick else (False, True)), quick),
     }
-    if gpu and not quick and (not only or only == "ch6"):
+    if gpu and not quick and (not only or only.split(".")[0] == "ch6"):
         from flashbook.chapters.ch6 import gluon_fa3
         jobs["ch6.gluon_fa3.attention_fa3"] = lambda: _dense_rows(
             {"f": gluon_fa3.attention_fa3}, "ch6.gluon_fa3.attention_fa3", "f",
             itertools.product(dims, dts, dense_n, (False, True)), "fa3")
     rows = []
     for name, job in jobs.items():
-        if only and name.split(".")[0] != only:
+        if only and only not in (name, name.split(".")[0]):
             continue
         start = time.monotonic()
         try:
@@ -258,19 +258,47 @@ def run(quick: bool = False, only: str | None = None, done=None) -> list[dict]:
     return rows
 
 
+def summary(rows: list[dict]) -> str:
+    """A markdown table: per function, the head dims, dtypes and modes it took (and was right
+    on), how many calls were refused, and how many were wrong or failed."""
+    out = ["| function | taken and right: d | dtypes | modes | G | ok | refused | wrong or failed |",
+           "|---|---|---|---|---|---|---|---|"]
+    for fn in dict.fromkeys(r["function"] for r in rows):
+        mine = [r for r in rows if r["function"] == fn]
+        ok = [r for r in mine if r["status"] == "ok"]
+
+        def values(key, among=ok):
+            return "; ".join(str(v) for v in sorted({r[key] for r in among if key in r},
+                                                    key=lambda v: (str(type(v)), v))) or "-"
+        out.append(f"| {fn} | {values('d')} | {values('dtype')} | {values('mode')} | "
+                   f"{values('G')} | {len(ok)} | "
+                   f"{sum(r['status'] == 'refused' for r in mine)} | "
+                   f"{sum(r['status'] in ('wrong', 'error') for r in mine)} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--summary", type=Path, metavar="RECORD",
+                   help="print the markdown table of a record (no calls are made)")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", help="one chapter, e.g. ch5")
+    p.add_argument("--only", help="one chapter (ch5) or one function (ch5.decode)")
+    p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
     args = p.parse_args(argv)
+    if args.summary:
+        print(summary(json.loads(args.summary.read_text())["rows"]))
+        return 0
+    if args.out is None:
+        p.error("--out is required")
     from flashbook import setup
     setup()
     command = ("python -m flashbook.conformance" + (" --quick" if args.quick else "")
                + (f" --only {args.only}" if args.only else ""))
 
     def write(rows):   # after each function, so a time limit keeps the finished ones
-        record = dict(provenance=results.provenance(command), rows=rows)
+        record = dict(provenance=dict(results.provenance(command), commit=args.commit),
+                      rows=rows)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     rows = run(args.quick, args.only, done=write)
     write(rows)

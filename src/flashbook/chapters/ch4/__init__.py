@@ -14,13 +14,13 @@ from .checks import check_mask_helpers, check_masked_kernel, check_validate_varl
     check_varlen_kernel, expected_loads, mask_cases, validate_cases
 from .figures import lognormal_lengths, padding_stats, plot_padding, plot_tile_visits, \
     plot_varlen_tiles, tile_classes
-from .launch import DTYPES, HEAD_DIMS, Config, heads_per_section, launch_varlen, pick_config, \
+from .launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, Config, heads_per_section, launch_varlen, pick_config, \
     window_bounds
 from .recorded import plot_recorded, quoted_figures, summary
 
 __all__ = ["CHAPTER", "Config", "pick_config", "launch_varlen", "window_bounds",
            "heads_per_section", "summary", "plot_recorded", "DTYPES",
-           "HEAD_DIMS", "check_varlen_kernel", "check_mask_helpers", "check_masked_kernel",
+           "HEAD_DIMS", "HEAD_DIMS_WHY", "check_varlen_kernel", "check_mask_helpers", "check_masked_kernel",
            "check_validate_varlen", "expected_loads", "mask_cases", "validate_cases",
            "lognormal_lengths", "padding_stats", "plot_padding", "plot_tile_visits",
            "plot_varlen_tiles", "tile_classes"]

@@ -21,7 +21,8 @@ from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2
     pick_config
 from flashbook.device import current
 
-__all__ = ["launch_varlen", "window_bounds", "heads_per_section", "Config", "pick_config", "HEAD_DIMS", "DTYPES"]
+__all__ = ["launch_varlen", "window_bounds", "heads_per_section", "Config", "pick_config", "HEAD_DIMS",
+           "HEAD_DIMS_WHY", "DTYPES"]
 
 
 def window_bounds(window: tuple[int, int], causal: bool, max_seqlen_q: int,

@@ -15,12 +15,13 @@ from .checks import check_cache_rows, check_decode_kernel, check_gqa_prefill, \
     check_validate_decode, decode_cases, gqa_cases, validate_decode_cases
 from .figures import MODELS, decode_intensity, example_points, kv_cache_bytes, kv_table, \
     kv_table_markdown, plot_mfold, plot_paged_cache, plot_roofline
-from .launch import DTYPES, HEAD_DIMS, decode_block_m, decode_config, launch_decode, \
-    launch_gqa, paged_cache, prefill_dtypes, validate_packed
+from .launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, decode_block_m, decode_config, \
+    launch_decode, launch_gqa, paged_cache, prefill_dtypes, validate_packed
 from .recorded import measured_points, plot_recorded, quoted_figures, summary
 
 __all__ = ["CHAPTER", "launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache",
-           "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS", "check_gqa_prefill", "check_cache_rows",
+           "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS", "HEAD_DIMS_WHY",
+           "check_gqa_prefill", "check_cache_rows",
            "check_decode_kernel", "check_validate_decode", "gqa_cases", "decode_cases",
            "validate_decode_cases", "MODELS", "kv_cache_bytes", "kv_table", "kv_table_markdown",
            "decode_intensity", "example_points", "plot_roofline", "plot_mfold",

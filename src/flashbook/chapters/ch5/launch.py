@@ -27,7 +27,8 @@ from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
 from flashbook.device import current
 
 __all__ = ["launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache",
-           "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS"]
+           "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS",
+           "HEAD_DIMS_WHY"]
 
 
 def prefill_dtypes() -> tuple:
@@ -193,12 +194,12 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         validate_tensor(label, t, dims=3, dtypes=dtypes or prefill_dtypes(), name=name)
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
         raise ValueError(f"{name}: q, k, v must share a dtype and a device.")
-    if k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1] or \
-            q.shape[2] not in HEAD_DIMS:
+    if q.shape[2] not in HEAD_DIMS:
+        raise ValueError(f"{name}: q's head dimension d={q.shape[2]} is not one of {HEAD_DIMS}: "
+                         f"{HEAD_DIMS_WHY}.")
+    if k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1]:
         raise ValueError(f"{name}: k {tuple(k.shape)} and v {tuple(v.shape)} must be (total_k, "
-                         f"h_kv, d) with q's d (one of {HEAD_DIMS}) and h_kv dividing q's "
-                         f"{q.shape[1]} heads" + (f"; d={q.shape[2]}: {HEAD_DIMS_WHY}"
-                                                  if q.shape[2] not in HEAD_DIMS else "") + ".")
+                         f"h_kv, d) with q's d and h_kv dividing q's {q.shape[1]} heads.")
     for label, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or \
                 cu.device != q.device:

@@ -439,8 +439,10 @@ def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
 
 def _validate(q, k, v, causal, softmax_scale, config):
     name = "attention_fa3"
-    B, H, N_q, d = validate_dense_qkv(name, q, k, v, HEAD_DIMS,
-                                      heads_note=" (no grouped-query heads)")
+    B, H, N_q, d = validate_dense_qkv(
+        name, q, k, v, HEAD_DIMS, heads_note=" (no grouped-query heads)",
+        head_dim_note=" (its tile configurations are made for these two; for another d, zero-pad "
+                      "q, k and v to 64 or 128, pass softmax_scale=1/sqrt(d) and slice O back)")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     softmax_scale = float(softmax_scale)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from flashbook.cases import seeded, validate_qkv, validate_scale
 from flashbook.check import CheckFailure, assert_close, report, require_implemented, run_student
-from flashbook.chapters.ch3.launch import LOG2E, Config
+from flashbook.chapters.ch3.launch import HEAD_DIMS_WHY, LOG2E, Config
 from flashbook.device import current
 from flashbook.reference import attention
 
@@ -108,7 +108,7 @@ def launch_lazy(update, q, k, v, *, tau: float, scale: float | None = None, exp2
     Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the rescale counts
     (B, H, cdiv(N_q, BLOCK_M)) int32, one per program."""
     B, H, _, N_q, N_k, d = validate_qkv(q, k, v, name="attention_lazy", dtypes=DTYPES,
-                                        head_dims=HEAD_DIMS)
+                                        head_dims=HEAD_DIMS, head_dims_why=HEAD_DIMS_WHY)
     scale = validate_scale(scale, d)
     if not (isinstance(tau, (int, float)) and tau >= 0 and math.isfinite(tau)):
         raise ValueError(f"attention_lazy: tau must be a finite number >= 0, got {tau!r}.")

@@ -128,12 +128,14 @@ def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
     if n_new != 1:
         raise ValueError(f"{name}: q must hold one new token per sequence (B, 1, h_q, d), got "
                          f"{tuple(q.shape)}; several new tokens: use Chapter 5's decode.")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{name}: q's head dimension d={d} is not one of {HEAD_DIMS}: "
+                         f"{HEAD_DIMS_WHY}.")
     if k_cache.shape != v_cache.shape or k_cache.shape[0] != B or k_cache.shape[3] != d or \
-            h_q % k_cache.shape[2] or d not in HEAD_DIMS:
+            h_q % k_cache.shape[2]:
         raise ValueError(f"{name}: k_cache {tuple(k_cache.shape)} and v_cache "
                          f"{tuple(v_cache.shape)} must be (B={B}, max_len, h_kv, d={d}) with h_kv "
-                         f"dividing h_q={h_q} and d one of {HEAD_DIMS}"
-                         + (f"; d={d}: {HEAD_DIMS_WHY}" if d not in HEAD_DIMS else "") + ".")
+                         f"dividing h_q={h_q}.")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or \
             tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
         raise ValueError(f"{name}: cache_seqlens must be a ({B},) torch.int32 tensor on "
