@@ -388,8 +388,9 @@ ch4.check_mask_helpers(visible_pairs, key_tiles, hidden=True)
 # `MASKED=False`, partial tiles `[full_hi, hi)`. A partial tile's `visible` is
 # `visible_pairs(...)` of the tile's keys, and its `kv_ok` the keys `< seqlen_k`. The check
 # counts, in CPU mode, the K tiles each program loads and compares them with the tiles that
-# hold a visible pair: a kernel that masks but does not skip loads about twice as many for a
-# long causal sequence. Keep the left band's loop even without a window: a short sequence in a
+# hold a visible pair (a kernel that masks but does not skip loads about twice as many for a
+# long causal sequence), and the tiles it runs through `attn_scores` with `MASKED=True`: only
+# the partial ones may. Keep the left band's loop even without a window: a short sequence in a
 # tall tile (its padding rows count as queries) has one too, and the random shapes find it.
 # About 45 lines (most of them Exercise 1's).
 

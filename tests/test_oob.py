@@ -96,3 +96,31 @@ def test_the_two_halves_of_one_kv_tensor_are_told_apart():
     assert rv.holds(at(v, 0, 0, 0), item).all() and not rk.holds(at(v, 0, 0, 0), item).any()
     dense = oob.region_of("Q", torch.zeros(10, 3, 4))
     assert dense.gaps == ()                            # no holes: the span alone decides
+
+
+@triton.jit
+def _scaled(x, SCALE: tl.constexpr):
+    return x * 2 if SCALE else x
+
+
+@triton.jit
+def _calls_scaled(X, Y, n_scaled, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    for i in range(0, n_scaled):
+        x = _scaled(x, True)
+    x = _scaled(x, False)
+    tl.store(Y + offs, x)
+
+
+def test_counting_calls_counts_a_helpers_calls_per_program_that_match():
+    x = torch.ones(32)
+    y = torch.empty(32)
+    with oob.counting_calls(_calls_scaled, "_scaled", lambda a: bool(a["SCALE"])) as scaled, \
+            oob.counting_calls(_calls_scaled, "_scaled") as every:
+        _calls_scaled[(2,)](x, y, 3, BLOCK=16)
+    assert {pid[:1]: n for pid, n in scaled.items()} == {(0,): 3, (1,): 3}
+    assert {pid[:1]: n for pid, n in every.items()} == {(0,): 4, (1,): 4}
+    assert torch.equal(y, torch.full((32,), 8.0))
+    assert _calls_scaled.fn.__globals__["_scaled"] is _scaled     # put back

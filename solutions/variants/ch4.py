@@ -49,6 +49,12 @@ VARIANTS = (
         ('for start_n in range(full_hi, hi, BLOCK_N):',
          'for start_n in range(full_hi, seqlen_k, BLOCK_N):'),
     ), expect='nothing is skipped'),     # right, but loads every future tile
+    Variant('masked_one_loop_masks_every_tile', 'ch4_masked_kernel', (
+        ('    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)',
+         '    for start_n in range(lo, hi, BLOCK_N):                   # every tile, masked'),
+        ('for start_n in range(full_lo, full_hi, BLOCK_N):', 'for start_n in range(0, 0, BLOCK_N):'),
+        ('for start_n in range(full_hi, hi, BLOCK_N):', 'for start_n in range(0, 0, BLOCK_N):'),
+    ), expect='Full tiles run with MASKED=False'),   # right and skips, but masks full tiles
     Variant('masked_left_band_only_for_windows', 'ch4_masked_kernel', (
         ('    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)',
          '    for start_n in range(lo, full_lo if window_left < seqlen_k else lo, BLOCK_N):'),

@@ -28,7 +28,9 @@ Usage (any chapter)::
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import inspect
 import linecache
 import os
 import re
@@ -40,7 +42,8 @@ import torch
 
 from .compare import CheckFailure, format_ranges
 
-__all__ = ["Guard", "OutOfBoundsError", "call", "interpreter_active", "embed", "canaries_intact"]
+__all__ = ["Guard", "OutOfBoundsError", "call", "interpreter_active", "embed", "canaries_intact",
+           "counting_calls"]
 
 
 class OutOfBoundsError(RuntimeError):
@@ -129,6 +132,43 @@ def _kernel_frame():
             return f.f_code.co_name, f.f_lineno, line
         f = f.f_back
     return "?", 0, ""
+
+
+@contextlib.contextmanager
+def counting_calls(kernel, helper: str, when: Callable[[dict], bool] = lambda arguments: True):
+    """Count, per program id, the calls that ``kernel`` makes (itself or through other helpers)
+    to the ``@triton.jit`` helper named ``helper`` in its module's globals, when
+    ``when(arguments)`` holds (arguments by name, constexprs unwrapped): how a check sees that
+    a kernel took the masked path for a tile (Chapter 4). Interpreter only; yields the Counter
+    (empty when the interpreter is off or the kernel has no such helper)."""
+    counts: collections.Counter = collections.Counter()
+    namespace = getattr(kernel, "fn", kernel).__globals__
+    original = namespace.get(helper)
+    if original is None or not interpreter_active():
+        yield counts
+        return
+    signature = inspect.signature(getattr(original, "fn", original))
+    # the kernel's module, and those of the helpers it calls (a helper defined in an earlier
+    # namespace looks the name up there)
+    namespaces = {id(namespace): namespace}
+    for value in list(namespace.values()):
+        other = getattr(getattr(value, "fn", None), "__globals__", None)
+        if isinstance(other, dict) and other.get(helper) is original:
+            namespaces[id(other)] = other
+
+    def counted(*args, **kwargs):
+        from triton.runtime import interpreter as interp
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        if when({k: getattr(v, "value", v) for k, v in bound.items()}):
+            counts[tuple(getattr(interp.interpreter_builder, "grid_idx", None) or ())] += 1
+        return original(*args, **kwargs)
+    for ns in namespaces.values():
+        ns[helper] = counted
+    try:
+        yield counts
+    finally:
+        for ns in namespaces.values():
+            ns[helper] = original
 
 
 class Guard:

@@ -349,6 +349,33 @@ def expected_loads(layout, H: int, BM: int, BN: int) -> dict:
     return want
 
 
+def _check_masked_tiles(masked, layout, case, cfg, what):
+    """Each program of a tile of real rows may take the masked path (attn_scores with
+    MASKED=True) only for its partial tiles: a fully visible tile needs no mask arithmetic."""
+    cu_q, cu_k, max_q, _, (left, right), G = layout
+    BM, BN, n_m = cfg.BLOCK_M, cfg.BLOCK_N, triton.cdiv(max_q, cfg.BLOCK_M)
+    by_program = {}
+    for pid, n in masked.items():                       # the interpreter's ids are (x, y, z)
+        by_program[pid[:2]] = by_program.get(pid[:2], 0) + n
+    for seq in range(len(cu_q) - 1):
+        sq, sk = cu_q[seq + 1] - cu_q[seq], cu_k[seq + 1] - cu_k[seq]
+        i = torch.arange(sq)[:, None] + (sk - sq)
+        j = torch.arange(sk)[None, :]
+        vis = (j >= i - left) & (j <= i + right)
+        for m_block in range(sq // BM):                 # tiles of real rows only
+            seen, full = _tile_sets(vis, m_block * BM, BM, BN, sq, sk)
+            for h in range(case.H_q):
+                bh = seq * case.H_q + h
+                pid = ((n_m - 1 - m_block) * G + bh % G, bh // G)
+                if by_program.get(pid, 0) > len(seen - full):
+                    raise CheckFailure(
+                        f"{what}: program {pid} (sequence {seq}, head {h}) ran the masked path "
+                        f"(MASKED=True) for {by_program[pid]} K tiles, but it needs {len(seen)}: "
+                        f"{len(seen - full)} partial, {len(full)} fully visible. "
+                        "Full tiles run with MASKED=False: no mask arithmetic. Loop over "
+                        "key_tiles' three ranges.")
+
+
 def count_masked_loads(kernel, hidden: bool = False) -> str:
     """Run one long causal and one windowed sequence under a load counter. The counter needs
     the interpreter: on a GPU runtime this runs in a CPU-mode child process (``cpu_child``)."""
@@ -365,7 +392,8 @@ def count_masked_loads(kernel, hidden: bool = False) -> str:
         q, k, v = make_inputs(case, 5)
         counter = oob.Guard()
         what = f"masked kernel, case {case.describe()}, {tiles(cfg)}"
-        with counter:
+        with counter, oob.counting_calls(kernel, "attn_scores",
+                                         lambda args: bool(args.get("MASKED"))) as masked:
             run_student(_run_packed, kernel, case, cfg, q, k, v, masked=True, counter=counter,
                         sections=2 if case.H_q == 2 else None, what=what, guard=True)
         want = expected_loads(counter.layout, case.H_q, cfg.BLOCK_M, cfg.BLOCK_N)
@@ -380,6 +408,7 @@ def count_masked_loads(kernel, hidden: bool = False) -> str:
                        "nothing is skipped. Loop over key_tiles' ranges only."
                        if got.get(pid, 0) > n_tiles else
                        "It skipped tiles with visible pairs (or loaded K outside attn_step)."))
+        _check_masked_tiles(masked, counter.layout, case, cfg, what)
         real = [bh for _, bh in want.values() if bh // case.H_q in seq_index]
         loaded = sum(n for n, bh in want.values() if bh // case.H_q in seq_index)
         sweep = sum(triton.cdiv(cu_k[bh // case.H_q + 1] - cu_k[bh // case.H_q], cfg.BLOCK_N)
