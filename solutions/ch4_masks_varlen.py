@@ -484,9 +484,11 @@ ch4.check_masked_kernel(attn_masked_kernel, hidden=True)
 # below times the wrapper replayed from a graph). Read them with `host_values(cu)` (from
 # `flashbook.cases`), never `.tolist()` or `.item()`: it returns them as a tuple, read once per
 # tensor (a second call with the same, unchanged tensor copies nothing), and returns `None`
-# while a graph is being captured: then skip the value checks (the call made before the capture
-# ran them). The check calls your function once more as if a graph were being captured. About
-# 30 lines.
+# where the values are not to be read: while a graph is being captured (the call made before
+# the capture checked them), and on a GPU outside the graded checks, so that the hot path never
+# waits for the device (wrap a call in `with flashbook.check_values():` to check them there
+# too). Then skip the value checks. In CPU mode and in every graded check they run. The check
+# calls your function once more as if a graph were being captured. About 30 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch4_validate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -520,7 +522,8 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                        for w in window_size)):
         raise ValueError(f"{name}: window_size must be two ints >= -1 (left, right; -1 is "
                          f"unlimited), got {window_size!r}.")
-    # The values: read once per tensor; None while a CUDA graph is captured (checked before).
+    # The values: read once per tensor; None while a CUDA graph is captured (checked before)
+    # and on a GPU's hot path (graded checks and flashbook.check_values() read them).
     offsets_q, offsets_k = host_values(cu_seqlens_q), host_values(cu_seqlens_k)
     if offsets_q is None or offsets_k is None:
         return
@@ -647,7 +650,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      sections=None):
     """flash-attn's flash_attn_varlen_func, forward: returns O (total_q, H, d) and LSE
     (H, total_q). Causal masks are bottom-right; window_size=(left, right), -1 unlimited
-    (Python, NumPy or torch integers)."""
+    (Python, NumPy or torch integers). Shapes, dtypes, devices and strides are always checked;
+    cu_seqlens' values in CPU mode and, on a GPU, inside ``flashbook.check_values()``."""
     window_size = as_window(window_size)         # NumPy or torch integers as Python ints
     validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)

@@ -511,8 +511,9 @@ ch5.check_decode_kernel(decode_kernel, hidden=True)
 # sequence uses (its first `cdiv(length, page_size)` pages) outside `[0, num_pages)` (entries
 # past those are not read: serving engines leave them -1, a valid call). Read the
 # values of `cache_seqlens` and `block_table` with `host_values(t)`, as in Chapter 4's Exercise
-# 3: once per tensor, and `None` while a CUDA graph is captured (skip those checks then; the
-# check calls your function once that way). About 30 lines.
+# 3: once per tensor, and `None` while a CUDA graph is captured or on a GPU's hot path outside
+# the graded checks and `flashbook.check_values()` (skip those checks then; the check calls
+# your function once as if capturing). About 30 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch5_validate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def validate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None):
@@ -551,7 +552,7 @@ def validate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None):
             raise ValueError(f"{name}: the page size (k_cache.shape[1] = {rows_per_seq}) must be "
                              "a multiple of 16.")
         capacity = block_table.shape[1] * rows_per_seq
-    lengths = host_values(cache_seqlens)         # None while a CUDA graph is captured
+    lengths = host_values(cache_seqlens)    # None while captured, or on a GPU's hot path
     if lengths is None:
         return
     if min(lengths, default=n_new) < n_new or max(lengths, default=0) > capacity:
@@ -597,7 +598,8 @@ try:
     k_pages, v_pages, table = ch5.paged_cache(k_cache, v_cache, page)
     o_paged, _ = decode(q, k_pages, v_pages, lengths, table.to(backend.device))
     print(f"max |O_paged - O_contiguous| = {(o_paged - o).abs().max().item():.1e}")
-    decode(q, k_pages, v_pages, lengths, table.to(backend.device) + 100)
+    with fb.check_values():     # a GPU checks the table's values only on request (a sync)
+        decode(q, k_pages, v_pages, lengths, table.to(backend.device) + 100)
 except ValueError as e:
     print(f"ValueError: {e}")
 except NotImplementedError:

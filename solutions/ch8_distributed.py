@@ -298,7 +298,10 @@ ch8.check_split_kv(split_kv_kernel, combine_kernel, hidden=True)
 
 # %% [markdown]
 # The public wrapper checks its arguments (a `ValueError` naming the argument) and launches
-# both kernels; `num_splits=None` lets `choose_num_splits` decide for this GPU.
+# both kernels; `num_splits=None` lets `choose_num_splits` decide for this GPU. The values of
+# `cache_seqlens` are checked in CPU mode and in the graded checks; on a GPU reading them would
+# make every step wait for the device, so there they are checked only inside
+# `with flashbook.check_values():`.
 
 # %%
 def decode_split_kv(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None):

@@ -183,6 +183,43 @@ def test_host_values_reads_inference_tensors_every_time(reads):
     assert len(reads) == 2                     # no version counter: nothing to trust
 
 
+@pytest.fixture
+def gpu_runtime(monkeypatch):
+    """cases as a GPU runtime sees it (the tensors stay on the CPU)."""
+    import types
+    monkeypatch.setattr(cases, "current", lambda: types.SimpleNamespace(gpu=True))
+    monkeypatch.delenv("FLASHBOOK_CHECK_VALUES", raising=False)
+
+
+def test_on_a_gpu_the_hot_path_reads_no_values_and_the_graded_checks_do(gpu_runtime, reads):
+    import flashbook
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    assert cases.host_values(cu) is None and not reads          # no host sync
+    with flashbook.check_values():
+        assert cases.host_values(cu) == (0, 3, 8) and len(reads) == 1
+
+    def value_check(cu):
+        values = cases.host_values(cu)
+        if values is not None and min(values) < 0:
+            raise ValueError("cu is negative")
+    bad = dict(cu=torch.tensor([-1], dtype=torch.int32))
+    value_check(**bad)                                          # skipped on the hot path
+    assert check.check_argument_errors(value_check, [], [("negative", bad, "cu")],
+                                       title="v") == 1          # graded: read and refused
+    with pytest.raises(CheckFailure, match="rejected with ValueError: cu is negative"):
+        check.run_student(value_check, **bad, what="wrapper")
+
+
+def test_value_checks_on_request_by_environment_and_off_in_cpu_mode(gpu_runtime, monkeypatch):
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    monkeypatch.setenv("FLASHBOOK_CHECK_VALUES", "1")
+    assert cases.host_values(cu) == (0, 2)
+    monkeypatch.undo()
+    assert cases.host_values(cu) == (0, 2)                      # CPU mode: read
+    with cases.check_values(False):
+        assert cases.host_values(cu) is None
+
+
 def test_simulated_capture_refuses_host_reads_and_restores_torch():
     before = {n: vars(torch.Tensor).get(n) for n in check.HOST_READS}
     cu = torch.tensor([0, 3], dtype=torch.int32)

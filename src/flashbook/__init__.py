@@ -38,8 +38,15 @@ import importlib
 
 from .device import setup, current, Backend
 
+
+def check_values(on: bool = True):
+    """Context manager: the wrappers check their index tensors' values on a GPU too (one host
+    sync per new tensor); see ``flashbook.cases.check_values``."""
+    from .cases import check_values as on_request
+    return on_request(on)
+
 __version__ = "0.1.0"
-__all__ = ["setup", "current", "Backend", "__version__"]
+__all__ = ["setup", "current", "Backend", "check_values", "__version__"]
 
 # `fb.check`, `fb.bench`, ... are imported on first use (PEP 562): they import torch and
 # matplotlib, which the grader's worker processes and the command line never need (about 3 s

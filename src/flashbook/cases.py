@@ -4,7 +4,8 @@
 computes its float64 reference; ``validate_qkv`` is the argument check every kernel wrapper
 runs (``as_window`` turns a ``window_size`` of NumPy or torch integers into Python ints first), so a bad call raises a ``ValueError`` that says what is wrong instead of crashing a kernel;
 ``host_values`` is how a wrapper reads an index tensor (``cu_seqlens``, ``cache_seqlens``, a block
-table) for its content checks without making the hot path wait for the GPU.
+table) for its content checks without making the hot path wait for the GPU: on a GPU those
+checks run only where ``check_values`` is on (the graded checks, CPU mode, or on request).
 
 Conventions (see ``reference``): dense tensors are (B, H, N, d); packed ("varlen") tensors are
 (total, H, d) with sequences given by lengths; H_q is a multiple of H_kv (grouped-query
@@ -18,6 +19,7 @@ import dataclasses
 import itertools
 import math
 import operator
+import os
 import random
 import weakref
 from typing import Sequence
@@ -313,7 +315,7 @@ def as_window(window_size):
         if window_size.dim() != 1 or window_size.is_floating_point() or \
                 window_size.dtype == torch.bool:
             return window_size
-        values = host_values(window_size)
+        values = _read(window_size)
         if values is None:
             raise ValueError("window_size: a tensor cannot be read while a CUDA graph is being "
                              "captured; pass two Python ints.")
@@ -425,11 +427,41 @@ def _state(t: torch.Tensor):
     return (version, t.data_ptr(), t.device, t.dtype, tuple(t.shape), t.stride())
 
 
+_CHECK_VALUES = contextvars.ContextVar("flashbook_check_values", default=None)
+
+
+@contextlib.contextmanager
+def check_values(on: bool = True):
+    """Inside, the wrappers check the *values* of their index tensors (``cu_seqlens``
+    increasing and within the tensor, ``cache_seqlens`` within the cache, page-table entries
+    in the pool) on a GPU too, at the cost of one host sync per new tensor; ``on=False`` skips
+    them in CPU mode as well. The graded checks run student code inside ``check_values()``."""
+    token = _CHECK_VALUES.set(bool(on))
+    try:
+        yield
+    finally:
+        _CHECK_VALUES.reset(token)
+
+
+def values_checked() -> bool:
+    """Whether ``host_values`` reads: inside ``check_values(on)``, ``on``; else with
+    ``FLASHBOOK_CHECK_VALUES=1`` in the environment, yes; else in CPU mode (reading costs no
+    sync there), and not on a GPU, whose hot path must not wait for the device."""
+    on = _CHECK_VALUES.get()
+    if on is not None:
+        return on
+    if os.environ.get("FLASHBOOK_CHECK_VALUES") == "1":
+        return True
+    return not current().gpu
+
+
 def host_values(t: torch.Tensor):
     """The values of a small index tensor as nested tuples of Python numbers, for a wrapper's
     content checks (monotone offsets, lengths in range, page numbers in the pool), read so that
     the hot path never waits for the GPU:
 
+    * where value checks are off (``values_checked()``: on a GPU outside the graded checks and
+      ``check_values()``): ``None``, without reading; the caller skips its content checks;
     * while a CUDA graph is being captured: ``None``, without reading (a copy to the host is
       illegal during capture); the caller skips its content checks. The graph's warm-up call,
       made before the capture (``do_bench_cudagraph``, ``torch.cuda.graphs.make_graphed_callables``
@@ -446,6 +478,11 @@ def host_values(t: torch.Tensor):
     version counter: it is read on every call outside capture. CPU tensors take the same path
     (reading them costs no sync), so the CPU tests exercise the GPU's.
     """
+    return _read(t) if values_checked() else None
+
+
+def _read(t: torch.Tensor):
+    """``t``'s values, read once per tensor state (None while a CUDA graph is captured)."""
     if capturing():
         return None
     state = _state(t)

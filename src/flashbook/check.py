@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from . import oob
-from .cases import AttnCase, expected, make_inputs, poisoned_outputs
+from .cases import AttnCase, check_values, expected, make_inputs, poisoned_outputs
 from .compare import TOLERANCES, CheckFailure, assert_close, format_ranges
 from .race import RaceError
 
@@ -46,7 +46,7 @@ def run_student(fn: Callable, *args, what: str, guard: bool = False,
     own traceback, which is the most useful message.
     """
     try:
-        with poisoned_outputs():                    # a row never written reads as NaN
+        with poisoned_outputs(), check_values():    # NaN outputs; index values checked
             if guard:
                 with np.errstate(divide="ignore"):  # log(0) = -inf is intended (empty rows)
                     return oob.call(fn, *args, what=what, **kwargs)
@@ -262,6 +262,13 @@ def check_argument_errors(validate: Callable, valid, invalid, *, title: str,
     says what the kernel would do with a bad call that got through. ``captured``: a valid call
     that must also pass while a CUDA graph is captured (``simulated_capture``), reading no
     tensor on the host (``capture_hint`` says how). Returns the number of calls."""
+    with check_values():        # the value checks, which a GPU's hot path skips, are graded
+        return _argument_errors(validate, valid, invalid, title, valid_hint, consequence,
+                                captured, capture_hint)
+
+
+def _argument_errors(validate, valid, invalid, title, valid_hint, consequence, captured,
+                     capture_hint) -> int:
     n = 0
     for name, call in valid:
         try:

@@ -188,8 +188,9 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     dtypes: tuple | None = None):
     """Chapter 4's argument checks of a packed batch (its Exercise 3), with h_q a multiple of
     h_kv: a ValueError that names the argument. Reads cu_seqlens' values with
-    ``cases.host_values`` (once per tensor; not while a CUDA graph is captured, when the value
-    checks are skipped). ``dtypes``: as ``launch_gqa``'s."""
+    ``cases.host_values`` (once per tensor; the value checks are skipped while a CUDA graph is
+    captured, and on a GPU's hot path outside the graded checks and
+    ``flashbook.check_values()``). ``dtypes``: as ``launch_gqa``'s."""
     for label, t in (("q", q), ("k", k), ("v", v)):
         validate_tensor(label, t, dims=3, dtypes=dtypes or prefill_dtypes(), name=name)
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:

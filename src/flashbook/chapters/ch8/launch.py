@@ -116,8 +116,9 @@ def launch_combine(combine_kernel, o_part, lse_part, dtype=None, out=None):
 
 def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
     """The public wrapper's argument checks: a ValueError naming the argument. cache_seqlens'
-    values are read with ``cases.host_values`` (once per tensor, and not while a CUDA graph is
-    captured), so the wrapper can be captured."""
+    values are read with ``cases.host_values`` (once per tensor; not while a CUDA graph is
+    captured, so the wrapper can be captured; not on a GPU's hot path, outside the graded checks
+    and ``flashbook.check_values()``, which would wait for the device)."""
     name = "decode_split_kv"
     for label, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         validate_tensor(label, t, dims=4, dtypes=DTYPES, name=name)
@@ -144,7 +145,7 @@ def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
             num_splits, int) or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"{name}: num_splits must be an int in [1, {MAX_SPLITS}] or None, got "
                          f"{num_splits!r}.")
-    lengths = host_values(cache_seqlens)     # once per tensor; None while a graph is captured
+    lengths = host_values(cache_seqlens)     # None while captured, or on a GPU's hot path
     if lengths is not None and (min(lengths, default=1) < 1
                                 or max(lengths, default=0) > k_cache.shape[1]):
         raise ValueError(f"{name}: cache_seqlens must lie in [1, {k_cache.shape[1]}], got "
