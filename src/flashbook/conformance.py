@@ -197,13 +197,14 @@ def _as(outcome, dtype) -> dict:
 def run(quick: bool = False, only: str | None = None, done=None) -> list[dict]:
     """The rows of every job (of chapter ``only``); ``done(rows)`` after each job."""
     gpu = current().gpu
+    chapter = only.split(".")[0] if only else None
     dims = (16,) if quick else (32, 64, 128, 96, 256)
     dts = ("fp32",) if quick else ("fp16", "bf16", "fp32")
     dense_n = [(40, 70)] if quick else [(1000, 1000), (37, 1500), (1500, 257)]
     G_s = (3,) if quick else (1, 3, 7, 8)
     modes = ("causal",) if quick else ("none", "causal", "window (64, 0)")
     ns = {c: sources.solution_namespace(c) for c in ("ch3", "ch4", "ch5", "ch7", "ch8", "ch9")
-          if not only or only.split(".")[0] == c}
+          if not only or chapter == c}
     jobs = {   # "chapter.function": the calls; --only ch5 runs every ch5 job
         "ch3.attention": lambda: _dense_rows(
             ns["ch3"], "ch3.attention", "attention",
@@ -233,7 +234,7 @@ def run(quick: bool = False, only: str | None = None, done=None) -> list[dict]:
         "ch9.flash_attention": lambda: _trainable_rows(ns["ch9"], itertools.product(
             dims, dts, ("bhnd", "bnhd"), (True,) if quick else (False, True)), quick),
     }
-    if gpu and not quick and (not only or only.split(".")[0] == "ch6"):
+    if gpu and not quick and (not only or chapter == "ch6"):
         from flashbook.chapters.ch6 import gluon_fa3
         jobs["ch6.gluon_fa3.attention_fa3"] = lambda: _dense_rows(
             {"f": gluon_fa3.attention_fa3}, "ch6.gluon_fa3.attention_fa3", "f",

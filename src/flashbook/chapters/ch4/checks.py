@@ -330,50 +330,48 @@ def check_mask_helpers(visible_pairs, key_tiles, hidden: bool = False):
 
 # --------------------------------------------------- Exercise 2b: the masked kernel, counted
 
-def expected_loads(layout, H: int, BM: int, BN: int) -> dict:
-    """{program id: K tiles with a visible pair} for the launch ``layout`` (from _run_packed),
-    with program ids as ``program_tile`` assigns them (G pairs per section, last tile first)."""
+def _programs(layout, H: int, BM: int, BN: int):
+    """(program id, sequence, head, real_rows, tiles with a visible pair, fully visible tiles)
+    of each program of the launch ``layout`` (from _run_packed), with program ids as
+    ``program_tile`` assigns them (G pairs per section, last tile first); ``real_rows``: the
+    program's tile holds no padding row."""
     cu_q, cu_k, max_q, _, (left, right), G = layout
     n_m = triton.cdiv(max_q, BM)
-    want = {}
     for seq in range(len(cu_q) - 1):
         sq, sk = cu_q[seq + 1] - cu_q[seq], cu_k[seq + 1] - cu_k[seq]
         i = torch.arange(sq)[:, None] + (sk - sq)
         j = torch.arange(sk)[None, :]
         vis = (j >= i - left) & (j <= i + right)
         for m_block in range(triton.cdiv(sq, BM)):
-            tiles = len(_tile_sets(vis, m_block * BM, BM, BN, sq, sk)[0])
+            seen, full = _tile_sets(vis, m_block * BM, BM, BN, sq, sk)
             for h in range(H):
                 bh = seq * H + h
-                want[((n_m - 1 - m_block) * G + bh % G, bh // G)] = tiles, bh
-    return want
+                yield ((n_m - 1 - m_block) * G + bh % G, bh // G), seq, h, \
+                    (m_block + 1) * BM <= sq, seen, full
+
+
+def expected_loads(layout, H: int, BM: int, BN: int) -> dict:
+    """{program id: (K tiles with a visible pair, sequence * H + head)} for the launch
+    ``layout`` (from _run_packed)."""
+    return {pid: (len(seen), seq * H + h)
+            for pid, seq, h, _, seen, _ in _programs(layout, H, BM, BN)}
 
 
 def _check_masked_tiles(masked, layout, case, cfg, what):
     """Each program of a tile of real rows may take the masked path (attn_scores with
     MASKED=True) only for its partial tiles: a fully visible tile needs no mask arithmetic."""
-    cu_q, cu_k, max_q, _, (left, right), G = layout
-    BM, BN, n_m = cfg.BLOCK_M, cfg.BLOCK_N, triton.cdiv(max_q, cfg.BLOCK_M)
     by_program = {}
     for pid, n in masked.items():                       # the interpreter's ids are (x, y, z)
         by_program[pid[:2]] = by_program.get(pid[:2], 0) + n
-    for seq in range(len(cu_q) - 1):
-        sq, sk = cu_q[seq + 1] - cu_q[seq], cu_k[seq + 1] - cu_k[seq]
-        i = torch.arange(sq)[:, None] + (sk - sq)
-        j = torch.arange(sk)[None, :]
-        vis = (j >= i - left) & (j <= i + right)
-        for m_block in range(sq // BM):                 # tiles of real rows only
-            seen, full = _tile_sets(vis, m_block * BM, BM, BN, sq, sk)
-            for h in range(case.H_q):
-                bh = seq * case.H_q + h
-                pid = ((n_m - 1 - m_block) * G + bh % G, bh // G)
-                if by_program.get(pid, 0) > len(seen - full):
-                    raise CheckFailure(
-                        f"{what}: program {pid} (sequence {seq}, head {h}) ran the masked path "
-                        f"(MASKED=True) for {by_program[pid]} K tiles, but it needs {len(seen)}: "
-                        f"{len(seen - full)} partial, {len(full)} fully visible. "
-                        "Full tiles run with MASKED=False: no mask arithmetic. Loop over "
-                        "key_tiles' three ranges.")
+    for pid, seq, h, real_rows, seen, full in _programs(layout, case.H_q, cfg.BLOCK_M,
+                                                         cfg.BLOCK_N):
+        if real_rows and by_program.get(pid, 0) > len(seen - full):
+            raise CheckFailure(
+                f"{what}: program {pid} (sequence {seq}, head {h}) ran the masked path "
+                f"(MASKED=True) for {by_program[pid]} K tiles, but it needs {len(seen)}: "
+                f"{len(seen - full)} partial, {len(full)} fully visible. "
+                "Full tiles run with MASKED=False: no mask arithmetic. Loop over "
+                "key_tiles' three ranges.")
 
 
 def count_masked_loads(kernel, hidden: bool = False) -> str:
