@@ -1,0 +1,204 @@
+"""How much host time each chapter's public function adds to its kernel launches, and whether
+it waits for the device.
+
+``python -m flashbook.overhead --out overhead.json`` calls the functions the chapters show (from
+the checkout's solutions, as a reader calls them: no config, every check on) on small problems,
+where the GPU finishes a kernel faster than Python can issue the next one, so a call's wall time
+is host time. For each function it records, over ``REPS`` calls after a warm-up (the compile):
+
+* ``host_us``: the median wall time of one call (nothing waits for the GPU in the loop);
+* ``launch_us``: the part of it spent inside Triton's launcher (``JITFunction.run``: binding the
+  arguments, the specialization key, the driver's launch), summed over the call's launches;
+* ``added_us = host_us - launch_us``: what the wrapper adds (argument checks, tile choice,
+  output allocation); the book's target is at most ``TARGET_US``;
+* ``syncs``: whether one call synchronises with the device (run under
+  ``torch.cuda.set_sync_debug_mode("error")``, which raises at any synchronising CUDA call).
+
+On a CPU it runs the same loop in the Triton interpreter (``--quick``: the tests' check that the
+tool works); those figures measure the interpreter, not a launch.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from . import results, sources
+from .device import current
+
+REPS = 200
+TARGET_US = 10.0
+
+
+@contextlib.contextmanager
+def launch_clock():
+    """Patch Triton's launchers to add the time spent inside them to ``clock["s"]`` (nested
+    launches, as an autotuner's, count once) and their number to ``clock["launches"]``."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    clock = {"s": 0.0, "launches": 0, "depth": 0}
+    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+
+    def timed(original):
+        def run(self, *args, **kwargs):
+            if clock["depth"]:
+                return original(self, *args, **kwargs)
+            clock["depth"] += 1
+            start = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                clock["s"] += time.perf_counter() - start
+                clock["launches"] += 1
+                clock["depth"] -= 1
+        return run
+    for cls, original in originals.items():
+        cls.run = timed(original)
+    try:
+        yield clock
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+
+
+def syncs(call) -> bool | None:
+    """Whether ``call()`` synchronises with the device (None on a CPU: nothing to ask)."""
+    if not current().gpu:
+        return None
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+    except RuntimeError as e:
+        if "synchroniz" in str(e):
+            return True
+        raise
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return False
+
+
+def measure(name: str, call, reps: int = REPS) -> dict:
+    """One function's row: host, launch and added microseconds per call (medians), launches per
+    call, and whether it synchronises."""
+    for _ in range(3):                      # compile, fill the caches
+        call()
+    sync = syncs(call)
+    host, launch, launches = [], [], 0
+    with launch_clock() as clock:
+        for _ in range(reps):
+            before, start = clock["s"], time.perf_counter()
+            call()
+            host.append(time.perf_counter() - start)
+            launch.append(clock["s"] - before)
+        launches = clock["launches"] / reps
+    if current().gpu:
+        torch.cuda.synchronize()
+    added = [h - l for h, l in zip(host, launch)]
+    us = lambda xs: round(statistics.median(xs) * 1e6, 2)   # noqa: E731
+    return dict(function=name, host_us=us(host), launch_us=us(launch), added_us=us(added),
+                launches=launches, syncs=sync, reps=reps)
+
+
+# ------------------------------------------------------------------ the calls
+
+def _rand(*shape, dtype):
+    return torch.randn(*shape, device=current().device).to(dtype)
+
+
+def calls(quick: bool = False) -> dict:
+    """{function name: a zero-argument call of it, as the chapter shows it}, on small inputs."""
+    gpu = current().gpu
+    dt = torch.float16 if gpu else torch.float32
+    d, N = (64, 256) if not quick else (16, 32)
+    ns = {c: sources.solution_namespace(c) for c in ("ch3", "ch4", "ch5", "ch7", "ch8", "ch9")}
+    q, k, v = (_rand(1, 4, N, d, dtype=dt) for _ in range(3))
+    lens = (N // 2, N // 4, N // 4)
+    cu = torch.tensor([0, N // 2, 3 * N // 4, N], dtype=torch.int32, device=q.device)
+    qp, kp, vp = (_rand(N, 8, d, dtype=dt), _rand(N, 2, d, dtype=dt), _rand(N, 2, d, dtype=dt))
+    B, max_len = 4, 4 * N
+    qd = _rand(B, 1, 8, d, dtype=dt)
+    kc, vc = (_rand(B, max_len, 2, d, dtype=dt) for _ in range(2))
+    seqlens = torch.tensor([max_len, max_len // 2, 7, max_len - 3], dtype=torch.int32,
+                           device=q.device)
+    from flashbook.chapters import ch5
+    kpage, vpage, table = ch5.paged_cache(kc, vc, 64)
+    table = table.to(q.device)
+    out = {
+        "ch3.attention": lambda: ns["ch3"]["attention"](q, k, v),
+        "ch3.attention_two_tiles": lambda: ns["ch3"]["attention_two_tiles"](q, k, v),
+        "ch4.attention_varlen": lambda: ns["ch4"]["attention_varlen"](
+            qp[:, :2], kp, vp, cu, cu, max(lens), max(lens), causal=True),
+        "ch5.attention_gqa": lambda: ns["ch5"]["attention_gqa"](
+            qp, kp, vp, cu, cu, max(lens), max(lens), causal=True),
+        "ch5.attention_gqa_two_tiles": lambda: ns["ch5"]["attention_gqa_two_tiles"](
+            qp, kp, vp, cu, cu, max(lens), max(lens), causal=True),
+        "ch5.decode (contiguous)": lambda: ns["ch5"]["decode"](qd, kc, vc, seqlens),
+        "ch5.decode (paged)": lambda: ns["ch5"]["decode"](qd, kpage, vpage, seqlens, table),
+        "ch7.attention_lazy": lambda: ns["ch7"]["attention_lazy"](q, k, v),
+        "ch8.decode_split_kv": lambda: ns["ch8"]["decode_split_kv"](qd, kc, vc, seqlens),
+        "ch9.flash_attention (forward)": lambda: ns["ch9"]["flash_attention"](
+            q, k, v, causal=True),
+    }
+    if gpu and torch.cuda.get_device_capability() == (9, 0):
+        from flashbook.chapters.ch6 import gluon_fa3
+        out["ch6.gluon_fa3.attention_fa3"] = lambda: gluon_fa3.attention_fa3(q, k, v, causal=True)
+    return out
+
+
+def run(quick: bool = False, only: str | None = None, reps: int = REPS) -> list[dict]:
+    rows = []
+    for name, call in calls(quick).items():
+        if only and not name.startswith(only):
+            continue
+        try:
+            rows.append(measure(name, call, reps))
+        except Exception:  # noqa: BLE001 - one function's failure must not lose the others
+            rows.append(dict(function=name, error=traceback.format_exc()[-600:]))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    """A markdown table of a record's rows."""
+    lines = ["| function | host µs per call | in Triton's launcher | added by the wrapper | "
+             "launches | synchronises |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['function']} | failed | | | | |")
+            continue
+        lines.append(f"| {r['function']} | {r['host_us']:.1f} | {r['launch_us']:.1f} | "
+                     f"{r['added_us']:.1f} | {r['launches']:g} | "
+                     f"{'-' if r['syncs'] is None else ('yes' if r['syncs'] else 'no')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", help="functions whose name starts with this (ch5.decode)")
+    p.add_argument("--reps", type=int, default=REPS)
+    p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
+    args = p.parse_args(argv)
+    from flashbook import setup
+    setup()
+    command = "python -m flashbook.overhead" + (" --quick" if args.quick else "") + \
+        (f" --only {args.only}" if args.only else "")
+    rows = run(args.quick, args.only, args.reps)
+    record = dict(provenance=dict(results.provenance(command), commit=args.commit,
+                                  target_us=TARGET_US), rows=rows)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(summary(rows))
+    return 1 if any("error" in r or r.get("syncs") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""flashbook.overhead: the host time a public function adds to its launches."""
+import time
+
+import pytest
+
+import flashbook as fb
+
+fb.setup()
+
+from flashbook import overhead  # noqa: E402
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def one(X):
+        tl.store(X + tl.arange(0, 16), tl.arange(0, 16).to(tl.float32))
+    return one
+
+
+def test_time_outside_the_launch_is_what_the_wrapper_adds():
+    import torch
+    kernel = _kernel()
+    x = torch.empty(16, device=fb.current().device)
+
+    def slow_wrapper():            # 3 ms of "checks", then one launch
+        time.sleep(0.003)
+        kernel[(1,)](x)
+    row = overhead.measure("slow", slow_wrapper, reps=3)
+    assert row["launches"] == 1
+    assert row["added_us"] >= 3000            # the sleep is outside the launch
+    assert row["host_us"] == pytest.approx(row["added_us"] + row["launch_us"], rel=0.2)
+
+    def bare():
+        kernel[(1,)](x)
+    assert overhead.measure("bare", bare, reps=3)["added_us"] < 1000
+
+
+def test_the_patched_launchers_are_restored():
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    before = (JITFunction.run, InterpretedFunction.run)
+    with overhead.launch_clock():
+        assert JITFunction.run is not before[0]
+    assert (JITFunction.run, InterpretedFunction.run) == before
+
+
+@pytest.mark.slow
+def test_every_public_function_is_measured_in_quick_mode(tmp_path):
+    out = tmp_path / "o.json"
+    assert overhead.main(["--quick", "--reps", "1", "--out", str(out), "--only", "ch3"]) == 0
+    import json
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["function"] for r in rows] == ["ch3.attention", "ch3.attention_two_tiles"]
+    assert all(r["launches"] == 1 and r["launch_us"] > 0 for r in rows)
+    assert "| ch3.attention |" in overhead.summary(rows)
