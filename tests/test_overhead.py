@@ -56,3 +56,22 @@ def test_every_public_function_is_measured_in_quick_mode(tmp_path):
     assert [r["function"] for r in rows] == ["ch3.attention", "ch3.attention_two_tiles"]
     assert all(r["launches"] == 1 and r["launch_us"] > 0 for r in rows)
     assert "| ch3.attention |" in overhead.summary(rows)
+
+
+def test_the_benchmarks_page_shows_each_record_and_names_the_functions_over_target(
+        tmp_path, monkeypatch):
+    import json
+    from flashbook import book
+    rows = [dict(function="f", host_us=40.0, launch_us=30.0, added_us=10.0, launches=1,
+                 syncs=False, reps=200),
+            dict(function="g", host_us=90.0, launch_us=30.0, added_us=60.0, launches=2,
+                 syncs=True, reps=200)]
+    (tmp_path / "h200.json").write_text(json.dumps(dict(
+        provenance=dict(gpu="NVIDIA H200", command="python -m flashbook.overhead",
+                        commit="abc1234", target_us=10.0), rows=rows)))
+    monkeypatch.setattr(book, "OVERHEAD_DIR", tmp_path)
+    page = "\n".join(book.overhead_section())
+    assert "## Host time per call: NVIDIA H200" in page and "`abc1234`" in page
+    assert "| f | 40.0 | 30.0 | 10.0 | 1 | no |" in page
+    assert "| g | 90.0 | 30.0 | 60.0 | 2 | yes |" in page
+    assert "µs added per call: `g`." in page          # f is at the target, not over it

@@ -50,6 +50,7 @@ def _capability(meta: dict) -> tuple[int, ...] | None:
 
 
 CONFORMANCE_DIR = Path(__file__).resolve().parent / "data" / "conformance"
+OVERHEAD_DIR = Path(__file__).resolve().parent / "data" / "overhead"
 
 
 def benchmarks_page() -> str:
@@ -89,7 +90,7 @@ def benchmarks_page() -> str:
                 lines += [f"† `{kernel}`: {why}, so its % of the fp32 FMA peak is not a fraction of "
                           "what the hardware it runs on can do; it only places it next to the FMA "
                           "kernels of the same table.", ""]
-    return "\n".join(lines + conformance_section())
+    return "\n".join(lines + conformance_section() + overhead_section())
 
 
 def conformance_section() -> list[str]:
@@ -111,6 +112,34 @@ def conformance_section() -> list[str]:
                   + ", ".join(sorted({f"`{p['commit']}`" for p in parts if p.get("commit")}))
                   + "; " + results.describe(first) + ".", "",
                   conformance.summary(record["rows"]), ""]
+    return lines
+
+
+def overhead_section() -> list[str]:
+    """The host time each public function adds to its launches, from src/flashbook/data/overhead
+    (MyST lines)."""
+    import json
+    from . import overhead
+    lines = []
+    for path in sorted(OVERHEAD_DIR.glob("*.json")):
+        record = json.loads(path.read_text())
+        meta = record["provenance"]
+        over = [r["function"] for r in record["rows"]
+                if r.get("added_us", 0) > meta.get("target_us", overhead.TARGET_US)]
+        lines += ["## Host time per call: " + meta.get("gpu", path.stem), "",
+                  "Each function the chapters show, called as a reader calls it (no config, every "
+                  "check on) on a small problem, where the GPU finishes a kernel sooner than "
+                  "Python issues the next, so a call's time is host time: the median of "
+                  f"{record['rows'][0].get('reps', overhead.REPS)} calls, the part spent inside "
+                  "Triton's launcher, and what the wrapper adds to it (checks, tile choice, "
+                  "output buffers). *Synchronises* is whether a call waits for the GPU (run "
+                  "under `torch.cuda.set_sync_debug_mode(\"error\")`). Measured with "
+                  f"`{meta.get('command', '?')}` at `{meta.get('commit')}`; "
+                  + results.describe(meta) + ".", "",
+                  overhead.summary(record["rows"]), ""]
+        if over:
+            lines += [f"Over the book's target of {meta.get('target_us', overhead.TARGET_US):g} "
+                      "µs added per call: " + ", ".join(f"`{f}`" for f in over) + ".", ""]
     return lines
 
 

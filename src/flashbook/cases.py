@@ -398,6 +398,17 @@ def poisoned_outputs():
         _POISON.reset(token)
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for a launcher's grid: plain Python (``triton.cdiv`` is a constexpr function,
+    a few µs per call on the host)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), for a launcher's tile sizes."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def output(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
     """A launcher's output buffer: ``torch.empty``, NaN-filled inside ``poisoned_outputs``."""
     t = torch.empty(shape, dtype=dtype, device=device)

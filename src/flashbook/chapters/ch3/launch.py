@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
-from flashbook.cases import output, validate_qkv, validate_scale, validate_tensor
+from flashbook.cases import cdiv, output, validate_qkv, validate_scale, validate_tensor
 from flashbook.device import current
 
 LOG2E = 1.4426950408889634      # log2(e): exp(x) = exp2(x * LOG2E)
@@ -82,7 +81,7 @@ def copy_tiles(kernel, x: torch.Tensor, block_r: int = 16, block_c: int = 16):
     n_rows, n_cols = x.shape
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows and n_cols:
-        grid = (triton.cdiv(n_rows, block_r), triton.cdiv(n_cols, block_c))
+        grid = (cdiv(n_rows, block_r), cdiv(n_cols, block_c))
         kernel[grid](x, y, n_rows, n_cols, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                      BLOCK_R=block_r, BLOCK_C=block_c)
     return y
@@ -133,7 +132,7 @@ def attention_forward(kernel, q, k, v, scale: float | None = None, config: Confi
     # kernel must turn into O = 0, LSE = -inf itself (the check's only way to give it empty rows).
     if B * H * N_q == 0:
         return o, lse
-    grid = (triton.cdiv(N_q, cfg.BLOCK_M), B * H)
+    grid = (cdiv(N_q, cfg.BLOCK_M), B * H)
     kernel[grid](q, k, v, o, lse,
                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                  v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
@@ -173,6 +172,6 @@ def merge_states(kernel, o_a, lse_a, o_b, lse_b, block_r: int = 16):
     o = output(oa.shape, dtype=oa.dtype, device=oa.device)
     lse = output(la.shape, dtype=la.dtype, device=la.device)
     if n_rows:
-        kernel[(triton.cdiv(n_rows, block_r),)](oa, la, ob, lb, o, lse, n_rows,
+        kernel[(cdiv(n_rows, block_r),)](oa, la, ob, lb, o, lse, n_rows,
                                                HEAD_DIM=d, BLOCK_R=block_r)
     return o.reshape(o_a.shape), lse.reshape(lse_a.shape)

@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
+from flashbook.cases import cdiv
 from flashbook.gluon_kit import head_descriptors, m_block as _m_block, smem_tile as _tile_2d, \
     tma_load, tma_store, validate_dense_qkv
 
@@ -432,9 +433,32 @@ def kernel_args(config: Config, exp2: str = "hw", rescale_tau: float | None = No
                 options=dict(num_warps=4, maxnreg=budget["launch"]))
 
 
+@functools.lru_cache(maxsize=64)
 def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
-    """The shared-memory layout of one (1, rows, d) TMA box: 128-byte swizzle, what wgmma reads."""
+    """The shared-memory layout of one (1, rows, d) TMA box: 128-byte swizzle, what wgmma reads.
+    Cached: building it takes about 10 µs of Python, twice per launch otherwise."""
     return gl.NVMMASharedLayout.get_default_for([1, rows, head_dim], DTYPES[dtype])
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(config: Config, d: int, dtype_name: str) -> Config:
+    """``config`` for these inputs, checked against the kernel and the H100/H200 (the planner's
+    verdict takes about 10 µs of Python: cached by the frozen config)."""
+    name = "attention_fa3"
+    config = config.for_inputs(d, dtype_name)
+    if config.CONSUMERS != 2:
+        raise ValueError(f"{name}: the kernel has two consumer warpgroups; got "
+                         f"CONSUMERS={config.CONSUMERS}.")
+    verdict = planner.feasible(config)
+    if not verdict:
+        raise ValueError(f"{name}: config {config} does not fit an H100/H200: "
+                         + "; ".join(verdict.reasons) + ".")
+    return config
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple:
+    return tuple(torch.cuda.get_device_capability(device))
 
 
 def _validate(q, k, v, causal, softmax_scale, config):
@@ -458,14 +482,7 @@ def _validate(q, k, v, causal, softmax_scale, config):
     if config.HEAD_DIM not in (None, d) or config.DTYPE not in (None, dtype_name):
         raise ValueError(f"{name}: config is for d={config.HEAD_DIM}, {config.DTYPE}; the inputs "
                          f"are d={d}, {dtype_name}.")
-    config = config.for_inputs(d, dtype_name)
-    if config.CONSUMERS != 2:
-        raise ValueError(f"{name}: the kernel has two consumer warpgroups; got "
-                         f"CONSUMERS={config.CONSUMERS}.")
-    verdict = planner.feasible(config)
-    if not verdict:
-        raise ValueError(f"{name}: config {config} does not fit an H100/H200: "
-                         + "; ".join(verdict.reasons) + ".")
+    config = _resolved(config, d, dtype_name)
     for label, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             raise ValueError(f"{name}: {label} is on {t.device.type}; this Gluon kernel runs only "
@@ -474,7 +491,7 @@ def _validate(q, k, v, causal, softmax_scale, config):
     if not (q.device == k.device == v.device):
         raise ValueError(f"{name}: q, k and v must be on one device, got {q.device}, {k.device}, "
                          f"{v.device}.")
-    cap = tuple(torch.cuda.get_device_capability(q.device))
+    cap = _capability(q.device)
     if cap != (9, 0):
         raise ValueError(f"{name}: needs an sm_90 GPU (H100/H200: wgmma, TMA, setmaxnreg); "
                          f"{torch.cuda.get_device_name(q.device)} is sm_{cap[0]}{cap[1]}.")
@@ -511,7 +528,7 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
         TensorDescriptor, q, k, v, o, bm, bn, tile_layout(bm, d, q.dtype),
         tile_layout(bn, d, q.dtype))
     args = kernel_args(config, exp2, rescale_tau)
-    grid = (triton.cdiv(N_q, 2 * bm), B * H)
+    grid = (cdiv(N_q, 2 * bm), B * H)
     with torch.cuda.device(q.device):
         fa3_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, N_q, N_k, scale * LOG2E,
                          CAUSAL=bool(causal), **args["constexprs"], **args["options"])

@@ -15,11 +15,11 @@ context 131072, h_q = 32, S = 32, d = 128).
 """
 from __future__ import annotations
 
+import functools
 
 import torch
-import triton
 
-from flashbook.cases import host_values, output, validate_scale, validate_tensor
+from flashbook.cases import cdiv, host_values, next_pow2, output, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.chapters.ch5.launch import decode_block_m
 from flashbook.device import current
@@ -34,7 +34,12 @@ def sm_count(device=None) -> int | None:
     """The GPU's streaming multiprocessors (None on CPU)."""
     if not current().gpu:
         return None
-    return torch.cuda.get_device_properties(device or 0).multi_processor_count
+    return _multiprocessors(torch.device(device or "cuda:0"))
+
+
+@functools.lru_cache(maxsize=16)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def choose_num_splits(batch: int, h_kv: int, max_len: int, sms: int | None, block_n: int,
@@ -79,7 +84,7 @@ def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seq
     S = num_splits or choose_num_splits(B, h_kv, max_len, sm_count(q.device), BN)
     if not 1 <= S <= MAX_SPLITS:
         raise ValueError(f"launch_split_kv: num_splits must lie in [1, {MAX_SPLITS}], got {S}.")
-    keys_per_split = triton.cdiv(triton.cdiv(max_len, S), BN) * BN
+    keys_per_split = cdiv(cdiv(max_len, S), BN) * BN
     scale = validate_scale(scale, d, "launch_split_kv")
     o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
                      output((B, h_q, 1), dtype=torch.float32, device=q.device))
@@ -110,7 +115,7 @@ def launch_combine(combine_kernel, o_part, lse_part, dtype=None, out=None):
         combine_kernel[(B * h_q,)](o_part, lse_part.contiguous(), o, lse, S,
                                    o_part.stride(0), o_part.stride(1), o_part.stride(2),
                                    o.stride(0), o.stride(1), h_q, HEAD_DIM=d,
-                                   BLOCK_S=max(2, triton.next_power_of_2(S)))
+                                   BLOCK_S=max(2, next_pow2(S)))
     return o, lse
 
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
-from flashbook.cases import validate_scale, validate_tensor
+from flashbook.cases import cdiv, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.device import current
 
@@ -124,7 +123,7 @@ def launch_preprocess(kernel, o, do, *, block: int = 64):
     delta = torch.empty((h_q, total_q), dtype=torch.float32, device=o.device)
     if total_q * h_q == 0:
         return delta
-    kernel[(triton.cdiv(total_q, block), h_q)](o, do, delta, o.stride(0), o.stride(1),
+    kernel[(cdiv(total_q, block), h_q)](o, do, delta, o.stride(0), o.stride(1),
                                                do.stride(0), do.stride(1), total_q,
                                                HEAD_DIM=d, BLOCK_M=block)
     return delta
@@ -141,7 +140,7 @@ def launch_dkdv(kernel, q, k, v, do, lse, delta, cu_seqlens_q, cu_seqlens_k, max
     n_bkv = (cu_seqlens_k.numel() - 1) * h_kv
     if n_bkv == 0 or max_seqlen_k == 0 or total_q == 0:
         return dk, dv
-    grid = (triton.cdiv(max_seqlen_k, cfg.BLOCK_N), n_bkv)
+    grid = (cdiv(max_seqlen_k, cfg.BLOCK_N), n_bkv)
     kernel[grid](q, k, v, do, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0),
@@ -163,7 +162,7 @@ def launch_dq(kernel, q, k, v, do, lse, delta, cu_seqlens_q, cu_seqlens_k, max_s
     n_bh = (cu_seqlens_q.numel() - 1) * h_q
     if n_bh == 0 or max_seqlen_q == 0 or k.shape[0] == 0:
         return dq
-    grid = (triton.cdiv(max_seqlen_q, cfg.BLOCK_M), n_bh)
+    grid = (cdiv(max_seqlen_q, cfg.BLOCK_M), n_bh)
     kernel[grid](q, k, v, do, lse, delta, dq, cu_seqlens_q, cu_seqlens_k,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), h_q, total_q, scale,
