@@ -75,3 +75,17 @@ def test_the_benchmarks_page_shows_each_record_and_names_the_functions_over_targ
     assert "| f | 40.0 | 30.0 | 10.0 | 1 | no |" in page
     assert "| g | 90.0 | 30.0 | 60.0 | 2 | yes |" in page
     assert "µs added per call: `g`." in page          # f is at the target, not over it
+
+
+def test_the_speed_table_is_drawn_when_the_record_has_one(tmp_path, monkeypatch):
+    import json
+    from flashbook import book
+    speed = [dict(function="ch5.decode", shape=[32, 32, 8, 8192, 128], causal=True,
+                  ms_public=0.26, ms_launch=0.25, ratio=0.25 / 0.26)]
+    (tmp_path / "h200.json").write_text(json.dumps(dict(
+        provenance=dict(gpu="NVIDIA H200", commit="abc1234"), speed=speed,
+        rows=[dict(function="f", host_us=1.0, launch_us=1.0, added_us=0.0, launches=1,
+                   syncs=False, reps=5)])))
+    monkeypatch.setattr(book, "OVERHEAD_DIR", tmp_path)
+    page = "\n".join(book.overhead_section())
+    assert "| ch5.decode | 32x32x8x8192x128 | True | 0.2600 | 0.2500 | 0.962 |" in page

@@ -140,6 +140,12 @@ def overhead_section() -> list[str]:
         if over:
             lines += [f"Over the book's target of {meta.get('target_us', overhead.TARGET_US):g} "
                       "µs added per call: " + ", ".join(f"`{f}`" for f in over) + ".", ""]
+        if record.get("speed"):
+            lines += ["At the shapes of the chapters' benchmarks, the public call and the launch "
+                      "under it (the config passed, or the checks skipped), both launched as a "
+                      "user launches them (`triton.testing.do_bench` medians, not replayed from a "
+                      "CUDA graph), in the same run:", "",
+                      overhead.speed_summary(record["speed"]), ""]
     return lines
 
 

@@ -153,6 +153,65 @@ def calls(quick: bool = False) -> dict:
     return out
 
 
+# The shapes where a user's call was once much slower than the launch under it (flashbook
+# issue 30's table): (function, shape, causal).
+SPEED_CASES = (
+    ("ch6.gluon_fa3.attention_fa3", (1, 16, 16384, 128), True),
+    ("ch6.gluon_fa3.attention_fa3", (4, 16, 4096, 128), True),
+    ("ch6.gluon_fa3.attention_fa3", (4, 16, 4096, 64), False),
+    ("ch6.gluon_fa3.attention_fa3", (4, 16, 4096, 64), True),
+    ("ch6.gluon_fa3.attention_fa3", (1, 16, 2048, 128), False),
+    ("ch5.decode", (32, 32, 8, 8192, 128), True),         # (B, h_q, h_kv, context, d)
+    ("ch5.decode", (8, 32, 8, 32768, 128), True),
+    ("ch8.decode_split_kv", (1, 32, 8, 131072, 128), True),
+    ("ch8.decode_split_kv", (8, 32, 8, 32768, 128), True),
+)
+
+
+def _speed_pair(name, shape, causal):
+    """(the public call as the chapter shows it, the launch under it) for one SPEED_CASES row."""
+    dt = torch.float16
+    if name.startswith("ch6"):
+        from flashbook.chapters.ch6 import gluon_fa3
+        q, k, v = (_rand(*shape, dtype=dt) for _ in range(3))
+        B, H, N, d = shape
+        config = gluon_fa3.pick_config(d, dt, causal, B, H, N, N)
+        return (lambda: gluon_fa3.attention_fa3(q, k, v, causal=causal),
+                lambda: gluon_fa3.attention_fa3(q, k, v, causal=causal, config=config))
+    B, h_q, h_kv, context, d = shape
+    q = _rand(B, 1, h_q, d, dtype=dt)
+    kc, vc = (_rand(B, context, h_kv, d, dtype=dt) for _ in range(2))
+    lens = torch.full((B,), context, dtype=torch.int32, device=q.device)
+    if name == "ch5.decode":
+        from flashbook.chapters.ch5 import benchmark as ch5b
+        ns = sources.solution_namespace("ch5")
+        unchecked = ch5b.quiet(ns)["decode"]
+        return (lambda: ns["decode"](q, kc, vc, lens), lambda: unchecked(q, kc, vc, lens))
+    from flashbook.chapters.ch8.launch import launch_split_kv
+    ns = sources.solution_namespace("ch8")
+    return (lambda: ns["decode_split_kv"](q, kc, vc, lens),
+            lambda: launch_split_kv(ns["split_kv_kernel"], ns["combine_kernel"], q, kc, vc, lens))
+
+
+def speed(cases=SPEED_CASES) -> list[dict]:
+    """For each case, ``triton.testing.do_bench`` medians (launched, not replayed from a graph:
+    as a user calls it) of the public call and of the launch under it, and their ratio."""
+    from triton.testing import do_bench
+    rows = []
+    for name, shape, causal in cases:
+        try:
+            public, launch = _speed_pair(name, shape, causal)
+            ms_public = do_bench(public, **results.GPU_TIMER)
+            ms_launch = do_bench(launch, **results.GPU_TIMER)
+            rows.append(dict(function=name, shape=list(shape), causal=causal, ms_public=ms_public,
+                             ms_launch=ms_launch, ratio=ms_launch / ms_public))
+        except Exception:  # noqa: BLE001 - one case's failure must not lose the others
+            rows.append(dict(function=name, shape=list(shape), causal=causal,
+                             error=traceback.format_exc()[-600:]))
+        print(rows[-1], flush=True)
+    return rows
+
+
 def run(quick: bool = False, only: str | None = None, reps: int = REPS) -> list[dict]:
     rows = []
     for name, call in calls(quick).items():
@@ -180,6 +239,20 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def speed_summary(rows: list[dict]) -> str:
+    """A markdown table of ``speed`` rows."""
+    lines = ["| function | shape | causal | public call (ms) | launch (ms) | launch / public |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = "x".join(map(str, r["shape"]))
+        if "error" in r:
+            lines.append(f"| {r['function']} | {shape} | {r['causal']} | failed | | |")
+            continue
+        lines.append(f"| {r['function']} | {shape} | {r['causal']} | {r['ms_public']:.4f} | "
+                     f"{r['ms_launch']:.4f} | {r['ratio']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
@@ -187,14 +260,19 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="functions whose name starts with this (ch5.decode)")
     p.add_argument("--reps", type=int, default=REPS)
     p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
+    p.add_argument("--speed", action="store_true",
+                   help="also time the public calls beside their launches at SPEED_CASES (GPU)")
     args = p.parse_args(argv)
     from flashbook import setup
     setup()
     command = "python -m flashbook.overhead" + (" --quick" if args.quick else "") + \
-        (f" --only {args.only}" if args.only else "")
+        (f" --only {args.only}" if args.only else "") + (" --speed" if args.speed else "")
     rows = run(args.quick, args.only, args.reps)
     record = dict(provenance=dict(results.provenance(command), commit=args.commit,
                                   target_us=TARGET_US), rows=rows)
+    if args.speed:
+        record["speed"] = speed()
+        print(speed_summary(record["speed"]))
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(summary(rows))
     return 1 if any("error" in r or r.get("syncs") for r in rows) else 0
