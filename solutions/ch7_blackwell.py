@@ -576,7 +576,7 @@ except NotImplementedError:
 # |---|---|---|---|
 # | load | 1 | TMA: Q0 and Q1 once, then K and V of each key step into a ring of `stages` slots each | `pipe.load_q`, `pipe.load_k`, `pipe.load_v` |
 # | MMA | 1 | `S_t = Q_t K_j^T` into TMEM; `O_t (+)= P_t V_j` with P read from TMEM | `pipe.qk(t, j)`, `pipe.pv(t, j)`, `pipe.commit(bar)` |
-# | softmax 0, softmax 1 | 4 + 4 | tile t's S from TMEM, the row max for the correction, `P = exp2(S - m)` written **into S's columns** | `pipe.rowmax`, `pipe.exp`, `pipe.rowsum` |
+# | softmax 0, softmax 1 | 4 + 4 | tile t's S from TMEM, the row max for the correction, `P = exp2(S - m)` on the SM's exponential unit, written **into S's columns** | `pipe.rowmax`, `pipe.exp`, `pipe.rowsum` |
 # | correction | 4 | O_t in TMEM times `exp2(m_old - m_new)` between two PV MMAs; at the end O / l into shared memory | `pipe.rescale(t, j)`, `pipe.finish(t)` |
 # | epilogue | 1 | TMA store of each O tile | `pipe.store` |
 #
@@ -587,6 +587,12 @@ except NotImplementedError:
 # `tcgen05.commit`) arrives on `bar` when every MMA issued before it has finished. That is how the
 # MMA warp tells the others that S is ready or that a K slot may be refilled: an `arrive` would
 # say so the moment the MMA is *issued*, long before it has read anything.
+#
+# The simulator has a second shared unit: the SM's **exponential unit** (MUFU, Section 2's 16
+# exponentials a clock for the whole SM). Both softmax warpgroups compute their exponentials
+# on it, so `exp` (one tile's exponentials) runs for one tile at a time: an `exp` that finds the
+# unit working for the other tile waits its turn, which the chart shows as "exp wait". This is
+# the sharing that the example's `s0_s1_sequence` pipeline (Section 3) organises.
 #
 # The simulator also models what lives where, and reports a **hazard** when a role touches a
 # buffer at the wrong time. The three that tensor memory adds:
@@ -631,8 +637,13 @@ except NotImplementedError:
 # no deadlock, every MMA, softmax step, rescale and store done once. Then it measures the tensor
 # core in the steady state with `KV_STAGES` slots. Per key step it has `2g` of work (`g = qk +
 # pv`, one tile's MMAs); a tile waits `rowmax + max(exp, rescale)` between its QK and its PV, and
-# the other tile's MMAs fill that wait, so a step lasts `max(2g, g + rowmax + max(exp,
-# rescale), 2 rescale)` and the tensor core is busy `2g` of it: at `g = s`, 100%.
+# the other tile's MMAs fill that wait; the correction rescales both tiles (`2 rescale`) and the
+# one exponential unit computes both tiles' exponentials (`2 exp`). So a step lasts `max(2g,
+# g + rowmax + max(exp, rescale), 2 rescale, 2 exp)` and the tensor core is busy `2g` of it: at
+# `g = s`, 100%. When `exp > g + rowmax`, two exponential units would let the tiles' softmaxes
+# overlap, and a step would last `g + rowmax + exp`; the SM's single unit makes it `2 exp`. That is
+# Section 2's argument in time units: once the tensor cores are fast, the exponentials set the
+# pace.
 
 # %%
 from flashbook.chapters.ch7 import roles
@@ -703,7 +714,8 @@ check_roles_schedule(KV_STAGES, mma, correction, hidden=True)
 # %% [markdown]
 # Your schedule at work, `g = s` (top): the tensor core alternates between the tiles and never
 # waits; the MMA warp's row shows where it waits on a barrier (▲ marks each MMA it issues, long
-# before the tensor core runs it). Below, the same roles with one slot per ring: the load of K of
+# before the tensor core runs it), and the exponential unit's row shows the two tiles' `exp`
+# taking turns on it. Below, the same roles with one slot per ring: the load of K of
 # step `j + 1` can start only when both QKs of step `j` have finished, its TMA latency is no
 # longer hidden, and the MMAs serialise behind the loads.
 
@@ -715,6 +727,23 @@ try:
     fig = plot_schedule(*runs)
 except NotImplementedError:
     print("Finish Exercise 4 to see your schedule.")
+
+# %% [markdown]
+# Now make the exponentials longer than the MMAs, as Section 2 found them on a B200 at d = 64:
+# `exp = 3.5` against `g = 2`. The exponential unit never rests, each softmax waits for the
+# other's `exp` (the light hatched bars), and the tensor core is busy `2g / 2 exp` = 4 / 7 of
+# the steady state, where two units would have given 4 / 6.
+
+# %% tags=["demo"]
+from flashbook.chapters.ch7.roles_checks import steady_utilisation
+
+try:
+    exp_bound = simulate(mma, correction, stages=KV_STAGES, n_steps=14, timing=Timing(exp=3.5))
+    print(f"tensor core busy {steady_utilisation(exp_bound):.1%} of the steady state; the "
+          f"model says {roles.fa4_model(Timing(exp=3.5)):.1%}")
+    fig = plot_schedule(exp_bound, t_max=40)
+except NotImplementedError:
+    print("Finish Exercise 4 to see the exponential unit set the pace.")
 
 # %% [markdown]
 # And what the checks catch: the same MMA warp without its wait on `p_ready`. PV0 of step 0 reads
@@ -790,7 +819,8 @@ for e in table["configs"]:
 # memory) or silently slows down (registers spill). Compute what the kernel needs from the
 # source alone and compare with the compiled kernel (3 points). Write
 # `kernel_resources(config)` for a `planner.Config` (`HEAD_DIM`, `DTYPE`, `BLOCK_M = 128`,
-# `BLOCK_N`, `STAGES`; 16-bit values), returning a dict with:
+# `BLOCK_N`, `STAGES`; 16-bit values; and the split of warps and registers: `SOFTMAX_REGS`,
+# `SINGLE_WARP_REGS`, `CORRECTION_WARPS`, below), returning a dict with:
 #
 # - `smem_buffers`: a `(name, bytes)` pair for every shared-memory buffer the kernel allocates:
 #   the Q tiles (two of `BLOCK_M x d`, reused for O at the end), the K ring and the V ring
@@ -802,16 +832,26 @@ for e in table["configs"]:
 #   adds what `gl.warp_specialize` keeps for its worker warps;
 # - `tmem_columns`: the columns `tcgen05.alloc` takes: S0 and S1 (`BLOCK_N` each) and O0 and O1
 #   (`d` each) — P and the statistics live inside S — rounded up to a power of two, at least 32;
-# - `threads`: the partitions' warps (4 + 4 + 4 + 1 + 1 + 1), padded to whole warpgroups
+# - `threads`: the partitions' warps (`CORRECTION_WARPS` for the correction, 4 for each softmax
+#   warpgroup, 1 each for the MMA, load and epilogue warps), padded to whole warpgroups
 #   (`setmaxnreg` works per warpgroup), times 32;
-# - `launch_registers`: the SM's 65,536 registers shared by those threads;
+# - `launch_registers`: the SM's 65,536 registers shared by those threads, rounded down to a
+#   multiple of 8 (registers are allocated 8 at a time);
 # - `correction_registers`: the correction's `setmaxnreg` budget: what the two softmax
-#   warpgroups (192 a thread) and the warpgroup of the one-warp roles (24) leave, per thread of
-#   its 128, rounded down to a multiple of 8.
+#   warpgroups (`SOFTMAX_REGS` a thread) and the warpgroup of the one-warp roles
+#   (`SINGLE_WARP_REGS` a thread) leave, shared by the correction's threads, rounded down to a
+#   multiple of 8 (and at most 256).
 #
-# About 15 lines. The check compares with the compiled kernel for the five configs of the table
-# above (the hidden test with more, against `planner`, which matches the compiled kernel byte
-# for byte).
+# The kernel asks `setmaxnreg` for the config's `SOFTMAX_REGS` (192) and `SINGLE_WARP_REGS`
+# (24), constexprs of `gluon_fa4`, and the correction gets the rest: 104. The example of
+# Section 3 asks for 192 and 32, and its correction gets 96. `CORRECTION_WARPS` (4) is the
+# correction's warps: 8 would give each Q tile a correction warpgroup of its own, a what-if
+# that only the planner answers (the kernel's correction is written for one warpgroup).
+#
+# About 17 lines. The check compares with the compiled kernel for the five configs of the table
+# above, and with `planner` (which matches the compiled kernel byte for byte) for two other
+# splits of warps and registers: the example's requests, and a correction of two warpgroups.
+# The hidden test runs more configs and splits against `planner`.
 
 # %% nbgrader={"grade": false, "grade_id": "ch7_resources", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kernel_resources(config):
@@ -827,11 +867,13 @@ def kernel_resources(config):
     smem += [(name, config.STAGES * 8) for name in ("k_full", "k_free", "v_full", "v_free")]
     used = 2 * config.BLOCK_N + 2 * d                             # S0, S1, O0, O1
     columns = max(32, 1 << (used - 1).bit_length())
-    warps = 4 + 4 + 4 + 1 + 1 + 1                                 # correction, softmax x 2, ...
+    warps = config.CORRECTION_WARPS + 4 + 4 + 1 + 1 + 1          # correction, softmax x 2, ...
     threads = 32 * (-(-warps // 4) * 4)                           # whole warpgroups
-    correction = (65536 - 128 * (2 * 192 + 24)) // 128 // 8 * 8
+    launch = 65536 // threads // 8 * 8                            # allocated 8 at a time
+    rest = 65536 - 128 * (2 * config.SOFTMAX_REGS + config.SINGLE_WARP_REGS)
+    correction = min(256, rest // (32 * config.CORRECTION_WARPS) // 8 * 8)
     return dict(smem_buffers=smem, tmem_columns=columns, threads=threads,
-                launch_registers=65536 // threads, correction_registers=correction)
+                launch_registers=launch, correction_registers=correction)
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ch7_resources_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -846,11 +888,15 @@ planner.check_resources(kernel_resources, hidden=True)
 # Exercise 4's `KV_STAGES` is 2, and why the example shares one ring between K and V (three tiles,
 # 96 KB). Tensor memory is full at d = 128 (512 of 512 columns), so d = 256 would need another
 # map (the example supports d <= 128 for the same reason). One CTA per SM, 512 threads, 128
-# registers each at launch; then the softmax threads, which hold a whole row of S, get 192.
+# registers each at launch; then the softmax threads, which hold a whole row of S, get 192. The
+# what-if of a correction warpgroup per Q tile shows what a second one would cost: four more
+# warps take the CTA to 640 threads (96 registers each at launch), and what the softmax and the
+# one-warp roles leave, shared by 256 correction threads, is 48 a thread instead of 104, for the
+# same 32-column chunks of O.
 
 # %% tags=["demo"]
-rows = ["| config | your shared memory (B) | compiled | your TMEM columns | compiled | fits a B200 |",
-        "|---|---|---|---|---|---|"]
+rows = ["| config | your shared memory (B) | compiled | your TMEM columns | compiled | your threads, "
+        "registers (launch, correction) | compiled | fits a B200 |", "|---|---|---|---|---|---|---|---|"]
 for config in planner.resource_cases(hidden=True)[:8]:
     try:
         mine = kernel_resources(config)
@@ -862,10 +908,16 @@ for config in planner.resource_cases(hidden=True)[:8]:
     smem = max(o + b for _, o, b in placed)
     entry = planner.compiled_entry(config)
     verdict = planner.feasible(config)
+    budget = planner.register_budget(config)
     rows.append(f"| {config.describe()} | {smem:,} | "
                 f"{entry['shared'] if entry else planner.shared_memory(config):,} | "
                 f"{mine['tmem_columns']} | "
                 f"{entry['tmem_size'] if entry else planner.tmem_columns(config)} | "
+                f"{mine['threads']}, {mine['launch_registers']}, "
+                f"{mine['correction_registers']} | "
+                + (f"{entry['reqntid']}, {entry['maxnreg']}, {budget['correction']} | " if entry
+                   else f"not compiled (planner: {planner.threads(config)}, {budget['launch']}, "
+                        f"{budget['correction']}) | ")
                 + ("yes |" if verdict else "no: " + "; ".join(verdict.reasons) + " |"))
 print("\n".join(rows))
 

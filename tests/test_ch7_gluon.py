@@ -49,9 +49,41 @@ def test_reference_answer_passes_every_check(capsys):
     planner.check_resources(fn)
     planner.check_resources(fn, hidden=True)
     out = capsys.readouterr().out
-    assert ("PASSED kernel resources against the compiled kernel: 5/5 cases (d=128 float16, "
+    assert ("PASSED kernel resources against the compiled kernel: 7/7 cases (d=128 float16, "
             "BLOCK_N=128, STAGES=2: 197,132 bytes of shared memory, 512 TMEM columns)") in out
-    assert len(planner.resource_cases(hidden=True)) == 35
+    assert len(planner.resource_cases(hidden=True)) == 45
+
+
+def test_threads_and_registers_vary_over_the_cases():
+    """Every output of the exercise takes more than one value over the visible cases, so a
+    hard-coded one loses the points there (each such answer is a known-wrong variant)."""
+    got = [planner.resources(c) for c in planner.resource_cases()]
+    for key in ("tmem_columns", "threads", "launch_registers", "correction_registers"):
+        assert len({g[key] for g in got}) > 1, key
+    whatif = {c.describe(): planner.resources(c) for c in planner.resource_cases()[5:]}
+    assert [(r["threads"], r["launch_registers"], r["correction_registers"])
+            for r in whatif.values()] == [(512, 128, 96), (640, 96, 48)], whatif
+
+
+@pytest.mark.parametrize("split, correction", [
+    ({}, 104), (dict(SINGLE_WARP_REGS=32), 96), (dict(SOFTMAX_REGS=184), 120),
+    (dict(CORRECTION_WARPS=8), 48), (dict(CORRECTION_WARPS=8, SOFTMAX_REGS=160,
+                                          SINGLE_WARP_REGS=32), 80)])
+def test_the_register_split_uses_every_register(split, correction):
+    c = cfg(**split)
+    budget = planner.register_budget(c)
+    assert budget["correction"] == correction
+    assert budget["launch"] * planner.threads(c) <= 65536 and budget["launch"] % 8 == 0
+    assert 65536 - 8 * 32 * c.CORRECTION_WARPS < budget["total"] <= 65536
+    assert planner.feasible(c)
+    assert planner.compiled_entry(c) is None if split else planner.compiled_entry(c)
+
+
+def test_splits_the_kernel_cannot_take_are_refused():
+    assert not planner.feasible(cfg(CORRECTION_WARPS=6))
+    assert not planner.feasible(cfg(SOFTMAX_REGS=190))
+    assert any("fewer than setmaxnreg's 24" in r for r in
+               planner.feasible(cfg(SOFTMAX_REGS=248, SINGLE_WARP_REGS=32)).reasons)
 
 
 def test_the_planner_answers_the_exercise():
@@ -185,6 +217,11 @@ def test_the_shim_names_this_tritons_api(fa4):
     assert triton.__version__.startswith(".".join(map(str, fa4.TRITON_VERSION)))
     args = fa4.kernel_args(planner.best(128))
     assert args["constexprs"]["SOFTMAX_REGS"] == 192 and args["options"] == {"num_warps": 4}
+    args = fa4.kernel_args(cfg(SOFTMAX_REGS=184, SINGLE_WARP_REGS=32))
+    assert (args["constexprs"]["SOFTMAX_REGS"], args["constexprs"]["SINGLE_WARP_REGS"]) == \
+        (184, 32)
+    with pytest.raises(ValueError, match="written for one warpgroup"):
+        fa4.kernel_args(cfg(CORRECTION_WARPS=8))
 
 
 def qkv(B=1, H=2, N=128, d=64, dtype=torch.float16, n_k=None):
@@ -216,6 +253,8 @@ def test_launcher_names_the_problem(fa4, make, kwargs, text):
 # the chapter's config, and one at d = 64 (tensor memory rounded up, causal, a 3-slot ring),
 # compiled with Triton's IR dump on, to see where the TMEM buffers went
 RECOMPILE = [planner.TABLE_CONFIGS[0], planner.TABLE_CONFIGS[3]]
+# other register requests (Exercise 5's what-ifs): Triton's split is the planner's
+SPLITS = [dict(SOFTMAX_REGS=184), dict(SINGLE_WARP_REGS=32)]
 AOT = r'''
 import os, re
 from flashbook.chapters.ch7 import planner
@@ -237,7 +276,8 @@ for i, c in enumerate(RECOMPILE):
 offsets = sorted(set(re.findall(r"tensor_memory_col_offset = (\d+) : i32, "
                                 r"tensor_memory_row_offset = 0 : i32\} : \(\) -> "
                                 r"!ttg.memdesc<2x128x(\d+)xf32", open(log).read())))
-print("RESULT" + json.dumps(dict(fresh=fresh, offsets=offsets)))
+splits = [planner.compile_entry(64, "float16", 64, 2, False, **s) for s in SPLITS]
+print("RESULT" + json.dumps(dict(fresh=fresh, offsets=offsets, splits=splits)))
 '''
 
 
@@ -247,7 +287,7 @@ def test_the_compiled_table_is_what_compiling_gives(tmp_path):
     about 30 s): the stored figures must be what the compiler reports now, or the table is stale
     (regenerate it with the command in its provenance). Also: S0/S1 start at column 0 and
     O0/O1 right after them, as planner.tmem_map says."""
-    res = compile_script(f"RECOMPILE = {RECOMPILE!r}\n" + AOT, tmp_path)
+    res = compile_script(f"RECOMPILE = {RECOMPILE!r}\nSPLITS = {SPLITS!r}\n" + AOT, tmp_path)
     prov = planner.compiled_table()["provenance"]
     import triton
     for new in res["fresh"]:
@@ -259,6 +299,11 @@ def test_the_compiled_table_is_what_compiling_gives(tmp_path):
             assert new[field] == old[field], stale
         if triton.__version__ == prov["triton"]:
             assert new["stack"] <= 32 and new["spill_stores"] <= 16, new
+    for split, new in zip(SPLITS, res["splits"]):
+        want = planner.register_budget(cfg(64, **split))
+        assert {want["softmax"], want["correction"], want["single_warp"]} <= \
+            set(new["setmaxnreg"]), (split, new["setmaxnreg"])
+        assert new["maxnreg"] == want["launch"] and new["reqntid"] == 512
     d, dtype, bn, stages, causal = RECOMPILE[1]
     c = Config(BLOCK_N=bn, STAGES=stages, CAUSAL=causal).for_inputs(d, dtype)
     rows = {name: first for name, first, _, _ in planner.tmem_map(c)}

@@ -145,7 +145,47 @@ def test_models():
     assert fa4_model(t) == 1.0 and serial_model(t) == 0.5
     assert fa4_model(Timing(exp=1, rescale=2)) == pytest.approx(4 / 4.5)
     assert fa4_model(Timing(exp=0.5, rescale=2.5)) == pytest.approx(0.8)   # correction-bound
+    assert fa4_model(Timing(tma=2, exp=3.5)) == pytest.approx(4 / 7)        # exp-unit-bound
     assert len(protocol_cases()) == 18 and len(protocol_cases(hidden=True)) == 144
+
+
+# ------------------------------------------------------------- the shared exponential unit
+
+def _exp_unit(run):
+    return sorted((s for s in run.spans if s.row == "exp unit"), key=lambda s: s.start)
+
+
+def test_two_softmax_exps_at_once_take_the_sum_on_the_one_exp_unit():
+    """Section 2: the SM has one exponential unit (16 a clock) for both softmax warpgroups.
+    With short MMAs both tiles' scores are ready almost together: softmax 1's exp waits for
+    softmax 0's, so the pair takes 2 exp, not exp (one unit per warpgroup would overlap them)."""
+    timing = Timing(qk=0.25, pv=0.25, rowmax=0.5, exp=4)
+    _, mma, correction = schedule()
+    run = simulate(mma, correction, stages=2, n_steps=1, timing=timing)
+    assert run.error is None, run.error
+    e0, e1 = run.done[("exp", 0, 0)], run.done[("exp", 1, 0)]
+    ready1 = run.done[("rowmax", 1, 0)][1]
+    assert ready1 < e0[1]                        # softmax 1 wanted the unit while it was busy
+    assert e1[0] == pytest.approx(e0[1])         # ... and got it when softmax 0's exp ended
+    assert max(e0[1], e1[1]) - min(e0[0], e1[0]) == pytest.approx(2 * timing.exp)
+    waits = [s for s in run.spans if s.row == "softmax 1" and s.kind == "exp wait"]
+    assert [(w.start, w.end) for w in waits] == [(ready1, e0[1])]
+
+
+def test_the_exp_unit_runs_one_exp_at_a_time_and_sets_the_pace_when_it_is_busiest():
+    _, mma, correction = schedule()
+    for stages, n_steps, timing in protocol_cases(hidden=True)[::7]:
+        run = simulate(mma, correction, stages=stages, n_steps=n_steps, timing=timing)
+        spans = _exp_unit(run)
+        assert len(spans) == 2 * n_steps
+        assert all(a.end <= b.start + 1e-9 for a, b in zip(spans, spans[1:])), timing
+    timing = Timing(tma=2, exp=3.5)              # 2 exp = 7 > g + rowmax + exp = 6
+    run = simulate(mma, correction, stages=2, n_steps=14, timing=timing)
+    spans = _exp_unit(run)
+    t0, t1 = spans[6].start, spans[-6].start     # the steady state: the unit never idles
+    assert sum(min(s.end, t1) - max(s.start, t0) for s in spans
+               if s.end > t0 and s.start < t1) == pytest.approx(t1 - t0)
+    assert steady_utilisation(run) == pytest.approx(4 / 7)        # not 4 / 6
 
 
 # ------------------------------------------------------------------ the engine, by hazard
@@ -302,6 +342,7 @@ def test_plot_schedule_draws_every_role_and_marks_a_hazard():
     assert len(fig.axes) == 2
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["load warp", "TMA (Q, K, V)", "MMA warp", "tensor core (tile 0, 1)",
-                      "softmax 0", "softmax 1", "correction", "epilogue warp"]
+                      "exp unit, MUFU (tile 0, 1)", "softmax 0", "softmax 1", "correction",
+                      "epilogue warp"]
     assert any(t.get_text().strip() == bad.error.kind for t in fig.axes[1].texts)
     assert "tensor core busy" in fig.axes[0].get_title(loc="left")

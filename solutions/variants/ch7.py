@@ -151,4 +151,25 @@ VARIANTS = (
     Variant('threads_not_whole_warpgroups', 'ch7_resources', (
         ('    threads = 32 * (-(-warps // 4) * 4) ', '    threads = 32 * warps '),
     ), expect='whole warpgroups'),
+    # the threads of the chapter's kernel, whatever the config: a correction of two warpgroups
+    # makes 20 warps
+    Variant('threads_hard_coded', 'ch7_resources', (
+        ('    threads = 32 * (-(-warps // 4) * 4) ', '    threads = 512 '),
+    ), expect='threads = 512, but the CTA has 640'),
+    # the kernel's .maxnreg, whatever the config: 640 threads start with 96
+    Variant('launch_registers_hard_coded', 'ch7_resources', (
+        ('launch_registers=launch,', 'launch_registers=128,'),
+    ), expect='launch_registers = 128, but every thread starts with 96'),
+    # 65,536 / 640 = 102 is not what a thread gets: registers come 8 at a time
+    Variant('launch_registers_not_rounded', 'ch7_resources', (
+        ('    launch = 65536 // threads // 8 * 8 ', '    launch = 65536 // threads '),
+    ), expect='launch_registers = 102'),
+    # the kernel's correction budget, whatever the requests: the example's 32 leave 96
+    Variant('correction_registers_hard_coded', 'ch7_resources', (
+        ('correction_registers=correction)', 'correction_registers=104)'),
+    ), expect='correction_registers = 104, but setmaxnreg gives the correction 96'),
+    # the rest shared by one warpgroup even when the correction has two
+    Variant('correction_shares_one_warpgroup', 'ch7_resources', (
+        ('rest // (32 * config.CORRECTION_WARPS) // 8 * 8', 'rest // 128 // 8 * 8'),
+    ), expect='shared by the correction\'s 256 threads'),
 )

@@ -182,7 +182,8 @@ _ARROWS = {
 
 
 def plot_roles():
-    """The warp roles as boxes (warps, registers) and the example's pipelines as arrows."""
+    """The warp roles as boxes (warps, registers) and the example's pipelines as arrows; the
+    SM's one exponential unit sits between the two softmax warpgroups that share it."""
     fig, ax = plt.subplots(figsize=(11, 4.6))
     roles = {r.name: r for r in ROLES}
     for name, (x, y) in _BOXES.items():
@@ -198,6 +199,11 @@ def plot_roles():
                                      arrowstyle="-|>", mutation_scale=12, color="0.25", lw=1.2))
         ax.text(lx, ly, f"{name} ({stages})", ha="center", va="center", fontsize=7.5,
                 color="0.1", bbox=dict(fc="white", ec="none", pad=0.5, alpha=0.85))
+    # the one exponential unit of the SM, which the two softmax warpgroups take turns on
+    ax.add_patch(FancyBboxPatch((6.3 - 0.8, 2.2), 1.6, 0.36, boxstyle="round,pad=0.03",
+                                fc="#fde8d7", ec="#c8773a", zorder=3))
+    ax.text(6.3, 2.38, "exp unit (MUFU): 1 per SM", ha="center", va="center", fontsize=7.5,
+            zorder=4)
     ax.text(12.6, 0.75, "warp 15: idle (completes the 4th warpgroup)\n"
             "registers: 2x128x192 + 128x96 + 128x32 = 65,536", ha="right", fontsize=8,
             color="0.3")

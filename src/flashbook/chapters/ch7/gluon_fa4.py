@@ -435,12 +435,18 @@ _SHORT = {"float16": "fp16", "bfloat16": "bf16"}
 def kernel_args(config: Config) -> dict:
     """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
     the ahead-of-time compile build the same kernel from this). ``num_warps`` is the default
-    partition's (the correction); Triton adds the workers' warps and computes ``.maxnreg``."""
+    partition's (the correction); Triton adds the workers' warps and computes ``.maxnreg``.
+    The correction is written for one warpgroup: ``CORRECTION_WARPS`` other than 4 is a what-if
+    of the planner only."""
+    if config.CORRECTION_WARPS != planner.PARTITION_WARPS[0][1]:
+        raise ValueError(f"kernel_args: CORRECTION_WARPS={config.CORRECTION_WARPS}, but the "
+                         "kernel's correction is written for one warpgroup (4 warps); other "
+                         "counts are what-ifs that only the planner answers.")
     return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
-                                CAUSAL=bool(config.CAUSAL), SOFTMAX_REGS=planner.SOFTMAX_REGS,
-                                SINGLE_WARP_REGS=planner.SINGLE_WARP_REGS),
-                options=dict(num_warps=planner.PARTITION_WARPS[0][1]))
+                                CAUSAL=bool(config.CAUSAL), SOFTMAX_REGS=config.SOFTMAX_REGS,
+                                SINGLE_WARP_REGS=config.SINGLE_WARP_REGS),
+                options=dict(num_warps=config.CORRECTION_WARPS))
 
 
 def tile_layout(rows: int, head_dim: int, dtype: str):

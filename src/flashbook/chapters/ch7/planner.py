@@ -36,15 +36,20 @@ column), alpha and the final row max and sum live inside S's columns (``tmem_map
 allocates the sum rounded up to a power of two (at least 32): ``metadata.tmem_size``, the
 operand of the PTX ``tcgen05.alloc``. d = 128: 2 x 128 + 2 x 128 = 512; d = 64: 384 -> 512.
 
-**Registers** (``register_budget``): the partitions have 4 (correction, the default
-partition), 4, 4 (the softmax warpgroups), 1, 1 and 1 warps (MMA, load, epilogue): 15, padded
-to whole warpgroups, 16 warps = 512 threads (``.reqntid 512``). The launch gives each thread
-65,536 / 512 = 128 registers (``.maxnreg 128``, what cuobjdump reports as REG); then
-``setmaxnreg`` moves them: the softmax warpgroups ask for 192, the single-warp roles for 24
-(their warpgroup shares one budget), and the correction gets the rest, ``(65,536 - 128 x (2 x
-192 + 24)) / 128`` rounded down to a multiple of 8 = 104. A softmax thread holds a whole row of
-S (``BLOCK_N`` fp32 registers) — the reason for its 192; the correction moves O through
-registers in 32-column chunks, so 104 are enough.
+**Registers** (``register_budget``): the partitions have ``CORRECTION_WARPS`` (4: the
+correction, the default partition), 4, 4 (the softmax warpgroups), 1, 1 and 1 warps (MMA, load,
+epilogue): 15, padded to whole warpgroups, 16 warps = 512 threads (``.reqntid 512``). The launch
+gives each thread 65,536 / 512 = 128 registers, rounded down to a multiple of 8 (``.maxnreg
+128``, what cuobjdump reports as REG); then ``setmaxnreg`` moves them: the softmax warpgroups
+ask for ``SOFTMAX_REGS`` (192), the single-warp roles for ``SINGLE_WARP_REGS`` (24; their
+warpgroup shares one budget), and the correction gets the rest, ``(65,536 - 128 x (2 x 192 +
+24)) / 128`` rounded down to a multiple of 8 = 104. A softmax thread holds a whole row of S
+(``BLOCK_N`` fp32 registers) — the reason for its 192; the correction moves O through registers
+in 32-column chunks, so 104 are enough. The two requests are constexprs of the kernel
+(``gluon_fa4.kernel_args``), and Triton's split follows the same rule for other values (192 and
+32 give the correction 96, 184 and 24 give it 120). ``CORRECTION_WARPS = 8`` (a correction
+warpgroup per Q tile) is a what-if this planner answers and the kernel does not build: 20 warps,
+640 threads, 96 registers at launch, 48 for a correction thread.
 """
 from __future__ import annotations
 
@@ -58,8 +63,8 @@ __all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED
            "TMEM_COLUMNS", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
            "PARTITION_WARPS", "tile_bytes", "smem_buffers", "warp_specialize_buffers", "place",
            "shared_memory_layout", "shared_memory", "tmem_map", "tmem_columns_used",
-           "tmem_columns", "warps", "threads", "register_budget", "feasible", "candidates",
-           "best", "COMPILED_PATH", "compiled_table", "compiled_entry", "compile_entry",
+           "tmem_columns", "partition_warps", "warps", "threads", "register_budget", "feasible",
+           "candidates", "best", "COMPILED_PATH", "compiled_table", "compiled_entry", "compile_entry",
            "check_resources", "resource_cases", "resources"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -70,7 +75,8 @@ REGISTERS_PER_SM = 65536
 SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
 SOFTMAX_REGS = 192                  # what the kernel asks setmaxnreg for, per softmax thread
 SINGLE_WARP_REGS = 24               # ... and for the MMA, load and epilogue warps
-# (role, warps): the default partition first, as gl.warp_specialize lists them
+# (role, warps) of the chapter's kernel: the default partition first, as gl.warp_specialize
+# lists them (``partition_warps`` gives a config's)
 PARTITION_WARPS = (("correction", 4), ("softmax 0", 4), ("softmax 1", 4), ("mma", 1),
                    ("load", 1), ("epilogue", 1))
 MBARRIER_BYTES = 8
@@ -91,6 +97,9 @@ class Config:
     CAUSAL: bool = False
     HEAD_DIM: int | None = None
     DTYPE: str | None = None   # "float16" or "bfloat16"
+    SOFTMAX_REGS: int = SOFTMAX_REGS          # setmaxnreg of each softmax warpgroup's threads
+    SINGLE_WARP_REGS: int = SINGLE_WARP_REGS  # ... of the MMA, load and epilogue warps
+    CORRECTION_WARPS: int = 4                 # the correction partition (the default one)
 
     def for_inputs(self, head_dim: int, dtype: str) -> "Config":
         return replace(self, HEAD_DIM=head_dim, DTYPE=dtype)
@@ -100,9 +109,17 @@ class Config:
             raise ValueError(f"planner: {self} needs HEAD_DIM and DTYPE (Config.for_inputs).")
         return self.HEAD_DIM, 2
 
+    def is_the_kernels_split(self) -> bool:
+        """True when the warps and register requests are the chapter kernel's defaults."""
+        return (self.SOFTMAX_REGS, self.SINGLE_WARP_REGS, self.CORRECTION_WARPS) == \
+            (SOFTMAX_REGS, SINGLE_WARP_REGS, PARTITION_WARPS[0][1])
+
     def describe(self) -> str:
+        extra = [f"{name}={getattr(self, name)}" for name in
+                 ("CORRECTION_WARPS", "SOFTMAX_REGS", "SINGLE_WARP_REGS")
+                 if getattr(self, name) != getattr(Config, name)]
         return (f"d={self.HEAD_DIM} {self.DTYPE}, BLOCK_N={self.BLOCK_N}, STAGES={self.STAGES}"
-                + (", causal" if self.CAUSAL else ""))
+                + (", causal" if self.CAUSAL else "") + "".join(f", {e}" for e in extra))
 
 
 @dataclass(frozen=True)
@@ -148,10 +165,16 @@ def _capture_bytes(config: Config) -> int:
     return 2 * 8 + 3 * 24 + 12 * 16 + 4 * 8 + 2 * 4 + (4 if config.CAUSAL else 0)
 
 
+def partition_warps(config: Config | None = None) -> tuple:
+    """(role, warps) of every partition, the default one (the correction) first."""
+    n = PARTITION_WARPS[0][1] if config is None else config.CORRECTION_WARPS
+    return (("correction", n),) + PARTITION_WARPS[1:]
+
+
 def warps(config: Config | None = None) -> int:
     """Warps of a CTA: the partitions' (15), padded to whole warpgroups (setmaxnreg works per
     warpgroup): 16."""
-    n = sum(w for _, w in PARTITION_WARPS)
+    n = sum(w for _, w in partition_warps(config))
     return -(-n // 4) * 4
 
 
@@ -163,7 +186,7 @@ def warp_specialize_buffers(config: Config) -> list[tuple[str, int, int]]:
     """What Triton adds for ``gl.warp_specialize``: the captured arguments and one state byte
     per worker warp (every warp but the default partition's 4)."""
     return [("captures", _capture_bytes(config), CAPTURE_ALIGN),
-            ("warp_states", warps(config) - PARTITION_WARPS[0][1], STATE_ALIGN)]
+            ("warp_states", warps(config) - partition_warps(config)[0][1], STATE_ALIGN)]
 
 
 def place(buffers: list) -> list[tuple[str, int, int]]:
@@ -225,14 +248,20 @@ def tmem_columns(config: Config) -> int:
 
 # ------------------------------------------------------------------------------ registers
 def register_budget(config: Config | None = None) -> dict:
-    """Registers per thread: ``launch`` (every thread at the start: ``.maxnreg``) and the
-    ``setmaxnreg`` budget of each role (multiples of 8 in [24, 256])."""
+    """Registers per thread: ``launch`` (every thread at the start: ``.maxnreg``, the SM's
+    registers shared by the CTA's threads, rounded down to a multiple of 8) and the
+    ``setmaxnreg`` budget of each role (multiples of 8 in [24, 256]): the softmax warpgroups' and
+    the single-warp roles' warpgroup's are the config's requests, the correction's is what they
+    leave, shared by its ``CORRECTION_WARPS`` warps."""
+    config = config or Config()
     launch = REGISTERS_PER_SM // threads(config) // 8 * 8
-    rest = REGISTERS_PER_SM - 128 * (2 * SOFTMAX_REGS + SINGLE_WARP_REGS)
-    correction = min(SETMAXNREG_MAX, rest // 128 // 8 * 8)
-    return dict(launch=launch, softmax=SOFTMAX_REGS, correction=correction,
-                single_warp=SINGLE_WARP_REGS,
-                total=128 * (2 * SOFTMAX_REGS + correction + SINGLE_WARP_REGS))
+    one_warp_groups = (warps(config) - config.CORRECTION_WARPS - 8) // 4
+    softmax, single = config.SOFTMAX_REGS, config.SINGLE_WARP_REGS
+    rest = REGISTERS_PER_SM - 128 * (2 * softmax + one_warp_groups * single)
+    correction = min(SETMAXNREG_MAX, rest // (32 * config.CORRECTION_WARPS) // 8 * 8)
+    return dict(launch=launch, softmax=softmax, correction=correction, single_warp=single,
+                total=128 * (2 * softmax + one_warp_groups * single)
+                + 32 * config.CORRECTION_WARPS * correction)
 
 
 # ------------------------------------------------------------------------------ feasibility
@@ -260,6 +289,14 @@ def feasible(config: Config, gpu: GPU = B200) -> Verdict:
         why.append(f"BLOCK_N={config.BLOCK_N}: 64 or 128 keys a tile")
     if config.STAGES < 1:
         why.append(f"STAGES={config.STAGES}: the rings need at least one slot")
+    if config.CORRECTION_WARPS < 4 or config.CORRECTION_WARPS % 4:
+        why.append(f"CORRECTION_WARPS={config.CORRECTION_WARPS}: setmaxnreg works per "
+                   "warpgroup, so the correction takes whole warpgroups")
+    for name in ("SOFTMAX_REGS", "SINGLE_WARP_REGS"):
+        regs = getattr(config, name)
+        if regs % 8 or not SETMAXNREG_MIN <= regs <= SETMAXNREG_MAX:
+            why.append(f"{name}={regs}: setmaxnreg takes a multiple of 8 from "
+                       f"{SETMAXNREG_MIN} to {SETMAXNREG_MAX}")
     if threads(config) > gpu.max_threads:
         why.append(f"{threads(config)} threads > {gpu.max_threads}")
     cols = tmem_columns_used(config)
@@ -272,9 +309,12 @@ def feasible(config: Config, gpu: GPU = B200) -> Verdict:
     budget = register_budget(config)
     if budget["total"] > gpu.regs_per_sm:
         why.append(f"registers {budget['total']} > {gpu.regs_per_sm} per SM")
-    if config.BLOCK_N + 32 > SOFTMAX_REGS:
+    if budget["correction"] < SETMAXNREG_MIN:
+        why.append(f"the correction's threads are left {budget['correction']} registers, "
+                   f"fewer than setmaxnreg's {SETMAXNREG_MIN}")
+    if config.BLOCK_N + 32 > config.SOFTMAX_REGS:
         why.append(f"a softmax thread holds a row of {config.BLOCK_N} fp32 scores plus ~32 "
-                   f"registers of bookkeeping: more than its {SOFTMAX_REGS}")
+                   f"registers of bookkeeping: more than its {config.SOFTMAX_REGS}")
     return Verdict(not why, tuple(why))
 
 
@@ -313,7 +353,10 @@ def _key(d, dtype, bn, stages, causal) -> tuple:
 
 
 def compiled_entry(config: Config, path: Path | str = COMPILED_PATH) -> dict | None:
-    """The stored compile of ``config``, or None."""
+    """The stored compile of ``config``, or None (the table holds the kernel's own split of
+    warps and registers only)."""
+    if not config.is_the_kernels_split():
+        return None
     key = _key(config.HEAD_DIM, config.DTYPE, config.BLOCK_N, config.STAGES, config.CAUSAL)
     for e in compiled_table(path)["configs"]:
         if _key(e["d"], e["dtype"], e["BLOCK_N"], e["STAGES"], e["causal"]) == key:
@@ -321,16 +364,18 @@ def compiled_entry(config: Config, path: Path | str = COMPILED_PATH) -> dict | N
     return None
 
 
-def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool) -> dict:
+def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool,
+                  **split) -> dict:
     """Compile the chapter's kernel (``gluon_fa4.compile_for_sm100``) for one config and read
     what it needs: ``metadata.shared``, ``metadata.tmem_size`` and ``metadata.num_warps``; from
     the PTX the ``tcgen05.alloc`` operand, ``.reqntid``, ``.maxnreg``, the ``setmaxnreg``
     values and the MMAs (SS: both operands in shared memory; TS: A in tensor memory); from the
     cubin (``cuobjdump``, bundled with Triton) the registers, the stack and the spill
-    instructions. Needs Triton with Gluon; no GPU."""
+    instructions. ``split``: other register requests (``SOFTMAX_REGS``, ``SINGLE_WARP_REGS``).
+    Needs Triton with Gluon; no GPU."""
     import re
     from . import gluon_fa4
-    c = Config(BLOCK_N=block_n, STAGES=stages, CAUSAL=causal).for_inputs(d, dtype)
+    c = Config(BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, **split).for_inputs(d, dtype)
     k = gluon_fa4.compile_for_sm100(c)
     ptx = k.asm["ptx"]
     md = k.metadata

@@ -1,38 +1,53 @@
 """Chapter 7, Exercise 5's graded check: the resources of the chapter's Blackwell kernel (shared
 memory byte-exact once placed as Triton places it, tensor-memory columns, threads, launch and
 correction registers), against the kernel compiled ahead of time for sm_100a
-(``planner.compiled_table``) and, for more configs, against ``planner``."""
+(``planner.compiled_table``) and, for more configs, against ``planner``. Some of those configs
+change the split of warps and registers (``WHAT_IFS``): the CuTe example's budgets, the softmax
+asking for less, a correction warpgroup per Q tile; without them threads and registers would be
+the same for every config, and a hard-coded answer would pass."""
 from __future__ import annotations
 
 
 from flashbook.check import CheckFailure, as_int, report, require_implemented
 
 from .planner import (BARRIER_ALIGN, PER_SLOT_BARRIERS, PER_TILE_BARRIERS, REGISTERS_PER_SM,
-                      SINGLE_WARP_REGS, SOFTMAX_REGS, TABLE_CONFIGS, TILE_ALIGN, Config,
-                      compiled_entry, compiled_table, place, register_budget, shared_memory,
-                      smem_buffers, threads, tile_bytes, tmem_columns, tmem_columns_used,
-                      warp_specialize_buffers)
+                      TABLE_CONFIGS, TILE_ALIGN, Config, compiled_entry, compiled_table, place,
+                      partition_warps, register_budget, shared_memory, smem_buffers, threads,
+                      tile_bytes, tmem_columns, tmem_columns_used, warp_specialize_buffers)
 
-__all__ = ["resource_cases", "check_resources", "resources"]
+__all__ = ["resource_cases", "check_resources", "resources", "WHAT_IFS"]
+
+# Splits of warps and registers other than the kernel's (192 / 104 / 24, 4 correction warps):
+# the CuTe example's requests (192 and 32: its correction gets 96), a softmax that asks for 184
+# (the correction gets 120; both compiled the same way by Triton), and a correction warpgroup
+# per Q tile (8 warps: 20 warps, 640 threads, 96 registers at launch, 48 a correction thread)
+WHAT_IFS = (dict(SINGLE_WARP_REGS=32), dict(CORRECTION_WARPS=8), dict(SOFTMAX_REGS=184),
+            dict(CORRECTION_WARPS=8, SOFTMAX_REGS=160, SINGLE_WARP_REGS=32))
 
 
 def resource_cases(hidden: bool = False) -> list[Config]:
     """Visible: the compiled table's configs (the student's figures are compared with the
-    compiled kernel's). Hidden: more configs, compared with this planner (byte-exact with the
-    compiled kernel wherever both exist)."""
+    compiled kernel's) and two what-ifs of the split, compared with this planner. Hidden: more
+    configs and every what-if on several shapes (the planner is byte-exact with the compiled
+    kernel wherever both exist)."""
     stored = [Config(BLOCK_N=bn, STAGES=st, CAUSAL=ca).for_inputs(d, dt)
               for d, dt, bn, st, ca in TABLE_CONFIGS]
+    visible = stored + [Config(**WHAT_IFS[0]).for_inputs(128, "float16"),
+                        Config(CAUSAL=True, **WHAT_IFS[1]).for_inputs(64, "bfloat16")]
     if not hidden:
-        return stored
+        return visible
     more = [Config(BLOCK_N=bn, STAGES=st, CAUSAL=ca).for_inputs(d, dt)
             for d in (64, 128) for dt in ("float16",) for bn in (64, 128) for st in (1, 2, 3, 4)
             for ca in (False, True)]
-    return stored + [c for c in more if c not in stored]
+    more += [Config(BLOCK_N=bn, STAGES=st, **split).for_inputs(d, "bfloat16")
+             for split in WHAT_IFS for d, bn, st in ((64, 64, 3), (128, 128, 1))]
+    return visible + [c for c in more if c not in visible]
 
 
 def _truth(config: Config) -> tuple[dict, str]:
     """What the kernel really needs: the compiled table's entry where there is one, else this
-    planner (checked byte-exact against every entry)."""
+    planner (checked byte-exact against every entry; for a what-if of the split of warps and
+    registers it is the only answer)."""
     e = compiled_entry(config)
     budget = register_budget(config)
     if e is not None:
@@ -43,7 +58,8 @@ def _truth(config: Config) -> tuple[dict, str]:
     return (dict(shared=shared_memory(config), tmem=tmem_columns(config),
                  threads=threads(config), launch=budget["launch"],
                  budgets={budget["correction"], budget["softmax"], budget["single_warp"]}),
-            "the planner (byte-exact with the compiled kernel)")
+            "the planner (byte-exact with the compiled kernel)" if config.is_the_kernels_split()
+            else "the planner, for this split of warps and registers")
 
 
 def _smem_hint(config: Config, sizes: list[int]) -> str:
@@ -115,34 +131,56 @@ def _check_case(resources, config: Config):
             hint += ", rounded up to a power of two (at least 32)."
         raise CheckFailure(f"{what}: tmem_columns = {cols}, but the kernel allocates "
                            f"{truth['tmem']} ({source}).{hint}")
+    _check_registers(got, config, what, truth, source)
+    return smem, cols
+
+
+def _check_registers(got: dict, config: Config, what: str, truth: dict, source: str):
+    """threads, launch_registers and correction_registers, each named when it is wrong."""
+    parts = partition_warps(config)
+    n_warps = sum(w for _, w in parts)
+
+    def where(field: str) -> str:                  # the PTX field, for the compiled kernel
+        return f"{source}: {field}" if source.startswith("the compiled") else source
     n_threads = as_int(got["threads"], f"{what}: threads")
     if n_threads != truth["threads"]:
         raise CheckFailure(
-            f"{what}: threads = {n_threads}, but the CTA has {truth['threads']} ({source}: "
-            f".reqntid). The partitions have 4 + 4 + 4 + 1 + 1 + 1 = 15 warps; setmaxnreg "
-            f"works per warpgroup, so Triton pads them to whole warpgroups (the example does the "
-            f"same with its idle 16th warp).")
+            f"{what}: threads = {n_threads}, but the CTA has {truth['threads']} "
+            f"({where('.reqntid')}). The partitions have " + " + ".join(str(w) for _, w in parts)
+            + f" = {n_warps} warps (CORRECTION_WARPS = {config.CORRECTION_WARPS} for the "
+            f"correction, 4 for each softmax warpgroup, 1 each for the MMA, load and epilogue "
+            f"warps); setmaxnreg works per warpgroup, so Triton pads them to whole warpgroups "
+            f"(the example does the same with its idle 16th warp): {truth['threads'] // 32} "
+            f"warps of 32 threads.")
     launch = as_int(got["launch_registers"], f"{what}: launch_registers")
     if launch != truth["launch"]:
+        hint = (f" Registers are allocated 8 at a time, and {launch} is not a multiple of 8."
+                if launch == REGISTERS_PER_SM // n_threads and launch % 8 else "")
         raise CheckFailure(
             f"{what}: launch_registers = {launch}, but every thread starts with "
-            f"{truth['launch']} ({source}: .maxnreg): the SM's {REGISTERS_PER_SM:,} registers "
-            f"shared by the CTA's {truth['threads']} threads.")
+            f"{truth['launch']} ({where('.maxnreg')}): the SM's {REGISTERS_PER_SM:,} registers "
+            f"shared by the CTA's {truth['threads']} threads, rounded down to a multiple of 8."
+            + hint)
     corr = as_int(got["correction_registers"], f"{what}: correction_registers")
-    want = register_budget(config)["correction"]
+    budget = register_budget(config)
+    want = budget["correction"]
     if corr != want or corr not in truth["budgets"]:
-        total = 128 * (2 * SOFTMAX_REGS + corr + SINGLE_WARP_REGS)
+        sm, one = config.SOFTMAX_REGS, config.SINGLE_WARP_REGS
+        n_corr = 32 * config.CORRECTION_WARPS
         msg = (f"{what}: correction_registers = {corr}, but setmaxnreg gives the correction "
-               f"warpgroup {want} ({source}: the setmaxnreg values are "
-               f"{sorted(truth['budgets'])}): what the two softmax warpgroups (192 each) and the "
-               f"warpgroup of the single-warp roles (24) leave of {REGISTERS_PER_SM:,}, per "
-               f"thread of 128, rounded down to a multiple of 8.")
+               f"{want} ({source}: the setmaxnreg values are {sorted(truth['budgets'])}): what "
+               f"the two softmax warpgroups (SOFTMAX_REGS = {sm} a thread) and the warpgroup of "
+               f"the single-warp roles (SINGLE_WARP_REGS = {one}) leave of "
+               f"{REGISTERS_PER_SM:,}, shared by the correction's {n_corr} threads "
+               f"(CORRECTION_WARPS = {config.CORRECTION_WARPS}), rounded down to a multiple "
+               f"of 8.")
+        total = 128 * (2 * sm + one) + n_corr * corr
         if total > REGISTERS_PER_SM:
-            msg += f" With {corr}: 128 x (2 x 192 + {corr} + 24) = {total:,}, too many."
+            msg += (f" With {corr}: 128 x (2 x {sm} + {one}) + {n_corr} x {corr} = "
+                    f"{total:,}, too many.")
         elif corr % 8:
             msg += f" setmaxnreg takes a multiple of 8, and {corr} is not."
         raise CheckFailure(msg)
-    return smem, cols
 
 
 def check_resources(kernel_resources, hidden: bool = False):

@@ -1,8 +1,9 @@
 """The engine of Chapter 7's five-role simulator: Chapter 6's event loop, barriers, deadlock
 and protocol checks (``flashbook.chapters.ch6.pipeline_engine.Engine``), with the five roles' actions
-plugged in: the tensor core as an in-order queue with commits, the TMA, timed work, and every
-access to a buffer checked for the hazards ``roles`` describes (read before ready, overwrite,
-race). ``RolePipeline.run`` is its entry."""
+plugged in: the tensor core as an in-order queue with commits, the SM's exponential unit (MUFU)
+as one resource both softmax warpgroups queue for, the TMA, timed work, and every access to a
+buffer checked for the hazards ``roles`` describes (read before ready, overwrite, race).
+``RolePipeline.run`` is its entry."""
 from __future__ import annotations
 
 from ..ch6 import pipeline as _ch6
@@ -66,6 +67,10 @@ class RoleEngine:
         self.tma_count = 0
         self.done: dict = {}
         self.issued: dict = {}
+        # the SM's exponential unit: one exp (a tile's exponentials) at a time, first come first
+        # served; the other softmax warpgroup's exp waits in the queue
+        self.exp_busy = None               # the softmax program holding it
+        self.exp_queue: list = []          # [(program, action, since), ...]
 
     # ----------------------------------------------------------------- running
     def run(self) -> RoleRun:
@@ -415,6 +420,24 @@ class RoleEngine:
 
     # ---------------------------------------------------------------- timed work
     def do_work(self, p, a: Work):
+        """Start ``a`` now, except an exp while the exponential unit works for the other
+        softmax warpgroup: then ``p`` queues for the unit and starts when it is free."""
+        p.state = "busy"
+        if a.kind == "exp" and self.exp_busy is not None:
+            self.exp_queue.append((p, a, self.core.now))
+            return
+        self.start_work(p, a)
+
+    def exp_unit_free(self):
+        """The exponential unit finished an exp: the longest-waiting softmax exp starts now."""
+        self.exp_busy = None
+        if self.exp_queue:
+            q, a, since = self.exp_queue.pop(0)
+            self.core.spans.append(Span(q.name, "exp wait", since, self.core.now, a.step,
+                                        note="the exponential unit"))
+            self.start_work(q, a)
+
+    def start_work(self, p, a: Work):
         core, now = self.core, self.core.now
         t, j, n = a.tile, a.step, self.n
         dur = {"rowmax": self.t.rowmax, "exp": self.t.exp, "rowsum": self.t.rowsum,
@@ -461,10 +484,15 @@ class RoleEngine:
         p.state = "busy"
         core.spans.append(Span(p.name, a.kind, now, now + dur, j if j is not None else None))
         self.done[(a.kind, t) + ((j,) if j is not None else ())] = (now, now + dur)
+        if a.kind == "exp":
+            self.exp_busy = p
+            core.spans.append(Span("exp unit", "exp", now, now + dur, j, lane=t))
 
         def end():
             for buf, x, _, new, need in plan:
                 self.complete(buf, x, new, need)
+            if a.kind == "exp":
+                self.exp_unit_free()
             self.core.resume(p)
         core.at(now + dur, end)
 

@@ -12,7 +12,10 @@ that talk only through mbarriers:
   on ``bar`` once every MMA issued before it has finished (``tcgen05.commit``);
 * two **softmax** warpgroups, one per Q tile ``t``: read S_t from TMEM, publish the row max
   (``rowmax``), then write ``P_t = exp2(S_t - m)`` **in place of S_t** (``exp``; P aliases S's
-  columns), and at the end the row sum (``rowsum``);
+  columns), and at the end the row sum (``rowsum``). The exponentials run on the SM's
+  special-function unit (MUFU), which both warpgroups share: it computes one tile's ``exp`` at
+  a time, so an exp that finds it working for the other tile waits (first come, first served;
+  the Gantt chart's row "exp unit" and the softmax rows' "exp wait");
 * the **correction** warpgroup rescales O_t in TMEM by ``exp2(m_old - m_new)`` between two PV
   MMAs (``rescale``) and, after the last one, normalises O_t into shared memory (``finish``);
 * the **epilogue warp** TMA-stores each normalised O tile (``store``).
@@ -61,7 +64,9 @@ class Timing:
     qk: float = 1.0           # S = Q K^T of one Q tile, on the tensor core
     pv: float = 1.0           # O += P V of one Q tile, on the tensor core
     rowmax: float = 0.5       # softmax: read S from TMEM, row max, publish it
-    exp: float = 1.5          # softmax: exp2, P to 16 bits, P stored in place of S
+    exp: float = 1.5          # softmax: exp2 of one tile on the SM's exponential unit (one
+    #                           tile at a time: the two softmax warpgroups share it), P to 16
+    #                           bits, P stored in place of S
     rescale: float = 1.0      # correction: O *= exp2(m_old - m_new), O through registers
     rowsum: float = 0.25      # softmax, after its last step: publish the row sum
     finish: float = 1.0       # correction: O / l into shared memory
@@ -87,9 +92,10 @@ def fa4_model(t: Timing) -> float:
     S_t and P_t share TMEM columns, so the next QK of a tile waits for its PV. While one tile
     waits for its softmax the tensor core runs the other tile's PV and QK (g), so a period lasts
     ``max(2g, g + rowmax + max(exp, rescale))``; the correction warpgroup rescales both tiles,
-    ``2 * rescale`` a period. Utilisation = 2g / period."""
+    ``2 * rescale`` a period, and the SM's one exponential unit computes both tiles'
+    exponentials, ``2 * exp`` a period. Utilisation = 2g / period."""
     g = t.g
-    period = max(2 * g, g + t.rowmax + max(t.exp, t.rescale), 2 * t.rescale)
+    period = max(2 * g, g + t.rowmax + max(t.exp, t.rescale), 2 * t.rescale, 2 * t.exp)
     return min(1.0, 2 * g / period)
 
 

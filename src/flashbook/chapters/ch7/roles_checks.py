@@ -18,8 +18,9 @@ warpgroups, the epilogue warp and the barriers (``roles.make_barriers``), and th
   deadlock, and every MMA, softmax step, rescale, finish and store done once;
 * with ``KV_STAGES`` slots the tensor core is busy, in the steady state, at least the model's
   ``fa4_model(timing)`` of the time: ``2g / max(2g, g + rowmax + max(exp, rescale),
-  2 rescale)``, which is exactly what the schedule reaches when nothing but the dependences of
-  the two Q tiles holds it back.
+  2 rescale, 2 exp)`` (the two softmax warpgroups share the SM's exponential unit), which is
+  exactly what the schedule reaches when nothing but the dependences of the two Q tiles and
+  the shared units hold it back.
 """
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def protocol_cases(hidden: bool = False) -> list[tuple[int, int, Timing]]:
 
 def utilisation_cases(hidden: bool = False) -> list[Timing]:
     """Timings whose TMA latency a 2-slot ring hides: g = s (100%), a long MMA (100%), a
-    rescale longer than the exp (88.9%); hidden: softmax-, correction- and MMA-bound ones."""
+    rescale longer than the exp (88.9%); hidden: two bound by the exponential unit the softmax
+    warpgroups share (57.1%, 75%), one by the correction (80%), and long MMAs with a long
+    softmax (100%)."""
     cases = [Timing(), Timing(tma=4, qk=2, pv=2, exp=1), Timing(exp=1, rescale=2)]
     if hidden:
         cases += [Timing(tma=2, exp=3.5), Timing(exp=0.5, rescale=2.5),
@@ -169,7 +172,7 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
             raise CheckFailure(
                 f"{what}: the tensor core was busy {u:.1%} of the steady state (t={t0:g}.."
                 f"{t1:g}), below the model's {want:.1%} = 2g / max(2g, g + rowmax + max(exp, "
-                f"rescale), 2 rescale) with g = qk + pv = {timing.g:g} (one Q tile alone "
+                f"rescale), 2 rescale, 2 exp) with g = qk + pv = {timing.g:g} (one Q tile alone "
                 f"would reach {serial_model(timing):.1%})."
                 + _diagnose_slow(run, t0, t1, KV_STAGES))
         shown = shown or (u, timing)
@@ -183,19 +186,21 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
 # ------------------------------------------------------------------------------ the picture
 
 _COLORS = {"QK": "#3a6ea5", "PV": "#2a9d8f", "rowmax": "#e9c46a", "exp": "#f4a261",
+           "exp wait": "#fbe3cf",
            "rowsum": "#e9c46a", "rescale": "#b5838d", "finish": "#6d597a", "store": "#8e7cc3",
            "load": "#8e7cc3", "wait": "#e3e3e3", "hazard": "#d62828"}
 _LEGEND = (("QK", "QK MMA (S = Q K^T into TMEM)"), ("PV", "PV MMA (O += P V, P from TMEM)"),
            ("rowmax", "softmax: row max"), ("exp", "softmax: exp2, P into TMEM"),
            ("rescale", "correction: rescale O in TMEM"), ("finish", "correction: O / l"),
-           ("load", "TMA load / store"), ("wait", "waiting on a barrier"))
-_ROWS = ("load warp", "TMA", "MMA warp", "tensor core", "softmax 0", "softmax 1", "correction",
-         "epilogue warp")
+           ("load", "TMA load / store"), ("wait", "waiting on a barrier"),
+           ("exp wait", "softmax: waiting for the exp unit"))
+_ROWS = ("load warp", "TMA", "MMA warp", "tensor core", "exp unit", "softmax 0", "softmax 1",
+         "correction", "epilogue warp")
 
 
 def plot_schedule(*runs: RoleRun, titles=None, t_max: float | None = None):
-    """One panel per run: a row per role, the TMA unit (lanes: Q, K, V) and the tensor core
-    (lanes: tile 0, tile 1). The MMA warp's row shows its waits; ▲ marks each MMA it issues.
+    """One panel per run: a row per role, the TMA unit (lanes: Q, K, V), the tensor core and
+    the SM's exponential unit (lanes: tile 0, tile 1; both run one tile's work at a time). The MMA warp's row shows its waits; ▲ marks each MMA it issues.
     A run stopped by a hazard is marked where it stopped. Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -204,9 +209,9 @@ def plot_schedule(*runs: RoleRun, titles=None, t_max: float | None = None):
         raise ValueError("plot_schedule needs at least one RoleRun")
     titles = list(titles) if titles is not None else [None] * len(runs)
     end = t_max if t_max is not None else max(r.end for r in runs) or 1.0
-    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 3.9 * len(runs) + 0.6), sharex=True,
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 4.3 * len(runs) + 0.6), sharex=True,
                              squeeze=False)
-    lanes = {"TMA": 3, "tensor core": 2}
+    lanes = {"TMA": 3, "tensor core": 2, "exp unit": 2}
     for ax, run, title in zip(axes[:, 0], runs, titles):
         y_of = {row: len(_ROWS) - 1 - i for i, row in enumerate(_ROWS)}
         for span in run.spans:
@@ -224,8 +229,9 @@ def plot_schedule(*runs: RoleRun, titles=None, t_max: float | None = None):
             color = _COLORS.get(span.kind, "#cccccc")
             ax.broken_barh([(span.start, width)], (y0 + 0.03 * h, 0.94 * h), facecolors=color,
                            edgecolors="white", linewidth=0.5,
-                           hatch="..." if span.kind == "wait" else None, zorder=2)
-            if span.kind in ("QK", "PV") and width > 0.02 * end:
+                           hatch="..." if span.kind in ("wait", "exp wait") else None,
+                           zorder=2)
+            if span.kind in ("QK", "PV") and width > 0.02 * end and span.end <= end:
                 ax.text(span.start + width / 2, y0 + h / 2, f"{span.kind}{span.lane}"
                         f"({span.step})", ha="center", va="center", fontsize=5.5,
                         color="white", zorder=4)
@@ -234,8 +240,8 @@ def plot_schedule(*runs: RoleRun, titles=None, t_max: float | None = None):
                        zorder=5)
             ax.text(run.error.time, len(_ROWS) - 0.45, f" {run.error.kind}",
                     color=_COLORS["hazard"], fontsize=8, va="bottom", ha="left")
-        labels = ["TMA (Q, K, V)" if r == "TMA" else "tensor core (tile 0, 1)"
-                  if r == "tensor core" else r for r in _ROWS]
+        labels = [{"TMA": "TMA (Q, K, V)", "tensor core": "tensor core (tile 0, 1)",
+                   "exp unit": "exp unit, MUFU (tile 0, 1)"}.get(r, r) for r in _ROWS]
         ax.set_yticks([y_of[r] for r in _ROWS], labels)
         ax.set_ylim(-0.6, len(_ROWS) - 0.4)
         ax.set_xlim(0, end)
@@ -249,7 +255,8 @@ def plot_schedule(*runs: RoleRun, titles=None, t_max: float | None = None):
         ax.set_title(title, fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("simulated time (time units)")
     handles = [Patch(facecolor=_COLORS[k], edgecolor="white",
-                     hatch="..." if k == "wait" else None, label=text) for k, text in _LEGEND]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+                     hatch="..." if k in ("wait", "exp wait") else None, label=text)
+               for k, text in _LEGEND]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.07 if len(runs) == 1 else 0.04, 1, 1))
     return fig
