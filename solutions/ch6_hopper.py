@@ -220,7 +220,9 @@ except ImportError:
 # slots and 8 tiles (slots refilled once or twice); the hidden tests add a 2-slot ring, one
 # consumer, fewer tiles than slots, and other depths. A failure names the two racing accesses (your line and the
 # consumer's), the barrier that was misused, or the waits that were pending when the kernel
-# hung.
+# hung. It also reads the order in which your producer issued its copies and waits: the copy of
+# tile `i` may wait for the release of tile `i - stages`, never a later one, so a producer that
+# waits for each tile's release before copying the next (one tile in flight) loses the points.
 
 # %% nbgrader={"grade": false, "grade_id": "ch6_ring_producer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kv_producer(kv_gmem, ring, full, consumed, *, stages: int, steps: int, block: int):
@@ -319,11 +321,14 @@ ring_checks.check_kv_ring(kv_producer, hidden=True)
 #
 # The checks run your schedule for rings of 2 to 4 slots and 1 to 9 steps, with ping-pong, with
 # two consumers and no ping-pong, and with one consumer: no hazard, no deadlock, and every step
-# loaded once and consumed once by each consumer. Then they measure the tensor cores in the
-# steady state, leaving out the pipeline's fill and drain. With per-step GEMM time `g = qk + pv`
-# and softmax time `s`, a single warpgroup keeps them busy `g / (g + s)` of the time; two taking
-# turns fill one's softmax with the other's GEMMs, one period lasts `max(2g, g + s)` and the
-# tensor cores are busy `min(1, 2g / (g + s))` of it: at `g = s`, 100% against 50%.
+# loaded once and consumed once by each consumer. 2a's check runs your barriers and producer
+# with consumers of its own (each takes whole steps in turn), so 2a earns its points whether or
+# not 2b is done; 2b's check runs the same cases with your consumer. Then it measures the
+# tensor cores in the steady state, leaving out the pipeline's fill and drain. With per-step
+# GEMM time `g = qk + pv` and softmax time `s`, a single warpgroup keeps them busy
+# `g / (g + s)` of the time; two taking turns fill one's softmax with the other's GEMMs, one
+# period lasts `max(2g, g + s)` and the tensor cores are busy `min(1, 2g / (g + s))` of it: at
+# `g = s`, 100% against 50%.
 
 # %%
 from flashbook.chapters.ch6.pipeline import Timing, simulate
@@ -378,9 +383,9 @@ def consumer(pipe, wg, full, consumed, turn=None):
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ch6_pipeline_ring_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-check_ring_protocol(make_barriers, producer, consumer)
+check_ring_protocol(make_barriers, producer)
 ### BEGIN HIDDEN TESTS
-check_ring_protocol(make_barriers, producer, consumer, hidden=True)
+check_ring_protocol(make_barriers, producer, hidden=True)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "ch6_pipeline_pingpong_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -711,7 +716,10 @@ except ImportError:
 # The hidden tests add 2 steps, causal masks, d = 128, 3-slot rings and 128-key tiles. A wrong O is
 # compared with what the classic online-softmax mistakes give, and the message says which one
 # it matches; a race names your line and the producer's; a hang lists the waits that never
-# complete.
+# complete. Two things the values cannot show are checked as well: the fence (in the traced
+# kernel, a `plgpu.commit_smem()` must stand between your store of P and the wgmma that reads
+# it), and the ping-pong (from the order of the interpreter's barrier events, each warpgroup's
+# GEMM block must wait, on the schedule barrier, for the other's previous one).
 
 # %% nbgrader={"grade": false, "grade_id": "ch6_fa3_consumer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def fa3_consumer(wg, q_smem, p_smem, kT_ring, v_ring, k_full, v_full, k_consumed, v_consumed,

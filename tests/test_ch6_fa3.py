@@ -7,12 +7,15 @@ The solution passing and each known-wrong consumer losing points are the chapter
 tests (tests/test_chapters.py: a read of K before its barrier and a release of V before the
 wgmma's wait are reported as data races there); these test what is this exercise's own: the
 float64 simulation of the kernel's arithmetic agrees with the reference and tells the classic
-bugs apart, and ``run_fa3`` in interpret mode returns a natural-log LSE (slow).
+bugs apart, ``run_fa3`` in interpret mode returns a natural-log LSE (slow), and the two checks
+that right values cannot pass read their inputs as they should (the ping-pong from an order log,
+the fence from the traced kernel's unfenced reads).
 """
 from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import linecache
 
 import numpy as np
@@ -146,3 +149,48 @@ def test_run_fa3_in_interpret_mode_returns_natural_log_lse():
     want_o, want_lse = fa3_pallas.reference(q[0, 0], k[0, 0], v[0, 0], causal=True)
     assert np.abs(o[0, 0] - want_o).max() < 2e-3
     assert np.abs(lse[0, 0] - want_lse).max() < 1e-3
+
+
+# ------------------------------------------------- the schedule and the fence, from the logs
+
+def _consumer_log(wg: int, steps: int, pingpong: bool = True) -> list[dict]:
+    """A consumer's entries of an order log, as the solution makes them: its wgmmas and, with
+    ``pingpong``, its arrivals and waits on the schedule barrier (the n-th of each counts
+    towards, or observed, completion n: both warpgroups arrive equally often)."""
+    log, count = [], {"arrive": 0, "wait": 0}
+
+    def on_schedule(*ops):
+        for op in ops if pingpong else ():
+            count[op] += 1
+            log.append(dict(op=op, thread=wg, barrier="schedule", phase=count[op]))
+
+    if wg == 1:
+        on_schedule("arrive", "wait")
+    for _ in range(steps):
+        log.append(dict(op="mma", thread=wg, a="q_smem", b="kT_ring"))
+        on_schedule("arrive", "wait")                 # the rendezvous, while QK^T runs
+        on_schedule("arrive", "wait")                 # softmax done; my turn
+        log.append(dict(op="mma", thread=wg, a="p_smem", b="v_ring"))
+    if wg == 0:
+        on_schedule("arrive", "wait")
+    return log
+
+
+def test_the_gemm_blocks_must_take_turns_on_the_schedule_barrier():
+    case = fa3_checks.fa3_cases()[0]
+    fa3_checks._pingpong(case, {"order": _consumer_log(0, 6) + _consumer_log(1, 6)})
+    fa3_checks._pingpong(case, {"order": None})               # no log (another JAX): skipped
+    lockstep = _consumer_log(0, 6, False) + _consumer_log(1, 6, False)
+    with pytest.raises(CheckFailure, match="do not take turns") as e:
+        fa3_checks._pingpong(case, {"order": lockstep})
+    assert "Consumer warpgroup 1 issued its first GEMM block" in str(e.value)
+
+
+def test_a_missing_fence_names_the_store_and_the_read():
+    case = fa3_checks.fa3_cases()[0]
+    fa3_checks._fence(case, {"unfenced": "[]"})
+    site = dict(file="<nowhere>", line=3, function="f")
+    with pytest.raises(CheckFailure, match="the proxy fence is missing") as e:
+        fa3_checks._fence(case, {"unfenced": json.dumps(
+            [dict(store=site, read=dict(site, line=5), what="wgmma_ref")]), "shipped": []})
+    assert "the wgmma at" in str(e.value) and "plgpu.commit_smem()" in str(e.value)

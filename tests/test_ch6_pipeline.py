@@ -71,11 +71,12 @@ def schedule(ring: str = RING_CELL, consumer: str = CONSUMER_CELL) -> tuple:
 
 
 def first_failure(fns) -> CheckFailure | None:
-    """Run the two graded cells' checks (visible, then hidden) as the autograder would."""
-    for check in (check_ring_protocol, check_pingpong):
+    """Run the two graded cells' checks (visible, then hidden) as the autograder would: 2a's
+    on make_barriers and producer, 2b's on all three."""
+    for check, args in ((check_ring_protocol, fns[:2]), (check_pingpong, fns)):
         for hidden in (False, True):
             try:
-                check(*fns, hidden=hidden)
+                check(*args, hidden=hidden)
             except CheckFailure as e:
                 return e
     return None
@@ -102,11 +103,25 @@ def test_stubs_fail_as_not_implemented():
     ring, consumer = (cell.split("    ### BEGIN SOLUTION\n")[0] + stub
                       for cell in (RING_CELL.split("\n\n\ndef producer")[0], CONSUMER_CELL))
     ring += "\n\ndef producer(pipe, full, consumed):\n" + stub
-    for check in (check_ring_protocol, check_pingpong):
-        with pytest.raises(CheckFailure, match="make_barriers: not implemented"):
-            check(*schedule(ring, consumer))
+    with pytest.raises(CheckFailure, match="make_barriers: not implemented"):
+        check_ring_protocol(*schedule(ring, consumer)[:2])
+    with pytest.raises(CheckFailure, match="make_barriers: not implemented"):
+        check_pingpong(*schedule(ring, consumer))
     with pytest.raises(CheckFailure, match="consumer: not implemented"):
-        check_ring_protocol(*schedule(RING_CELL, consumer))
+        check_pingpong(*schedule(RING_CELL, consumer))
+
+
+def test_a_finished_ring_earns_its_points_with_the_consumer_still_a_stub(capsys):
+    """2a is graded with the check's own consumers: a student who has done 2a but not 2b
+    keeps 2a's points (and 2b's check says what is missing)."""
+    stub = "    # YOUR CODE HERE\n    raise NotImplementedError()\n"
+    consumer = CONSUMER_CELL.split("    ### BEGIN SOLUTION\n")[0] + stub
+    make_barriers, producer, stubbed = schedule(RING_CELL, consumer)
+    check_ring_protocol(make_barriers, producer)
+    check_ring_protocol(make_barriers, producer, hidden=True)
+    assert "PASSED pipeline ring protocol" in capsys.readouterr().out
+    with pytest.raises(CheckFailure, match="consumer: not implemented"):
+        check_pingpong(make_barriers, producer, stubbed)
 
 
 @pytest.mark.parametrize("name, cell, old, new, expect", VARIANTS, ids=[v[0] for v in VARIANTS])
@@ -123,14 +138,14 @@ def test_known_wrong_variant_fails_for_its_reason(name, cell, old, new, expect):
     assert expect in message, message
     assert not any(c in message for c in CRASH), message
     if name == "no_pingpong":      # the ring itself is right: only the utilisation check fails
-        check_ring_protocol(*fns, hidden=True)
+        check_ring_protocol(*fns[:2], hidden=True)
         assert "66.7%" in message and "100.0%" in message
 
 
 def test_hardcoded_two_arrivals_deadlock_with_one_consumer_and_say_so():
     fns = schedule(RING_CELL.replace("arrivals=pipe.consumers)", "arrivals=2)"))
     with pytest.raises(CheckFailure, match=r"(?s)one consumer.*deadlock.*pipe\.consumers arrivals"):
-        check_ring_protocol(*fns)
+        check_ring_protocol(*fns[:2])
 
 
 # ---------------------------------------------------------------- the utilisation model

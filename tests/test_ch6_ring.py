@@ -5,8 +5,8 @@ and a deadlock detector, the race detector on.
 The solution passing and each known-wrong producer losing points are the chapter contract's
 tests (tests/test_chapters.py); these test the harness: a race report names both lines, a
 consumer that reads before its barrier is caught, a hang becomes a failed check within the
-time limit even with the deadlock detector off, an error names the student's line, and without
-JAX the check says how to install it.
+time limit even with the deadlock detector off, an error names the student's line, without
+JAX the check says how to install it, and the prefetch check reads the producer's order log.
 """
 from __future__ import annotations
 
@@ -172,3 +172,33 @@ def test_reference_is_the_weighted_sum():
     assert np.array_equal(out[0], tiles[0] + 2 * tiles[1] + 3 * tiles[2])
     assert np.array_equal(out[1], tiles[0] + 3 * tiles[1] + 5 * tiles[2])
 
+
+
+# ------------------------------------------------------------- the producer's order
+
+def _producer_log(stages: int, steps: int, prefetch: bool = True) -> list[dict]:
+    """The producer's entries of an order log: its waits on consumed and its copies (arrivals
+    on full), in its program order; ``prefetch=False`` waits for each tile's release right
+    after copying it."""
+    log = []
+    for i in range(steps):
+        slot, copy = i % stages, dict(op="arrive", thread=2, barrier=f"full[{i % stages}]",
+                                      phase=i // stages + 1)
+        release = dict(op="wait", thread=2, barrier=f"consumed[{slot}]")
+        if prefetch:
+            if i >= stages:
+                log.append(dict(release, phase=(i - stages) // stages + 1))
+            log.append(copy)
+        else:
+            log += [copy, dict(release, phase=i // stages + 1)]
+    return log
+
+
+def test_a_producer_that_waits_after_each_copy_did_not_prefetch():
+    case = ring_checks.RingCase(3, 8)
+    ring_checks._prefetch(case, {"order": _producer_log(3, 8)})
+    ring_checks._prefetch(case, {"order": None})              # no log (another JAX): skipped
+    with pytest.raises(CheckFailure, match="the producer did not prefetch") as e:
+        ring_checks._prefetch(case, {"order": _producer_log(3, 8, prefetch=False)})
+    assert "copy of tile 1 only after waiting for the consumers to release tile 0" in \
+        str(e.value)

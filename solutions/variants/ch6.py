@@ -27,6 +27,17 @@ VARIANTS = (
     Variant('ring_copy_signals_wrong_barrier', 'ch6_ring_producer', (
         ('ring.at[slot], full.at[slot])', 'ring.at[slot], full.at[lax.rem(step + 1, stages)])'),
     ), expect='data race'),
+    # no prefetch: copy a tile, then wait for its release before the next copy. Race-free and
+    # exact, but the ring never holds more than one tile in flight; the order log shows it
+    Variant('ring_waits_after_each_copy', 'ch6_ring_producer', (
+        ('        @pl.when(step >= stages)                       # the slot still holds tile step - stages:\n'
+         '        def _wait_for_release():                       # wait until every consumer is done\n'
+         '            plgpu.barrier_wait(consumed.at[slot])\n\n', ''),
+        ('ring.at[slot], full.at[slot])\n',
+         'ring.at[slot], full.at[slot])\n        plgpu.barrier_wait(consumed.at[slot])\n'),
+        ('    for step in range(max(0, steps - stages), steps):\n'
+         '        plgpu.barrier_wait(consumed.at[step % stages])\n', ''),
+    ), expect='the producer did not prefetch'),
     # a protocol-perfect ring that loads the wrong rows: exact sums catch it
     Variant('ring_loads_wrong_tile', 'ch6_ring_producer', (
         ('pl.ds(step * block, block)', 'pl.ds(slot * block, block)'),
@@ -126,6 +137,25 @@ VARIANTS = (
     Variant('fa3_unbalanced_schedule', 'ch6_fa3_consumer', (
         ('    pl.when(wg == 0)(schedule_barrier)', '    pass'),
     ), expect='deadlock'),
+    # no ping-pong at all: every use of the schedule barrier deleted. Right values, no race, no
+    # hang; the order log shows that the two consumers issue their GEMMs without taking turns
+    Variant('fa3_no_pingpong', 'ch6_fa3_consumer', (
+        ('    pl.when(wg == 1)(schedule_barrier)             # warpgroup 1 starts half a step '
+         'behind\n', ''),
+        ("            schedule_barrier()                     # the other's softmax ends while "
+         "it runs\n", ''),
+        ('        plgpu.barrier_arrive(schedule)             # my softmax is done\n', ''),
+        ('        plgpu.barrier_wait(schedule)               # the other has issued its GEMMs: '
+         'my turn\n', ''),
+        ("    pl.when(wg == 0)(schedule_barrier)             # balance warpgroup 1's extra "
+         "rendezvous\n", ''),
+    ), expect='do not take turns'),
+    # P stored to SMEM and multiplied with no proxy fence: right values in the interpreter (one
+    # proxy), a stale P sometimes on a GPU; the traced kernel shows the missing commit_smem
+    Variant('fa3_no_commit_smem', 'ch6_fa3_consumer', (
+        ('        plgpu.commit_smem()                        # visible to the wgmma that reads it\n',
+         ''),
+    ), expect='the proxy fence is missing'),
     # O returned unnormalised: off by the factor l of each row
     Variant('fa3_no_normalisation', 'ch6_fa3_consumer', (
         ('return acc / l[:, None],', 'return acc,'),

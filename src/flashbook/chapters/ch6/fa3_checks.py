@@ -9,11 +9,16 @@ producer. The kernel's O must be within fp16 tolerance of a float64 reference, a
 reference, the book's convention) within 1e-3; the run must be free of data races, barrier
 misuse and hangs (unbalanced schedule barriers deadlock, and the watchdog reports the waits).
 A wrong O is compared with what the classic online-softmax mistakes produce (the same tiles,
-in float64), and the message names the one it matches.
+in float64), and the message names the one it matches. Two things right values cannot show are
+checked too: the proxy fence (``interpret_child.unfenced_reads`` of the traced kernel: no
+wgmma may read P from SMEM after its register stores without a ``commit_smem`` between) and
+the ping-pong itself (``_pingpong``, from the interpreter's order log: the two consumers' GEMM
+blocks must take turns through the schedule barrier).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -232,7 +237,81 @@ def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None 
                                  stall=stall)
     for case, call, out in zip(cases, calls, outs):
         _compare(case, call, out)
+        _fence(case, out)
+        _pingpong(case, out)
     tracked = all(bool(o.get("wgmma_reads_checked", False)) for o in outs if o)
     report(f"{TITLE} (Pallas Mosaic GPU, interpret mode, race detector on)", len(cases),
            "" if tracked else " (with this JAX the race detector does not see what a wgmma "
            f"reads: tested with JAX {interpret.JAX_VERSION})", hidden=hidden)
+
+
+# ----------------------------------------------------------- what right values cannot show
+
+def _fence(case: Fa3Case, out: dict):
+    """A register store to SMEM that a wgmma (or the TMA) then reads needs ``commit_smem``
+    between the two (``interpret_child.unfenced_reads``, on the traced kernel)."""
+    unfenced = json.loads(str(out.get("unfenced", "[]")))
+    if not unfenced:
+        return
+    u, shipped = unfenced[0], out.get("shipped", [])
+    reader = "the wgmma" if u["what"] == "wgmma_ref" else "the TMA store"
+    raise CheckFailure(
+        f"{TITLE}, case {case.describe()}: the proxy fence is missing. Registers wrote SMEM at "
+        f"{interpret.where(u['store'], shipped)}, and {reader} at "
+        f"{interpret.where(u['read'], shipped)} reads it with no `plgpu.commit_smem()` between. "
+        f"Register stores go to SMEM through the generic proxy, while wgmma and the TMA read "
+        f"it through the async proxy; without the fence (fence.proxy.async) the tensor cores "
+        f"may read P before the stores are visible to them, and multiply stale or half-written "
+        f"values: a wrong O, only sometimes, on a GPU (the interpreter has one proxy and cannot "
+        f"show it). Call `plgpu.commit_smem()` after `p_smem[...] = ...`, before the PV wgmma.")
+
+
+def _blocks(n: int) -> list[list[int]]:
+    """GEMM block j of a consumer, as indices into its wgmma issues (QK0, PV0, QK1, PV1, ...):
+    the PV GEMM of step j - 1, then the QK^T GEMM of step j."""
+    return [[i for i in (2 * j - 1, 2 * j) if 0 <= i < 2 * n] for j in range(n + 1)]
+
+
+def _block_name(j: int, n: int) -> str:
+    if j == 0:
+        return "its first GEMM block (the QK^T of step 0)"
+    if j == n:
+        return f"its last GEMM block (the PV of step {n - 1})"
+    return f"GEMM block {j} (the PV of step {j - 1} and the QK^T of step {j})"
+
+
+def _pingpong(case: Fa3Case, out: dict):
+    """The two consumers' GEMM blocks take turns through the schedule barrier: warpgroup 1's
+    block j follows warpgroup 0's block j, and warpgroup 0's block j + 1 follows warpgroup
+    1's block j. "Follows" is read from the order log, in each warpgroup's program order: X's
+    issue follows Y's issue when, before it, X waited on the schedule barrier for a completion
+    that an arrival of Y made after its issue counts towards. Skipped without a log."""
+    order = out.get("order")
+    if order is None:
+        return
+    logs = {wg: [e for e in order if e.get("thread") == wg and
+                 (e["op"] == "mma" or e.get("barrier") == "schedule")] for wg in (0, 1)}
+    mmas = {wg: [i for i, e in enumerate(log) if e["op"] == "mma"] for wg, log in logs.items()}
+    if len(mmas[0]) != len(mmas[1]) or len(mmas[0]) % 2:
+        return                       # not one QK^T and one PV per step: the values show it
+
+    def waited(wg, pos):             # the latest schedule completion wg waited for before pos
+        return max([e["phase"] for e in logs[wg][:pos] if e["op"] == "wait"], default=0)
+
+    def follows(x, ex, y, ey):       # x's wgmma number ex follows y's wgmma number ey
+        after = [e["phase"] for e in logs[y][mmas[y][ey] + 1:] if e["op"] == "arrive"]
+        return bool(after) and after[0] <= waited(x, mmas[x][ex])
+
+    n = len(mmas[0]) // 2
+    blocks = _blocks(n)
+    for j in range(n + 1):          # wg1's block j after wg0's; wg0's block j after wg1's j - 1
+        for x, y, jy in ((1, 0, j), (0, 1, j - 1)) if j else ((1, 0, 0),):
+            if not follows(x, blocks[j][0], y, blocks[jy][-1]):
+                raise CheckFailure(
+                    f"{TITLE}, case {case.describe()}: the consumers' GEMMs do not take turns. "
+                    f"Consumer warpgroup {x} issued {_block_name(j, n)} without waiting, on "
+                    f"the schedule barrier, for warpgroup {y} to issue {_block_name(jy, n)}. "
+                    f"Without the turns the two warpgroups issue their GEMMs together, share "
+                    f"the tensor cores at half speed each, and then both run their softmax "
+                    f"while the tensor cores idle (Exercise 2b's lockstep); with them, one "
+                    f"warpgroup's softmax hides the other's GEMMs. {_RULES}")

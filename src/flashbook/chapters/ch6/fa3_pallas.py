@@ -32,6 +32,7 @@ JAX is imported inside the functions: the module imports without it.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -220,12 +221,15 @@ def run_fa3_interpret(consumer, q, kT, v, *, causal: bool = False, stages: int =
                       tma_threads: int = 4, producer=None) -> dict:
     """The check's target (run in the child process by ``interpret.run``): one CTA, inputs
     ``q (1,1,128,d)``, ``kT (1,1,d,N_k)``, ``v (1,1,N_k,d)`` fp16 NumPy arrays; returns
-    ``{"o": (1,1,128,d) fp16, "lse2": (1,1,128) float32, base 2, "wgmma_reads_checked": bool}``
-    (whether ``track_wgmma_reads`` could be installed in this JAX)."""
+    ``{"o": (1,1,128,d) fp16, "lse2": (1,1,128) float32, base 2, "wgmma_reads_checked": bool,
+    "unfenced": JSON}``: whether ``track_wgmma_reads`` could be installed in this JAX, and
+    ``interpret_child.unfenced_reads`` of the traced kernel (register stores to SMEM that a
+    wgmma or the TMA reads with no ``commit_smem`` between)."""
     import jax
     import jax.numpy as jnp
 
     from . import interpret
+    from .interpret_child import unfenced_reads
 
     share_thread_compiles()
     tracked = track_wgmma_reads() if detect_races else False
@@ -235,9 +239,12 @@ def run_fa3_interpret(consumer, q, kT, v, *, causal: bool = False, stages: int =
                     dtype=q.dtype, producer=producer,
                     interpret=interpret.params(CONSUMERS + 1, detect_races=detect_races,
                                                tma_threads=tma_threads))
-    o, lse2 = jax.block_until_ready(fn(*(jnp.asarray(x) for x in (q, kT, v))))
+    args = [jnp.asarray(x) for x in (q, kT, v)]
+    unfenced = unfenced_reads(jax.make_jaxpr(fn)(*args))     # statically: the traced kernel
+    o, lse2 = jax.block_until_ready(fn(*args))
     return {"o": np.asarray(o), "lse2": np.asarray(lse2),
-            "wgmma_reads_checked": np.asarray(tracked)}
+            "wgmma_reads_checked": np.asarray(tracked),
+            "unfenced": np.asarray(json.dumps(unfenced))}
 
 
 _SHARING = False

@@ -63,7 +63,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["JAX_VERSION", "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL",
-           "jax_problem", "require_jax", "params", "Call", "Run", "run", "failure", "run_checked"]
+           "jax_problem", "require_jax", "params", "Call", "Run", "run", "failure", "run_checked",
+           "where"]
 
 # Which JAX works, stated once: the chapter's setup cell prints JAX_VERSIONS (ch6/jax_setup.py),
 # the checks' errors quote it, pyproject's `hopper` extra and CI's pins hold JAX_VERSION.
@@ -159,7 +160,8 @@ class Call:
 class Run:
     """What came back from a job."""
     status: str   # ok | failed | stalled | timeout | killed | died | no-jax | source-error
-    calls: list              # per call: dict(outputs=..., races=[...], elapsed=..., done=bool)
+    calls: list              # per call: dict(outputs=..., races=[...], elapsed=..., done=bool,
+                             # order=the order log, ``interpret_child.ORDER_DOC``, or None)
     problems: list           # barrier misuse the interpreter raised (dicts)
     pending: list            # barrier waits pending when the kernel stopped making progress
     error: dict | None       # an exception that ended a call (type, message, frames, text)
@@ -265,7 +267,8 @@ def _collect(job_dir: Path, calls, shipped, killed: bool, wall: float, limit: fl
             problems.append(e)
         elif kind == "done":
             i = e["call"]
-            results[i].update(elapsed=e["elapsed"], done=True, racy=e.get("races", False))
+            results[i].update(elapsed=e["elapsed"], done=True, racy=e.get("races", False),
+                              order=e.get("order"))
             f = job_dir / f"out{i}.npz"
             if f.exists():
                 with np.load(f) as z:
@@ -450,7 +453,9 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
 def run_checked(target: str, functions: dict, calls: Sequence[Call], *, title: str,
                 hint: str | Callable[[Run], str] = "", **kw) -> list[dict]:
     """``run``, then raise CheckFailure naming the call that failed; returns each call's
-    outputs."""
+    outputs, with its order log under ``"order"`` (None where this JAX's barriers could not be
+    instrumented; see ``interpret_child.ORDER_DOC``) and the job's shipped functions under
+    ``"shipped"`` (for ``where``)."""
     require_jax(title)
     result = run(target, functions, calls, **kw)
     i = result.failed_call
@@ -460,7 +465,13 @@ def run_checked(target: str, functions: dict, calls: Sequence[Call], *, title: s
         label = f", case {call.label}" if call is not None and result.failed_call is not None \
             else ""
         _fail(f"{title}{label}: {message}")
-    return [c["outputs"] for c in result.calls]
+    return [dict(c["outputs"] or {}, order=c.get("order"), shipped=result.shipped)
+            for c in result.calls]
+
+
+def where(site: dict | None, shipped: Sequence[Shipped]) -> str:
+    """A source line as the messages name it: 'line 7 of your `kv_producer`: `...`'."""
+    return _where(site, shipped)
 
 
 def _bare_packages():

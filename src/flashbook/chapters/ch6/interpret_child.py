@@ -2,10 +2,15 @@
 student's functions from their source, instruments JAX's interpret mode (every barrier wait and
 arrival, the race detector's reports), runs the target's calls and writes one event a line to
 ``EVENTS``; a watchdog reports a stall (every warpgroup blocked) with the pending barrier waits.
+Each call's ``done`` event carries its *order log*: every warpgroup's barrier waits and arrivals
+and wgmma issues in program order, for checks of the schedule itself (``ORDER_DOC``).
+``unfenced_reads`` finds, in a traced kernel, SMEM that registers wrote and that the TMA or a
+wgmma reads with no ``commit_smem`` between.
 Imported through bare packages (no torch): ``python interpret.py JOBDIR`` or the zygote.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import itertools
@@ -23,7 +28,14 @@ import numpy as np
 from ...shipping import from_json, load, student_globals
 from .interpret import DEADLOCK_S, DEFAULT_IMPORTS, EVENTS, GRACE_S
 
-__all__ = ["Child", "die_with_parent"]
+__all__ = ["Child", "die_with_parent", "unfenced_reads", "ORDER_DOC"]
+
+ORDER_DOC = """An order log: one dict per action, in the order the interpreter ran them: ``thread``
+(the warpgroup), ``op`` ("wait": a barrier wait returned; "arrive": an arrival, a TMA copy's
+included, made by the warpgroup that issued the copy; "mma": a wgmma was issued), ``barrier``
+(its name) and ``phase`` (the completion a wait observed, or the one an arrival counts
+towards: 1 for the first), or, for "mma", ``a`` and ``b``, the SMEM buffers it reads. One
+warpgroup's entries are in its program order; across warpgroups only the barriers order them."""
 
 
 class Child:
@@ -39,6 +51,8 @@ class Child:
         self.barriers: dict[int, str] = {}      # id(Barrier) -> name
         self.smem: dict[int, str] = {}          # SMEM buffer id -> name
         self.call = None
+        self.ordered = False                    # the barrier instruments are installed
+        self.order: list | None = None          # this call's order log (None: not recorded)
         self.problem_seen = 0.0
         self.start = time.monotonic()
 
@@ -110,6 +124,12 @@ class Child:
         if ok:
             self._instrument_barriers(siu, B, M, smem_space)
 
+    def log(self, **entry):
+        """One entry of the order log (``ORDER_DOC``), if it is being recorded."""
+        if self.order is not None:
+            with self.lock:
+                self.order.append(entry)
+
     def _names(self, kind: str) -> list:
         call = self.job["calls"][self.call] if self.call is not None else {}
         return call.get(kind, [])
@@ -170,7 +190,11 @@ class Child:
         def wait(self, device_id, local_thread_id, logging_info=None):
             quietly(enter, self, local_thread_id, logging_info)
             try:
-                return wait0(self, device_id, local_thread_id, logging_info)
+                out = wait0(self, device_id, local_thread_id, logging_info)
+                quietly(lambda: child.log(op="wait", thread=int(local_thread_id),
+                                          barrier=child.barriers.get(id(self)),
+                                          phase=awaited(self, local_thread_id) - 1))
+                return out
             except ValueError as e:
                 msg = str(e)
                 quietly(lambda: problem("phase-passed", local_thread_id, site(logging_info),
@@ -183,7 +207,11 @@ class Child:
 
         def arrive(self, clock=None, logging_info=None):
             try:
-                return arrive0(self, clock, logging_info)
+                with self.cv:        # a re-entrant lock: the phase this arrival counts towards
+                    quietly(lambda: child.log(
+                        op="arrive", thread=int(logging_info.thread_id),
+                        barrier=child.barriers.get(id(self)), phase=self.phase + 1))
+                    return arrive0(self, clock, logging_info)
             except ValueError as e:
                 msg = str(e)
                 quietly(lambda: problem("completed-again", getattr(logging_info, "thread_id",
@@ -206,6 +234,31 @@ class Child:
 
         B.wait, B.arrive, B.deallocate = wait, arrive, deallocate
         M.allocate_barrier, M.allocate_buffer = allocate_barrier, allocate_buffer
+        self._instrument_wgmma()
+        self.ordered = True
+
+    def _instrument_wgmma(self):
+        """Log each wgmma's issue (which SMEM buffers it reads) in the order log."""
+        child = self
+        try:
+            from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks as gc
+            issue0, key = gc.wgmma, gc.HostAllocationKey.from_array
+        except Exception:  # noqa: BLE001 - another JAX
+            return
+
+        def name(array):
+            return child.smem.get(key(array).buffer_id)
+
+        @functools.wraps(issue0)         # its signature too (``track_wgmma_reads`` reads it)
+        def wgmma(**kw):
+            try:
+                child.log(op="mma", thread=int(kw["thread_id"]),
+                          a=name(kw["a_allocation_key_as_array"]),
+                          b=name(kw["b_allocation_key_as_array"]))
+            except Exception:  # noqa: BLE001 - bookkeeping must never break the kernel
+                pass
+            return issue0(**kw)
+        gc.wgmma = wgmma
 
     def _instrument_races(self, rds):
         """The race detector prints its reports (module-level ``print``): read them as they
@@ -290,6 +343,7 @@ class Child:
             self.call = i
             self.barriers.clear()
             self.smem.clear()
+            self.order = [] if self.ordered else None
             self.emit(event="start", call=i)
             t0 = time.monotonic()
             try:
@@ -305,7 +359,8 @@ class Child:
                 races = bool(gpu_callbacks.get_races().races_found)
             except Exception:  # noqa: BLE001
                 pass
-            self.emit(event="done", call=i, elapsed=time.monotonic() - t0, races=races)
+            self.emit(event="done", call=i, elapsed=time.monotonic() - t0, races=races,
+                      order=self.order)
             if races:               # the first call with a race is reported; stop there
                 break
         self.emit(event="finished")
@@ -325,6 +380,62 @@ class Child:
                 etype, message = inner[-1].group(1), message[inner[-1].end():]
         self.emit(event="error", call=self.call, type=etype, message=message[-3000:],
                   frames=frames, text=text[-4000:])
+
+
+# --------------------------------------------------------------- the proxy fence, statically
+
+def unfenced_reads(closed_jaxpr) -> list[dict]:
+    """Where a traced kernel (``jax.make_jaxpr`` of it) reads, through the async proxy (a wgmma
+    operand, the source of ``copy_smem_to_gmem``), SMEM that registers wrote (a ref store) with
+    no ``commit_smem`` in between: one dict per such read, with the ``store`` and the ``read``
+    sites (file, line) and ``what`` reads. Walks the kernel in program order, once through
+    each loop body and each branch; a ref is followed into the jaxprs nested in it."""
+    from jax._src import source_info_util as siu
+
+    def site(eqn):
+        tb = getattr(eqn.source_info, "traceback", None)
+        frames = list(itertools.islice(siu.user_frames(tb), 1)) if tb is not None else []
+        return dict(file=frames[0].file_name, line=frames[0].start_line,
+                    function=frames[0].function_name) if frames else None
+
+    found, dirty = [], {}                # dirty: root ref -> the store not yet fenced
+
+    def walk(jaxpr, root):
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            refs = [None if hasattr(v, "val") else root.get(v, v) for v in eqn.invars]
+            if name == "swap" and refs and refs[0] is not None:
+                dirty[refs[0]] = site(eqn)
+            elif name == "commit_smem":
+                dirty.clear()
+            elif name in ("wgmma_ref", "copy_smem_to_gmem"):
+                read = refs[1:3] if name == "wgmma_ref" else refs[:1]
+                for r in read:
+                    if r is not None and r in dirty:
+                        found.append(dict(store=dirty[r], read=site(eqn), what=name))
+            for key, param in eqn.params.items():
+                if key == "cond_jaxpr":          # a while loop's condition writes nothing
+                    continue
+                for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner, {**root, **_bind(eqn.invars, inner, root)})
+
+    walk(getattr(closed_jaxpr, "jaxpr", closed_jaxpr), {})
+    return found
+
+
+def _bind(outer, inner, root) -> dict:
+    """The nested jaxpr's variables that stand for the outer operands (by position: a
+    ``run_scoped`` closes over them as constants; a branch, a loop body, a call takes them
+    last among its inputs)."""
+    outer = [root.get(v, v) if not hasattr(v, "val") else None for v in outer]
+    if inner.constvars and len(inner.constvars) == len(outer):
+        return {v: o for v, o in zip(inner.constvars, outer) if o is not None}
+    if len(inner.invars) > len(outer):
+        return {}
+    return {v: o for v, o in zip(inner.invars, outer[len(outer) - len(inner.invars):])
+            if o is not None}
 
 
 def die_with_parent():

@@ -4,12 +4,15 @@ The student writes the schedule of FlashAttention-3's pipeline as three function
 ``make_barriers(pipe)``, ``producer(pipe, full, consumed)`` and
 ``consumer(pipe, wg, full, consumed, turn)`` (``flashbook.chapters.ch6.pipeline`` runs them):
 
-* ``check_ring_protocol``: for every (stages, n_steps, timing) case, with ping-pong, with two
-  consumers and no ping-pong, and with one consumer, the run has no hazard and no deadlock, and
-  every step was loaded once and consumed once (QK, softmax, PV) by every consumer.
-* ``check_pingpong``: in the steady state (pipeline fill and drain left out) the tensor cores are
-  busy min(1, 2g/(g+s)) of the time with two consumers taking turns, g/(g+s) with one, and no
-  two GEMMs ever share the tensor cores with ping-pong.
+* ``check_ring_protocol`` (2a: ``make_barriers`` and ``producer``, run with the check's own
+  consumer, ``given_consumer``, so that 2a is graded on its own): for every (stages, n_steps,
+  timing) case, with two consumers taking turns, with two consumers and no turns, and with one
+  consumer, the run has no hazard and no deadlock, and every step was loaded once and consumed
+  once (QK, softmax, PV) by every consumer.
+* ``check_pingpong`` (2b: the student's consumer with their ring): the same cases with the
+  student's consumer, then, in the steady state (pipeline fill and drain left out), the tensor
+  cores are busy min(1, 2g/(g+s)) of the time with two consumers taking turns, g/(g+s) with
+  one, and no two GEMMs ever share the tensor cores with ping-pong.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from flashbook.check import CheckFailure, report, require_implemented
 
 from .pipeline import Run, Timing, lockstep_model, pingpong_model, simulate, single_model
 
-__all__ = ["check_ring_protocol", "check_pingpong", "ring_cases", "pingpong_cases", "MODES",
+__all__ = ["check_ring_protocol", "check_pingpong", "given_consumer", "ring_cases",
+           "pingpong_cases", "MODES",
            "steady_window", "steady_utilisation", "plot_gantt", "TOLERANCE"]
 
 # (consumers, ping-pong): FA3's two consumers taking turns, the same two without a schedule (the
@@ -57,10 +61,23 @@ def pingpong_cases(hidden: bool = False) -> list[Timing]:
     return cases
 
 
-def _implemented(make_barriers, producer, consumer):
-    require_implemented(make_barriers, "make_barriers")
-    require_implemented(producer, "producer")
-    require_implemented(consumer, "consumer")
+def given_consumer(pipe, wg, full, consumed, turn=None):
+    """The check's own consumer for 2a: every step whole (QK, softmax, PV) before its slot is
+    released; with ``turn``, the two warpgroups take whole steps in turn, so that one releases a
+    slot a step before the other has read it (a ring whose consumed barriers complete on one
+    release then refills it under the slower consumer). Slower than 2b's ping-pong, on purpose:
+    it exercises the ring, not the schedule."""
+    for step in range(pipe.n_steps):
+        slot = pipe.slot(step)
+        yield pipe.wait(full[slot], pipe.phase(step))
+        if turn is not None:
+            yield pipe.wait(turn[wg], (step + wg + 1) % 2)
+        yield pipe.qk(step)
+        yield pipe.softmax(step)
+        yield pipe.pv(step)
+        yield pipe.arrive(consumed[slot])            # done with the slot: K and V read
+        if turn is not None:
+            yield pipe.arrive(turn[1 - wg])
 
 
 def _complete(run: Run, what: str):
@@ -82,15 +99,14 @@ def _complete(run: Run, what: str):
                                    f"last step.")
 
 
-def check_ring_protocol(make_barriers, producer, consumer, hidden: bool = False):
-    """Exercise 2a: the ring's barrier protocol is hazard-free and deadlock-free for every ring
-    size, length and timing, with and without ping-pong and with one consumer."""
-    _implemented(make_barriers, producer, consumer)
+def _protocol(make_barriers, producer, consumer, hidden: bool, whose: str) -> int:
+    """Every ring case in every mode: no hazard, no deadlock, every step consumed. Returns the
+    number of runs."""
     n = 0
     for stages, n_steps, timing in ring_cases(hidden):
         for consumers, pingpong in MODES:
             what = (f"ring protocol, stages={stages}, n_steps={n_steps}, "
-                    f"{_mode(consumers, pingpong)}, timing ({timing.describe()})")
+                    f"{_mode(consumers, pingpong)}, timing ({timing.describe()}){whose}")
             run = simulate(make_barriers, producer, consumer, stages=stages, n_steps=n_steps,
                            consumers=consumers, pingpong=pingpong, timing=timing)
             if run.error is not None:
@@ -101,6 +117,17 @@ def check_ring_protocol(make_barriers, producer, consumer, hidden: bool = False)
                 raise CheckFailure(f"{what}:\n{run.error}{hint}")
             _complete(run, what)
             n += 1
+    return n
+
+
+def check_ring_protocol(make_barriers, producer, hidden: bool = False):
+    """Exercise 2a: the ring's barrier protocol is hazard-free and deadlock-free for every ring
+    size, length and timing, with and without turns and with one consumer. The consumers are
+    the check's own (``given_consumer``): 2a is graded whether or not 2b is done."""
+    require_implemented(make_barriers, "make_barriers")
+    require_implemented(producer, "producer")
+    n = _protocol(make_barriers, producer, given_consumer, hidden,
+                  " (the check's own consumers: each takes whole steps, in turn)")
     report("pipeline ring protocol (no hazard, no deadlock, every step consumed once by every "
            "consumer)", n, hidden=hidden)
 
@@ -160,10 +187,14 @@ def _pingpong_case(make_barriers, producer, consumer, t: Timing) -> tuple[float,
 
 
 def check_pingpong(make_barriers, producer, consumer, hidden: bool = False):
-    """Exercise 2b: the steady-state tensor-core utilisation follows the FA3 model,
+    """Exercise 2b: the student's consumer keeps the ring protocol (``_protocol``, with their
+    2a), and the steady-state tensor-core utilisation follows the FA3 model,
     min(1, 2g/(g+s)) with two consumers taking turns and g/(g+s) with one, and with ping-pong no
     two GEMMs share the tensor cores."""
-    _implemented(make_barriers, producer, consumer)
+    require_implemented(make_barriers, "make_barriers")
+    require_implemented(producer, "producer")
+    require_implemented(consumer, "consumer")
+    _protocol(make_barriers, producer, consumer, hidden, ", your consumer")
     cases = pingpong_cases(hidden)
     results = [_pingpong_case(make_barriers, producer, consumer, t) for t in cases]
     (u2, u1) = results[0]

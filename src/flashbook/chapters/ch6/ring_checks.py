@@ -1,7 +1,10 @@
 """Chapter 6, Exercise 1's check: the producer of the K/V ring, run in JAX's Mosaic GPU
 interpret mode (in a child process with a time limit, ``interpret.py``) with the race detector
 on, for several ring depths, tile counts and numbers of consumers. The result must be exact,
-and the run free of data races, barrier misuse and hangs."""
+and the run free of data races, barrier misuse and hangs. The producer must also *prefetch*:
+from the interpreter's order log (``interpret_child.ORDER_DOC``), the check reads, in the
+producer's program order, which releases it had waited for when it issued each copy; the copy
+of tile i may follow the release of tile i - stages, never a later one."""
 from __future__ import annotations
 
 import dataclasses
@@ -110,8 +113,42 @@ def check_kv_ring(kv_producer, hidden: bool = False, *, timeout: float | None = 
                                  stall=stall)
     for case, call, out in zip(cases, calls, outs):
         _compare(case, call, out)
+        _prefetch(case, out)
     report(f"{TITLE} (Pallas Mosaic GPU, interpret mode, race detector on)", len(cases),
            hidden=hidden)
+
+
+def _prefetch(case: RingCase, out: dict):
+    """The copy of tile i must not wait for the release of a tile after i - stages: a producer
+    that waits for each release before its next copy keeps one tile in flight, not
+    ``stages``. Read from the producer's own entries of the order log (its program order):
+    a wait on consumed[s] that observed completion p is the release of tile s + (p - 1) *
+    stages; its n-th arrival on a full barrier is its n-th copy. Skipped without a log."""
+    order = out.get("order")
+    if order is None:
+        return
+    producer = case.consumers                          # the last warpgroup
+    released, copies = None, 0                         # the latest release it waited for
+    for e in order:
+        if e.get("thread") != producer or not e.get("barrier"):
+            continue
+        slot = int(e["barrier"].split("[")[1].rstrip("]"))
+        if e["op"] == "wait" and e["barrier"].startswith("consumed"):
+            tile = slot + (e["phase"] - 1) * case.stages
+            released = tile if released is None else max(released, tile)
+        elif e["op"] == "arrive" and e["barrier"].startswith("full"):
+            tile, copies = copies, copies + 1
+            if released is not None and released > tile - case.stages:
+                raise CheckFailure(
+                    f"{TITLE}, case {case.describe()}: the producer did not prefetch. It issued "
+                    f"the copy of tile {tile} only after waiting for the consumers to release "
+                    f"tile {released}, so at most {tile - released} of the {case.stages} slots "
+                    f"of the ring held a tile in flight. The ring exists so that the TMA copies the next "
+                    f"tiles while the consumers work on this one: waiting for each release "
+                    f"before the next copy puts the whole copy latency back between two tiles, "
+                    f"and the consumers stall on every full barrier. Issue the first `stages` "
+                    f"copies at once; before copying tile i, wait only for the release of tile "
+                    f"i - stages (consumed[i % stages]), and drain after the loop.")
 
 
 def _compare(case: RingCase, call: interpret.Call, out: dict | None):
