@@ -90,7 +90,7 @@ def benchmarks_page() -> str:
                 lines += [f"† `{kernel}`: {why}, so its % of the fp32 FMA peak is not a fraction of "
                           "what the hardware it runs on can do; it only places it next to the FMA "
                           "kernels of the same table.", ""]
-    return "\n".join(lines + conformance_section() + overhead_section())
+    return "\n".join(lines + conformance_section() + overhead_section() + sweep_section())
 
 
 def conformance_section() -> list[str]:
@@ -146,6 +146,27 @@ def overhead_section() -> list[str]:
                       "user launches them (`triton.testing.do_bench` medians, not replayed from a "
                       "CUDA graph), in the same run:", "",
                       overhead.speed_summary(record["speed"]), ""]
+    return lines
+
+
+def sweep_section() -> list[str]:
+    """The fastest kernels over a sweep of shapes, as ratios to cuDNN, from
+    src/flashbook/data/sweep (MyST lines)."""
+    import json
+    from . import sweep
+    lines = []
+    for path in sorted(sweep.DATA_DIR.glob("*.csv")):
+        meta = json.loads(path.with_suffix(".json").read_text())
+        lines += ["## Over a sweep of shapes: " + meta.get("gpu", path.stem), "",
+                  "Chapter 6's Gluon forward and Chapter 8's decode as a reader calls them (no "
+                  "config; the split count chosen by itself), and Chapter 9's backward, each "
+                  "against SDPA's cuDNN and FA2 backends on the same inputs, all launched (not "
+                  "replayed from a CUDA graph). Each cell is the baseline's time divided by ours: "
+                  "above 1, ours is faster. Forward and backward keep the tokens per batch "
+                  f"constant ({sweep.TOKENS:,}: B = {sweep.TOKENS:,} / N), H = {sweep.HEADS}. "
+                  f"Measured with `{meta.get('command', '?')}` at `{meta.get('commit')}`; "
+                  + results.describe(meta) + ".", "",
+                  sweep.ratio_tables(results.read(path)), ""]
     return lines
 
 

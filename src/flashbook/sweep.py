@@ -1,0 +1,246 @@
+"""The book's fastest kernels over a sweep of shapes, against cuDNN and the FA2 backend.
+
+``python -m flashbook.sweep --out DIR`` measures, on a GPU, in one process:
+
+* **forward**: Chapter 6's Gluon FA3 kernel as a reader calls it (``attention_fa3(q, k, v,
+  causal=...)``: no config), over N in ``FORWARD_N`` at ``TOKENS`` tokens per batch (B = TOKENS /
+  N), H = 16, d in {64, 128}, causal and not, fp16 and bf16;
+* **backward**: Chapter 9's backward (the students' two kernels, ``attention_backward``, on the
+  packed copies of the same inputs), fp16, the same N, d = 128, causal and not;
+* **decode**: Chapter 8's ``decode_split_kv`` as a reader calls it (the split count chosen by
+  itself), over B in ``DECODE_B`` x context in ``DECODE_CONTEXT``, h_q = 32, h_kv = 8, d = 128,
+  fp16, one new token; points whose cache (and SDPA's copy of it) would not fit are left out;
+
+each beside ``sdpa_cudnn`` and ``sdpa_flash`` (SDPA restricted to one backend; decode with
+``enable_gqa``, cuDNN on K/V expanded to the query heads where it refuses). Every call is timed
+launched (``triton.testing.do_bench`` medians), not replayed from a graph: as a user calls it.
+Rows are ``results.Row``s, written as ``DIR/<gpu>.csv`` with their provenance; the benchmarks
+appendix draws them as ratios to cuDNN (``ratio_tables``).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import shlex
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import results, sources
+from .bench import attention_bytes, free_cuda_cache, gpu_peak, time_ms, why_failed
+from .reference import attention_flops
+from .results import Row
+
+DATA_DIR = Path(__file__).resolve().parent / "data" / "sweep"
+FORWARD_N = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+TOKENS, HEADS = 32768, 16
+DECODE_B = (1, 8, 32, 128)
+DECODE_CONTEXT = (1024, 8192, 32768, 131072)
+DECODE_HEADS, DECODE_D = (32, 8), 128
+MAX_CACHE_GIB = 40          # K + V of one decode point (SDPA's transposed copy doubles it)
+BASELINES = ("sdpa_cudnn", "sdpa_flash")
+BWD_FACTOR = 2.5            # a backward's FLOPs per forward FLOP (Chapter 9's convention)
+
+
+def _row(kernel, role, fn, *, B, H_q, H_kv, N_q, N_k, d, dtype, causal, flops, nbytes,
+         note="") -> Row:
+    """Time ``fn`` and make its row; a failure (a refusal, out of memory) is a noted row."""
+    dt = str(dtype).replace("torch.", "")
+    shape = dict(kernel=kernel, role=role, B=B, H_q=H_q, H_kv=H_kv, N_q=N_q, N_k=N_k, d=d,
+                 dtype=dt, causal=causal)
+    try:
+        ms = time_ms(fn)
+    except Exception as e:  # noqa: BLE001 - recorded as a row that says why
+        free_cuda_cache()
+        return Row(**shape, ms=None, tflops=None, gbps=None, pct_peak=None,
+                   note=results_note(note, f"not measured: {why_failed(e)}"))
+    peak = gpu_peak()
+    tflops = flops / (ms * 1e-3) / 1e12
+    return Row(**shape, ms=ms, tflops=tflops, gbps=nbytes / (ms * 1e-3) / 1e9,
+               pct_peak=100 * tflops / peak.tensor_tflops if peak else None, note=note)
+
+
+def results_note(*parts) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _sdpa(backend: str, q, k, v, causal: bool, gqa: bool = False):
+    """SDPA on one backend as a zero-argument call; a refusal raises (checked once here)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from .bench import SDPA_BACKENDS
+    kind = getattr(SDPBackend, SDPA_BACKENDS[backend])
+
+    def call():
+        with sdpa_kernel(kind):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=gqa)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call()
+    return call
+
+
+def _fail(why):
+    def call():
+        raise RuntimeError(why)
+    return call
+
+
+def forward_rows(ns=None, ns_n=FORWARD_N, dims=(64, 128),
+                 dtypes=(torch.float16, torch.bfloat16)) -> list[Row]:
+    from flashbook.chapters.ch6 import gluon_fa3
+    rows = []
+    for dtype in dtypes:
+        for d in dims:
+            for causal in (False, True):
+                for N in ns_n:
+                    B = max(1, TOKENS // N)
+                    q, k, v = (torch.randn(B, HEADS, N, d, device="cuda", dtype=dtype)
+                               for _ in range(3))
+                    kw = dict(B=B, H_q=HEADS, H_kv=HEADS, N_q=N, N_k=N, d=d, dtype=dtype,
+                              causal=causal, flops=attention_flops(B, HEADS, N, N, d, causal),
+                              nbytes=attention_bytes(B, HEADS, N, N, d, dtype.itemsize))
+                    rows.append(_row("ch6_gluon_fa3", "reference",
+                                     lambda: gluon_fa3.attention_fa3(q, k, v, causal=causal),
+                                     note="attention_fa3(q, k, v, causal): no config", **kw))
+                    for name in BASELINES:
+                        try:
+                            fn = _sdpa(name, q, k, v, causal)
+                        except Exception as e:  # noqa: BLE001 - the backend refused
+                            fn = _fail(why_failed(e))
+                        rows.append(_row(name, "baseline", fn, **kw))
+                    del q, k, v
+                    free_cuda_cache()
+    return rows
+
+
+def backward_rows(ns9=None, ns_n=FORWARD_N, d=128, dtype=torch.float16) -> list[Row]:
+    from flashbook.chapters.ch9 import benchmark as ch9b
+    ns9 = ns9 or sources.solution_namespace("ch9")
+    rows = []
+    for causal in (False, True):
+        for N in ns_n:
+            B = max(1, TOKENS // N)
+            q, k, v, do = (torch.randn(B, HEADS, N, d, device="cuda", dtype=dtype)
+                           for _ in range(4))
+            kw = dict(B=B, H_q=HEADS, H_kv=HEADS, N_q=N, N_k=N, d=d, dtype=dtype,
+                      causal=causal, nbytes=attention_bytes(B, HEADS, N, N, d, dtype.itemsize),
+                      flops=BWD_FACTOR * attention_flops(B, HEADS, N, N, d, causal))
+            try:
+                bwd = ch9b.ours_fns(ns9, q, k, v, do, causal)[0]
+            except Exception as e:  # noqa: BLE001
+                bwd = _fail(why_failed(e))
+            rows.append(_row("ch9_bwd", "reference", bwd,
+                             note="attention_backward on the packed inputs", **kw))
+            for name in BASELINES:
+                try:
+                    fn = ch9b.sdpa_grads_fn(name, q, k, v, do, causal, "bwd")[0]
+                except Exception as e:  # noqa: BLE001
+                    fn = _fail(why_failed(e))
+                rows.append(_row(f"{name}_bwd", "baseline", fn, **kw))
+            del q, k, v, do
+            free_cuda_cache()
+    return rows
+
+
+def decode_rows(ns8=None, batches=DECODE_B, contexts=DECODE_CONTEXT) -> list[Row]:
+    ns8 = ns8 or sources.solution_namespace("ch8")
+    h_q, h_kv = DECODE_HEADS
+    d, dtype = DECODE_D, torch.float16
+    rows = []
+    for B in batches:
+        for ctx in contexts:
+            cache_bytes = 2 * B * ctx * h_kv * d * dtype.itemsize
+            if cache_bytes > MAX_CACHE_GIB * 2**30:
+                continue
+            q = torch.randn(B, 1, h_q, d, device="cuda", dtype=dtype)
+            kc, vc = (torch.randn(B, ctx, h_kv, d, device="cuda", dtype=dtype)
+                      for _ in range(2))
+            lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+            kw = dict(B=B, H_q=h_q, H_kv=h_kv, N_q=1, N_k=ctx, d=d, dtype=dtype, causal=True,
+                      flops=attention_flops(B, h_q, 1, ctx, d), nbytes=cache_bytes)
+            rows.append(_row("ch8_decode_split_kv", "reference",
+                             lambda: ns8["decode_split_kv"](q, kc, vc, lens),
+                             note="decode_split_kv(q, k_cache, v_cache, cache_seqlens)", **kw))
+            q4, k4, v4 = (t.transpose(1, 2).contiguous() for t in (q, kc, vc))
+            del kc, vc
+            for name in BASELINES:
+                note = "enable_gqa=True"
+                try:
+                    fn = _sdpa(name, q4, k4, v4, False, gqa=True)
+                except Exception:  # noqa: BLE001 - refused enable_gqa: K/V expanded
+                    g = h_q // h_kv
+                    ke, ve = (t.repeat_interleave(g, dim=1) for t in (k4, v4))
+                    note = f"K/V expanded to {h_q} heads (not timed)"
+                    try:
+                        fn = _sdpa(name, q4, ke, ve, False)
+                    except Exception as e:  # noqa: BLE001
+                        fn = _fail(why_failed(e))
+                rows.append(_row(name, "baseline", fn, note=note, **kw))
+                free_cuda_cache()
+            del q4, k4, v4
+            free_cuda_cache()
+    return rows
+
+
+PARTS = {"forward": forward_rows, "backward": backward_rows, "decode": decode_rows}
+
+
+def ratio_tables(rows) -> str:
+    """Markdown: for each part and each of our kernels, ms(cuDNN) / ms(ours) per shape (> 1:
+    ours is faster), one table per (kernel, dtype, d, causal), columns the swept length (or
+    batch x context for decode)."""
+    by = {}
+    for r in rows:
+        key = (r.dtype, r.d, r.causal, r.B, r.N_q, r.N_k)
+        by.setdefault(key, {})[r.kernel] = r.ms
+    ours = sorted({r.kernel for r in rows if r.role == "reference"})
+    out = []
+    for kernel in ours:
+        base = "sdpa_cudnn_bwd" if kernel.endswith("bwd") else "sdpa_cudnn"
+        fa2 = "sdpa_flash_bwd" if kernel.endswith("bwd") else "sdpa_flash"
+        decode = kernel.startswith("ch8")
+        groups = sorted({(r.dtype, r.d, r.causal) for r in rows if r.kernel == kernel})
+        for dtype, d, causal in groups:
+            mine = [r for r in rows if r.kernel == kernel and (r.dtype, r.d, r.causal) ==
+                    (dtype, d, causal)]
+            cols = [f"B={r.B}, {r.N_k // 1024}k" if decode else f"N={r.N_q}" for r in mine]
+            out += [f"`{kernel}`, {dtype}, d = {d}" + ("" if decode else
+                                                     f", {'causal' if causal else 'non-causal'}")
+                    + ": cuDNN's time / ours (and FA2's / ours)", "",
+                    "| " + " | ".join(["vs"] + cols) + " |", "|" + "---|" * (len(cols) + 1)]
+            for label, other in (("cuDNN", base), ("FA2", fa2)):
+                cells = []
+                for r in mine:
+                    theirs = by[(r.dtype, r.d, r.causal, r.B, r.N_q, r.N_k)].get(other)
+                    cells.append(f"{theirs / r.ms:.2f}" if theirs and r.ms else "–")
+                out.append("| " + " | ".join([label] + cells) + " |")
+            out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=DATA_DIR)
+    p.add_argument("--parts", default="forward,backward,decode")
+    p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
+    args = p.parse_args(argv)
+    from flashbook import setup
+    setup()
+    command = "python -m flashbook.sweep " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]) if a)
+    rows = []
+    for part in args.parts.split(","):
+        rows += PARTS[part]()
+        slug = results.gpu_slug(torch.cuda.get_device_name(0))
+        results.write(rows, args.out, slug, dict(results.provenance(command),
+                                                 commit=args.commit, parts=args.parts))
+        print(f"{part}: {len(rows)} rows so far", flush=True)
+    print(ratio_tables(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+"""flashbook.graded_variants: known-wrong variants graded through collect -> autograde -> export."""
+import pytest
+
+from flashbook import graded_variants, sources
+from flashbook.contract import Variant
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_grader_takes_a_variants_points_and_notices_one_that_keeps_them(monkeypatch):
+    real = {v.name: v for v in sources.variants("ch1")}
+    harmless = Variant("comment_reworded", "ch1_softmax",
+                       (("# every exponent <= 0", "# every exponent is at most 0"),),
+                       expect="anything")
+    monkeypatch.setattr(sources, "variants", lambda cid, root=None: (
+        real["softmax_without_max_subtraction"], harmless))
+    out = graded_variants.grade_chapter("ch1", sources.repo_root(), device="cpu", workers=2,
+                                        echo=lambda s: None)
+    assert out["solution"]["earned"] == out["solution"]["possible"] == 10
+    wrong, same = out["variants"]["softmax_without_max_subtraction"], out["variants"][
+        "comment_reworded"]
+    assert graded_variants.ok(wrong) and "ch1_softmax_test" in wrong["lost_at"], wrong
+    assert wrong["earned"] < 10
+    assert same["lost_at"] == [] and same["earned"] == 10 and not graded_variants.ok(same)
+    assert graded_variants.verdict(same) == "KEPT EVERY POINT"
