@@ -302,6 +302,12 @@ ch8.check_split_kv(split_kv_kernel, combine_kernel, hidden=True)
 # `cache_seqlens` are checked in CPU mode and in the graded checks; on a GPU reading them would
 # make every step wait for the device, so there they are checked only inside
 # `with flashbook.check_values():`.
+#
+# With `num_splits=None` this is the book's decode call for one new token at any batch and
+# context: where $B \cdot h_{kv}$ programs already fill the GPU, `choose_num_splits` returns 1 and
+# the split kernel is Chapter 5's decode kernel (one program per sequence and K/V head) followed
+# by a combine of one partial; at batch 1 it cuts the keys into as many ranges as fill the SMs.
+# Paged caches and several new tokens per step stay with Chapter 5's `decode`.
 
 # %%
 def decode_split_kv(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None):
