@@ -307,3 +307,21 @@ def test_other_errors_of_student_code_propagate_unchanged():
     from flashbook.check import run_student
     with pytest.raises(TypeError, match="unsupported operand"):
         run_student(lambda: 1 + "a", what="x")
+
+
+def test_validate_qkv_remembers_only_inputs_that_passed_and_keys_them_by_metadata():
+    from flashbook.device import current
+    dev = current().device
+    q, k, v = (torch.randn(1, 2, 8, 16, device=dev) for _ in range(3))
+    cases._QKV_PASSED.clear()
+    assert cases.validate_qkv(q, k, v) == (1, 2, 2, 8, 8, 16)
+    assert len(cases._QKV_PASSED) == 1
+    assert cases.validate_qkv(q, k, v) == (1, 2, 2, 8, 8, 16)      # from memory
+    assert len(cases._QKV_PASSED) == 1
+    strided = torch.randn(1, 2, 8, 32, device=dev)[..., ::2]      # same shape, stride(-1) 2
+    for _ in range(2):                                           # refused every time
+        with pytest.raises(ValueError, match="contiguous in its last dimension"):
+            cases.validate_qkv(strided, k, v)
+    with pytest.raises(ValueError, match="must be a torch.Tensor"):
+        cases.validate_qkv(q.numpy() if dev == "cpu" else [1], k, v)
+    assert len(cases._QKV_PASSED) == 1
