@@ -240,9 +240,13 @@ def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None 
         _fence(case, out)
         _pingpong(case, out)
     tracked = all(bool(o.get("wgmma_reads_checked", False)) for o in outs if o)
+    ordered = all(o.get("order") is not None for o in outs if o)
     report(f"{TITLE} (Pallas Mosaic GPU, interpret mode, race detector on)", len(cases),
-           "" if tracked else " (with this JAX the race detector does not see what a wgmma "
-           f"reads: tested with JAX {interpret.JAX_VERSION})", hidden=hidden)
+           ("" if tracked else " (with this JAX the race detector does not see what a wgmma "
+            f"reads: tested with JAX {interpret.JAX_VERSION})")
+           + ("" if ordered else " (with this JAX the ping-pong was not checked: the "
+              f"interpreter's order log is read from JAX {interpret.JAX_VERSION})"),
+           hidden=hidden)
 
 
 # ----------------------------------------------------------- what right values cannot show
