@@ -39,7 +39,7 @@ TOKENS, HEADS = 32768, 16
 DECODE_B = (1, 8, 32, 128)
 DECODE_CONTEXT = (1024, 8192, 32768, 131072)
 DECODE_HEADS, DECODE_D = (32, 8), 128
-MAX_CACHE_GIB = 40          # K + V of one decode point (SDPA's transposed copy doubles it)
+MAX_CACHE_GIB = 20          # K + V of one decode point (SDPA copies it, cuDNN expanded to h_q)
 BASELINES = ("sdpa_cudnn", "sdpa_flash")
 BWD_FACTOR = 2.5            # a backward's FLOPs per forward FLOP (Chapter 9's convention)
 
@@ -185,7 +185,9 @@ def decode_rows(ns8=None, batches=DECODE_B, contexts=DECODE_CONTEXT) -> list[Row
     return rows
 
 
-PARTS = {"forward": forward_rows, "backward": backward_rows, "decode": decode_rows}
+PARTS = {"forward": functools.partial(forward_rows, dtypes=(torch.float16,)),
+         "forward_bf16": functools.partial(forward_rows, dtypes=(torch.bfloat16,)),
+         "backward": backward_rows, "decode": decode_rows}
 
 
 def ratio_tables(rows) -> str:
@@ -224,7 +226,8 @@ def ratio_tables(rows) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=DATA_DIR)
-    p.add_argument("--parts", default="forward,backward,decode")
+    p.add_argument("--parts", default="decode,backward,forward,forward_bf16",
+                   help=f"comma-separated, in order (each written when done): {', '.join(PARTS)}")
     p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
     args = p.parse_args(argv)
     from flashbook import setup
