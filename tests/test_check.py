@@ -325,3 +325,19 @@ def test_validate_qkv_remembers_only_inputs_that_passed_and_keys_them_by_metadat
     with pytest.raises(ValueError, match="must be a torch.Tensor"):
         cases.validate_qkv(q.numpy() if dev == "cpu" else [1], k, v)
     assert len(cases._QKV_PASSED) == 1
+
+
+
+def test_a_tensor_past_32_bit_offsets_is_refused_before_any_kernel_sees_it(monkeypatch):
+    """A (32, 131072, 8, 128) cache spans 2**32 elements: a kernel's int32 offsets wrap (an
+    illegal memory access on an H200). Measured on a meta tensor (no memory), refused with a
+    real one under a lowered limit."""
+    from flashbook.device import current
+    assert cases.element_span(torch.empty(32, 131072, 8, 128, device="meta")) == 2**32
+    assert cases.element_span(torch.empty(4, 6)[:, ::2]) == 1 + 3 * 6 + 2 * 2
+    assert cases.element_span(torch.empty(0, 5)) == 0
+    t = torch.zeros(2, 3, 4, 8, device=current().device)
+    cases.validate_tensor("k_cache", t, dims=4, dtypes=(torch.float32,), name="decode")
+    monkeypatch.setattr(cases, "MAX_ELEMENTS", 191)
+    with pytest.raises(ValueError, match="k_cache spans 192 elements .* at most 191"):
+        cases.validate_tensor("k_cache", t, dims=4, dtypes=(torch.float32,), name="decode")

@@ -274,6 +274,19 @@ def decode_sweep(name: str, seed: int, n: int, *, block_n: int, tiles: int = 3,
 
 # ------------------------------------------------------------------------ validation
 
+# Triton types an integer argument below 2**31 as int32, and the kernels multiply such strides
+# by tile indices in int32: an element offset past 2**31 - 1 wraps (an illegal address on a GPU,
+# silently wrong reads in the interpreter). Seen on an H200: a (32, 131072, 8, 128) fp16 cache.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def element_span(t: torch.Tensor) -> int:
+    """How many elements a kernel's offsets into ``t`` range over: 1 + the largest offset."""
+    if not t.numel():
+        return 0
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+
+
 def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], name: str,
                     contiguous: str = "last", device=None):
     """One input of a kernel wrapper: a tensor of ``dims`` dimensions and an accepted dtype, on
@@ -304,6 +317,12 @@ def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], 
     if contiguous == "last" and t.numel() and t.stride(-1) != 1:
         raise ValueError(f"{name}: {label} must be contiguous in its last dimension (stride(-1) "
                          f"== 1), got strides {t.stride()}; call .contiguous() first.")
+    span = element_span(t)
+    if span > MAX_ELEMENTS:
+        raise ValueError(f"{name}: {label} spans {span:,} elements (shape {tuple(t.shape)}, "
+                         f"strides {t.stride()}); the book's Triton kernels compute offsets in "
+                         f"32-bit integers, so a tensor may span at most {MAX_ELEMENTS:,}: "
+                         "split the call (fewer sequences or heads per call) to stay below it.")
 
 
 def as_window(window_size):
