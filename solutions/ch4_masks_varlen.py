@@ -31,11 +31,12 @@
 # interpreter at small sizes, and the checks *count* the tiles your kernel loads; a GPU adds the
 # benchmark. About 3-4 hours.
 #
-# **Exercises** (10 points): (1) the varlen forward: each program finds its sequence in a packed
+# **Exercises** (11 points): (1) the varlen forward: each program finds its sequence in a packed
 # batch (3); (2) causal and windowed masks with block skipping, in two cells: the mask and the
 # tile range, checked on their own (2), and the kernel, whose loads are counted (3); (3) the
 # public wrapper's argument checks, so a bad `cu_seqlens` is a clear `ValueError`, never a
-# crash or a silent wrong answer (2).
+# crash or a silent wrong answer (2); (4), optional, the fast form of the masked kernel, with
+# two query tiles per program (1).
 
 # %%
 import flashbook as fb
@@ -562,9 +563,9 @@ ch4.check_validate_varlen(validate_varlen, hidden=True)
 # Chapter 3's fastest kernel gave each program two query tiles, A and B, ordered so that one
 # tile's softmax runs while the other's matmul is on the tensor cores. The same works with
 # masks: the pair's `key_tiles` are those of its `BLOCK_M = 2 x HALF` rows (a tile is full only
-# if it is full for both), and a partial tile masks each half with its own `visible_pairs`. The
-# kernel below is built entirely from your functions; `attention_varlen` is the public entry
-# point, flash-attn's signature: your checks, then the launch.
+# if it is full for both), and a partial tile masks each half with its own `visible_pairs`.
+# `attn_two_tile_step` below is the pair's loop body, `attn_scores` and `attn_update` for
+# both tiles in Chapter 3's order.
 
 # %%
 @triton.jit
@@ -580,7 +581,21 @@ def attn_two_tile_step(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs, v_ptr
                                   DOT_PRECISION)
     return acc_a, l_a, m_a, acc_b, l_b, m_b
 
+# %% [markdown]
+# **Exercise 4 (optional, 1 point).** Write `attn_masked_two_tiles`: your `attn_masked_kernel`
+# with two query tiles of `HALF = BLOCK_M // 2` rows per program. The program still takes the
+# `BLOCK_M` rows from `m0 = m_block * BLOCK_M`: tile A holds the first `HALF` of them, tile B
+# the next `HALF`. Load both Q tiles, keep two running states `(acc, l, m)`, call `key_tiles`
+# once for all `BLOCK_M` rows, and run Exercise 2b's three loops with `attn_two_tile_step`: a
+# partial tile takes `visible_pairs` of each tile's own rows, a full tile `MASKED=False` and no
+# mask. Then `attn_store_rows` for each tile. The check runs Exercise 2b's cases and random
+# shapes with tiles of 2 x 16 and 2 x 32 rows (2 x 64 for the random shapes), and counts in CPU
+# mode the K tiles each program loads (each tile that its rows see, once for each query tile)
+# and those it takes through the masked path (partial tiles only). Until you write it,
+# `attention_varlen` below runs your one-tile `attn_masked_kernel` instead, and says so once.
+# About 50 lines, most of them Exercise 2b's.
 
+# %% nbgrader={"grade": false, "grade_id": "ch4_two_tiles", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit
 def attn_masked_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -588,8 +603,10 @@ def attn_masked_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
                           window_right, heads_per_section, HEAD_DIM: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           DOT_PRECISION: tl.constexpr):
-    """attn_masked_kernel with two query tiles of BLOCK_M // 2 rows per program."""
+    """attn_masked_kernel with two query tiles of HALF = BLOCK_M // 2 rows per program: A
+    holds rows m0 .. m0 + HALF - 1 of the program's BLOCK_M rows, B the next HALF."""
     HALF: tl.constexpr = BLOCK_M // 2
+    ### BEGIN SOLUTION
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H
     h = pid_bh % H
@@ -643,21 +660,35 @@ def attn_masked_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
                     total_q, offs_d)
     attn_store_rows(O, LSE, acc_b, l_b, m_b, q_start, rows_b, seqlen_q, h, stride_ot, stride_oh,
                     total_q, offs_d)
+    ### END SOLUTION
 
+# %% nbgrader={"grade": true, "grade_id": "ch4_two_tiles_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch4.check_two_tile_kernel(attn_masked_two_tiles)
+### BEGIN HIDDEN TESTS
+ch4.check_two_tile_kernel(attn_masked_two_tiles, hidden=True)
+### END HIDDEN TESTS
 
+# %% [markdown]
+# `attention_varlen` is the public entry point, flash-attn's signature: your checks, then the
+# launch of the fastest kernel you have written.
+
+# %%
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      causal=False, window_size=(-1, -1), softmax_scale=None, config=None,
                      sections=None):
     """flash-attn's flash_attn_varlen_func, forward: returns O (total_q, H, d) and LSE
-    (H, total_q). Causal masks are bottom-right; window_size=(left, right), -1 unlimited
+    (H, total_q), from the two-tile kernel (the one-tile kernel while the two-tile one is
+    still a stub). Causal masks are bottom-right; window_size=(left, right), -1 unlimited
     (Python, NumPy or torch integers). Shapes, dtypes, devices and strides are always checked;
     cu_seqlens' values in CPU mode and, on a GPU, inside ``flashbook.check_values()``."""
     window_size = as_window(window_size)         # NumPy or torch integers as Python ints
     validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
-    return ch4.launch_varlen(attn_masked_two_tiles, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                             max_seqlen_q, max_seqlen_k, window=window, scale=softmax_scale,
-                             config=config, two_tiles=True, sections=sections)
+    kernel, two_tiles = ch4.pick_kernel(attn_masked_two_tiles, attn_masked_kernel,
+                                        "attention_varlen")
+    return ch4.launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                             max_seqlen_k, window=window, scale=softmax_scale, config=config,
+                             two_tiles=two_tiles, sections=sections)
 
 
 def attention_varlen_one_tile(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -694,12 +725,13 @@ except NotImplementedError:
 # %% [markdown]
 # ## 7. Benchmark
 #
-# On a GPU the next cell times *your* `attention_varlen` (the two-tile kernel built from your
-# functions) on a causal batch against torch SDPA's cuDNN backend, with FLOPs counted on the
-# visible pairs only (half the square for causal). `flashbook bench ch4` measures the chapter's
-# solution on the book's shapes against cuDNN, FlashAttention-2, FlexAttention (compiled, with a
-# causal or document `BlockMask`) and SDPA on jagged nested tensors, and records the result in
-# `src/flashbook/data/bench/ch4/`; the plots after it show that record.
+# On a GPU the next cell times *your* `attention_varlen` (your two-tile kernel, or your one-tile
+# kernel until Exercise 4 is done) on a causal batch against torch SDPA's cuDNN backend, with
+# FLOPs counted on the visible pairs only (half the square for causal). `flashbook bench ch4`
+# measures the chapter's solution on the book's shapes against cuDNN, FlashAttention-2,
+# FlexAttention (compiled, with a causal or document `BlockMask`) and SDPA on jagged nested
+# tensors, and records the result in `src/flashbook/data/bench/ch4/`; the plots after it show
+# that record.
 
 # %% tags=["demo"]
 from flashbook import bench, results

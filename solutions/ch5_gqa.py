@@ -27,9 +27,9 @@
 # triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton interpreter at small sizes,
 # and the checks count the K/V tiles your kernels load; a GPU adds the benchmark. About 3-4 hours.
 #
-# **Exercises** (10 points): (1) the M-fold prefill kernel (3); (2) the row lookup of a
-# contiguous and a paged cache (2); (3) the decode kernel, on both caches (3); (4) the decode
-# wrapper's argument checks (2).
+# **Exercises** (11 points): (1) the M-fold prefill kernel (3) and, optional, its two-tile
+# form (1); (2) the row lookup of a contiguous and a paged cache (2); (3) the decode kernel, on
+# both caches (3); (4) the decode wrapper's argument checks (2).
 
 # %%
 import flashbook as fb
@@ -216,8 +216,8 @@ def attention_gqa_per_head(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # **Two query tiles per program.** Chapter 4's fastest kernel gave each program two query tiles
 # so that one tile's softmax runs while the other's matmul is on the tensor cores. The M-fold
 # combines with it: tile A holds the first half of the program's positions for all G heads,
-# tile B the second half. `attention_gqa_two_tiles` is that kernel, built from your wrapper's
-# pieces; the benchmark measures it beside your one-tile kernel.
+# tile B the second half. `attention_gqa_two_tiles` runs that kernel, and the benchmark
+# measures it beside your one-tile kernel.
 #
 # Two tiles of 128 rows keep two accumulators of 128 x 128 fp32 values in registers, and an
 # H200 thread has at most 255 of them: this kernel lives at the limit, and two details of it
@@ -229,12 +229,30 @@ def attention_gqa_per_head(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # alone, a `(1, BLOCK_N)` mask instead of two `(BLOCK_M / 2, BLOCK_N)` ones. FlashAttention-2's
 # CUDA code makes the same choice with its `Is_causal` and `Is_local` template flags. On an
 # H200, the two together took the non-causal kernel from `n_spills` = 22 to 2.
+#
+# **Exercise 1b (optional, 1 point).** Write `store_folded_rows`, the last step of your
+# `attn_gqa_kernel` as a function of the rows' positions and query heads, and
+# `attn_gqa_two_tiles`, that kernel with two query tiles of `HALF = BLOCK_M // 2` rows. The
+# program takes the `POS = BLOCK_M // GROUP` positions from `m0 = m_block * POS`, as your kernel
+# does: tile A folds the first `POS // 2` of them with the `GROUP` heads, tile B the next
+# `POS // 2` with the same heads. Call `key_tiles` once for all `POS` positions and run
+# Chapter 4's three loops with `attn_two_tile_step` (imported from `flashbook.kernels`), each
+# tile's partial key tiles masked with `visible_pairs` of its own positions; keep the two
+# details above (scalar K and V bases; with `WINDOWED` False, the full tiles from key 0 and the
+# last tile masked on its keys alone). The check launches your kernel with
+# `ch5.launch_gqa(..., two_tiles=True)` on Exercise 1's cases and random shapes, with tiles of
+# 2 x 16 and 2 x 32 rows (2 x 64 for the random shapes), and counts the K tiles loaded in CPU
+# mode: each K/V head's visible tiles, once for each query tile. Until you write it,
+# `attention_gqa_two_tiles` runs your one-tile kernel instead, and says so once. (Chapter 9
+# differentiates this kernel from the package's copy of it: it does not need yours.) About 75
+# lines, most of them Exercise 1's.
 
-# %%
+# %% nbgrader={"grade": false, "grade_id": "ch5_two_tiles", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit
 def store_folded_rows(O, LSE, acc, l_i, m_i, q_start, rows, heads, seqlen_q, stride_ot,
                       stride_oh, total_q, offs_d):
     """O = acc / l and the LSE of folded rows (position rows[r], query head heads[r])."""
+    ### BEGIN SOLUTION
     ok = rows < seqlen_q
     has_key = l_i > 0.0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]
@@ -243,6 +261,7 @@ def store_folded_rows(O, LSE, acc, l_i, m_i, q_start, rows, heads, seqlen_q, str
     tl.store(O + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              o.to(O.dtype.element_ty), mask=ok[:, None])
     tl.store(LSE + heads * total_q + tokens, lse, mask=ok)
+    ### END SOLUTION
 
 
 @triton.jit
@@ -258,6 +277,7 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     and only on the keys."""
     POS: tl.constexpr = BLOCK_M // GROUP
     HALF: tl.constexpr = BLOCK_M // 2
+    ### BEGIN SOLUTION
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H_KV
     kv_head = pid_bh % H_KV
@@ -331,17 +351,27 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
                       stride_oh, total_q, offs_d)
     store_folded_rows(O, LSE, acc_b, l_b, m_b, q_start, rows_b, heads, seqlen_q, stride_ot,
                       stride_oh, total_q, offs_d)
+    ### END SOLUTION
 
+# %% nbgrader={"grade": true, "grade_id": "ch5_two_tiles_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch5.check_gqa_two_tiles(attn_gqa_two_tiles)
+### BEGIN HIDDEN TESTS
+ch5.check_gqa_two_tiles(attn_gqa_two_tiles, hidden=True)
+### END HIDDEN TESTS
 
+# %%
 def attention_gqa_two_tiles(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             causal=False, window_size=(-1, -1), softmax_scale=None, config=None,
                             sections=None):
-    """attention_gqa with the two-tile kernel."""
+    """attention_gqa with the two-tile kernel (the one-tile kernel while the two-tile one is
+    still a stub)."""
     validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
-    return ch5.launch_gqa(attn_gqa_two_tiles, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    kernel, two_tiles = ch4.pick_kernel(attn_gqa_two_tiles, attn_gqa_kernel,
+                                        "attention_gqa_two_tiles")
+    return ch5.launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, window=window, scale=softmax_scale, config=config,
-                          sections=sections, two_tiles=True)
+                          sections=sections, two_tiles=two_tiles)
 
 # %% [markdown]
 # ## 3. Decode: one new token against the cache

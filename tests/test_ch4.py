@@ -1,7 +1,8 @@
 """Chapter 4's own tests (the contract tests in test_chapters.py run its exercises, stubs and
-known-wrong variants): the public wrapper and the two-tile kernel built from the student's
-functions, the canaries and the load counter the checks rely on, the low-level launcher's own
-checks, and every kernel compiling ahead of time for sm_75 and sm_90 within shared memory."""
+known-wrong variants): the public wrapper, with the two-tile kernel and with the one-tile
+kernel while the optional two-tile exercise is a stub, the canaries and the load counter the
+checks rely on, the low-level launcher's own checks, and every kernel compiling ahead of time
+for sm_75 and sm_90 within shared memory."""
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,37 @@ def test_two_tile_kernel_inherits_a_wrong_mask():
     want, _ = reference.attention_varlen(q.double(), k.double(), v.double(), cu_q, cu_k,
                                          causal=True)
     assert (o.double() - want).abs().max() > 1e-2
+
+
+def _with_stub(cell: str) -> dict:
+    """The solution with one cell's solution regions stubbed, as the student notebook has them."""
+    import re
+    stub = re.sub(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*\n?",
+                  r"\1raise NotImplementedError()\n", CELLS[cell], flags=re.S | re.M)
+    return sources.solution_namespace("ch4", ROOT, replace={cell: stub})
+
+
+def test_public_wrapper_runs_the_one_tile_kernel_while_the_two_tile_one_is_a_stub(capsys):
+    """The optional exercise left as its stub: attention_varlen says so once, in words that are
+    none of the self-check's failure phrases, and answers with Exercise 2b's kernel."""
+    from flashbook import selftest
+    from flashbook.chapters.ch4 import launch
+    ns = _with_stub("ch4_two_tiles")
+    q, k, v, cu_q, cu_k = packed([2, 9, 0], [5, 37, 4])
+    launch._NOTED.discard("attention_varlen")          # said once per process
+    for _ in range(2):
+        o, _ = ns["attention_varlen"](q, k, v, cu_q, cu_k, 9, 37, causal=True)
+    note = capsys.readouterr().out
+    assert note.count("attn_masked_two_tiles") == 1 and "one-tile attn_masked_kernel" in note
+    assert not selftest.failure_phrase(note), note
+    want, _ = reference.attention_varlen(q.double(), k.double(), v.double(), cu_q, cu_k,
+                                         causal=True)
+    torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
+    two_tiles = namespace()["attn_masked_two_tiles"]               # written: taken, silently
+    capsys.readouterr()
+    assert ch4.pick_kernel(two_tiles, ns["attn_masked_kernel"], "attention_varlen") == \
+        (two_tiles, True)
+    assert capsys.readouterr().out == ""
 
 
 def test_canaries_sit_between_sequences_and_after_the_last():

@@ -1,7 +1,9 @@
 """Chapter 5's own tests (the contract tests in test_chapters.py run its exercises, stubs and
-known-wrong variants): the public wrappers against the float64 reference, paged against
-contiguous caches, the materialised-K/V ablation, the launch checks, and the kernels compiling
-ahead of time for sm_75 and sm_90 within shared memory."""
+known-wrong variants): the public wrappers against the float64 reference (the two-tile one
+also while its optional exercise is a stub), paged against contiguous caches, the
+materialised-K/V ablation, the launch checks, and the kernels compiling ahead of time for sm_75
+and sm_90 within shared memory."""
+import inspect
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,32 @@ def test_two_tile_kernel_sees_every_key_of_a_short_sequence_with_the_gpus_tiles(
     want, want_lse = expected(case, q, k, v)
     torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-4, rtol=1e-4)
+
+
+def test_two_tile_wrapper_runs_the_one_tile_kernel_while_the_two_tile_one_is_a_stub(capsys):
+    """The optional exercise left as its stub (both functions of its cell): the wrapper says so
+    once and answers with Exercise 1's kernel; the package's generated copy is the solved one."""
+    import re
+    from flashbook import selftest
+    from flashbook.chapters.ch4 import launch
+    cell = sources.cells_by_id(sources.read(sources.source("ch5", ROOT).path))["ch5_two_tiles"]
+    stub = re.sub(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*\n?",
+                  r"\1raise NotImplementedError()\n", cell, flags=re.S | re.M)
+    assert stub.count("raise NotImplementedError()") == 2
+    ns = sources.solution_namespace("ch5", ROOT, replace={"ch5_two_tiles": stub})
+    case = AttnCase("t", seqlens=(9, 30), seqlens_k=(12, 30), H_q=8, H_kv=2, d=16, causal=True)
+    q, k, v = make_inputs(case, 4)
+    launch._NOTED.discard("attention_gqa_two_tiles")
+    for _ in range(2):
+        o, lse = ns["attention_gqa_two_tiles"](q, k, v, case.cu_seqlens(),
+                                               case.cu_seqlens(keys=True), 30, 30, causal=True)
+    note = capsys.readouterr().out
+    assert note.count("attn_gqa_two_tiles") == 1 and "one-tile attn_gqa_kernel" in note
+    assert not selftest.failure_phrase(note), note
+    want, want_lse = expected(case, q, k, v)
+    torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
+    from flashbook.chapters.ch5 import forward_kernels
+    assert "raise NotImplementedError" not in inspect.getsource(forward_kernels)
 
 
 def test_paged_decode_equals_contiguous_and_the_reference(solution):

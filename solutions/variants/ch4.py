@@ -102,4 +102,22 @@ VARIANTS = (
     Variant('validate_trusts_max_seqlen', 'ch4_validate', (
         ('if value < max(steps):', 'if value < 0:'),
     ), expect='max_seqlen_q'),
+    # ----------------------------------------------------------------- ch4_two_tiles
+    Variant('two_tiles_b_a_whole_tile_late', 'ch4_two_tiles', (
+        ('rows_b = rows_a + HALF', 'rows_b = rows_a + BLOCK_M'),
+    ), expect='never wrote some of its rows'),   # the rows between A and B are never written
+    Variant('two_tiles_b_masked_with_a_rows', 'ch4_two_tiles', (
+        ('visible_pairs(rows_b, cols, seqlen_q, seqlen_k, window_left, window_right),\n'
+         '            qk_scale, True, DOT_PRECISION)\n    attn_store_rows',
+         'visible_pairs(rows_a, cols, seqlen_q, seqlen_k, window_left, window_right),\n'
+         '            qk_scale, True, DOT_PRECISION)\n    attn_store_rows'),
+    ), expect='visible_pairs of its own rows'),  # B's diagonal band masked as A's
+    Variant('two_tiles_masked_but_no_skipping', 'ch4_two_tiles', (
+        ('for start_n in range(full_hi, hi, BLOCK_N):',
+         'for start_n in range(full_hi, seqlen_k, BLOCK_N):'),
+    ), expect='nothing is skipped'),     # right, but loads every future tile, twice
+    Variant('two_tiles_masks_full_tiles', 'ch4_two_tiles', (
+        ('all_keys, all_keys[None, :], all_keys[None, :],\n            qk_scale, False,',
+         'all_keys, all_keys[None, :], all_keys[None, :],\n            qk_scale, True,'),
+    ), expect='Full tiles run with MASKED=False'),   # right, but pays for masks it needs not
 )

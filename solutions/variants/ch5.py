@@ -17,7 +17,6 @@ VARIANTS = (
         ('    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)',
          '    for start_n in range(lo, full_lo if window_left < seqlen_k else lo, BLOCK_N):'),
     ), expect='random shapes'),          # a short sequence in a tall tile has a left band too
-    # ----------------------------------------------------------------- ch5_cache_rows
     Variant('mfold_max_starts_at_minus_1e4', 'ch5_mfold_kernel', (
         ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
          'm_i = tl.full([BLOCK_M], -1e4, tl.float32)'),
@@ -32,6 +31,21 @@ VARIANTS = (
          '        acc, l_i, m_i = attn_step(acc, l_i, m_i, q, k_ptrs + start_n * stride_kt,\n'
          '                                  v_ptrs + (start_n + 1) * stride_vt,'),
     ), expect='left edge'),
+    # ----------------------------------------------------------------- ch5_two_tiles
+    Variant('two_tiles_b_a_whole_program_late', 'ch5_two_tiles', (
+        ('rows_b = rows_a + POS // 2', 'rows_b = rows_a + POS'),
+    ), expect='never wrote some of its rows'),   # the positions between A and B: never written
+    Variant('two_tiles_b_masked_with_a_positions', 'ch5_two_tiles', (
+        ('vis_b = visible_pairs(rows_b, cols,', 'vis_b = visible_pairs(rows_a, cols,'),
+    ), expect='visible_pairs of its own positions'),   # B's diagonal band masked as A's
+    Variant('two_tiles_loads_past_the_diagonal', 'ch5_two_tiles', (
+        ('for start_n in range(full_hi, hi, BLOCK_N):',
+         'for start_n in range(full_hi, seqlen_k, BLOCK_N):'),
+    ), expect='hold no visible pair'),   # right, but loads every future tile, twice
+    Variant('two_tiles_store_lse_in_base_2', 'ch5_two_tiles', (
+        ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453', 'm_i + tl.math.log2(l_i)'),
+    ), expect='LSE'),                    # store_folded_rows: the LSE in natural log
+    # ----------------------------------------------------------------- ch5_cache_rows
     Variant('page_lookup_off_by_one', 'ch5_cache_rows', (
         ('keys // rows_per_seq,', 'keys // rows_per_seq + 1,'),
     ), expect='cache_rows, paged'),

@@ -37,10 +37,10 @@ MODULES = (
         chapter="ch5",
         names=("store_folded_rows", "attn_gqa_two_tiles"),
         doc="Chapter 5's packed GQA forward in its two-tile form, the forward Chapter 9\n"
-            "differentiates (``ch9.forward``). The chapter gives this kernel in full (it is no "
-            "exercise);\nExercise 1's one-tile kernel, an answer, stays out of the package. "
-            "Launch it with\n``ch5.launch_gqa(..., two_tiles=True)``. Import this module after "
-            "``flashbook.setup()``: it\nimports Triton.",
+            "differentiates (``ch9.forward``): the answer to Chapter 5's optional Exercise 1b, "
+            "the one\nanswer of that chapter the package holds (Exercise 1's one-tile kernel "
+            "stays out of it).\nLaunch it with ``ch5.launch_gqa(..., two_tiles=True)``. Import "
+            "this module after\n``flashbook.setup()``: it imports Triton.",
         imports="import triton\nimport triton.language as tl\n\n"
                 "from flashbook.kernels import attn_two_tile_step, key_tiles, program_tile, "
                 "visible_pairs\n"),

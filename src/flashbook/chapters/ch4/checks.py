@@ -1,5 +1,6 @@
 """Chapter 4's graded checks: the varlen forward, the mask and tile-range helpers, the masked
-kernel (whose K-tile loads are counted in CPU mode) and the wrapper's argument checks.
+kernel (whose K-tile loads are counted in CPU mode) and the wrapper's argument checks; the
+optional two-tile kernel's check (``two_tiles``) runs these with two query tiles a program.
 
 Every packed batch the kernels see has a *canary* sequence of NaN after each real one: a
 kernel that reads one key or query past its own sequence reads NaN, and the check names the
@@ -28,8 +29,11 @@ CANARY = (3, 40)       # (queries, keys) of the NaN sequence after every real on
                        # BLOCK_N: a tile that runs past its sequence lands in NaN)
 
 
-def _configs():
-    return [None, Config(64, 32, 4, 2)] if current().gpu else \
+def _configs(two_tiles: bool = False):
+    """Tile configs the checks run (``two_tiles``: BLOCK_M holds both tiles of 16 rows or more)."""
+    if current().gpu:
+        return [None, Config(64, 32, 4, 2)]
+    return [Config(32, 16, 4, 1), Config(64, 16, 4, 1)] if two_tiles else \
         [Config(16, 16, 4, 1), Config(32, 16, 4, 1)]
 
 
@@ -172,11 +176,12 @@ def sweep_cases(hidden: bool, masked: bool) -> list[AttnCase]:
 
 
 def _check_packed(kernel, hidden: bool, masked: bool, title: str, hint: str,
-                  counter=None, cases=None, configs=None) -> int:
+                  counter=None, cases=None, configs=None, two_tiles: bool = False) -> int:
     def run(q, k, v, case, cfg):
-        return _run_packed(kernel, case, cfg, q, k, v, masked=masked, counter=counter)
+        return _run_packed(kernel, case, cfg, q, k, v, masked=masked, counter=counter,
+                           two_tiles=two_tiles)
     n = check_attention(run, cases or _varlen_cases(hidden, masked), title=title,
-                        configs=configs or _configs(), describe_config=tiles, guard=True,
+                        configs=configs or _configs(two_tiles), describe_config=tiles, guard=True,
                         seed=11 if hidden else 0, lse_tol=(2e-4, 1e-4), hint=hint, quiet=True)
     if cases is None:
         n += check_attention(run, sweep_cases(hidden, masked), title=f"{title}, random shapes",
@@ -357,30 +362,36 @@ def expected_loads(layout, H: int, BM: int, BN: int) -> dict:
             for pid, seq, h, _, seen, _ in _programs(layout, H, BM, BN)}
 
 
-def _check_masked_tiles(masked, layout, case, cfg, what):
+def _check_masked_tiles(masked, layout, case, cfg, what, per_tile: int = 1):
     """Each program of a tile of real rows may take the masked path (attn_scores with
-    MASKED=True) only for its partial tiles: a fully visible tile needs no mask arithmetic."""
+    MASKED=True, ``per_tile`` calls a K tile) only for its partial tiles: a fully visible tile
+    needs no mask arithmetic."""
     by_program = {}
     for pid, n in masked.items():                       # the interpreter's ids are (x, y, z)
         by_program[pid[:2]] = by_program.get(pid[:2], 0) + n
     for pid, seq, h, real_rows, seen, full in _programs(layout, case.H_q, cfg.BLOCK_M,
                                                          cfg.BLOCK_N):
-        if real_rows and by_program.get(pid, 0) > len(seen - full):
+        if real_rows and by_program.get(pid, 0) > per_tile * len(seen - full):
             raise CheckFailure(
                 f"{what}: program {pid} (sequence {seq}, head {h}) ran the masked path "
-                f"(MASKED=True) for {by_program[pid]} K tiles, but it needs {len(seen)}: "
-                f"{len(seen - full)} partial, {len(full)} fully visible. "
+                f"(MASKED=True) for {by_program[pid]} K tiles{_per_tile(per_tile)}, but it "
+                f"needs {len(seen)}: {len(seen - full)} partial, {len(full)} fully visible. "
                 "Full tiles run with MASKED=False: no mask arithmetic. Loop over "
                 "key_tiles' three ranges.")
 
 
-def count_masked_loads(kernel, hidden: bool = False) -> str:
-    """Run one long causal and one windowed sequence under a load counter. The counter needs
-    the interpreter: on a GPU runtime this runs in a CPU-mode child process (``cpu_child``)."""
+def _per_tile(per_tile: int) -> str:
+    return f" (each of its {per_tile} query tiles counted)" if per_tile > 1 else ""
+
+
+def count_masked_loads(kernel, hidden: bool = False, two_tiles: bool = False) -> str:
+    """Run one long causal and one windowed sequence under a load counter (``two_tiles``: the
+    two-tile kernel, each of whose query tiles loads the K tiles of its program). The counter
+    needs the interpreter: on a GPU runtime this runs in a CPU-mode child (``cpu_child``)."""
     if current().gpu:
-        return on_cpu("flashbook.chapters.ch4.checks:count_masked_loads", {"kernel": kernel},
-                      hidden=hidden)
-    cfg = Config(16, 16, 4, 1)
+        target = "two_tiles:count_two_tile_loads" if two_tiles else "checks:count_masked_loads"
+        return on_cpu(f"flashbook.chapters.ch4.{target}", {"kernel": kernel}, hidden=hidden)
+    cfg, per_tile = (Config(32, 16, 4, 1), 2) if two_tiles else (Config(16, 16, 4, 1), 1)
     lines = []
     for case in (AttnCase("causal, N = 128", seqlens=(128,), causal=True, H_q=1, d=16),
                  AttnCase("window (16, 0), N = 112", seqlens=(112,), window=(16, 0), H_q=1,
@@ -389,24 +400,27 @@ def count_masked_loads(kernel, hidden: bool = False) -> str:
                                               H_q=2, d=16),) if hidden else ()):
         q, k, v = make_inputs(case, 5)
         counter = oob.Guard()
-        what = f"masked kernel, case {case.describe()}, {tiles(cfg)}"
+        what = f"{'two-tile' if two_tiles else 'masked'} kernel, case {case.describe()}, " \
+               f"{tiles(cfg)}"
         with counter, oob.counting_calls(kernel, "attn_scores",
                                          lambda args: bool(args.get("MASKED"))) as masked:
             run_student(_run_packed, kernel, case, cfg, q, k, v, masked=True, counter=counter,
-                        sections=2 if case.H_q == 2 else None, what=what, guard=True)
+                        two_tiles=two_tiles, sections=2 if case.H_q == 2 else None, what=what,
+                        guard=True)
         want = expected_loads(counter.layout, case.H_q, cfg.BLOCK_M, cfg.BLOCK_N)
         seq_index, cu_k = counter.layout[3], counter.layout[1]
         got = {tuple(pid[:2]): c for (pid, name), c in counter.loads.items() if name == "K"}
         for pid, (n_tiles, bh) in sorted(want.items()):
-            if got.get(pid, 0) != n_tiles:
+            if got.get(pid, 0) != per_tile * n_tiles:
                 raise CheckFailure(
                     f"{what}: program {pid} (sequence {bh // case.H_q}, head {bh % case.H_q}) "
-                    f"loaded {got.get(pid, 0)} K tiles; {n_tiles} hold a visible pair. "
+                    f"loaded {got.get(pid, 0)} K tiles{_per_tile(per_tile)}; {n_tiles} hold a "
+                    "visible pair. "
                     + ("It loaded tiles that are wholly masked: the mask is applied but "
                        "nothing is skipped. Loop over key_tiles' ranges only."
-                       if got.get(pid, 0) > n_tiles else
+                       if got.get(pid, 0) > per_tile * n_tiles else
                        "It skipped tiles with visible pairs (or loaded K outside attn_step)."))
-        _check_masked_tiles(masked, counter.layout, case, cfg, what)
+        _check_masked_tiles(masked, counter.layout, case, cfg, what, per_tile)
         real = [bh for _, bh in want.values() if bh // case.H_q in seq_index]
         loaded = sum(n for n, bh in want.values() if bh // case.H_q in seq_index)
         sweep = sum(triton.cdiv(cu_k[bh // case.H_q + 1] - cu_k[bh // case.H_q], cfg.BLOCK_N)

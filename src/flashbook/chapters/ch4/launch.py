@@ -13,16 +13,19 @@ whether ``cu_seqlens`` and the maximum lengths describe the tensors is the publi
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
 from flashbook.cases import as_window, output, validate_scale, validate_tensor
+from flashbook.check import is_stub
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.device import current
 
-__all__ = ["launch_varlen", "window_bounds", "heads_per_section", "Config", "pick_config", "HEAD_DIMS",
-           "HEAD_DIMS_WHY", "DTYPES"]
+__all__ = ["launch_varlen", "window_bounds", "heads_per_section", "pick_kernel", "Config",
+           "pick_config", "HEAD_DIMS", "HEAD_DIMS_WHY", "DTYPES"]
 
 
 def window_bounds(window: tuple[int, int], causal: bool, max_seqlen_q: int,
@@ -49,6 +52,28 @@ def heads_per_section(n_bh: int, kv_bytes: int, device: torch.device | str) -> i
     budget = torch.cuda.get_device_properties(torch.device(device)).L2_cache_size // 2
     fits = max(1, budget // max(kv_bytes, 1))
     return max(g for g in range(1, min(fits, n_bh) + 1) if n_bh % g == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _still_a_stub(kernel) -> bool:
+    return is_stub(kernel)
+
+
+_NOTED: set[str] = set()
+
+
+def pick_kernel(two_tile, one_tile, wrapper: str):
+    """``(kernel, two_tiles)`` for a public wrapper: the two-tile kernel, or the one-tile kernel
+    while the two-tile one is still the stub of its chapter's optional exercise (the wrapper
+    then says so, once). Cached per kernel: a wrapper's launched calls pay nothing for it."""
+    if not _still_a_stub(two_tile):
+        return two_tile, True
+    if wrapper not in _NOTED:
+        _NOTED.add(wrapper)
+        names = [getattr(getattr(k, "fn", k), "__name__", "?") for k in (two_tile, one_tile)]
+        print(f"{wrapper}: {names[0]} (the optional exercise) is still a stub, so this runs "
+              f"your one-tile {names[1]} instead.")
+    return one_tile, False
 
 
 def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,

@@ -1,10 +1,11 @@
 """Chapter 5: grouped-query attention: the M-fold prefill, decode against contiguous and paged
 KV caches.
 
-The student writes Triton kernels with fixed signatures and the decode wrapper's argument checks;
-``launch`` launches them, ``checks`` grades them (canary sequences, NaN past every cache length,
-counted K tile loads in CPU mode), ``figures`` draws the chapter's pictures and ``benchmark``
-times the solution on a GPU (``flashbook bench ch5``).
+The student writes Triton kernels with fixed signatures (and, optionally, the prefill's
+two-tile form) and the decode wrapper's argument checks; ``launch`` launches them, ``checks``
+grades them (canary sequences, NaN past every cache length, counted K tile loads in CPU mode),
+``figures`` draws the chapter's pictures and ``benchmark`` times the solution on a GPU
+(``flashbook bench ch5``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from flashbook.contract import Chapter, Exercise
 
 from . import benchmark
 from .checks import check_cache_rows, check_decode_kernel, check_gqa_prefill, \
-    check_validate_decode, decode_cases, gqa_cases, validate_decode_cases
+    check_gqa_two_tiles, check_validate_decode, decode_cases, gqa_cases, validate_decode_cases
 from .figures import MODELS, decode_intensity, example_points, kv_cache_bytes, kv_table, \
     kv_table_markdown, plot_mfold, plot_paged_cache, plot_roofline
 from .launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, decode_block_m, decode_config, \
@@ -21,7 +22,7 @@ from .recorded import measured_points, plot_recorded, quoted_figures, summary
 
 __all__ = ["CHAPTER", "launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache",
            "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS", "HEAD_DIMS_WHY",
-           "check_gqa_prefill", "check_cache_rows",
+           "check_gqa_prefill", "check_gqa_two_tiles", "check_cache_rows",
            "check_decode_kernel", "check_validate_decode", "gqa_cases", "decode_cases",
            "validate_decode_cases", "MODELS", "kv_cache_bytes", "kv_table", "kv_table_markdown",
            "decode_intensity", "example_points", "plot_roofline", "plot_mfold",
@@ -32,6 +33,8 @@ CHAPTER = Chapter(
     title="Grouped-query attention",
     exercises=(
         Exercise("ch5_mfold_test", ("ch5_mfold_kernel",), ("attention_gqa",), check_gqa_prefill),
+        Exercise("ch5_two_tiles_test", ("ch5_two_tiles",), ("attn_gqa_two_tiles",),
+                 check_gqa_two_tiles),
         Exercise("ch5_cache_rows_test", ("ch5_cache_rows",), ("cache_rows",), check_cache_rows),
         Exercise("ch5_decode_test", ("ch5_cache_rows", "ch5_decode_kernel"), ("decode_kernel",),
                  check_decode_kernel),

@@ -1,7 +1,7 @@
 """Chapter 5's graded checks: the M-fold prefill (with Chapter 4's canary sequences, and the K
-tiles it loads counted in CPU mode), the cache row lookup (contiguous and paged), the decode
-kernel on contiguous and shuffled paged caches whose unused slots hold NaN, and the decode
-wrapper's argument checks."""
+tiles it loads counted in CPU mode) and, optional, its two-tile kernel, the cache row lookup
+(contiguous and paged), the decode kernel on contiguous and shuffled paged caches whose unused
+slots hold NaN, and the decode wrapper's argument checks."""
 from __future__ import annotations
 
 import functools
@@ -21,7 +21,7 @@ from flashbook.chapters.ch4.launch import window_bounds
 from flashbook.cpu_child import on_cpu
 from flashbook.device import current
 
-from .launch import Config, decode_block_m, decode_config, launch_decode, paged_cache
+from .launch import Config, decode_block_m, decode_config, launch_decode, launch_gqa, paged_cache
 
 _HINT = ("row r of the tile is query head kv_head * GROUP + r % GROUP at position m0 + r // GROUP; "
          "K and V come from head kv_head = pid_bh % H_KV; masks and tile ranges as in Chapter 4.")
@@ -48,8 +48,11 @@ def gqa_cases(hidden: bool = False) -> list[AttnCase]:
     return cases
 
 
-def _configs():
-    return [None, Config(64, 32, 4, 2)] if current().gpu else \
+def _configs(two_tiles: bool = False):
+    """Tile configs the checks run (``two_tiles``: BLOCK_M holds both tiles of 16 rows or more)."""
+    if current().gpu:
+        return [None, Config(64, 32, 4, 2)]
+    return [Config(32, 16, 4, 1), Config(64, 16, 4, 1)] if two_tiles else \
         [Config(16, 16, 4, 1), Config(32, 16, 4, 1)]
 
 
@@ -90,11 +93,17 @@ def count_prefill_loads(wrapper, hidden: bool = False) -> str:
     if current().gpu:
         return on_cpu("flashbook.chapters.ch5.checks:count_prefill_loads",
                       {"attention_gqa": wrapper}, hidden=hidden)
+    return _count_loads(wrapper)
+
+
+def _count_loads(wrapper, per_tile: int = 1) -> str:
+    """``per_tile``: the query tiles of a program (each loads every K tile the program visits)."""
     cfg = Config(32, 16, 4, 1)
     case = AttnCase("G=4, causal, N=64", seqlens=(64,), H_q=8, H_kv=2, d=16, causal=True)
     q, k, v = make_inputs(case, 3)
     counter = oob.Guard()
-    what = f"GQA prefill, case {case.describe()}, {tiles(cfg)}"
+    what = f"{'two-tile ' if per_tile > 1 else ''}GQA prefill, case {case.describe()}, " \
+           f"{tiles(cfg)}"
     with counter:
         run_student(_run_prefill, wrapper, case, cfg, q, k, v, counter=counter, what=what,
                     guard=True)
@@ -104,15 +113,23 @@ def count_prefill_loads(wrapper, hidden: bool = False) -> str:
     window = window_bounds(case.window or (-1, -1), case.causal, max_q, max_k)
     want = expected_loads((cu_q, cu_k, max_q, seq_index, window, 1), case.h_kv,
                           cfg.BLOCK_M // G, cfg.BLOCK_N)
-    need = sum(t for t, _ in want.values())
+    need = per_tile * sum(t for t, _ in want.values())
     got = sum(c for (_, name), c in counter.loads.items() if name == "K")
+    if got != need and per_tile > 1:
+        raise CheckFailure(
+            f"{what}: the kernel loaded {got} K tiles in all; each K/V head's visible tiles, "
+            f"once for each of a program's {per_tile} query tiles, is {need}. "
+            + ("It loads tiles that hold no visible pair: loop over key_tiles' ranges only, "
+               "for the program's POS positions." if got > need else
+               "It skips tiles with visible pairs (or loads K outside attn_two_tile_step)."))
     if got != need:
         raise CheckFailure(
             f"{what}: the kernel loaded {got} K tiles in all; each K/V head's visible tiles "
             f"once is {need}." + (f" That is {got / need:.1f}x: K and V are read once per query "
                                   "head (a repeat_interleave, or one program per query head), "
                                   "not once per group of G heads." if got > need else ""))
-    return f" (K tiles loaded: {got}, each K/V head's once for its {G} query heads)"
+    return f" (K tiles loaded: {got}, each K/V head's once for its {G} query heads" + \
+        (f" in each of the {per_tile} query tiles)" if per_tile > 1 else ")")
 
 
 def check_gqa_prefill(attention_gqa, hidden: bool = False):
@@ -130,6 +147,55 @@ def check_gqa_prefill(attention_gqa, hidden: bool = False):
                          lse_tol=(2e-4, 1e-4), hint=_HINT, quiet=True)
     report("GQA prefill (M-fold)", n, extra=count_prefill_loads(attention_gqa, hidden),
            hidden=hidden)
+
+
+# --------------------------------------------------- Exercise 1b (optional): two query tiles
+
+_HINT_TWO = ("tile A holds the program's first POS // 2 positions for all GROUP heads (row r: "
+             "position m0 + r // GROUP, query head kv_head * GROUP + r % GROUP), tile B the next "
+             "POS // 2 with the same heads; each tile's partial key tiles take visible_pairs of "
+             "its own positions.")
+
+
+def two_tile_wrapper(kernel):
+    """The two-tile kernel behind ``attention_gqa``'s signature, launched as the chapter's
+    ``attention_gqa_two_tiles`` launches it (the check's inputs are valid: no argument checks)."""
+    def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                  window_size=(-1, -1), softmax_scale=None, config=None):
+        window = window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
+        return launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, window=window, scale=softmax_scale, config=config,
+                          two_tiles=True)
+    return attention
+
+
+def count_two_tile_loads(kernel, hidden: bool = False) -> str:
+    """``count_prefill_loads`` for the two-tile kernel, whose two query tiles each load every K
+    tile of their program (in a CPU-mode child on a GPU runtime)."""
+    if current().gpu:
+        return on_cpu("flashbook.chapters.ch5.checks:count_two_tile_loads",
+                      {"attn_gqa_two_tiles": kernel}, hidden=hidden)
+    return _count_loads(two_tile_wrapper(kernel), per_tile=2)
+
+
+def check_gqa_two_tiles(attn_gqa_two_tiles, hidden: bool = False):
+    """Exercise 1b (optional): the two-tile M-fold kernel matches float64 attention on Exercise
+    1's cases and random shapes, with tiles of two halves, and loads each K/V head's visible
+    tiles once for each query tile."""
+    require_implemented(attn_gqa_two_tiles, "attn_gqa_two_tiles")
+    attention = two_tile_wrapper(attn_gqa_two_tiles)
+    def run(q, k, v, case, cfg):
+        return _run_prefill(attention, case, cfg, q, k, v)
+    n = check_attention(run, gqa_cases(hidden), title="two-tile GQA prefill",
+                        configs=_configs(two_tiles=True), describe_config=tiles, guard=True,
+                        seed=23 if hidden else 2, lse_tol=(2e-4, 1e-4), hint=_HINT_TWO,
+                        quiet=True)
+    n += check_attention(run, sweep_cases(hidden), title="two-tile GQA prefill, random shapes",
+                         configs=[None] if current().gpu else [SWEEP_TILE],
+                         describe_config=tiles, guard=True, seed=33 if hidden else 3,
+                         lse_tol=(2e-4, 1e-4), hint=_HINT_TWO, quiet=True)
+    report("two-tile GQA prefill", n,
+           extra=count_two_tile_loads(attn_gqa_two_tiles, hidden), hidden=hidden)
 
 
 # ------------------------------------------------------------- Exercise 2: the row lookup

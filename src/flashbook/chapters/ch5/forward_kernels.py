@@ -1,12 +1,12 @@
 # Generated from solutions/ch5_gqa.py by `flashbook release` (make release): do not edit.
 # Edit the solution and release again (tests/test_given.py checks this file).
-#   store_folded_rows: an ungraded code cell
-#   attn_gqa_two_tiles: an ungraded code cell
+#   store_folded_rows: solution cell ch5_two_tiles
+#   attn_gqa_two_tiles: solution cell ch5_two_tiles
 """Chapter 5's packed GQA forward in its two-tile form, the forward Chapter 9
-differentiates (``ch9.forward``). The chapter gives this kernel in full (it is no exercise);
-Exercise 1's one-tile kernel, an answer, stays out of the package. Launch it with
-``ch5.launch_gqa(..., two_tiles=True)``. Import this module after ``flashbook.setup()``: it
-imports Triton.
+differentiates (``ch9.forward``): the answer to Chapter 5's optional Exercise 1b, the one
+answer of that chapter the package holds (Exercise 1's one-tile kernel stays out of it).
+Launch it with ``ch5.launch_gqa(..., two_tiles=True)``. Import this module after
+``flashbook.setup()``: it imports Triton.
 """
 import triton
 import triton.language as tl
