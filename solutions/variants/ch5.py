@@ -21,6 +21,16 @@ VARIANTS = (
         ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
          'm_i = tl.full([BLOCK_M], -1e4, tl.float32)'),
     ), expect='every score -96000'),
+    # A running max kept in float16 (rounded after every full tile): P and l were computed with
+    # the unrounded max, the next tile's rescale exp2(m_old - m_new) uses the rounded one, so
+    # every later tile is weighted wrong (by ~1e-4 in an fp32 run).
+    Variant('mfold_running_max_in_float16', 'ch5_mfold_kernel', (
+        ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+         'm_i = tl.full([BLOCK_M], float("-inf"), tl.float16)'),
+        ('                                  qk_scale, False, DOT_PRECISION)\n',
+         '                                  qk_scale, False, DOT_PRECISION)\n'
+         '        m_i = m_i.to(tl.float16)\n'),
+    ), expect='values are wrong'),
     Variant('mfold_left_band_reads_v_one_key_late', 'ch5_mfold_kernel', (
         ('# left band (windows)\n'
          '        cols = start_n + offs_n\n'
@@ -66,6 +76,17 @@ VARIANTS = (
          '            cols < cache_len + BLOCK_N, visible_pairs(t, cols, n_new, cache_len + BLOCK_N,'
          ' window_left, window_right),\n            qk_scale, True, DOT_PRECISION)\n    ok'),
     ), expect='NaN'),                    # the last partial page's slots past the length
+    Variant('decode_max_starts_at_minus_1e4', 'ch5_decode_kernel', (
+        ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+         'm_i = tl.full([BLOCK_M], -1e4, tl.float32)'),
+    ), expect='every score -96000'),
+    Variant('decode_running_max_in_float16', 'ch5_decode_kernel', (
+        ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
+         'm_i = tl.full([BLOCK_M], float("-inf"), tl.float16)'),
+        ('            all_keys, all_keys[None, :], qk_scale, False, DOT_PRECISION)\n',
+         '            all_keys, all_keys[None, :], qk_scale, False, DOT_PRECISION)\n'
+         '        m_i = m_i.to(tl.float16)\n'),
+    ), expect='values are wrong'),
     Variant('decode_wrong_kv_head', 'ch5_decode_kernel', (
         ('heads = kv_head * GROUP + r % GROUP', 'heads = (r % GROUP) * H_KV + kv_head'),
     ), expect='values are wrong'),

@@ -260,6 +260,13 @@ def check_cache_rows(cache_rows, hidden: bool = False):
 
 # ---------------------------------------------------------------- Exercise 3: decode
 
+# A decode case whose every score is -96000 (q all 1, valid keys all -1, d = 16, scale 6000):
+# a running max that starts at a finite -1e4 instead of -inf stays above every score, and a max
+# rounded to float16 has no such value (its largest finite magnitude is 65504).
+CONSTANT_SCORE_CASE = "contiguous, G=4, every score -96000"
+CONSTANT_SCALE = 6000.0
+
+
 def decode_cases(hidden: bool = False):
     """(name, B, n_new, h_q, h_kv, d, lengths, max_len, page_size or None, dtype, BLOCK_N or
     None: the launcher's)."""
@@ -269,7 +276,8 @@ def decode_cases(hidden: bool = False):
               torch.float32, None),
              ("paged (16), tiles of 32 keys spanning pages", 2, 1, 4, 2, 16, (45, 64), 64, 16,
               torch.float32, 32),
-             ("MQA, paged (32), float16", 2, 1, 4, 1, 32, (64, 17), 64, 32, torch.float16, None)]
+             ("MQA, paged (32), float16", 2, 1, 4, 1, 32, (64, 17), 64, 32, torch.float16, None),
+             (CONSTANT_SCORE_CASE, 2, 2, 8, 2, 16, (40, 9), 48, None, torch.float32, None)]
     if hidden:
         cases += [("contiguous, G=8, 3 new tokens, d=64", 2, 3, 8, 1, 64, (19, 3), 32, None,
                    torch.float32, None),
@@ -301,14 +309,14 @@ def _cache(B, max_len, h_kv, d, lengths, dtype, seed):
     return k, v
 
 
-def _decode_reference(q, k, v, lengths):
+def _decode_reference(q, k, v, lengths, scale=None):
     o = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float64)
     for b, n in enumerate(lengths):
         ob, lb = reference.attention(q[b].transpose(0, 1)[None].double().cpu(),
                                      k[b, :n].transpose(0, 1)[None].double().cpu(),
                                      v[b, :n].transpose(0, 1)[None].double().cpu(), causal=True,
-                                     return_lse=True)
+                                     return_lse=True, scale=scale)
         o[b], lse[b] = ob[0].transpose(0, 1), lb[0]
     return o, lse
 
@@ -322,8 +330,11 @@ def check_decode_kernel(kernel, hidden: bool = False):
             enumerate(decode_cases(hidden)):
         q = seeded((B, n_new, h_q, d), 40 + i, dtype)
         k, v = _cache(B, max_len, h_kv, d, lengths, dtype, 50 + 2 * i)
+        scale = None
+        if name == CONSTANT_SCORE_CASE:              # every score q . k * scale = -96000
+            q, k, scale = torch.ones_like(q), torch.where(k.isnan(), k, -1.0), CONSTANT_SCALE
         seqlens = torch.tensor(lengths, dtype=torch.int32, device=q.device)
-        want_o, want_lse = _decode_reference(q, k, v, lengths)
+        want_o, want_lse = _decode_reference(q, k, v, lengths, scale)
         table = None
         if page:
             k, v, table = paged_cache(k, v, page, seed=i, spare=2)
@@ -333,7 +344,7 @@ def check_decode_kernel(kernel, hidden: bool = False):
                 f"d={d}, lengths {list(lengths)}, {str(dtype)[6:]}; {rows} rows per tile"
                 + (f", {block_n} keys" if block_n else "") + ")")
         o, lse = run_student(launch_decode, kernel, q, k, v, seqlens, table, block_n=block_n,
-                             what=what, guard=True)
+                             scale=scale, what=what, guard=True)
         no_nan(o, what + ", O (NaN: a slot past cache_seqlens was read, or a wrong page)")
         assert_close(o, want_o.to(o.device), what=what + ", O", dims=("b", "new", "head", "col"),
                      dtype=dtype, hint=_HINT.replace("m0 + r // GROUP", "new token r // GROUP")
