@@ -2,8 +2,9 @@
 form (causal masks bottom-right, O and the natural-log LSE ``(h_q, total_q)`` the backward
 needs), from ``flashbook.chapters.ch5.forward_kernels``, which ``flashbook release`` generates
 from Chapter 5's solution: the package alone runs it, no checkout needed. The same kernel on
-every device (Chapter 5 gives it in full; its one-tile kernel is Exercise 1's answer, not in
-the package): in CPU mode two tiles of 16 rows, which take the group sizes the checks use."""
+every device: in CPU mode two tiles of 16 rows, which take the group sizes the checks use. The
+package holds this answer to Chapter 5's optional Exercise 1b (the instructor guide lists it);
+the one-tile kernel, Exercise 1's answer, is not in the package."""
 from __future__ import annotations
 
 import numpy as np
