@@ -2,6 +2,8 @@
 ``validate_qkv`` and ``check.run_student`` / ``check.check_attention`` (tile configs, NaN padding,
 canaries, masks, GQA, varlen), on implementations that are right and ones that are wrong."""
 import dataclasses
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -217,6 +219,37 @@ def test_value_checks_on_request_by_environment_and_off_in_cpu_mode(gpu_runtime,
     monkeypatch.undo()
     assert cases.host_values(cu) == (0, 2)                      # CPU mode: read
     with cases.check_values(False):
+        assert cases.host_values(cu) is None
+
+
+def _fresh_copy(module):
+    """A second copy of ``module``, as the grader's fresh load of the checks makes one."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(module.__name__ + "_fresh", module.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = copy                  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(copy)
+    finally:
+        del sys.modules[spec.name]
+    return copy
+
+
+def test_a_graded_check_from_a_fresh_copy_turns_on_the_notebooks_value_checks_and_poison(
+        gpu_runtime):
+    """On a GPU the grader's check (a fresh copy of cases) enters check_values() and
+    poisoned_outputs() while the student's wrapper runs the notebook's copy: the switches must
+    reach it (on an H200 Chapters 4 and 5 lost Exercise 3's and 4's points without this)."""
+    fresh = _fresh_copy(cases)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    assert cases.host_values(cu) is None
+    with fresh.check_values():
+        assert cases.host_values(cu) == (0, 3, 8)
+    assert cases.host_values(cu) is None and "FLASHBOOK_CHECK_VALUES" not in os.environ
+    with fresh.poisoned_outputs():
+        assert cases.output((2,), dtype=torch.float32, device="cpu").isnan().all()
+    assert "FLASHBOOK_POISON_OUTPUTS" not in os.environ
+    with fresh.check_values(False):
         assert cases.host_values(cu) is None
 
 

@@ -432,6 +432,26 @@ def validate_scale(scale, d: int, name: str = "attention") -> float:
 # ------------------------------------------------------------ launchers' output buffers
 
 _POISON = contextvars.ContextVar("flashbook_poisoned_outputs", default=False)
+# The switches below are also set in the environment while they are on: the grader runs each
+# check from a fresh copy of flashbook's modules (grade/kernel_guard.py), while the student's
+# wrappers call the launchers of the notebook's own copy. A context variable of one copy is
+# invisible to the other; the process's environment is the one state both copies read.
+POISON_ENV = "FLASHBOOK_POISON_OUTPUTS"
+VALUES_ENV = "FLASHBOOK_CHECK_VALUES"
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str):
+    """``os.environ[name] = value`` inside, the previous value (or none) after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 @contextlib.contextmanager
@@ -440,10 +460,11 @@ def poisoned_outputs():
     kernel never writes shows as NaN instead of whatever the memory held (often the right
     answer of the previous call). The checks run every student launch inside."""
     token = _POISON.set(True)
-    try:
-        yield
-    finally:
-        _POISON.reset(token)
+    with _environment(POISON_ENV, "1"):
+        try:
+            yield
+        finally:
+            _POISON.reset(token)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -460,7 +481,7 @@ def next_pow2(n: int) -> int:
 def output(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
     """A launcher's output buffer: ``torch.empty``, NaN-filled inside ``poisoned_outputs``."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    return t.fill_(math.nan) if _POISON.get() else t
+    return t.fill_(math.nan) if _POISON.get() or os.environ.get(POISON_ENV) == "1" else t
 
 
 # ------------------------------------------------------------ index tensors read on the host
@@ -496,21 +517,24 @@ def check_values(on: bool = True):
     in the pool) on a GPU too, at the cost of one host sync per new tensor; ``on=False`` skips
     them in CPU mode as well. The graded checks run student code inside ``check_values()``."""
     token = _CHECK_VALUES.set(bool(on))
-    try:
-        yield
-    finally:
-        _CHECK_VALUES.reset(token)
+    with _environment(VALUES_ENV, "1" if on else "0"):
+        try:
+            yield
+        finally:
+            _CHECK_VALUES.reset(token)
 
 
 def values_checked() -> bool:
     """Whether ``host_values`` reads: inside ``check_values(on)``, ``on``; else with
-    ``FLASHBOOK_CHECK_VALUES=1`` in the environment, yes; else in CPU mode (reading costs no
-    sync there), and not on a GPU, whose hot path must not wait for the device."""
+    ``FLASHBOOK_CHECK_VALUES=1`` (or ``0``) in the environment, yes (no); else in CPU mode
+    (reading costs no sync there), and not on a GPU, whose hot path must not wait for the
+    device."""
     on = _CHECK_VALUES.get()
     if on is not None:
         return on
-    if os.environ.get("FLASHBOOK_CHECK_VALUES") == "1":
-        return True
+    env = os.environ.get(VALUES_ENV)
+    if env in ("0", "1"):
+        return env == "1"
     return not current().gpu
 
 
