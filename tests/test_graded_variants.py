@@ -1,4 +1,6 @@
 """flashbook.graded_variants: known-wrong variants graded through collect -> autograde -> export."""
+import os
+
 import pytest
 
 from flashbook import graded_variants, sources
@@ -8,6 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_grader_takes_a_variants_points_and_notices_one_that_keeps_them(monkeypatch):
+    monkeypatch.delenv("FLASHBOOK_QUICK_BENCH", raising=False)
     real = {v.name: v for v in sources.variants("ch1")}
     harmless = Variant("comment_reworded", "ch1_softmax",
                        (("# every exponent <= 0", "# every exponent is at most 0"),),
@@ -23,3 +26,4 @@ def test_the_grader_takes_a_variants_points_and_notices_one_that_keeps_them(monk
     assert wrong["earned"] < 10
     assert same["lost_at"] == [] and same["earned"] == 10 and not graded_variants.ok(same)
     assert graded_variants.verdict(same) == "KEPT EVERY POINT"
+    assert "FLASHBOOK_QUICK_BENCH" not in os.environ        # the grader's quick mode, undone

@@ -69,15 +69,22 @@ def grade_chapter(chapter_id: str, root: Path, names=None, device: str = "cpu",
             folder.mkdir(parents=True)
             nbformat.write(nb, folder / released.name)
         where = ["--course", str(course)]
-        os.environ[QUICK_ENV] = "1"
         start = time.monotonic()
-        for argv in (["collect", str(work / "downloads"), "--assignment", chapter_id, *where],
-                     ["autograde", chapter_id, "--device", device, "--timeout", str(timeout),
-                      "--workers", str(workers), *where],
-                     ["export", str(work / "grades.csv"), "--assignment", chapter_id,
-                      "--no-summary", *where]):
-            if cli.main(argv):
-                raise RuntimeError(f"flashbook {argv[0]} failed:\n{log.getvalue()[-2000:]}")
+        before = os.environ.get(QUICK_ENV)
+        os.environ[QUICK_ENV] = "1"        # the grader's kernels time in quick mode (kept)
+        try:
+            for argv in (["collect", str(work / "downloads"), "--assignment", chapter_id, *where],
+                         ["autograde", chapter_id, "--device", device, "--timeout", str(timeout),
+                          "--workers", str(workers), *where],
+                         ["export", str(work / "grades.csv"), "--assignment", chapter_id,
+                          "--no-summary", *where]):
+                if cli.main(argv):
+                    raise RuntimeError(f"flashbook {argv[0]} failed:\n{log.getvalue()[-2000:]}")
+        finally:
+            if before is None:
+                os.environ.pop(QUICK_ENV, None)
+            else:
+                os.environ[QUICK_ENV] = before
         with open(work / "grades.csv", newline="") as f:
             totals = {r["student_id"]: (float(r[f"{chapter_id}/total"]),
                                         float(r[f"{chapter_id}/max"])) for r in csv.DictReader(f)}
