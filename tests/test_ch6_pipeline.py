@@ -6,7 +6,6 @@ the known-wrong variants are edits of that text, each of which must fail a check
 reason. The engine's hazard kinds are also provoked one by one with hand-made programs, and the
 steady-state utilisation is compared with the FA3 model for several (g, s).
 """
-import time
 
 import matplotlib
 
@@ -130,10 +129,8 @@ def test_known_wrong_variant_fails_for_its_reason(name, cell, old, new, expect):
     assert source.count(old) == 1, f"{name}: the edit does not apply once"
     edited = source.replace(old, new)
     fns = schedule(edited, CONSUMER_CELL) if cell == "ring" else schedule(RING_CELL, edited)
-    start = time.perf_counter()
     failure = first_failure(fns)
     assert failure is not None, f"{name} passed every check"
-    assert time.perf_counter() - start < 5
     message = str(failure)
     assert expect in message, message
     assert not any(c in message for c in CRASH), message
@@ -304,9 +301,7 @@ def test_deadlock_terminates_and_names_every_waiter():
             yield pipe.arrive(a)
         return {"producer": one(), "consumer 0": two()}
 
-    start = time.perf_counter()
     run = run_programs(1, 1, build)
-    assert time.perf_counter() - start < 1
     assert run.error.kind == "deadlock"
     assert "the producer waits on a" in str(run.error) and "consumer 0 waits on b" in str(run.error)
 
