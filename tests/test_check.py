@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashbook import cases, check, reference
+from flashbook import cases, check, launcher, reference
 from flashbook.cases import AttnCase
 from flashbook.check import CheckFailure
 
@@ -175,7 +175,7 @@ def test_host_values_reads_a_tensor_once_per_state(reads):
     assert cases.host_values(table) == ((1, 2), (3, 4))
     key = id(table)
     del table                                  # a dead tensor's entry goes with it
-    assert key not in cases._READS
+    assert key not in launcher._READS
 
 
 def test_host_values_reads_inference_tensors_every_time(reads):
@@ -190,6 +190,7 @@ def gpu_runtime(monkeypatch):
     """cases as a GPU runtime sees it (the tensors stay on the CPU)."""
     import types
     monkeypatch.setattr(cases, "current", lambda: types.SimpleNamespace(gpu=True))
+    monkeypatch.setattr(launcher, "current", lambda: types.SimpleNamespace(gpu=True))
     monkeypatch.delenv("FLASHBOOK_CHECK_VALUES", raising=False)
 
 
@@ -237,10 +238,10 @@ def _fresh_copy(module):
 
 def test_a_graded_check_from_a_fresh_copy_turns_on_the_notebooks_value_checks_and_poison(
         gpu_runtime):
-    """On a GPU the grader's check (a fresh copy of cases) enters check_values() and
+    """On a GPU the grader's check (a fresh copy of flashbook's modules) enters check_values() and
     poisoned_outputs() while the student's wrapper runs the notebook's copy: the switches must
     reach it (on an H200 Chapters 4 and 5 lost Exercise 3's and 4's points without this)."""
-    fresh = _fresh_copy(cases)
+    fresh = _fresh_copy(launcher)
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     assert cases.host_values(cu) is None
     with fresh.check_values():

@@ -6,6 +6,8 @@ Toolkit modules (one job each; they know no chapter):
     reference  float64 references: softmax, attention (GQA, causal/window masks, varlen), FLOPs
     cases      AttnCase (one seeded attention problem), its inputs and reference, and the
                argument validators every kernel wrapper runs
+    launcher   what a wrapper does at call time: output buffers, grid arithmetic, index values
+               read without a GPU sync (re-exported by cases)
     compare    assert_close and CheckFailure: locate wrong values, with a hint
     check      the graded-check harness: run_student (the one stub/failure reporter),
                check_attention (the one attention check)
@@ -18,6 +20,9 @@ Toolkit modules (one job each; they know no chapter):
     contract   Exercise, Variant, Chapter: what a chapter declares about itself
     shipping   a student's function sent to a child process as source text, and rebuilt there
     aot        ahead-of-time compiles of Gluon kernels (no GPU needed) and their stored tables
+    overhead, sweep, conformance, graded_variants
+               GPU records: host time per call, the sweep of shapes, what each public
+               function accepts, known-wrong variants graded through autograde
     gluon_kit  what the Gluon kernels share: TMA and barrier names across Triton versions,
                tile helpers, the dense-input checks
     kernels    the Triton building blocks Chapters 3 and 4 derive, solved, for later chapters
