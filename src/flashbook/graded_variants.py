@@ -19,14 +19,13 @@ import csv
 import io
 import json
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from . import chapters, results, sources
 from .grade.cellmeta import grade_id
-from .selftest import answer
+from .selftest import answered_release
 
 SOLVED = "solution"          # the student id of the solution's own submission
 
@@ -39,7 +38,7 @@ def grade_chapter(chapter_id: str, root: Path, names=None, device: str = "cpu",
                   timeout: float = 900, workers: int = 1, echo=print) -> dict:
     """{"solution": {earned, possible}, "variants": {name: verdict}} for one chapter."""
     import nbformat
-    from . import cli, notebooks
+    from . import cli
     from .bench import QUICK_ENV
     from .grade.layout import Course, read_results
     known = {v.name: v for v in sources.variants(chapter_id, root)}
@@ -51,13 +50,7 @@ def grade_chapter(chapter_id: str, root: Path, names=None, device: str = "cpu",
     with tempfile.TemporaryDirectory(prefix=f"flashbook-variants-{chapter_id}-") as w, \
             contextlib.redirect_stdout(io.StringIO()) as log:
         work = Path(w)
-        course = work / "course"
-        course.mkdir()
-        shutil.copy2(root / "autograder" / "nbgrader_config.py", course / "nbgrader_config.py")
-        (released,) = notebooks.release(root, out_dir=work / "released", course=course,
-                                        only=[chapter_id])
-        solved = answer(nbformat.read(released, as_version=4),
-                        Course(course).source_notebook(chapter_id, released.stem))
+        course, released, solved = answered_release(chapter_id, root, work)
         handed = {SOLVED: solved}
         for v in chosen:
             nb = copy.deepcopy(solved)

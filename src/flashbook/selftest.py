@@ -279,10 +279,12 @@ def answer(released, solved):
     return released
 
 
-def _graded(chapter_id: str, root: Path, work: Path, device: str, timeout: float) -> dict:
+def answered_release(chapter_id: str, root: Path, work: Path):
+    """A scratch course under ``work`` with the chapter released into it: (the course's
+    folder, the released notebook's path, that notebook answered with the solution's cells)."""
     import nbformat
-    from . import cli, notebooks
-    from .grade.layout import Course, read_results
+    from . import notebooks
+    from .grade.layout import Course
     course = work / "course"
     course.mkdir()
     shutil.copy2(root / "autograder" / "nbgrader_config.py", course / "nbgrader_config.py")
@@ -290,6 +292,14 @@ def _graded(chapter_id: str, root: Path, work: Path, device: str, timeout: float
                                     only=[chapter_id])
     nb = answer(nbformat.read(released, as_version=4),
                 Course(course).source_notebook(chapter_id, released.stem))
+    return course, released, nb
+
+
+def _graded(chapter_id: str, root: Path, work: Path, device: str, timeout: float) -> dict:
+    import nbformat
+    from . import cli
+    from .grade.layout import Course, read_results
+    course, released, nb = answered_release(chapter_id, root, work)
     handed_in = work / "downloads" / STUDENT / chapter_id     # nbgrader's layout
     handed_in.mkdir(parents=True)
     nbformat.write(nb, handed_in / released.name)
