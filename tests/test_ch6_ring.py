@@ -202,3 +202,26 @@ def test_a_producer_that_waits_after_each_copy_did_not_prefetch():
         ring_checks._prefetch(case, {"order": _producer_log(3, 8, prefetch=False)})
     assert "copy of tile 1 only after waiting for the consumers to release tile 0" in \
         str(e.value)
+
+
+@needs_jax
+def test_the_order_log_of_a_real_run_is_the_producers_program_order():
+    """The order log comes from the interpreter's run itself (``order_log``: ordered debug
+    callbacks beside the public barrier operations, the same on every JAX): the solution's
+    producer logs its copies and waits in program order, with the slots and phases the
+    schedule gives them, then its drain; each consumer logs one wait per tile."""
+    case = ring_checks.RingCase(3, 8)
+    call = ring_checks._call(case, 6)
+    (out,) = interpret.run_checked(ring_checks.TARGET, {"kv_producer": define(SOLUTION)}, [call],
+                                   title="order log", hint=lambda *a: "",
+                                   timeout=interpret.TIMEOUT_S, stall=interpret.STALL_S)
+    order = out["order"]
+    producer = [e for e in order if e["thread"] == 2]
+    want = _producer_log(3, 8)
+    assert producer[:len(want)] == want
+    assert producer[len(want):] == [dict(op="wait", thread=2, barrier=f"consumed[{i % 3}]",
+                                         phase=i // 3 + 1) for i in range(5, 8)]   # the drain
+    for c in (0, 1):
+        waits = [e for e in order if e["thread"] == c and e["op"] == "wait"]
+        assert [(e["barrier"], e["phase"]) for e in waits] == \
+            [(f"full[{i % 3}]", i // 3 + 1) for i in range(8)]

@@ -244,8 +244,9 @@ def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None 
     report(f"{TITLE} (Pallas Mosaic GPU, interpret mode, race detector on)", len(cases),
            ("" if tracked else " (with this JAX the race detector does not see what a wgmma "
             f"reads: tested with JAX {interpret.JAX_VERSION})")
-           + ("" if ordered else " (with this JAX the ping-pong was not checked: the "
-              f"interpreter's order log is read from JAX {interpret.JAX_VERSION})"),
+           + ("" if ordered else " (the ping-pong was not checked: this JAX "
+              f"lacks a public barrier operation the order log wraps; proven on JAX "
+              f"{interpret.JAX_VERSION} and {interpret.JAX_GPU_VERSION})"),
            hidden=hidden)
 
 

@@ -3,7 +3,8 @@ student's functions from their source, instruments JAX's interpret mode (every b
 arrival, the race detector's reports), runs the target's calls and writes one event a line to
 ``EVENTS``; a watchdog reports a stall (every warpgroup blocked) with the pending barrier waits.
 Each call's ``done`` event carries its *order log*: every warpgroup's barrier waits and arrivals
-and wgmma issues in program order, for checks of the schedule itself (``ORDER_DOC``).
+and wgmma issues in program order, for checks of the schedule itself (``ORDER_DOC``; recorded
+through JAX's public API by ``order_log``, so on every JAX the chapter runs on).
 ``unfenced_reads`` finds, in a traced kernel, SMEM that registers wrote and that the TMA or a
 wgmma reads with no ``commit_smem`` between.
 Imported through bare packages (no torch): ``python interpret.py JOBDIR`` or the zygote.
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ...shipping import from_json, load, student_globals
+from . import order_log
 from .interpret import DEADLOCK_S, DEFAULT_IMPORTS, EVENTS, GRACE_S
 
 __all__ = ["Child", "die_with_parent", "unfenced_reads", "ORDER_DOC"]
@@ -51,7 +53,7 @@ class Child:
         self.barriers: dict[int, str] = {}      # id(Barrier) -> name
         self.smem: dict[int, str] = {}          # SMEM buffer id -> name
         self.call = None
-        self.ordered = False                    # the barrier instruments are installed
+        self.ordered = False                    # the order log's wrappers are installed
         self.order: list | None = None          # this call's order log (None: not recorded)
         self.problem_seen = 0.0
         self.start = time.monotonic()
@@ -190,11 +192,7 @@ class Child:
         def wait(self, device_id, local_thread_id, logging_info=None):
             quietly(enter, self, local_thread_id, logging_info)
             try:
-                out = wait0(self, device_id, local_thread_id, logging_info)
-                quietly(lambda: child.log(op="wait", thread=int(local_thread_id),
-                                          barrier=child.barriers.get(id(self)),
-                                          phase=awaited(self, local_thread_id) - 1))
-                return out
+                return wait0(self, device_id, local_thread_id, logging_info)
             except ValueError as e:
                 msg = str(e)
                 quietly(lambda: problem("phase-passed", local_thread_id, site(logging_info),
@@ -207,11 +205,7 @@ class Child:
 
         def arrive(self, clock=None, logging_info=None):
             try:
-                with self.cv:        # a re-entrant lock: the phase this arrival counts towards
-                    quietly(lambda: child.log(
-                        op="arrive", thread=int(logging_info.thread_id),
-                        barrier=child.barriers.get(id(self)), phase=self.phase + 1))
-                    return arrive0(self, clock, logging_info)
+                return arrive0(self, clock, logging_info)
             except ValueError as e:
                 msg = str(e)
                 quietly(lambda: problem("completed-again", getattr(logging_info, "thread_id",
@@ -234,31 +228,6 @@ class Child:
 
         B.wait, B.arrive, B.deallocate = wait, arrive, deallocate
         M.allocate_barrier, M.allocate_buffer = allocate_barrier, allocate_buffer
-        self._instrument_wgmma()
-        self.ordered = True
-
-    def _instrument_wgmma(self):
-        """Log each wgmma's issue (which SMEM buffers it reads) in the order log."""
-        child = self
-        try:
-            from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks as gc
-            issue0, key = gc.wgmma, gc.HostAllocationKey.from_array
-        except Exception:  # noqa: BLE001 - another JAX
-            return
-
-        def name(array):
-            return child.smem.get(key(array).buffer_id)
-
-        @functools.wraps(issue0)         # its signature too (``track_wgmma_reads`` reads it)
-        def wgmma(**kw):
-            try:
-                child.log(op="mma", thread=int(kw["thread_id"]),
-                          a=name(kw["a_allocation_key_as_array"]),
-                          b=name(kw["b_allocation_key_as_array"]))
-            except Exception:  # noqa: BLE001 - bookkeeping must never break the kernel
-                pass
-            return issue0(**kw)
-        gc.wgmma = wgmma
 
     def _instrument_races(self, rds):
         """The race detector prints its reports (module-level ``print``): read them as they
@@ -331,6 +300,7 @@ class Child:
             return
         self.emit(event="ready", jax=jax.__version__)
         self.instrument()
+        self.ordered = order_log.install(self)
         functions = self.rebuild()
         mod_name, fn_name = self.job["target"].split(":")
         target = getattr(importlib.import_module(mod_name), fn_name)

@@ -116,8 +116,9 @@ def check_kv_ring(kv_producer, hidden: bool = False, *, timeout: float | None = 
         _prefetch(case, out)
     ordered = all(o.get("order") is not None for o in outs if o)
     report(f"{TITLE} (Pallas Mosaic GPU, interpret mode, race detector on)", len(cases),
-           "" if ordered else " (with this JAX the prefetch was not checked: the interpreter's "
-           f"order log is read from JAX {interpret.JAX_VERSION})", hidden=hidden)
+           "" if ordered else " (the prefetch was not checked: this JAX lacks a public barrier "
+           f"operation the order log wraps; proven on JAX {interpret.JAX_VERSION} and "
+           f"{interpret.JAX_GPU_VERSION})", hidden=hidden)
 
 
 def _prefetch(case: RingCase, out: dict):
