@@ -27,3 +27,17 @@ def test_the_grader_takes_a_variants_points_and_notices_one_that_keeps_them(monk
     assert same["lost_at"] == [] and same["earned"] == 10 and not graded_variants.ok(same)
     assert graded_variants.verdict(same) == "KEPT EVERY POINT"
     assert "FLASHBOOK_QUICK_BENCH" not in os.environ        # the grader's quick mode, undone
+
+
+def test_the_summary_keeps_each_variants_newest_run():
+    def record(date, commit, earned, lost):
+        v = dict(cell="c", earned=earned, lost_at=lost, at_own_exercise=bool(lost),
+                 names_its_bug=bool(lost), message="")
+        return {"provenance": {"date": date, "commit": commit},
+                "chapters": {"ch4": {"solution": {"earned": 11, "possible": 11},
+                                     "variants": {"x": v}}}}
+    text = graded_variants.summary([record("2026-12-02T18", "bbbbbbbb", 8, ["ch4_t"]),
+                                    record("2026-12-01T10", "aaaaaaaa", 11, [])])
+    (row,) = [line for line in text.splitlines() if "`x`" in line]
+    assert "`bbbbbbb`" in row and "| 8 |" in row and "lost its exercise's points" in row
+    assert "KEPT" not in text

@@ -27,9 +27,15 @@ VARIANTS = (
     Variant('mfold_running_max_in_float16', 'ch5_mfold_kernel', (
         ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
          'm_i = tl.full([BLOCK_M], float("-inf"), tl.float16)'),
+        ('window_right), qk_scale, True, DOT_PRECISION)\n    all_keys',
+         'window_right), qk_scale, True, DOT_PRECISION)\n'
+         '        m_i = m_i.to(tl.float16)\n    all_keys'),
         ('                                  qk_scale, False, DOT_PRECISION)\n',
          '                                  qk_scale, False, DOT_PRECISION)\n'
          '        m_i = m_i.to(tl.float16)\n'),
+        ('window_right), qk_scale, True, DOT_PRECISION)\n    ok =',
+         'window_right), qk_scale, True, DOT_PRECISION)\n'
+         '        m_i = m_i.to(tl.float16)\n    ok ='),
     ), expect='values are wrong'),
     Variant('mfold_left_band_reads_v_one_key_late', 'ch5_mfold_kernel', (
         ('# left band (windows)\n'
@@ -83,9 +89,15 @@ VARIANTS = (
     Variant('decode_running_max_in_float16', 'ch5_decode_kernel', (
         ('m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)',
          'm_i = tl.full([BLOCK_M], float("-inf"), tl.float16)'),
+        ('            qk_scale, True, DOT_PRECISION)\n    all_keys',
+         '            qk_scale, True, DOT_PRECISION)\n        m_i = m_i.to(tl.float16)\n'
+         '    all_keys'),
         ('            all_keys, all_keys[None, :], qk_scale, False, DOT_PRECISION)\n',
          '            all_keys, all_keys[None, :], qk_scale, False, DOT_PRECISION)\n'
          '        m_i = m_i.to(tl.float16)\n'),
+        ('            qk_scale, True, DOT_PRECISION)\n    ok =',
+         '            qk_scale, True, DOT_PRECISION)\n        m_i = m_i.to(tl.float16)\n'
+         '    ok ='),
     ), expect='values are wrong'),
     Variant('decode_wrong_kv_head', 'ch5_decode_kernel', (
         ('heads = kv_head * GROUP + r % GROUP', 'heads = (r % GROUP) * H_KV + kv_head'),

@@ -90,7 +90,8 @@ def benchmarks_page() -> str:
                 lines += [f"† `{kernel}`: {why}, so its % of the fp32 FMA peak is not a fraction of "
                           "what the hardware it runs on can do; it only places it next to the FMA "
                           "kernels of the same table.", ""]
-    return "\n".join(lines + conformance_section() + overhead_section() + sweep_section())
+    return "\n".join(lines + conformance_section() + overhead_section() + sweep_section()
+                           + graded_variants_section())
 
 
 def conformance_section() -> list[str]:
@@ -168,6 +169,26 @@ def sweep_section() -> list[str]:
                   + results.describe(meta) + ".", "",
                   sweep.ratio_tables(results.read(path)), ""]
     return lines
+
+
+def graded_variants_section() -> list[str]:
+    """Known-wrong variants graded on a GPU by the real pipeline, from
+    src/flashbook/data/graded_variants (MyST lines)."""
+    import json
+    from . import graded_variants
+    records = [json.loads(p.read_text()) for p in sorted(graded_variants.DATA_DIR.glob("*.json"))]
+    if not records:
+        return []
+    first = records[0]["provenance"]
+    return ["## Known-wrong solutions, graded on a GPU: " + first.get("gpu", "?"), "",
+            "Each row is a submission that misses one idea of its exercise (the solution with "
+            "one edit: a running max in float16, a producer that does not prefetch, a ring "
+            "that all-gathers K and V, ...), handed in beside the solution and graded by "
+            "`flashbook collect -> autograde --device gpu -> export`, as an instructor grades. "
+            "*Verdict* says whether it lost points at its own exercise with a message that "
+            "names its bug (the suite checks the same for every variant in CPU mode). Measured "
+            "with `python -m flashbook.graded_variants --chapters <chapter> --names <variants>`; "
+            + results.describe(first) + ".", "", graded_variants.summary(records), ""]
 
 
 def title_first(nb):

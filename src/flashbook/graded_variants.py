@@ -28,6 +28,7 @@ from .grade.cellmeta import grade_id
 from .selftest import answered_release
 
 SOLVED = "solution"          # the student id of the solution's own submission
+DATA_DIR = Path(__file__).resolve().parent / "data" / "graded_variants"
 
 
 def _student(variant_name: str) -> str:
@@ -109,6 +110,24 @@ def verdict(entry: dict) -> str:
 
 def ok(entry: dict) -> bool:
     return entry["at_own_exercise"] and entry["names_its_bug"]
+
+
+def summary(records) -> str:
+    """Markdown: one row per variant of the ``records`` (as ``main`` writes them), newest run of
+    each (chapter, variant) kept, with the solution's score in the same run."""
+    latest = {}
+    for record in sorted(records, key=lambda r: r["provenance"].get("date", "")):
+        commit = (record["provenance"].get("commit") or "?")[:7]
+        for cid, entry in record["chapters"].items():
+            for name, v in entry["variants"].items():
+                latest[(cid, name)] = (commit, entry["solution"], v)
+    lines = ["| chapter | known-wrong variant | at | earned | solution | lost at | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for (cid, name), (commit, solution, v) in sorted(latest.items()):
+        lines.append(f"| {cid} | `{name}` | `{commit}` | {v['earned']:g} | "
+                     f"{solution['earned']:g}/{solution['possible']:g} | "
+                     f"{', '.join(f'`{g}`' for g in v['lost_at']) or '-'} | {verdict(v)} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

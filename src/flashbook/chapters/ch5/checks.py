@@ -28,14 +28,15 @@ _HINT = ("row r of the tile is query head kv_head * GROUP + r % GROUP at positio
 
 
 def gqa_cases(hidden: bool = False) -> list[AttnCase]:
+    # First the case that isolates the window's left band (Chapter 4's checks say why).
     cases = [
+        AttnCase("G=2, window (40, 0): partial tiles at its left edge, K/V own strides",
+                 seqlens=(100,), H_q=4, H_kv=2, d=16, window=(40, 0), layout="kvpacked"),
         AttnCase("G=4, causal, packed, N_q != N_k", seqlens=(5, 0, 33), seqlens_k=(9, 4, 40),
                  H_q=8, H_kv=2, d=16, causal=True),
         AttnCase("MQA (h_kv=1), G=4", seqlens=(20, 7), H_q=4, H_kv=1, d=16),
         AttnCase("G=2, window (5, 0)", seqlens=(30,), H_q=4, H_kv=2, d=16, window=(5, 0)),
         AttnCase("G=1 (MHA)", seqlens=(17, 1), H_q=2, H_kv=2, d=16, causal=True),
-        AttnCase("G=2, window (40, 0): partial tiles at its left edge, K/V own strides",
-                 seqlens=(100,), H_q=4, H_kv=2, d=16, window=(40, 0), layout="kvpacked"),
         AttnCase("G=4, causal, every score -96000", seqlens=(20,), seqlens_k=(30,), H_q=4,
                  H_kv=1, d=16, causal=True, scale=6000.0, constant_scores=True),
         AttnCase("G=8, causal", seqlens=(9, 20), H_q=8, H_kv=1, d=16, causal=True),
