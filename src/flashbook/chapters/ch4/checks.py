@@ -132,9 +132,13 @@ def _varlen_cases(hidden: bool, masked: bool) -> list[AttnCase]:
                                dtype=torch.float16, logit_boost=8.0),
                       AttnCase("d=64, explicit scale", seqlens=(20, 37), H_q=1, d=64, scale=0.2)]
         return cases
-    # First the case that isolates the window's left band: every tile size has one there, so a
-    # wrong left band fails at this case (and says so) on a CPU and on a GPU's larger tiles.
-    cases = [
+    # First the cases that isolate the window's left band [lo, full_lo), which is empty unless
+    # the window is wider than a tile of rows plus a tile of keys: 40 for the CPU's 16-32 row
+    # tiles, 300 for a GPU's 128-row ones; a wrong left band fails there first, and says so.
+    cases = [AttnCase("window (300, 0), 700 tokens: partial tiles at the window's left edge "
+                      "of a GPU's 128-row tiles", seqlens=(700,), window=(300, 0),
+                      layout="kvpacked", **v)] if current().gpu else []
+    cases += [
         AttnCase("window (40, 0): partial tiles at the window's left edge, K/V own strides",
                  seqlens=(100,), window=(40, 0), layout="kvpacked", **v),
         AttnCase("causal, N_q = N_k", seqlens=(40, 17), causal=True, **v),

@@ -28,8 +28,11 @@ _HINT = ("row r of the tile is query head kv_head * GROUP + r % GROUP at positio
 
 
 def gqa_cases(hidden: bool = False) -> list[AttnCase]:
-    # First the case that isolates the window's left band (Chapter 4's checks say why).
-    cases = [
+    # First the cases that isolate the window's left band (Chapter 4's checks say why).
+    cases = [AttnCase("G=2, window (300, 0), 700 tokens: partial tiles at the window's left "
+                      "edge of a GPU's 128-row tiles", seqlens=(700,), H_q=4, H_kv=2, d=16,
+                      window=(300, 0), layout="kvpacked")] if current().gpu else []
+    cases += [
         AttnCase("G=2, window (40, 0): partial tiles at its left edge, K/V own strides",
                  seqlens=(100,), H_q=4, H_kv=2, d=16, window=(40, 0), layout="kvpacked"),
         AttnCase("G=4, causal, packed, N_q != N_k", seqlens=(5, 0, 33), seqlens_k=(9, 4, 40),
