@@ -42,3 +42,16 @@ def test_the_benchmarks_page_draws_a_recorded_sweep(tmp_path, monkeypatch):
     page = "\n".join(book.sweep_section())
     assert "## Over a sweep of shapes: NVIDIA H200" in page and "`abc1234`" in page
     assert "| cuDNN | 1.10 |" in page
+
+
+def test_gqa_rows_meet_their_own_baselines_and_flex_is_a_third_line():
+    def row(kernel, role, ms, h_kv=16):
+        return Row(kernel=kernel, role=role, B=8, H_q=16, H_kv=h_kv, N_q=4096, N_k=4096, d=128,
+                   dtype="float16", causal=True, ms=ms, tflops=None, gbps=None, pct_peak=None)
+    rows = [row("ch4_varlen", "reference", 1.0), row("sdpa_cudnn", "baseline", 0.9),
+            row("flex_attention", "baseline", 1.5),
+            row("ch5_gqa", "reference", 2.0, h_kv=4), row("sdpa_cudnn", "baseline", 3.0, h_kv=4)]
+    text = sweep.ratio_tables(rows)
+    varlen, gqa = text.split("`ch5_gqa`")
+    assert "| cuDNN | 1.50 |" in gqa and "| Flex |" not in gqa       # its own (GQA) baseline
+    assert "| cuDNN | 0.90 |" in varlen and "| Flex | 1.50 |" in varlen

@@ -20,6 +20,10 @@ VARIANTS = (
         ('(m_i + tl.math.log2(l_i)) * 0.6931471805599453', 'm_i + tl.math.log2(l_i)'),
     ), expect='LSE'),
     # ----------------------------------------------------------------- ch4_masks
+    Variant('varlen_ignores_program_tile', 'ch4_varlen_kernel', (
+        ('m_block, pid_bh = program_tile(heads_per_section)',
+         'm_block, pid_bh = tl.program_id(0), tl.program_id(1)'),
+    ), expect='program_tile'),
     Variant('varlen_k_and_v_with_q_strides', 'ch4_varlen_kernel', (
         ('(k_start + offs_n)[None, :] * stride_kt + h * stride_kh',
          '(k_start + offs_n)[None, :] * stride_qt + h * stride_qh'),
@@ -87,6 +91,13 @@ VARIANTS = (
     Variant('validate_skips_the_kv_shapes', 'ch4_validate', (
         ('if k.shape != v.shape or k.shape[1:] != q.shape[1:]:', 'if False:'),
     ), expect='k has another head'),
+    Variant('validate_skips_the_head_count', 'ch4_validate', (
+        ('if k.shape != v.shape or k.shape[1:] != q.shape[1:]:',
+         'if k.shape != v.shape or k.shape[2] != q.shape[2]:'),
+    ), expect='another head count'),
+    Variant('validate_skips_the_head_dims', 'ch4_validate', (
+        ('if q.shape[2] not in ch4.HEAD_DIMS:', 'if False:'),
+    ), expect='head dimension 24'),
     Variant('validate_one_message_for_everything', 'ch4_validate', (
         ('def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,\n'
          '                    window_size=(-1, -1)):\n',

@@ -106,6 +106,12 @@ VARIANTS = (
     Variant('validate_trusts_the_page_table', 'ch5_validate', (
         ('if any(not 0 <= p < k_cache.shape[0] for p in used):', 'if False:'),
     ), expect='page table entry'),
+    Variant('validate_decode_skips_the_head_dims', 'ch5_validate', (
+        ('    if d not in ch5.HEAD_DIMS:\n', '    if False:\n'),
+    ), expect='head dimension 24'),
+    Variant('validate_decode_skips_the_page_size', 'ch5_validate', (
+        ('        if rows_per_seq % 16:', '        if False:'),
+    ), expect='pages of 8'),
     Variant('validate_decode_skips_the_v_cache_shape', 'ch5_validate', (
         ('if v_cache.shape != k_cache.shape or k_cache.shape[3] != d', 'if k_cache.shape[3] != d'),
     ), expect='v_cache holds fewer slots'),

@@ -159,9 +159,10 @@ def sweep_section() -> list[str]:
     for path in sorted(sweep.DATA_DIR.glob("*.csv")):
         meta = json.loads(path.with_suffix(".json").read_text())
         lines += ["## Over a sweep of shapes: " + meta.get("gpu", path.stem), "",
-                  "Chapter 6's Gluon forward and Chapter 8's decode as a reader calls them (no "
-                  "config; the split count chosen by itself), and Chapter 9's backward, each "
-                  "against SDPA's cuDNN and FA2 backends on the same inputs, all launched (not "
+                  "The forwards of Chapters 3-6 and Chapter 8's decode as a reader calls them "
+                  "(no config; the split count chosen by itself), and Chapter 9's backward, each "
+                  "against SDPA's cuDNN and FA2 backends (and compiled FlexAttention, where the "
+                  "run has it) on the same inputs, all launched (not "
                   "replayed from a CUDA graph). Each cell is the baseline's time divided by ours: "
                   "above 1, ours is faster. Forward and backward keep the tokens per batch "
                   f"constant ({sweep.TOKENS:,}: B = {sweep.TOKENS:,} / N), H = {sweep.HEADS}. "

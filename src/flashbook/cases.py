@@ -283,11 +283,36 @@ def element_span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
 
 
+_TENSOR_PASSED: dict = {}    # the metadata of inputs that passed validate_tensor
+TENSOR_CACHE_SIZE = 1024
+
+
 def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], name: str,
                     contiguous: str = "last", device=None):
     """One input of a kernel wrapper: a tensor of ``dims`` dimensions and an accepted dtype, on
     this runtime's device (and on ``device``, the other inputs'), with ``contiguous="last"``
-    (unit stride in the last dimension) or ``"all"`` (a flat row-major buffer)."""
+    (unit stride in the last dimension) or ``"all"`` (a flat row-major buffer).
+
+    Every check reads host metadata only, so an input that passed once passes again: it is
+    remembered by that metadata (as ``validate_qkv`` remembers its inputs), and a repeated
+    call costs building one key and one dict lookup."""
+    try:
+        key = (t.shape, t.stride(), t.dtype, t.device, current().device, label, dims,
+               dtypes if isinstance(dtypes, tuple) else tuple(dtypes), name, contiguous, device)
+        if key in _TENSOR_PASSED:
+            return
+    except (AttributeError, TypeError):          # not a tensor: the checks say what is wrong
+        key = None
+    _check_tensor(label, t, dims=dims, dtypes=dtypes, name=name, contiguous=contiguous,
+                  device=device)
+    if key is not None:
+        if len(_TENSOR_PASSED) >= TENSOR_CACHE_SIZE:
+            _TENSOR_PASSED.clear()
+        _TENSOR_PASSED[key] = True
+
+
+def _check_tensor(label: str, t, *, dims, dtypes, name, contiguous, device):
+    """validate_tensor's checks, run on an input whose metadata has not passed before."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
     if t.dim() != dims:

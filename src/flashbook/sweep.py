@@ -1,4 +1,4 @@
-"""The book's fastest kernels over a sweep of shapes, against cuDNN and the FA2 backend.
+"""The book's fastest kernels over a sweep of shapes, against cuDNN, the FA2 backend and Flex.
 
 ``python -m flashbook.sweep --out DIR`` measures, on a GPU, in one process:
 
@@ -7,6 +7,11 @@
   N), H = 16, d in {64, 128}, causal and not, fp16 and bf16;
 * **backward**: Chapter 9's backward (the students' two kernels, ``attention_backward``, on the
   packed copies of the same inputs), fp16, the same N, d = 128, causal and not;
+* **triton_forward**: Chapters 3-5's fastest forwards as a reader calls them (Chapter 3's
+  ``attention_two_tiles``, non-causal; Chapter 4's ``attention_varlen`` on B equal sequences;
+  Chapter 5's ``attention_gqa``, 16 query heads over 4 K/V heads), fp16, the same N, d, masks;
+* **flex**: compiled FlexAttention (``torch.compile(flex_attention)``) as a third baseline of the
+  MHA forwards, fp16, d = 128;
 * **decode**: Chapter 8's ``decode_split_kv`` as a reader calls it (the split count chosen by
   itself), over B in ``DECODE_B`` x context in ``DECODE_CONTEXT``, h_q = 32, h_kv = 8, d = 128,
   fp16, one new token; points whose cache (and SDPA's copy of it) would not fit are left out;
@@ -42,6 +47,7 @@ DECODE_HEADS, DECODE_D = (32, 8), 128
 MAX_CACHE_GIB = 20          # K + V of one decode point (SDPA copies it, cuDNN expanded to h_q)
 BASELINES = ("sdpa_cudnn", "sdpa_flash")
 BWD_FACTOR = 2.5            # a backward's FLOPs per forward FLOP (Chapter 9's convention)
+GQA_GROUP = 4               # Chapter 5's rows: 16 query heads over 4 K/V heads
 
 
 def _row(kernel, role, fn, *, B, H_q, H_kv, N_q, N_k, d, dtype, causal, flops, nbytes,
@@ -185,9 +191,108 @@ def decode_rows(ns8=None, batches=DECODE_B, contexts=DECODE_CONTEXT) -> list[Row
     return rows
 
 
+def _packed(B: int, N: int, H: int, d: int, dtype):
+    """(B * N, H, d) packed tokens of B sequences of N, and their int32 cu_seqlens."""
+    cu = torch.arange(0, B * N + 1, N, dtype=torch.int32, device="cuda")
+    return torch.randn(B * N, H, d, device="cuda", dtype=dtype), cu
+
+
+def triton_forward_rows(ns_n=FORWARD_N, dims=(64, 128), dtype=torch.float16,
+                        group=GQA_GROUP) -> list[Row]:
+    """Chapters 3-5's fastest forwards as a reader calls them: Chapter 3's
+    ``attention_two_tiles`` (non-causal: the chapter has no mask), Chapter 4's
+    ``attention_varlen`` on B equal sequences, Chapter 5's ``attention_gqa`` with ``group``
+    query heads per K/V head. The MHA rows are compared with the ``forward`` part's baselines
+    (the same shapes, in the same run); the GQA rows get their own (``enable_gqa``)."""
+    ns = {c: sources.solution_namespace(c) for c in ("ch3", "ch4", "ch5")}
+    rows = []
+    for d in dims:
+        for causal in (False, True):
+            for N in ns_n:
+                B, h_kv = max(1, TOKENS // N), HEADS // group
+                flops = attention_flops(B, HEADS, N, N, d, causal)
+                kw = dict(B=B, H_q=HEADS, H_kv=HEADS, N_q=N, N_k=N, d=d, dtype=dtype,
+                          causal=causal, flops=flops,
+                          nbytes=attention_bytes(B, HEADS, N, N, d, dtype.itemsize))
+                (qp, cu), (kp, _), (vp, _) = (_packed(B, N, HEADS, d, dtype) for _ in range(3))
+                if not causal:
+                    q, k, v = (t.view(B, N, HEADS, d).transpose(1, 2).contiguous()
+                               for t in (qp, kp, vp))
+                    rows.append(_row("ch3_two_tiles", "reference",
+                                     lambda: ns["ch3"]["attention_two_tiles"](q, k, v),
+                                     note="attention_two_tiles(q, k, v)", **kw))
+                    del q, k, v
+                rows.append(_row("ch4_varlen", "reference",
+                                 lambda: ns["ch4"]["attention_varlen"](qp, kp, vp, cu, cu, N, N,
+                                                                       causal=causal),
+                                 note="attention_varlen on B equal sequences", **kw))
+                del kp, vp
+                (kg, _), (vg, _) = (_packed(B, N, h_kv, d, dtype) for _ in range(2))
+                gkw = dict(kw, H_kv=h_kv, nbytes=(2 * B * N * HEADS * d + 2 * B * N * h_kv * d)
+                           * dtype.itemsize)
+                rows.append(_row("ch5_gqa", "reference",
+                                 lambda: ns["ch5"]["attention_gqa"](qp, kg, vg, cu, cu, N, N,
+                                                                    causal=causal),
+                                 note=f"attention_gqa, {HEADS}:{h_kv} heads", **gkw))
+                q4, k4, v4 = (t.view(B, N, -1, d).transpose(1, 2).contiguous()
+                              for t in (qp, kg, vg))
+                del qp, kg, vg
+                for name in BASELINES:
+                    note = "enable_gqa=True"
+                    try:
+                        fn = _sdpa(name, q4, k4, v4, causal, gqa=True)
+                    except Exception:  # noqa: BLE001 - refused enable_gqa: K/V expanded
+                        ke, ve = (t.repeat_interleave(group, dim=1) for t in (k4, v4))
+                        note = f"K/V expanded to {HEADS} heads (not timed)"
+                        try:
+                            fn = _sdpa(name, q4, ke, ve, causal)
+                        except Exception as e:  # noqa: BLE001
+                            fn = _fail(why_failed(e))
+                    rows.append(_row(name, "baseline", fn, note=note, **gkw))
+                    free_cuda_cache()
+                del q4, k4, v4
+                free_cuda_cache()
+    return rows
+
+
+def flex_rows(ns_n=FORWARD_N, d=128, dtype=torch.float16) -> list[Row]:
+    """Compiled FlexAttention beside the forward part's rows (MHA, fp16, d = 128: each shape
+    and mask compiles once, a minute or so each, so the other d is left out)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from .bench import flex_compile_limits
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    with flex_compile_limits():
+        for causal in (False, True):
+            for N in ns_n:
+                B = max(1, TOKENS // N)
+                q, k, v = (torch.randn(B, HEADS, N, d, device="cuda", dtype=dtype)
+                           for _ in range(3))
+                kw = dict(B=B, H_q=HEADS, H_kv=HEADS, N_q=N, N_k=N, d=d, dtype=dtype,
+                          causal=causal, flops=attention_flops(B, HEADS, N, N, d, causal),
+                          nbytes=attention_bytes(B, HEADS, N, N, d, dtype.itemsize))
+                try:
+                    mask = create_block_mask(_causal_mod, None, None, N, N, device="cuda") \
+                        if causal else None
+                    fn = functools.partial(flex, q, k, v, block_mask=mask)
+                    fn()                                     # compiles outside the timing
+                except Exception as e:  # noqa: BLE001 - recorded as a row that says why
+                    fn = _fail(why_failed(e))
+                rows.append(_row("flex_attention", "baseline", fn,
+                                 note="torch.compile(flex_attention)", **kw))
+                del q, k, v
+                free_cuda_cache()
+    return rows
+
+
+def _causal_mod(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
 PARTS = {"forward": functools.partial(forward_rows, dtypes=(torch.float16,)),
          "forward_bf16": functools.partial(forward_rows, dtypes=(torch.bfloat16,)),
-         "backward": backward_rows, "decode": decode_rows}
+         "backward": backward_rows, "decode": decode_rows,
+         "triton_forward": triton_forward_rows, "flex": flex_rows}
 
 
 def ratio_tables(rows) -> str:
@@ -196,7 +301,7 @@ def ratio_tables(rows) -> str:
     batch x context for decode)."""
     by = {}
     for r in rows:
-        key = (r.dtype, r.d, r.causal, r.B, r.N_q, r.N_k)
+        key = (r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k)
         by.setdefault(key, {})[r.kernel] = r.ms
     ours = sorted({r.kernel for r in rows if r.role == "reference"})
     out = []
@@ -211,12 +316,16 @@ def ratio_tables(rows) -> str:
             cols = [f"B={r.B}, {r.N_k // 1024}k" if decode else f"N={r.N_q}" for r in mine]
             out += [f"`{kernel}`, {dtype}, d = {d}" + ("" if decode else
                                                      f", {'causal' if causal else 'non-causal'}")
-                    + ": cuDNN's time / ours (and FA2's / ours)", "",
+                    + ": cuDNN's time / ours (and FA2's, Flex's / ours)", "",
                     "| " + " | ".join(["vs"] + cols) + " |", "|" + "---|" * (len(cols) + 1)]
-            for label, other in (("cuDNN", base), ("FA2", fa2)):
+            keys = [(r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k) for r in mine]
+            others = [("cuDNN", base), ("FA2", fa2)] + \
+                ([("Flex", "flex_attention")] if any("flex_attention" in by[k] for k in keys)
+                 and not kernel.endswith("bwd") else [])
+            for label, other in others:
                 cells = []
                 for r in mine:
-                    theirs = by[(r.dtype, r.d, r.causal, r.B, r.N_q, r.N_k)].get(other)
+                    theirs = by[(r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k)].get(other)
                     cells.append(f"{theirs / r.ms:.2f}" if theirs and r.ms else "–")
                 out.append("| " + " | ".join([label] + cells) + " |")
             out.append("")
@@ -226,7 +335,7 @@ def ratio_tables(rows) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=DATA_DIR)
-    p.add_argument("--parts", default="decode,backward,forward,forward_bf16",
+    p.add_argument("--parts", default="decode,backward,forward,forward_bf16,triton_forward,flex",
                    help=f"comma-separated, in order (each written when done): {', '.join(PARTS)}")
     p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
     args = p.parse_args(argv)

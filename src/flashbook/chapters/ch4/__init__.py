@@ -11,8 +11,9 @@ from __future__ import annotations
 from flashbook.contract import Chapter, Exercise
 
 from . import benchmark
-from .checks import check_mask_helpers, check_masked_kernel, check_validate_varlen, \
-    check_varlen_kernel, expected_loads, mask_cases, validate_cases
+from .checks import check_mask_helpers, check_masked_kernel, check_varlen_kernel, \
+    expected_loads, mask_cases
+from .validate_checks import check_validate_varlen, validate_cases
 from .figures import lognormal_lengths, padding_stats, plot_padding, plot_tile_visits, \
     plot_varlen_tiles, tile_classes
 from .launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, Config, heads_per_section, launch_varlen, pick_config, \

@@ -1,6 +1,7 @@
 """Chapter 4's graded checks: the varlen forward, the mask and tile-range helpers, the masked
-kernel (whose K-tile loads are counted in CPU mode) and the wrapper's argument checks; the
-optional two-tile kernel's check (``two_tiles``) runs these with two query tiles a program.
+kernel (whose K-tile loads are counted in CPU mode); the wrapper's argument checks are in
+``validate_checks``, and the optional two-tile kernel's check (``two_tiles``) runs these with
+two query tiles a program.
 
 Every packed batch the kernels see has a *canary* sequence of NaN after each real one: a
 kernel that reads one key or query past its own sequence reads NaN, and the check names the
@@ -17,9 +18,9 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, kv_packed, make_inputs, seeded, sweep
-from flashbook.check import CheckFailure, check_argument_errors, check_attention, report, \
-    require_implemented, run_student
+from flashbook.cases import AttnCase, kv_packed, make_inputs, sweep
+from flashbook.check import CheckFailure, check_attention, report, require_implemented, \
+    run_student
 from flashbook.cpu_child import on_cpu
 from flashbook.device import current
 
@@ -87,13 +88,13 @@ def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles
     launch_varlen(kernel, qc, kc, vc, cu_q, cu_k, max_q, max_k, window=window, scale=case.scale,
                   config=cfg, two_tiles=two_tiles, out=(o, lse), sections=sections)
     o, lse = o[rows], lse[:, rows]
-    name_leaks(case, o)
+    name_leaks(case, o, sections or 1)
     if counter is not None:
         counter.layout = (cu_q.tolist(), cu_k.tolist(), max_q, seq_index, window, sections or 1)
     return o, lse
 
 
-def name_leaks(case: AttnCase, o):
+def name_leaks(case: AttnCase, o, sections: int = 1):
     """NaN in a real sequence that has keys came from a canary: say which sequence leaked."""
     lens_q, lens_k = case.seqlens, case.seqlens_k or case.seqlens
     start = 0
@@ -107,7 +108,10 @@ def name_leaks(case: AttnCase, o):
                 "every sequence in this batch: the kernel read keys or queries past its own "
                 f"sequence, or never wrote some of its rows (O is pre-filled with NaN).\n"
                 "  Hint: offsets come from CU_Q[seq] and CU_K[seq]; lengths are "
-                "CU[seq + 1] - CU[seq]; every load and store is masked to the sequence's length.")
+                "CU[seq + 1] - CU[seq]; every load and store is masked to the sequence's length."
+                + (f" This launch walks {sections} (sequence, head) pairs per section: each "
+                   "program takes its tile from `m_block, pid_bh = program_tile("
+                   "heads_per_section)`, not from the raw program ids." if sections > 1 else ""))
         start += nq
 
 
@@ -183,11 +187,16 @@ def sweep_cases(hidden: bool, masked: bool) -> list[AttnCase]:
 
 def _check_packed(kernel, hidden: bool, masked: bool, title: str, hint: str,
                   counter=None, cases=None, configs=None, two_tiles: bool = False) -> int:
+    configs = configs or _configs(two_tiles)
+
     def run(q, k, v, case, cfg):
+        # A CPU gives heads_per_section 1: the second config walks 2 pairs per section (the
+        # canaries make batch * H even), so a kernel must decode its tile with program_tile.
+        sections = 2 if not current().gpu and cfg is configs[-1] and len(configs) > 1 else None
         return _run_packed(kernel, case, cfg, q, k, v, masked=masked, counter=counter,
-                           two_tiles=two_tiles)
+                           two_tiles=two_tiles, sections=sections)
     n = check_attention(run, cases or _varlen_cases(hidden, masked), title=title,
-                        configs=configs or _configs(two_tiles), describe_config=tiles, guard=True,
+                        configs=configs, describe_config=tiles, guard=True,
                         seed=11 if hidden else 0, lse_tol=(2e-4, 1e-4), hint=hint, quiet=True)
     if cases is None:
         n += check_attention(run, sweep_cases(hidden, masked), title=f"{title}, random shapes",
@@ -445,79 +454,3 @@ def check_masked_kernel(kernel, hidden: bool = False):
                       "tiles none; a row that sees no key gives O = 0 and LSE = -inf.")
     counts = count_masked_loads(kernel, hidden)
     report("masked kernel", n, extra=counts, hidden=hidden)
-
-
-# ------------------------------------------------------------ Exercise 3: argument checks
-
-def _valid_call(dtype=torch.float16):
-    dev = current().device
-    lens_q, lens_k = (3, 0, 5), (4, 2, 5)
-    q = seeded((sum(lens_q), 2, 16), 1, dtype)
-    k = seeded((sum(lens_k), 2, 16), 2, dtype)
-    v = seeded((sum(lens_k), 2, 16), 3, dtype)
-    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],  # noqa: E731
-                                   dtype=torch.int32, device=dev)
-    return dict(q=q, k=k, v=v, cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k),
-                max_seqlen_q=5, max_seqlen_k=5, window_size=(-1, -1))
-
-
-def validate_cases(hidden: bool = False):
-    """(what is wrong, changes to a valid call, the argument the message must name)."""
-    base = _valid_call()
-    dev = current().device
-    i32 = dict(dtype=torch.int32, device=dev)
-    cases = [
-        ("cu_seqlens_q decreases", dict(cu_seqlens_q=torch.tensor([0, 5, 3, 8], **i32)),
-         "cu_seqlens_q"),
-        ("cu_seqlens_k ends before the keys do", dict(cu_seqlens_k=torch.tensor([0, 4, 6, 10],
-                                                                                **i32)),
-         "cu_seqlens_k"),
-        ("cu_seqlens_q is int64", dict(cu_seqlens_q=base["cu_seqlens_q"].long()), "cu_seqlens_q"),
-        ("cu_seqlens_q does not start at 0", dict(cu_seqlens_q=torch.tensor([1, 3, 3, 8], **i32)),
-         "cu_seqlens_q"),
-        ("max_seqlen_q shorter than the longest sequence", dict(max_seqlen_q=4), "max_seqlen_q"),
-        ("window_size (-2, 0)", dict(window_size=(-2, 0)), "window_size"),
-        ("k has another head dimension than q", dict(k=base["k"][..., :8].contiguous(),
-                                                     v=base["v"][..., :8].contiguous()), "k"),
-        ("k and v have another head count than q", dict(k=base["k"][:, :1].contiguous(),
-                                                        v=base["v"][:, :1].contiguous()), "k"),
-        ("q is 4-d", dict(q=base["q"][None]), "q"),
-    ]
-    if hidden:
-        cases += [
-            ("cu_seqlens_k describes another batch size", dict(
-                cu_seqlens_k=torch.tensor([0, 4, 11], **i32)), "cu_seqlens_k"),
-            ("cu_seqlens_q is a list", dict(cu_seqlens_q=[0, 3, 3, 8]), "cu_seqlens_q"),
-            ("max_seqlen_k is a float", dict(max_seqlen_k=5.0), "max_seqlen_k"),
-            ("window_size has three entries", dict(window_size=(1, 2, 3)), "window_size"),
-            ("v is float32, q and k float16", dict(v=base["v"].float()), "v"),
-            ("q's last dimension is strided", dict(q=base["q"].repeat(1, 1, 2)[..., ::2]), "q"),
-            ("cu_seqlens_q has one entry", dict(cu_seqlens_q=torch.tensor([0], **i32),
-                                                q=base["q"][:0]), "cu_seqlens_q"),
-            ("v has one token fewer than k", dict(v=base["v"][:-1]), "v"),
-            ("head dimension 24 (not a power of two)", {
-                n: seeded((base[n].shape[0], 2, 24), 5 + i, base[n].dtype)
-                for i, n in enumerate(("q", "k", "v"))}, "q"),
-        ]
-    return cases
-
-
-def check_validate_varlen(validate, hidden: bool = False):
-    """Exercise 3: every bad call raises a ValueError that names the argument; valid calls
-    (lengths 0, N_q != N_k, windows, float32) pass, and one passes while a CUDA graph is
-    (as if) captured without reading cu_seqlens on the host."""
-    require_implemented(validate, "validate_varlen")
-    valid = [("a valid call", {}), ("window (0, 0), float32", dict(
-        window_size=(0, 0), **{n: t.float() for n, t in _valid_call().items()
-                               if n in ("q", "k", "v")})),
-             ("max_seqlen larger than needed, window (3, -1)", dict(max_seqlen_q=64,
-                                                                    window_size=(3, -1)))]
-    n = check_argument_errors(
-        validate, [(name, {**_valid_call(), **change}) for name, change in valid],
-        [(name, {**_valid_call(), **change}, arg) for name, change, arg in validate_cases(hidden)],
-        title="validate_varlen", valid_hint="lengths 0 are allowed, and N_q may differ from N_k",
-        consequence="The kernel would run on it and return wrong numbers or read out of bounds.",
-        captured=_valid_call(),
-        capture_hint="Read cu_seqlens with host_values(cu): it returns None while a graph is "
-                     "captured; skip the value checks then.")
-    report("validate_varlen", n, hidden=hidden)
