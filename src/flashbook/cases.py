@@ -298,7 +298,8 @@ def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], 
     call costs building one key and one dict lookup."""
     try:
         key = (t.shape, t.stride(), t.dtype, t.device, current().device, label, dims,
-               dtypes if isinstance(dtypes, tuple) else tuple(dtypes), name, contiguous, device)
+               dtypes if isinstance(dtypes, tuple) else tuple(dtypes), name, contiguous, device,
+               MAX_ELEMENTS)
         if key in _TENSOR_PASSED:
             return
     except (AttributeError, TypeError):          # not a tensor: the checks say what is wrong
