@@ -38,6 +38,20 @@ def test_time_outside_the_launch_is_what_the_wrapper_adds():
     assert overhead.measure("bare", bare, reps=3)["added_us"] < 1000
 
 
+def test_the_profile_ranks_the_functions_a_call_spends_its_time_in():
+    def checks():                  # the costly part of a wrapper
+        time.sleep(0.002)
+
+    def wrapper():
+        checks()
+        sum(range(10))
+    rows = overhead.profile(wrapper, reps=3, top=5)
+    assert len(rows) <= 5 and rows == sorted(rows, key=lambda r: -r["own_us"])
+    mine = {r["function"].split("(")[-1].rstrip(")"): r for r in rows}
+    assert mine["wrapper"]["total_us"] >= 2000 > mine["wrapper"]["own_us"]
+    assert any(r["own_us"] >= 2000 and "sleep" in r["function"] for r in rows)
+
+
 def test_the_patched_launchers_are_restored():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction

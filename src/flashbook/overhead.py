@@ -11,6 +11,7 @@ is host time. For each function it records, over ``REPS`` calls after a warm-up 
   arguments, the specialization key, the driver's launch), summed over the call's launches;
 * ``added_us = host_us - launch_us``: what the wrapper adds (argument checks, tile choice,
   output allocation); the book's target is at most ``TARGET_US``;
+* ``profile`` (``--profile``): the costliest Python functions of a call (``profile``);
 * ``syncs``: whether one call synchronises with the device (run under
   ``torch.cuda.set_sync_debug_mode("error")``, which raises at any synchronising CUDA call).
 
@@ -35,6 +36,7 @@ from .device import current
 
 REPS = 200
 TARGET_US = 10.0
+PROFILE_TOP = 15
 
 
 @contextlib.contextmanager
@@ -106,6 +108,29 @@ def measure(name: str, call, reps: int = REPS) -> dict:
     us = lambda xs: round(statistics.median(xs) * 1e6, 2)   # noqa: E731
     return dict(function=name, host_us=us(host), launch_us=us(launch), added_us=us(added),
                 launches=launches, syncs=sync, reps=reps)
+
+
+def profile(call, reps: int = REPS, top: int = PROFILE_TOP) -> list[dict]:
+    """Where one call's host time goes: ``cProfile`` over ``reps`` calls (after the warm-up),
+    the ``top`` functions by their own time, in µs per call (``own_us``: in the function
+    itself; ``total_us``: with what it calls). The profiler slows every Python call, so the
+    figures rank the costs; ``measure``'s are the unprofiled times."""
+    import cProfile
+    import pstats
+    for _ in range(3):
+        call()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        call()
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = []
+    for (path, line, fn), (_, calls, own, total, _) in stats.items():
+        where = f"{Path(path).name}:{line}({fn})" if line else fn
+        rows.append(dict(function=where, calls=round(calls / reps, 2),
+                         own_us=round(own / reps * 1e6, 2), total_us=round(total / reps * 1e6, 2)))
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
 
 
 # ------------------------------------------------------------------ the calls
@@ -219,13 +244,16 @@ def speed(cases=SPEED_CASES) -> list[dict]:
     return rows
 
 
-def run(quick: bool = False, only: str | None = None, reps: int = REPS) -> list[dict]:
+def run(quick: bool = False, only: str | None = None, reps: int = REPS,
+        profiled: bool = False) -> list[dict]:
     rows = []
     for name, call in calls(quick).items():
         if only and not name.startswith(only):
             continue
         try:
             rows.append(measure(name, call, reps))
+            if profiled:
+                rows[-1]["profile"] = profile(call, reps)
         except Exception:  # noqa: BLE001 - one function's failure must not lose the others
             rows.append(dict(function=name, error=traceback.format_exc()[-600:]))
         print(rows[-1], flush=True)
@@ -267,14 +295,17 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="functions whose name starts with this (ch5.decode)")
     p.add_argument("--reps", type=int, default=REPS)
     p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
+    p.add_argument("--profile", action="store_true",
+                   help="also record each function's costliest Python functions (cProfile)")
     p.add_argument("--speed", action="store_true",
                    help="also time the public calls beside their launches at SPEED_CASES (GPU)")
     args = p.parse_args(argv)
     from flashbook import setup
     setup()
     command = "python -m flashbook.overhead" + (" --quick" if args.quick else "") + \
-        (f" --only {args.only}" if args.only else "") + (" --speed" if args.speed else "")
-    rows = run(args.quick, args.only, args.reps)
+        (f" --only {args.only}" if args.only else "") + (" --speed" if args.speed else "") + \
+        (" --profile" if args.profile else "")
+    rows = run(args.quick, args.only, args.reps, args.profile)
     record = dict(provenance=dict(results.provenance(command), commit=args.commit,
                                   target_us=TARGET_US), rows=rows)
     if args.speed:
