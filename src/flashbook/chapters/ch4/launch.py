@@ -47,11 +47,23 @@ def heads_per_section(n_bh: int, kv_bytes: int, device: torch.device | str) -> i
 
     The programs in flight then read the K and V of a few pairs, which stay in L2, while each
     section's tiles still start with the longest rows (``program_tile`` in the chapter)."""
-    if torch.device(device).type != "cuda":
+    device = torch.device(device)
+    if device.type != "cuda":
         return 1
-    budget = torch.cuda.get_device_properties(torch.device(device)).L2_cache_size // 2
-    fits = max(1, budget // max(kv_bytes, 1))
-    return max(g for g in range(1, min(fits, n_bh) + 1) if n_bh % g == 0)
+    return _largest_divisor(n_bh, max(1, _l2_bytes(device.index) // 2 // max(kv_bytes, 1)))
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(index: int | None) -> int:
+    """The GPU's L2 cache, asked once per device (a call's host time is the book's budget)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None
+                                            else index).L2_cache_size
+
+
+@functools.lru_cache(maxsize=4096)
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``at_most`` (one loop per new pair)."""
+    return max(g for g in range(1, min(at_most, n) + 1) if n % g == 0)
 
 
 @functools.lru_cache(maxsize=64)
