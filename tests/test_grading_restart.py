@@ -8,6 +8,8 @@ sandboxed kernel's restart is exercised by test_grading.py's class, student "cra
 """
 from __future__ import annotations
 
+import json
+import sys
 import time
 
 import nbformat
@@ -42,14 +44,14 @@ def check(gid: str, source: str, points: float = 1):
 
 @pytest.fixture
 def grade(tmp_path):
-    """grade(*cells) -> (NotebookResult, pids of the kernels that ran ANSWER, in order).
+    """grade(*cells, kernel="python3") -> (NotebookResult, pids of the kernels that ran ANSWER, in order).
     The notebook is its own source, release and submission (it has no hidden tests)."""
-    def run(*cells):
+    def run(*cells, kernel="python3"):
         path, out, work = tmp_path / "nb.ipynb", tmp_path / "out", tmp_path / "work"
         nbformat.write(nbformat.v4.new_notebook(cells=list(cells)), path)
         out.mkdir()
         work.mkdir()
-        job = {"kernel": "python3", "cell_timeout": CELL_TIMEOUT}
+        job = {"kernel": kernel, "cell_timeout": CELL_TIMEOUT}
         nbjob = {"name": "nb", "source": str(path), "release": str(path), "submitted": str(path)}
         result = worker.grade_notebook(job, nbjob, out, work, time.monotonic() + 120)
         runs = work / "runs"
@@ -111,3 +113,27 @@ def test_answer_that_fails_when_run_again_stops_grading(grade, again):
     after = r.cells["t_after"]
     assert (after.score, after.status) == (0, NOT_RUN)
     assert "again" in after.message and "not run" in after.message
+
+
+def test_kernel_that_dies_as_it_starts_is_started_again(grade, tmp_path, monkeypatch):
+    """Two kernels starting at once can be handed the same free port: the one that binds second
+    exits before it answers. The grader starts it again; the student loses nothing."""
+    spec = tmp_path / "jupyter" / "kernels" / "dies_first"
+    spec.mkdir(parents=True)
+    first = tmp_path / "started_once"
+    launcher = ("import os, sys\n"
+                f"if not os.path.exists({str(first)!r}):\n"
+                f"    open({str(first)!r}, 'w').close()\n"
+                "    sys.exit(3)\n"
+                "os.execv(sys.executable, [sys.executable, '-m', 'ipykernel_launcher', '-f', "
+                "sys.argv[1]])")
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", launcher, "{connection_file}"],
+        "display_name": "dies first", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    r, pids = grade(answer("ans", ANSWER), check("t_after", USES_ANSWER, 2), kernel="dies_first")
+    assert first.exists(), "the first kernel ran (and died)"
+    assert (r.cells["t_after"].score, r.cells["t_after"].status) == (2, PASSED), r.notes
+    assert len(pids) == 1
+    log = (tmp_path / "out" / "nb.kernel.log").read_text()
+    assert "starting it again (attempt 2)" in log

@@ -19,6 +19,7 @@ kernel again when run again, or the submission's deadline leaves the remaining c
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -36,6 +37,7 @@ from .record import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, CellResult, Notebo
 
 PROBE_TIMEOUT = 10   # s: a kernel that cannot run `pass` in this long after an interrupt is stuck
 MAX_RESTARTS = 2     # per notebook: one that keeps hanging or killing its kernel gets no more
+START_ATTEMPTS = 3   # a kernel that dies before it answers is started again (new ports) this often
 
 
 def instructor_version(student, source):
@@ -162,6 +164,24 @@ def _restart(client, timeout: float) -> str:
     return ""
 
 
+def _start_kernel(stack: contextlib.ExitStack, client, log) -> None:
+    """Start ``client``'s kernel inside ``stack``. A kernel that dies before it answers is started
+    again, on new ports: two graders' kernels starting at once can be handed the same free port
+    (jupyter_client picks ports by binding and releasing them), and the one that binds second exits
+    (the sandbox lets it bind only its own five). No student code has run yet, so a retry is fair."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            stack.enter_context(client.setup_kernel(stdout=log, stderr=log))
+            return
+        except RuntimeError as e:
+            if attempt == START_ATTEMPTS or "died before replying" not in str(e):
+                raise
+            log.write(f"flashbook grader: the kernel died as it started ({e}); "
+                      f"starting it again (attempt {attempt + 1})\n".encode())
+            log.flush()
+            client.km = client.kc = None        # nbclient has shut the dead one down
+
+
 def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: float,
             kernel_log: Path, hidden_cells: int = 0) -> tuple[dict, list[str]]:
     """Run ``nb`` in place, cell by cell. Returns ({cell index: reason not run}, notes).
@@ -204,7 +224,8 @@ def execute(nb, *, kernel: str, workdir: Path, cell_timeout: float, deadline: fl
 
     with open(kernel_log, "wb") as err:
         try:
-            with client.setup_kernel(stdout=err, stderr=err):
+            with contextlib.ExitStack() as stack:
+                _start_kernel(stack, client, err)
                 for n, i in enumerate(code_cells):
                     rest = code_cells[n + 1:]
                     left = deadline - time.monotonic()
