@@ -24,7 +24,7 @@ from flashbook.check import CheckFailure, check_attention, report, require_imple
 from flashbook.cpu_child import on_cpu
 from flashbook.device import current
 
-from .launch import Config, launch_varlen, window_bounds
+from .launch import Config, default_sections, launch_varlen, window_bounds
 
 CANARY = (3, 40)       # (queries, keys) of the NaN sequence after every real one (keys >
                        # BLOCK_N: a tile that runs past its sequence lands in NaN)
@@ -83,14 +83,16 @@ def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles
     max_q = max(max(case.seqlens), CANARY[0])
     max_k = max(max(case.seqlens_k or case.seqlens), CANARY[1])
     window = window_bounds(case.window or (-1, -1), case.causal, max_q, max_k) if masked else None
+    # the pairs per section this launch walks (a GPU's L2 picks it): named when rows leak
+    sections = sections or default_sections((cu_q.numel() - 1) * qc.shape[1], max_k, kc)
     o = torch.full(qc.shape, math.nan, dtype=qc.dtype, device=qc.device)
     lse = torch.full((qc.shape[1], qc.shape[0]), math.nan, dtype=torch.float32, device=qc.device)
     launch_varlen(kernel, qc, kc, vc, cu_q, cu_k, max_q, max_k, window=window, scale=case.scale,
                   config=cfg, two_tiles=two_tiles, out=(o, lse), sections=sections)
     o, lse = o[rows], lse[:, rows]
-    name_leaks(case, o, sections or 1)
+    name_leaks(case, o, sections)
     if counter is not None:
-        counter.layout = (cu_q.tolist(), cu_k.tolist(), max_q, seq_index, window, sections or 1)
+        counter.layout = (cu_q.tolist(), cu_k.tolist(), max_q, seq_index, window, sections)
     return o, lse
 
 

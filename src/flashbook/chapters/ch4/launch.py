@@ -88,6 +88,13 @@ def pick_kernel(two_tile, one_tile, wrapper: str):
     return one_tile, False
 
 
+def default_sections(n_bh: int, max_seqlen_k: int, k: torch.Tensor) -> int:
+    """``heads_per_section`` for a launch over ``n_bh`` (sequence, head) pairs whose K/V
+    (``k``'s head dim and dtype, ``max_seqlen_k`` keys) a section should keep in L2."""
+    return heads_per_section(n_bh, 2 * max(max_seqlen_k, 1) * k.shape[-1] * k.element_size(),
+                             k.device)
+
+
 def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                   max_seqlen_k: int, *, window: tuple[int, int] | None = None,
                   scale: float | None = None, config: Config | None = None,
@@ -132,8 +139,7 @@ def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int
     if batch < 1 or H == 0 or max_seqlen_q == 0:
         return o, lse
     n_bh = batch * H
-    G = sections or heads_per_section(n_bh, 2 * max(max_seqlen_k, 1) * d * k.element_size(),
-                                      q.device)
+    G = sections or default_sections(n_bh, max_seqlen_k, k)
     if n_bh % G:
         raise ValueError(f"{name}: sections={G} must divide batch * H = {n_bh}.")
     grid = (triton.cdiv(max_seqlen_q, cfg.BLOCK_M) * G, n_bh // G)
