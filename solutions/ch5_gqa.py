@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 from flashbook import reference
-from flashbook.cases import host_values, validate_tensor
+from flashbook.cases import host_values, validate_once, validate_tensor
 from flashbook.chapters import ch4, ch5
 from flashbook.kernels import attn_step, attn_two_tile_step, key_tiles, program_tile, \
     visible_pairs
@@ -613,7 +613,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=N
     must already be in the cache (it appends nothing), so cache_seqlens counts them
     (cache_seqlens[b] >= n_new; flash-attn's counts the keys before the new tokens), and causal
     defaults to True (flash-attn's to False; with one new token it changes nothing)."""
-    validate_decode(q, k_cache, v_cache, cache_seqlens, block_table)
+    validate_once(validate_decode, q, k_cache, v_cache, cache_seqlens, block_table)
     return ch5.launch_decode(decode_kernel, q, k_cache, v_cache, cache_seqlens, block_table,
                              causal=causal, scale=softmax_scale)
 

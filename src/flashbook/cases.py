@@ -352,6 +352,9 @@ def as_window(window_size):
     kind: NumPy or torch integer scalars, or a 1-d integer tensor of two entries (read with
     ``host_values``). Anything else is returned unchanged, for the validator to refuse (floats,
     bools, a wrong length)."""
+    if window_size.__class__ is tuple and len(window_size) == 2 and \
+            window_size[0].__class__ is int and window_size[1].__class__ is int:
+        return window_size                      # the common call: nothing to convert
     if isinstance(window_size, torch.Tensor):
         if window_size.dim() != 1 or window_size.is_floating_point() or \
                 window_size.dtype == torch.bool:
@@ -456,3 +459,4 @@ def validate_scale(scale, d: int, name: str = "attention") -> float:
 from .launcher import (POISON_ENV, VALUES_ENV, _read, capturing, cdiv,  # noqa: E402,F401
                        check_values, host_values, next_pow2, output, poisoned_outputs,
                        values_checked)
+from .plans import validate_once  # noqa: E402,F401

@@ -78,6 +78,17 @@ def head_descriptors(descriptor_type, q, k, v, o, block_m: int, block_n: int, ro
     return tuple(out)
 
 
+def rebased(descriptor, base):
+    """``descriptor`` (a TMA descriptor a plan keeps) for the tensor ``base`` of the same shape,
+    strides, dtype and alignment: the launcher reads only the base's address from it. Made
+    without the dataclass's ``__post_init__`` checks (2-4 µs each), which the kept descriptor
+    passed for that same metadata."""
+    out = object.__new__(type(descriptor))
+    out.__dict__.update(descriptor.__dict__)
+    out.base = base
+    return out
+
+
 def validate_dense_qkv(name: str, q, k, v, head_dims, *, heads_note: str = "",
                        head_dim_note: str = "") -> tuple[int, int, int, int]:
     """The input checks both Gluon launchers share: q ``(B, H, N_q, d)``, k and v

@@ -26,6 +26,17 @@ _POISON = contextvars.ContextVar("flashbook_poisoned_outputs", default=False)
 # invisible to the other; the process's environment is the one state both copies read.
 POISON_ENV = "FLASHBOOK_POISON_OUTPUTS"
 VALUES_ENV = "FLASHBOOK_CHECK_VALUES"
+# Read on every launch: ``os.environ.get`` of an unset name costs about 1 µs (it encodes the name
+# and raises a KeyError inside); the mapping under it (bytes names on POSIX, which is all the
+# kernels run on) answers in a dict lookup and sees every change made through ``os.environ``.
+if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict):
+    def _env(name: str) -> bytes | None:
+        return os.environ._data.get(_ENV_KEYS[name])
+else:                                            # pragma: no cover - not POSIX
+    def _env(name: str) -> bytes | None:
+        value = os.environ.get(name)
+        return None if value is None else value.encode()
+_ENV_KEYS = {POISON_ENV: POISON_ENV.encode(), VALUES_ENV: VALUES_ENV.encode()}
 
 
 @contextlib.contextmanager
@@ -66,10 +77,15 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+def poisoning() -> bool:
+    """Whether ``poisoned_outputs`` is on (in this copy of flashbook's modules or another)."""
+    return _POISON.get() or _env(POISON_ENV) == b"1"
+
+
 def output(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
     """A launcher's output buffer: ``torch.empty``, NaN-filled inside ``poisoned_outputs``."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    return t.fill_(math.nan) if _POISON.get() or os.environ.get(POISON_ENV) == "1" else t
+    return t.fill_(math.nan) if _POISON.get() or _env(POISON_ENV) == b"1" else t
 
 
 # ------------------------------------------------------------ index tensors read on the host
@@ -120,9 +136,9 @@ def values_checked() -> bool:
     on = _CHECK_VALUES.get()
     if on is not None:
         return on
-    env = os.environ.get(VALUES_ENV)
-    if env in ("0", "1"):
-        return env == "1"
+    env = _env(VALUES_ENV)
+    if env in (b"0", b"1"):
+        return env == b"1"
     return not current().gpu
 
 

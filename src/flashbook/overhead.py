@@ -4,13 +4,19 @@ it waits for the device.
 ``python -m flashbook.overhead --out overhead.json`` calls the functions the chapters show (from
 the checkout's solutions, as a reader calls them: no config, every check on) on small problems,
 where the GPU finishes a kernel faster than Python can issue the next one, so a call's wall time
-is host time. For each function it records, over ``REPS`` calls after a warm-up (the compile):
+is host time. It records the launches one call makes (``plans.recorded_launches``: every
+launcher of the book launches through ``plans.Launch``) and, over ``REPS`` rounds after a
+warm-up (the compile), the medians of:
 
-* ``host_us``: the median wall time of one call (nothing waits for the GPU in the loop);
-* ``launch_us``: the part of it spent inside Triton's launcher (``JITFunction.run``: binding the
-  arguments, the specialization key, the driver's launch), summed over the call's launches;
-* ``added_us = host_us - launch_us``: what the wrapper adds (argument checks, tile choice,
-  output allocation); the book's target is at most ``TARGET_US``;
+* ``host_us``: one public call (nothing waits for the GPU in the loop);
+* ``launch_us``: the same launches made the ordinary way, ``kernel[grid](...)`` with the same
+  arguments (``plans.triton_launch``: Triton binds and specializes every argument), i.e. what
+  the call would cost with no wrapper at all;
+* ``added_us = host_us - launch_us``: what the wrapper adds to that launch (checks, tile choice,
+  output buffers); the book's target is at most ``TARGET_US``. Negative when the wrapper's
+  remembered plan and direct launch (``plans.Launch``) save more than its own work costs;
+* ``direct_us``: the launches through the compiled kernels' own launcher (``plans.
+  direct_launch``), the floor, and ``wrapper_us = host_us - direct_us``, the wrapper's Python;
 * ``profile`` (``--profile``): the costliest Python functions of a call (``profile``);
 * ``syncs``: whether one call synchronises with the device (run under
   ``torch.cuda.set_sync_debug_mode("error")``, which raises at any synchronising CUDA call).
@@ -21,7 +27,6 @@ tool works); those figures measure the interpreter, not a launch.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import statistics
@@ -31,43 +36,12 @@ from pathlib import Path
 
 import torch
 
-from . import results, sources
+from . import plans, results, sources
 from .device import current
 
 REPS = 200
 TARGET_US = 10.0
 PROFILE_TOP = 15
-
-
-@contextlib.contextmanager
-def launch_clock():
-    """Patch Triton's launchers to add the time spent inside them to ``clock["s"]`` (nested
-    launches, as an autotuner's, count once) and their number to ``clock["launches"]``."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    clock = {"s": 0.0, "launches": 0, "depth": 0}
-    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
-
-    def timed(original):
-        def run(self, *args, **kwargs):
-            if clock["depth"]:
-                return original(self, *args, **kwargs)
-            clock["depth"] += 1
-            start = time.perf_counter()
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                clock["s"] += time.perf_counter() - start
-                clock["launches"] += 1
-                clock["depth"] -= 1
-        return run
-    for cls, original in originals.items():
-        cls.run = timed(original)
-    try:
-        yield clock
-    finally:
-        for cls, original in originals.items():
-            cls.run = original
 
 
 def syncs(call) -> bool | None:
@@ -89,25 +63,37 @@ def syncs(call) -> bool | None:
 
 
 def measure(name: str, call, reps: int = REPS) -> dict:
-    """One function's row: host, launch and added microseconds per call (medians), launches per
-    call, and whether it synchronises."""
+    """One function's row: host, launch, direct and added microseconds per call (medians over
+    ``reps`` rounds that time the call and its launches replayed both ways, in turn), launches
+    per call, and whether it synchronises."""
     for _ in range(3):                      # compile, fill the caches
         call()
     sync = syncs(call)
-    host, launch, launches = [], [], 0
-    with launch_clock() as clock:
-        for _ in range(reps):
-            before, start = clock["s"], time.perf_counter()
-            call()
-            host.append(time.perf_counter() - start)
-            launch.append(clock["s"] - before)
-        launches = clock["launches"] / reps
+    with plans.recorded_launches() as made:
+        call()
+
+    def ordinary():
+        for launch, tensors in made:
+            plans.triton_launch(launch, tensors)
+
+    def direct():
+        for launch, tensors in made:
+            plans.direct_launch(launch, tensors)
+    for _ in range(3):
+        ordinary()
+    times = {"host": [], "launch": [], "direct": []}
+    for _ in range(reps):
+        for label, f in (("host", call), ("launch", ordinary), ("direct", direct)):
+            start = time.perf_counter()
+            f()
+            times[label].append(time.perf_counter() - start)
     if current().gpu:
         torch.cuda.synchronize()
-    added = [h - l for h, l in zip(host, launch)]
-    us = lambda xs: round(statistics.median(xs) * 1e6, 2)   # noqa: E731
-    return dict(function=name, host_us=us(host), launch_us=us(launch), added_us=us(added),
-                launches=launches, syncs=sync, reps=reps)
+    us = {label: round(statistics.median(xs) * 1e6, 2) for label, xs in times.items()}
+    return dict(function=name, host_us=us["host"], launch_us=us["launch"],
+                added_us=round(us["host"] - us["launch"], 2), direct_us=us["direct"],
+                wrapper_us=round(us["host"] - us["direct"], 2), launches=len(made),
+                syncs=sync, reps=reps)
 
 
 def profile(call, reps: int = REPS, top: int = PROFILE_TOP) -> list[dict]:
@@ -262,14 +248,16 @@ def run(quick: bool = False, only: str | None = None, reps: int = REPS,
 
 def summary(rows: list[dict]) -> str:
     """A markdown table of a record's rows."""
-    lines = ["| function | host µs per call | in Triton's launcher | added by the wrapper | "
-             "launches | synchronises |", "|---|---|---|---|---|---|"]
+    lines = ["| function | host µs per call | its launches as `kernel[grid]` | added by the "
+             "wrapper | launches through the compiled kernel | launches | synchronises |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['function']} | failed | | | | |")
+            lines.append(f"| {r['function']} | failed | | | | | |")
             continue
+        direct = f"{r['direct_us']:.1f}" if "direct_us" in r else "-"
         lines.append(f"| {r['function']} | {r['host_us']:.1f} | {r['launch_us']:.1f} | "
-                     f"{r['added_us']:.1f} | {r['launches']:g} | "
+                     f"{r['added_us']:.1f} | {direct} | {r['launches']:g} | "
                      f"{'-' if r['syncs'] is None else ('yes' if r['syncs'] else 'no')} |")
     return "\n".join(lines)
 

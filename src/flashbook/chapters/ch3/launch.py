@@ -9,6 +9,7 @@ import torch
 
 from flashbook.cases import cdiv, output, validate_qkv, validate_scale, validate_tensor
 from flashbook.device import current
+from flashbook.plans import Launch, Plans, contiguous_strides, key
 
 LOG2E = 1.4426950408889634      # log2(e): exp(x) = exp2(x * LOG2E)
 HEAD_DIMS = (16, 32, 64, 128)   # tl.arange needs a power of two, tl.dot at least 16
@@ -108,6 +109,9 @@ def softmax_rows(kernel, x: torch.Tensor, block: int = 32):
     return y.reshape(x.shape), lse.reshape(x.shape[:-1])
 
 
+_ATTENTION_PLANS = Plans()
+
+
 def attention_forward(kernel, q, k, v, scale: float | None = None, config: Config | None = None,
                       two_tiles: bool = False):
     """Launch ``kernel`` (Exercise 2, or ``attn_fwd_two_tiles`` with ``two_tiles``) on
@@ -116,7 +120,24 @@ def attention_forward(kernel, q, k, v, scale: float | None = None, config: Confi
     Returns O (B, H, N_q, d) in q's dtype and LSE (B, H, N_q) in natural log, float32.
     ``config`` defaults to ``pick_config`` for this GPU (or the CPU interpreter).
     Memory traffic: Q read once, K and V once per query tile, O and LSE written once.
+    The checks, the config and the grid are remembered by the inputs' metadata (``plans``): a
+    repeated call costs a dict lookup, the two outputs and the launch.
     """
+    plan_key = key(kernel, q, k, v, scale, config, two_tiles, current().capability)
+    plan = _ATTENTION_PLANS.get(plan_key)
+    if plan is None:
+        plan = _ATTENTION_PLANS.remember(plan_key, _attention_plan(kernel, q, k, v, scale,
+                                                                   config, two_tiles))
+    lse_shape, launch = plan
+    o = output(q.shape, dtype=q.dtype, device=q.device)
+    lse = output(lse_shape, dtype=torch.float32, device=q.device)
+    if launch is not None:
+        launch(q, k, v, o, lse)
+    return o, lse
+
+
+def _attention_plan(kernel, q, k, v, scale, config, two_tiles):
+    """attention_forward's checks, config and grid: (LSE's shape, the launch or None)."""
     B, H, _, N_q, N_k, d = validate_qkv(q, k, v, name="attention", dtypes=DTYPES,
                                         head_dims=HEAD_DIMS, head_dims_why=HEAD_DIMS_WHY)
     scale = validate_scale(scale, d)
@@ -126,21 +147,19 @@ def attention_forward(kernel, q, k, v, scale: float | None = None, config: Confi
         raise ValueError(f"attention: query and key tiles must be at least 16 (tl.dot needs 16 "
                          f"on a GPU), got BLOCK_M={cfg.BLOCK_M}"
                          f"{' (two tiles)' if two_tiles else ''}, BLOCK_N={cfg.BLOCK_N}.")
-    o = output(q.shape, dtype=q.dtype, device=q.device)
-    lse = output((B, H, N_q), dtype=torch.float32, device=q.device)
     # N_k == 0 still launches: the key loops run zero times and every row is empty, which the
     # kernel must turn into O = 0, LSE = -inf itself (the check's only way to give it empty rows).
     if B * H * N_q == 0:
-        return o, lse
+        return (B, H, N_q), None
+    o_strides = contiguous_strides(q.shape)                         # O: a new tensor
     grid = (cdiv(N_q, cfg.BLOCK_M), B * H)
-    kernel[grid](q, k, v, o, lse,
-                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                 v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-                 H, N_q, N_k, scale * LOG2E,
-                 HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return o, lse
+    return (B, H, N_q), Launch(
+        kernel, grid,
+        (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+         v.stride(0), v.stride(1), v.stride(2), *o_strides[:3], H, N_q, N_k, scale * LOG2E),
+        dict(HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
 def merge_states(kernel, o_a, lse_a, o_b, lse_b, block_r: int = 16):

@@ -16,13 +16,13 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
-from flashbook.cases import as_window, output, validate_scale, validate_tensor
+from flashbook.cases import as_window, cdiv, output, validate_scale, validate_tensor
 from flashbook.check import is_stub
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.device import current
+from flashbook.plans import Launch, Plans, contiguous_strides, key
 
 __all__ = ["launch_varlen", "window_bounds", "heads_per_section", "pick_kernel", "Config",
            "pick_config", "HEAD_DIMS", "HEAD_DIMS_WHY", "DTYPES"]
@@ -95,6 +95,9 @@ def default_sections(n_bh: int, max_seqlen_k: int, k: torch.Tensor) -> int:
                              k.device)
 
 
+_VARLEN_PLANS = Plans()
+
+
 def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                   max_seqlen_k: int, *, window: tuple[int, int] | None = None,
                   scale: float | None = None, config: Config | None = None,
@@ -111,8 +114,31 @@ def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int
 
     ``window``: None launches a kernel without mask arguments (Exercise 1); else ``(left,
     right)`` as ``window_bounds`` returns them (non-negative) for the masked kernels. ``out``: an
-    (O, LSE) pair to write into (the checks pre-fill it with canaries).
+    (O, LSE) pair to write into (the checks pre-fill it with canaries). The checks, config and
+    grid are remembered by the inputs' metadata (``plans``).
     """
+    o, lse = out if out is not None else (None, None)
+    plan_key = key(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   window, scale, config, two_tiles, o, lse, sections, current().capability)
+    plan = _VARLEN_PLANS.get(plan_key)
+    if plan is None:
+        plan = _VARLEN_PLANS.remember(plan_key, _varlen_plan(
+            kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window,
+            scale, config, two_tiles, out, sections))
+    if out is None:
+        o = output(q.shape, dtype=q.dtype, device=q.device)
+        lse = output((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if plan is not _EMPTY:
+        plan(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    return o, lse
+
+
+_EMPTY = object()       # a plan that launches nothing (no sequence, head or query row)
+
+
+def _varlen_plan(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 window, scale, config, two_tiles, out, sections):
+    """launch_varlen's checks, config and grid: its ``Launch`` (or ``_EMPTY``)."""
     name = "launch_varlen"
     for label, t in (("q", q), ("k", k), ("v", v)):
         validate_tensor(label, t, dims=3, dtypes=DTYPES, name=name, device=q.device
@@ -130,25 +156,20 @@ def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int
     if min(rows, cfg.BLOCK_N) < 16:
         raise ValueError(f"{name}: query and key tiles must be at least 16 (tl.dot needs 16 on a "
                          f"GPU), got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}.")
-    if out is None:
-        o = output((total_q, H, d), dtype=q.dtype, device=q.device)
-        lse = output((H, total_q), dtype=torch.float32, device=q.device)
-    else:
-        o, lse = out
+    o_strides = contiguous_strides(q.shape) if out is None else out[0].stride()
     batch = cu_seqlens_q.numel() - 1
     if batch < 1 or H == 0 or max_seqlen_q == 0:
-        return o, lse
+        return _EMPTY
     n_bh = batch * H
     G = sections or default_sections(n_bh, max_seqlen_k, k)
     if n_bh % G:
         raise ValueError(f"{name}: sections={G} must divide batch * H = {n_bh}.")
-    grid = (triton.cdiv(max_seqlen_q, cfg.BLOCK_M) * G, n_bh // G)
+    grid = (cdiv(max_seqlen_q, cfg.BLOCK_M) * G, n_bh // G)
     masks = {} if window is None else dict(window_left=window[0], window_right=window[1])
-    kernel[grid](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
-                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                 o.stride(0), o.stride(1), H, total_q, scale * LOG2E, **masks,
-                 heads_per_section=G,
-                 HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return o, lse
+    return Launch(kernel, grid,
+                  (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                   o_strides[0], o_strides[1], H, total_q, scale * LOG2E),
+                  dict(masks, heads_per_section=G, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M,
+                       BLOCK_N=cfg.BLOCK_N,
+                       DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                       num_warps=cfg.num_warps, num_stages=cfg.num_stages))

@@ -20,11 +20,12 @@ import math
 import torch
 import triton
 
-from flashbook.cases import as_window, host_values, output, validate_scale, validate_tensor
+from flashbook.cases import as_window, cdiv, host_values, output, validate_scale, validate_tensor
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
 from flashbook.device import current
+from flashbook.plans import Launch, Plans, contiguous_strides, key, validate_once
 
 __all__ = ["launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache",
            "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS",
@@ -40,6 +41,9 @@ def prefill_dtypes() -> tuple:
     return DTYPES if cc is None or tuple(cc) < (8, 0) else (*DTYPES, torch.bfloat16)
 
 
+_GQA_PLANS = Plans()
+
+
 def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                max_seqlen_k: int, *, window: tuple[int, int], scale: float | None = None,
                config: Config | None = None, sections: int | None = None, out=None,
@@ -50,7 +54,32 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
 
     Grid: ``(cdiv(max_seqlen_q, BLOCK_M // G) * S, batch * h_kv // S)``: Chapter 4's sections,
     over (sequence, K/V head) pairs. ``window``: non-negative ``(left, right)``
-    (``window_bounds``). ``dtypes``: those accepted (default ``prefill_dtypes()``)."""
+    (``window_bounds``). ``dtypes``: those accepted (default ``prefill_dtypes()``). The checks,
+    config and grid are remembered by the inputs' metadata (``plans``)."""
+    o, lse = out if out is not None else (None, None)
+    plan_key = key(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   window, scale, config, sections, o, lse, two_tiles, dtypes,
+                   current().capability)
+    plan = _GQA_PLANS.get(plan_key)
+    if plan is None:
+        plan = _GQA_PLANS.remember(plan_key, _gqa_plan(
+            kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window,
+            scale, config, sections, out, two_tiles, dtypes))
+    repeat, launch = plan
+    if out is None:
+        o = output(q.shape, dtype=q.dtype, device=q.device)
+        lse = output((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if launch is not None:
+        if repeat > 1:      # see _gqa_plan: a group that does not divide the tile's rows
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    return o, lse
+
+
+def _gqa_plan(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window,
+              scale, config, sections, out, two_tiles, dtypes):
+    """launch_gqa's checks, config and grid: (how many times each K/V head is repeated, the
+    ``Launch`` or None)."""
     name = "launch_gqa"
     for label, t in (("q", q), ("k", k), ("v", v)):
         validate_tensor(label, t, dims=3, dtypes=dtypes or prefill_dtypes(), name=name)
@@ -67,31 +96,33 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     if cfg.BLOCK_M // tiles < 16:
         raise ValueError(f"{name}: BLOCK_M={cfg.BLOCK_M} gives tiles of fewer than 16 rows.")
     fold = math.gcd(G, cfg.BLOCK_M // tiles)
+    repeat = G // fold
+    k_strides = k.stride()
     if fold < G:
         # The fold needs G | the tile's rows (powers of two); for G = 3, 5, 6, 7 ... fold the
         # largest group that divides them and repeat each K/V head G // fold times: right
-        # answers, at G // fold times the K/V traffic (and a copy of K and V).
-        k, v = (t.repeat_interleave(G // fold, dim=1) for t in (k, v))
-        h_kv, G = h_kv * (G // fold), fold
+        # answers, at G // fold times the K/V traffic (and a copy of K and V, made per call).
+        h_kv, G = h_kv * repeat, fold
+        k_strides = contiguous_strides((k.shape[0], h_kv, d))
+    v_strides = k_strides if repeat > 1 else v.stride()
     scale = validate_scale(scale, d, name)
-    o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
-                     output((h_q, total_q), dtype=torch.float32, device=q.device))
+    o_strides = contiguous_strides(q.shape) if out is None else out[0].stride()
     n_bkv = (cu_seqlens_q.numel() - 1) * h_kv
     if n_bkv == 0 or max_seqlen_q == 0:
-        return o, lse
+        return repeat, None
     S = sections or heads_per_section(n_bkv, 2 * max(max_seqlen_k, 1) * d * k.element_size(),
                                       q.device)
-    grid = (triton.cdiv(max_seqlen_q, cfg.BLOCK_M // G) * S, n_bkv // S)
+    grid = (cdiv(max_seqlen_q, cfg.BLOCK_M // G) * S, n_bkv // S)
     # every row sees every key when the window reaches past both ends (no causal mask)
     windowed = window[0] < max_seqlen_k or window[1] < max_seqlen_q
     specialised = dict(WINDOWED=windowed) if two_tiles else {}
-    kernel[grid](q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1),
-                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
-                 h_kv, total_q, scale * LOG2E, window[0], window[1], S,
-                 GROUP=G, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **specialised)
-    return o, lse
+    return repeat, Launch(
+        kernel, grid,
+        (q.stride(0), q.stride(1), k_strides[0], k_strides[1], v_strides[0], v_strides[1],
+         o_strides[0], o_strides[1], h_kv, total_q, scale * LOG2E, window[0], window[1], S),
+        dict(GROUP=G, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **specialised))
 
 
 # The most rows a decode tile holds (G heads x new tokens): more new tokens are taken in chunks.
@@ -122,6 +153,9 @@ def decode_config(capability: tuple | None) -> tuple[int, int, int]:
     return (128, 4, 2) if tuple(capability) >= (9, 0) else (64, 4, 3)
 
 
+_DECODE_PLANS = Plans()
+
+
 def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, *,
                   causal: bool = True, scale: float | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None, out=None):
@@ -129,7 +163,8 @@ def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, 
 
     The cache is passed as rows ``(rows, h_kv, d)``: a contiguous cache's ``B * max_len`` rows
     (``rows_per_seq = max_len``) or a paged cache's ``num_pages * page_size`` rows
-    (``rows_per_seq = page_size``; a key tile may span pages, each key looks its page up)."""
+    (``rows_per_seq = page_size``; a key tile may span pages, each key looks its page up).
+    The tiles, grid and strides are remembered by the inputs' metadata (``plans``)."""
     B, n_new, h_q, d = q.shape
     h_kv = k_cache.shape[2]
     G = h_q // h_kv
@@ -138,29 +173,68 @@ def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, 
         return _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table,
                                  chunk, causal=causal, scale=scale, block_n=block_n,
                                  num_warps=num_warps, num_stages=num_stages, out=out)
+    o, lse = out if out is not None else (None, None)
+    plan_key = key(kernel, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
+                   block_n, num_warps, num_stages, o, lse, current().capability)
+    plan = _DECODE_PLANS.get(plan_key)
+    if plan is None:
+        plan = _DECODE_PLANS.remember(plan_key, _decode_plan(
+            kernel, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, block_n,
+            num_warps, num_stages, out))
+    copies, launch = plan
+    if out is None:
+        o = output(q.shape, dtype=q.dtype, device=q.device)
+        lse = output((B, h_q, n_new), dtype=torch.float32, device=q.device)
+    if launch is not None:
+        if copies:          # a cache whose sequences do not follow each other: rows copied
+            k_cache, v_cache = k_cache.reshape(-1, h_kv, d), v_cache.reshape(-1, h_kv, d)
+        launch(q, k_cache, v_cache, o, lse, cache_seqlens,
+               block_table if block_table is not None else cache_seqlens)
+    return o, lse
+
+
+def _decode_plan(kernel, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, block_n,
+                 num_warps, num_stages, out):
+    """launch_decode's tiles, window and grid: (whether the cache is copied to rows, its
+    ``Launch`` or None). The kernel indexes the cache as rows ``(rows, h_kv, d)``: the cache
+    itself when its first two dimensions merge (``reshape``'s view, no copy), else a copy."""
+    B, n_new, h_q, d = q.shape
+    h_kv = k_cache.shape[2]
+    G = h_q // h_kv
     paged = block_table is not None
     rows_per_seq = k_cache.shape[1]
     tiles = decode_config(current().capability)
     BN, num_warps, num_stages = block_n or tiles[0], num_warps or tiles[1], num_stages or tiles[2]
-    k_rows, v_rows = k_cache.reshape(-1, h_kv, d), v_cache.reshape(-1, h_kv, d)
+    k_rows, v_rows = _row_strides(k_cache), _row_strides(v_cache)
+    copies = k_rows is None or v_rows is None
+    if copies:
+        k_rows = v_rows = contiguous_strides((1, h_kv, d))[:2]
     max_keys = rows_per_seq * (block_table.shape[1] if paged else 1)
     BM = decode_block_m(G, n_new)
     window = window_bounds((-1, -1), causal, BM, max_keys)   # padding rows count as queries
     scale = validate_scale(scale, d, "launch_decode")
-    o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
-                     output((B, h_q, n_new), dtype=torch.float32, device=q.device))
+    o_strides = contiguous_strides(q.shape) if out is None else out[0].stride()
     if B * h_kv * n_new == 0:
-        return o, lse
-    table = block_table if paged else cache_seqlens          # any int32 tensor when not paged
-    kernel[(B * h_kv,)](q, k_rows, v_rows, o, lse, cache_seqlens, table,
-                        q.stride(0), q.stride(1), q.stride(2), k_rows.stride(0), k_rows.stride(1),
-                        v_rows.stride(0), v_rows.stride(1), o.stride(0), o.stride(1), o.stride(2),
-                        table.stride(0) if paged else 0, rows_per_seq, h_kv, n_new,
-                        scale * LOG2E, window[0], window[1], GROUP=G, PAGED=paged, HEAD_DIM=d,
-                        BLOCK_M=BM, BLOCK_N=BN,
-                        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                        num_warps=num_warps, num_stages=num_stages)
-    return o, lse
+        return copies, None
+    return copies, Launch(
+        kernel, (B * h_kv,),
+        (q.stride(0), q.stride(1), q.stride(2), k_rows[0], k_rows[1], v_rows[0], v_rows[1],
+         o_strides[0], o_strides[1], o_strides[2], block_table.stride(0) if paged else 0,
+         rows_per_seq, h_kv, n_new, scale * LOG2E, window[0], window[1]),
+        dict(GROUP=G, PAGED=paged, HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN,
+             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+             num_warps=num_warps, num_stages=num_stages))
+
+
+def _row_strides(cache) -> tuple[int, int] | None:
+    """(row, head) strides of ``cache (n, rows_per_seq, h_kv, d)`` seen as ``(n * rows_per_seq,
+    h_kv, d)`` rows, or None when its first two dimensions do not merge into one (a slice of a
+    longer cache: ``reshape`` copies it)."""
+    n, rows, _, _ = cache.shape
+    s0, s1, s2, _ = cache.stride()
+    if n > 1 and rows > 1 and s0 != rows * s1:
+        return None
+    return (s1 if rows > 1 or n == 1 else s0), s2
 
 
 def _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table, chunk: int, *,
@@ -190,7 +264,14 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     h_kv: a ValueError that names the argument. Reads cu_seqlens' values with
     ``cases.host_values`` (once per tensor; the value checks are skipped while a CUDA graph is
     captured, and on a GPU's hot path outside the graded checks and
-    ``flashbook.check_values()``). ``dtypes``: as ``launch_gqa``'s."""
+    ``flashbook.check_values()``). ``dtypes``: as ``launch_gqa``'s. The metadata checks run
+    once per metadata (``plans.validate_once``)."""
+    validate_once(_check_packed, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k, as_window(window_size), name, dtypes)
+
+
+def _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size,
+                  name, dtypes):
     for label, t in (("q", q), ("k", k), ("v", v)):
         validate_tensor(label, t, dims=3, dtypes=dtypes or prefill_dtypes(), name=name)
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:

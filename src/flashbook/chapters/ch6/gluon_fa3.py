@@ -48,8 +48,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import cdiv
-from flashbook.gluon_kit import head_descriptors, m_block as _m_block, smem_tile as _tile_2d, \
-    tma_load, tma_store, validate_dense_qkv
+from flashbook.gluon_kit import head_descriptors, m_block as _m_block, rebased, \
+    smem_tile as _tile_2d, tma_load, tma_store, validate_dense_qkv
+from flashbook.plans import Launch, Plans, key
 
 from . import planner
 from .planner import Config
@@ -498,6 +499,9 @@ def _validate(q, k, v, causal, softmax_scale, config):
     return config, softmax_scale
 
 
+_FA3_PLANS = Plans()
+
+
 def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                   config: Config | None = None, exp2: str = "hw",
                   rescale_tau: float | None = None):
@@ -508,7 +512,35 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
     ``softmax_scale`` defaults to 1/sqrt(d). ``config``: a ``Config`` (None: ``pick_config``).
     Returns O (like q) and the LSE ``(B, H, N_q)`` float32 in natural log (-inf, with O = 0,
     for a row that sees no key). ``exp2`` and ``rescale_tau`` select Chapter 7's experiments
-    (see ``EXP2_MODES``; "removed" computes a wrong O on purpose)."""
+    (see ``EXP2_MODES``; "removed" computes a wrong O on purpose). The checks, the config, the
+    grid and the TMA descriptors' shapes are remembered by the inputs' metadata (``plans``)."""
+    plan_key = key(q, k, v, causal, softmax_scale, config, exp2, rescale_tau)
+    plan = _FA3_PLANS.get(plan_key)
+    if plan is None:
+        plan = _FA3_PLANS.remember(plan_key, _fa3_plan(q, k, v, causal, softmax_scale, config,
+                                                       exp2, rescale_tau))
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    if plan is _NO_ROWS:
+        return o, lse
+    if plan is _NO_KEYS:                           # no key at all: the empty-row convention
+        return o.zero_(), lse.fill_(-float("inf"))
+    launch, descriptors = plan
+    q_desc, k_desc, v_desc, o_desc = (rebased(d, t) for d, t in zip(descriptors, (q, k, v, o)))
+    if q.device.index == torch.cuda.current_device():
+        launch(q_desc, k_desc, v_desc, o_desc, lse)
+    else:
+        with torch.cuda.device(q.device):
+            launch(q_desc, k_desc, v_desc, o_desc, lse)
+    return o, lse
+
+
+_NO_ROWS, _NO_KEYS = object(), object()     # plans that launch nothing
+
+
+def _fa3_plan(q, k, v, causal, softmax_scale, config, exp2, rescale_tau):
+    """attention_fa3's checks, config and grid: (the ``Launch``, the four TMA descriptors of q,
+    k, v and o, as templates for ``rebased``), or ``_NO_ROWS``/``_NO_KEYS``."""
     if exp2 not in EXP2_MODES:
         raise ValueError(f"attention_fa3: exp2 must be one of {sorted(EXP2_MODES)}, got {exp2!r}.")
     if rescale_tau is not None and not (0.0 <= float(rescale_tau) <= 64.0):
@@ -517,22 +549,17 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
     config, scale = _validate(q, k, v, causal, softmax_scale, config)
     B, H, N_q, d = q.shape
     N_k = k.shape[2]
-    o = torch.empty_like(q)
-    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
     if N_q == 0 or B * H == 0:
-        return o, lse
-    if N_k == 0:                                   # no key at all: the empty-row convention
-        return o.zero_(), lse.fill_(-float("inf"))
+        return _NO_ROWS
+    if N_k == 0:
+        return _NO_KEYS
     bm, bn = config.BLOCK_M, config.BLOCK_N
-    q_desc, k_desc, v_desc, o_desc = head_descriptors(
-        TensorDescriptor, q, k, v, o, bm, bn, tile_layout(bm, d, q.dtype),
-        tile_layout(bn, d, q.dtype))
+    descriptors = head_descriptors(TensorDescriptor, q, k, v, torch.empty_like(q), bm, bn,
+                                   tile_layout(bm, d, q.dtype), tile_layout(bn, d, q.dtype))
     args = kernel_args(config, exp2, rescale_tau)
-    grid = (cdiv(N_q, 2 * bm), B * H)
-    with torch.cuda.device(q.device):
-        fa3_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, N_q, N_k, scale * LOG2E,
-                         CAUSAL=bool(causal), **args["constexprs"], **args["options"])
-    return o, lse
+    launch = Launch(fa3_kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),
+                    dict(CAUSAL=bool(causal), **args["constexprs"], **args["options"]))
+    return launch, descriptors
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,10 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from flashbook.cases import seeded, validate_qkv, validate_scale
+from flashbook.cases import cdiv, seeded, validate_qkv, validate_scale
 from flashbook.check import CheckFailure, assert_close, report, require_implemented, run_student
 from flashbook.chapters.ch3.launch import HEAD_DIMS_WHY, LOG2E, Config
 from flashbook.device import current
+from flashbook.plans import Launch, Plans, contiguous_strides, key
 from flashbook.reference import attention
 
 DTYPES = (torch.float16, torch.float32)
@@ -101,12 +102,33 @@ def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:
     return ch3_pick(d, dtype, capability)
 
 
+_LAZY_PLANS = Plans()
+
+
 def launch_lazy(update, q, k, v, *, tau: float, scale: float | None = None, exp2=None,
                 config: Config | None = None):
     """Run ``attn_fwd_lazy`` with ``UPDATE=update`` on q (B, H, N_q, d), k and v (B, H, N_k, d).
     ``tau``: the threshold in base-2 units (exponentials may grow to 2**tau before a rescale).
     Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the rescale counts
-    (B, H, cdiv(N_q, BLOCK_M)) int32, one per program."""
+    (B, H, cdiv(N_q, BLOCK_M)) int32, one per program (each program writes its own). The checks,
+    config and grid are remembered by the inputs' metadata (``plans``)."""
+    plan_key = key(update, q, k, v, tau, scale, exp2, config, current().capability)
+    plan = _LAZY_PLANS.get(plan_key)
+    if plan is None:
+        plan = _LAZY_PLANS.remember(plan_key, _lazy_plan(update, q, k, v, tau, scale, exp2,
+                                                         config))
+    counts_shape, launch = plan
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    if launch is None:
+        return o, lse, torch.zeros(counts_shape, dtype=torch.int32, device=q.device)
+    counts = torch.empty(counts_shape, dtype=torch.int32, device=q.device)
+    launch(q, k, v, o, lse, counts)
+    return o, lse, counts
+
+
+def _lazy_plan(update, q, k, v, tau, scale, exp2, config):
+    """launch_lazy's checks, config and grid: (the counts' shape, the ``Launch`` or None)."""
     B, H, _, N_q, N_k, d = validate_qkv(q, k, v, name="attention_lazy", dtypes=DTYPES,
                                         head_dims=HEAD_DIMS, head_dims_why=HEAD_DIMS_WHY)
     scale = validate_scale(scale, d)
@@ -116,21 +138,18 @@ def launch_lazy(update, q, k, v, *, tau: float, scale: float | None = None, exp2
         raise ValueError(f"attention_lazy: tau={tau:g} lets an exponential reach 2^{tau:g}, past "
                          "float16's largest value 65504 (2^15.9) when P is cast to float16.")
     cfg = config or pick_config(d, q.dtype, current().capability)
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
-    m_blocks = triton.cdiv(N_q, cfg.BLOCK_M)
-    counts = torch.zeros((B, H, m_blocks), dtype=torch.int32, device=q.device)
+    m_blocks = cdiv(N_q, cfg.BLOCK_M)
     if B * H * N_q == 0:
-        return o, lse, counts
-    attn_fwd_lazy[(m_blocks, B * H)](
-        q, k, v, o, lse, counts,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        H, N_q, N_k, scale * LOG2E, float(tau),
-        UPDATE=update, EXP2=exp2 or hw_exp2, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M,
-        BLOCK_N=cfg.BLOCK_N, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return o, lse, counts
+        return (B, H, m_blocks), None
+    o_strides = contiguous_strides(q.shape)
+    return (B, H, m_blocks), Launch(
+        attn_fwd_lazy, (m_blocks, B * H),
+        (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+         v.stride(0), v.stride(1), v.stride(2), *o_strides[:3], H, N_q, N_k, scale * LOG2E,
+         float(tau)),
+        dict(UPDATE=update, EXP2=exp2 or hw_exp2, HEAD_DIM=d, BLOCK_M=cfg.BLOCK_M,
+             BLOCK_N=cfg.BLOCK_N, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
 # --------------------------------------------------------------------- the rule, replayed

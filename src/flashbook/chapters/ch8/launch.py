@@ -23,6 +23,7 @@ from flashbook.cases import cdiv, host_values, next_pow2, output, validate_scale
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.chapters.ch5.launch import decode_block_m
 from flashbook.device import current
+from flashbook.plans import Launch, Plans, Workspace, contiguous_strides, key, validate_once
 
 __all__ = ["choose_num_splits", "split_config", "launch_split_kv", "launch_combine",
            "validate_split_decode", "sm_count"]
@@ -68,6 +69,9 @@ def split_config(capability: tuple | None) -> tuple[int, int, int]:
     return (128, 4, 2) if tuple(capability) >= (9, 0) else (64, 4, 3)
 
 
+_SPLIT_PLANS = Plans()
+
+
 def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seqlens,
                     num_splits: int | None = None, *, scale: float | None = None,
                     block_n: int | None = None, num_warps: int | None = None,
@@ -75,7 +79,35 @@ def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seq
     """Launch the split kernel on grid ``(B * h_kv, num_splits)``, then the combine kernel on
     ``(B * h_q,)``; returns (O (B, 1, h_q, d), LSE (B, h_q, 1)). ``num_splits`` defaults to
     ``choose_num_splits`` for this GPU. Checks only what the launch needs (the public wrapper
-    validates the arguments)."""
+    validates the arguments).
+
+    The tiles, grids and strides are remembered by the inputs' metadata (``plans``), with the
+    fp32 partials (``O_part``, ``LSE_part``) each plan writes and merges: scratch that one call's
+    two kernels use in stream order, so calls on one stream share it, and a call on another
+    stream gets its own (``plans.Workspace``)."""
+    o, lse = out if out is not None else (None, None)
+    plan_key = key(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seqlens, num_splits,
+                   scale, block_n, num_warps, num_stages, o, lse, current().capability)
+    plan = _SPLIT_PLANS.get(plan_key)
+    if plan is None:
+        plan = _SPLIT_PLANS.remember(plan_key, _split_plan(
+            split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, scale, block_n,
+            num_warps, num_stages, out))
+    if out is None:
+        o = output(q.shape, dtype=q.dtype, device=q.device)
+        lse = output((q.shape[0], q.shape[2], 1), dtype=torch.float32, device=q.device)
+    if plan is not None:
+        split, combine, workspace = plan
+        o_part, lse_part = workspace.get(q.device)
+        split(q, k_cache, v_cache, o_part, lse_part, cache_seqlens)
+        combine(o_part, lse_part, o, lse)        # O (B, 1, h_q, d), LSE (B, h_q, 1) as rows
+    return o, lse
+
+
+def _split_plan(split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, scale, block_n,
+                num_warps, num_stages, out):
+    """launch_split_kv's tiles, splits and grids: (the split ``Launch``, the combine ``Launch``,
+    the partials' ``Workspace``), or None when there is nothing to launch."""
     B, n_new, h_q, d = q.shape
     max_len, h_kv = k_cache.shape[1], k_cache.shape[2]
     G = h_q // h_kv
@@ -86,22 +118,30 @@ def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seq
         raise ValueError(f"launch_split_kv: num_splits must lie in [1, {MAX_SPLITS}], got {S}.")
     keys_per_split = cdiv(cdiv(max_len, S), BN) * BN
     scale = validate_scale(scale, d, "launch_split_kv")
-    o, lse = out or (output(q.shape, dtype=q.dtype, device=q.device),
-                     output((B, h_q, 1), dtype=torch.float32, device=q.device))
     if B * h_q == 0:
-        return o, lse
-    o_part = output((B, h_q, S, d), dtype=torch.float32, device=q.device)
-    lse_part = output((B, h_q, S), dtype=torch.float32, device=q.device)
-    split_kernel[(B * h_kv, S)](
-        q, k_cache, v_cache, o_part, lse_part, cache_seqlens,
-        q.stride(0), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), h_kv, keys_per_split,
-        scale * LOG2E, GROUP=G, HEAD_DIM=d, BLOCK_M=decode_block_m(G, 1), BLOCK_N=BN,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages)
-    launch_combine(combine_kernel, o_part, lse_part, out=(o.view(B, h_q, d), lse.view(B, h_q)))
-    return o, lse
+        return None
+    if out is None:
+        o_rows, lse_rows = contiguous_strides((B, h_q, d)), contiguous_strides((B, h_q))
+    else:        # out's O (B, 1, h_q, d) and LSE (B, h_q, 1) seen as (B, h_q, d) and (B, h_q)
+        o_rows = (out[0].stride(0), out[0].stride(2), out[0].stride(3))
+        lse_rows = (out[1].stride(0), out[1].stride(1))
+    part = contiguous_strides((B, h_q, S, d))
+    split = Launch(
+        split_kernel, (B * h_kv, S),
+        (q.stride(0), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), part[0], part[1], part[2],
+         h_kv, keys_per_split, scale * LOG2E),
+        dict(GROUP=G, HEAD_DIM=d, BLOCK_M=decode_block_m(G, 1), BLOCK_N=BN,
+             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+             num_warps=warps, num_stages=stages))
+    combine = Launch(combine_kernel, (B * h_q,),
+                     (S, part[0], part[1], part[2], o_rows[0], o_rows[1], h_q),
+                     dict(HEAD_DIM=d, BLOCK_S=max(2, next_pow2(S))))
+    if lse_rows != contiguous_strides((B, h_q)):
+        raise ValueError("launch_split_kv: out's LSE must be contiguous (B, h_q, 1).")
+    if o_rows[2] != 1:
+        raise ValueError("launch_split_kv: out's O must be contiguous in its last dimension.")
+    return split, combine, Workspace(((B, h_q, S, d), (B, h_q, S)), torch.float32)
 
 
 def launch_combine(combine_kernel, o_part, lse_part, dtype=None, out=None):
@@ -123,7 +163,12 @@ def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
     """The public wrapper's argument checks: a ValueError naming the argument. cache_seqlens'
     values are read with ``cases.host_values`` (once per tensor; not while a CUDA graph is
     captured, so the wrapper can be captured; not on a GPU's hot path, outside the graded checks
-    and ``flashbook.check_values()``, which would wait for the device)."""
+    and ``flashbook.check_values()``, which would wait for the device). The metadata checks
+    run once per metadata (``plans.validate_once``)."""
+    validate_once(_check_split_decode, q, k_cache, v_cache, cache_seqlens, num_splits)
+
+
+def _check_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits):
     name = "decode_split_kv"
     for label, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         validate_tensor(label, t, dims=4, dtypes=DTYPES, name=name)

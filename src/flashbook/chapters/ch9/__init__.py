@@ -21,8 +21,8 @@ from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_
     check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
-from .grads import attention_grads, backward_inputs, dense_attention, from_packed, \
-    lse_from_packed, to_packed
+from .grads import attention_grads, backward_inputs, dense_attention, dense_offsets, \
+    from_packed, lse_from_packed, to_packed
 from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_dkdv, launch_dq, \
     launch_preprocess
 from .train import TinyLM, repeat_batch, sdpa_attention, train
@@ -31,7 +31,8 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
            "bwd_config", "BwdConfig", "BWD_DTYPES", "validate_scale",
            "check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
            "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
-           "dense_attention", "to_packed", "from_packed", "lse_from_packed", "saved_bytes",
+           "dense_attention", "dense_offsets", "to_packed", "from_packed", "lse_from_packed",
+           "saved_bytes",
            "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
            "benchmark", "recorded"]
 

@@ -14,7 +14,7 @@ import torch
 from flashbook.cases import AttnCase, make_inputs, seeded
 from flashbook.reference import visible_mask
 
-__all__ = ["attention_grads", "backward_inputs", "dense_attention", "to_packed",
+__all__ = ["attention_grads", "backward_inputs", "dense_attention", "dense_offsets", "to_packed",
            "from_packed", "lse_from_packed", "stored_p_bytes", "LAYOUTS"]
 
 
@@ -51,6 +51,26 @@ def to_packed(t, layout: str = "bhnd"):
     if _layout(layout) == "bnhd":
         return t.reshape(-1, t.shape[2], t.shape[3]).contiguous()
     return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]).contiguous()
+
+
+_OFFSETS: dict = {}
+
+
+def dense_offsets(B: int, N: int, device) -> torch.Tensor:
+    """``cu_seqlens`` of a dense batch of B sequences of N tokens: ``[0, N, 2N, ..., B*N]``
+    int32 on ``device``. Made once per (B, N, device) and shared (read it, never write it): a
+    new one costs two device ops (``arange``, a multiply) on every call. Made afresh while a
+    CUDA graph is captured (the graph's kernels would fill a kept one only when replayed)."""
+    from flashbook.launcher import capturing
+    where = (B, N, torch.device(device))
+    kept = None if capturing() else _OFFSETS.get(where)
+    if kept is None:
+        kept = torch.arange(B + 1, dtype=torch.int32, device=device) * N
+        if not capturing():
+            if len(_OFFSETS) >= 256:
+                _OFFSETS.clear()
+            _OFFSETS[where] = kept
+    return kept
 
 
 def from_packed(t, B, layout: str = "bhnd"):
