@@ -556,6 +556,8 @@ def _fa3_plan(q, k, v, causal, softmax_scale, config, exp2, rescale_tau):
     bm, bn = config.BLOCK_M, config.BLOCK_N
     descriptors = head_descriptors(TensorDescriptor, q, k, v, torch.empty_like(q), bm, bn,
                                    tile_layout(bm, d, q.dtype), tile_layout(bn, d, q.dtype))
+    for descriptor in descriptors:      # templates: the plan must not keep these tensors alive
+        descriptor.base = None
     args = kernel_args(config, exp2, rescale_tau)
     launch = Launch(fa3_kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),
                     dict(CAUSAL=bool(causal), **args["constexprs"], **args["options"]))
