@@ -76,8 +76,7 @@ VARIANTS = (
     ), expect='gradcheck'),
     # ----------------------------------------------------------------- ch9_dense
     Variant('dense_key_offsets_from_query_length', 'ch9_dense', (
-        ('cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_k',
-         'cu_k = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N_q'),
+        ('ch9.dense_offsets(B, N_k, q.device)', 'ch9.dense_offsets(B, N_q, q.device)'),
     ), expect='N_k=20'),
     Variant('dense_drops_causal', 'ch9_dense', (
         ('N_q, N_k, causal,', 'N_q, N_k, False,'),
