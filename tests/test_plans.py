@@ -20,7 +20,9 @@ def test_the_key_tells_apart_what_changes_a_launch():
               plans.key("k", torch.zeros(4, 9)[:, 1:], 1.0, None),       # 4-byte, not 16-byte
               plans.key("k", x, 2.0, None), plans.key("j", x, 1.0, None)]
     assert all(o != base for o in others)
-    assert plans.key("k", [1, 2]) is None                               # unhashable: no plan
+    table = plans.Plans()
+    unhashable = plans.key("k", [1, 2])                                  # a list: no plan
+    assert table.get(unhashable) is None and table.remember(unhashable, 1) == 1 and not table
 
 
 def test_contiguous_strides_are_torchs():

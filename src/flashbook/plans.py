@@ -33,8 +33,9 @@ import torch
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
-    """What a plan depends on in one tensor: shape, strides, dtype, device, 16-byte alignment."""
-    return t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15
+    """What a plan depends on in one tensor: shape, strides, dtype, device (``get_device()``: -1
+    on the CPU, else the GPU's index) and 16-byte alignment."""
+    return t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -46,23 +47,16 @@ def contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def key(*parts) -> tuple | None:
-    """A plan key: tensors by ``tensor_key``, anything else as itself (hashable: ints, floats,
-    bools, None, tuples, frozen configs, kernels). None when a part cannot be keyed (a list, a
-    NumPy array ...): the wrapper then runs its checks, which say what is wrong, and remembers
-    nothing."""
-    out = []
-    for p in parts:
-        if isinstance(p, torch.Tensor):
-            out.append(tensor_key(p))
-        else:
-            out.append(p)
-    out = tuple(out)
-    try:
-        hash(out)
-    except TypeError:
-        return None
-    return out
+_TENSOR = torch.Tensor
+
+
+def key(*parts) -> tuple:
+    """A plan key: tensors by ``tensor_key``, anything else as itself (ints, floats, bools, None,
+    tuples, frozen configs, kernels). A key with an unhashable part (a list, a NumPy array ...) finds no plan
+    and is not remembered (``Plans``): the wrapper runs its checks every time, which say what is
+    wrong. Built in one comprehension and hashed once, by the table's lookup: on a GPU's host
+    it is the largest part of a repeated call's cost."""
+    return tuple([tensor_key(p) if isinstance(p, _TENSOR) else p for p in parts])
 
 
 class Plans(dict):
@@ -73,11 +67,22 @@ class Plans(dict):
         super().__init__()
         self.size = size
 
+    def get(self, k, default=None):
+        """The plan of key ``k``, or ``default`` (also for a key that cannot be hashed)."""
+        try:
+            return super().get(k, default)
+        except TypeError:
+            return default
+
     def remember(self, k, plan):
+        """Keep ``plan`` under ``k`` (not when ``k`` cannot be hashed) and return it."""
         if k is not None:
             if len(self) >= self.size:
                 self.clear()
-            self[k] = plan
+            try:
+                self[k] = plan
+            except TypeError:
+                pass
         return plan
 
 
@@ -163,7 +168,7 @@ def validate_once(validate, *args) -> None:
     hold. A check that raises is not remembered."""
     from .launcher import values_checked
     passed_key = key(validate, *args)
-    if passed_key is not None and passed_key in _PASSED and not values_checked():
+    if _PASSED.get(passed_key) and not values_checked():
         return
     validate(*args)
     _PASSED.remember(passed_key, True)
