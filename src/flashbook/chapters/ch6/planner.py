@@ -122,7 +122,7 @@ GPUS = {"h100": H100, "h200": H200}
 
 
 # ------------------------------------------------------------------------------------------------
-# the kernel's tile counts (the same integer arithmetic as gluon_fa3._kv_tiles / _cta_tiles)
+# the kernel's tile counts (the same integer arithmetic as fa3_kernel._kv_tiles / _cta_tiles)
 # ------------------------------------------------------------------------------------------------
 def kv_tiles(row0: int, n_q: int, n_k: int, block_m: int, block_n: int,
              causal: bool) -> tuple[int, int]:

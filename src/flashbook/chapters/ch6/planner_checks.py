@@ -502,13 +502,13 @@ def compile_entry(d: int, dtype: str, bm: int, bn: int, stages: int) -> dict:
 
 
 def _provenance(command: str) -> dict:
-    from . import gluon_fa3
+    from . import fa3_kernel
     return dict(
         what="Chapter 6's Gluon FA3 kernel (flashbook.chapters.ch6.gluon_fa3.fa3_kernel) "
              "compiled ahead of time, non-causal, OVERLAP=True, two consumer warpgroups, with "
              "the launch options and setmaxnreg budgets of gluon_fa3.kernel_args",
         target="GPUTarget('cuda', 90, 32): sm_90a (H100/H200)",
-        **compile_provenance(command, gluon_fa3.__file__),
+        **compile_provenance(command, fa3_kernel.__file__),     # the device code's source
         fields=dict(
             shared="metadata.shared: bytes of dynamic shared memory a block needs",
             n_regs="registers a thread at launch (cuobjdump -res-usage REG; what the driver "

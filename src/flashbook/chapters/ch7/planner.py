@@ -401,13 +401,14 @@ def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool,
 
 
 def _provenance(command: str) -> dict:
-    from . import gluon_fa4
+    from . import fa4_kernel
     return dict(
         what="Chapter 7's Gluon Blackwell kernel (flashbook.chapters.ch7.gluon_fa4.fa4_kernel) "
              "compiled ahead of time with the launch options and setmaxnreg requests of "
              "gluon_fa4.kernel_args",
         target="GPUTarget('cuda', 100, 32): sm_100a (B200)",
-        **compile_provenance(command, gluon_fa4.__file__, ("ptxas-blackwell", "ptxas")),
+        # the SHA-256 of the device code's source
+        **compile_provenance(command, fa4_kernel.__file__, ("ptxas-blackwell", "ptxas")),
         machine="no GPU: compiled on a CPU-only machine (the kernel needs an sm_100 GPU to run)",
         fields=dict(
             shared="metadata.shared: bytes of dynamic shared memory a block needs",
