@@ -18,6 +18,7 @@ import importlib
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -103,6 +104,13 @@ GPU_TIMER = dict(warmup=100, rep=300, return_mode="median")
 # Replayed from a CUDA graph: a kernel of ~0.05 ms launched from Python can be bound by the
 # launch itself (argument checks, Triton's launcher), which then hides the kernel's speed.
 GRAPH_TIMER = dict(rep=300, return_mode="median")
+# FLASHBOOK_QUICK_BENCH=1 (set by `flashbook selftest`): bench times with a few milliseconds of
+# runs (bench.QUICK_GPU_TIMER), enough to show that a benchmark cell runs; ``record`` refuses.
+QUICK_ENV = "FLASHBOOK_QUICK_BENCH"
+
+
+def quick() -> bool:
+    return os.environ.get(QUICK_ENV) == "1"
 
 
 def timer(graph: bool = False) -> str:
@@ -232,7 +240,6 @@ def record(chapter: Chapter, out_root: Path, command: str) -> Path:
                            "CPU timings are not recorded.")
     if chapter.benchmark is None:
         raise ValueError(f"chapter {chapter.id} has no benchmark (its CHAPTER.benchmark is None)")
-    from .bench import QUICK_ENV, quick        # bench imports this module
     if quick():
         raise RuntimeError(f"flashbook bench {chapter.id}: {QUICK_ENV}=1 is set, and its quick "
                            "timings are not measurements: unset it to record")
