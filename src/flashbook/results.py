@@ -24,7 +24,7 @@ import re
 import subprocess
 import typing
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -233,19 +233,26 @@ def describe(provenance: dict) -> str:
 def record(chapter: Chapter, out_root: Path, command: str) -> Path:
     """Run a chapter's benchmark (its contract's ``benchmark``) on this GPU and write the rows
     and their provenance under ``out_root/<chapter id>/<gpu>.{csv,json}``; return the CSV."""
+    return record_benchmark(chapter.id, chapter.benchmark, out_root, command, chapter.graph_timer)
+
+
+def record_benchmark(chapter_id: str, benchmark: Callable[[], list[Row]] | None, out_root: Path,
+                     command: str, graph_timer: bool = False) -> Path:
+    """``record`` given what it reads of the contract: the chapter's id, its benchmark and
+    whether that times replayed from CUDA graphs (a chapter's own command line calls this)."""
     backend = current()
     if not backend.gpu:
-        raise RuntimeError(f"flashbook bench {chapter.id}: records GPU measurements and needs a "
+        raise RuntimeError(f"flashbook bench {chapter_id}: records GPU measurements and needs a "
                            "CUDA GPU, but this runtime has none (or FLASHBOOK_FORCE_CPU=1 is set); "
                            "CPU timings are not recorded.")
-    if chapter.benchmark is None:
-        raise ValueError(f"chapter {chapter.id} has no benchmark (its CHAPTER.benchmark is None)")
+    if benchmark is None:
+        raise ValueError(f"chapter {chapter_id} has no benchmark (its CHAPTER.benchmark is None)")
     if quick():
-        raise RuntimeError(f"flashbook bench {chapter.id}: {QUICK_ENV}=1 is set, and its quick "
+        raise RuntimeError(f"flashbook bench {chapter_id}: {QUICK_ENV}=1 is set, and its quick "
                            "timings are not measurements: unset it to record")
-    rows = chapter.benchmark()
-    return write(rows, Path(out_root) / chapter.id, gpu_slug(backend.name),
-                 provenance(command, chapter.graph_timer))
+    rows = benchmark()
+    return write(rows, Path(out_root) / chapter_id, gpu_slug(backend.name),
+                 provenance(command, graph_timer))
 
 
 # ------------------------------------------------------------------------------ output
