@@ -65,10 +65,12 @@ def fake_root(tmp_path: Path, n: int = 1, hidden: str = "hidden_value_of_the_tes
 
 
 def entry(passed=True, sha="a" * 64, commit="1234567890abcdef", date="2026-01-02T03:04:05+00:00",
-          gpu="NVIDIA H200") -> dict:
+          gpu="NVIDIA H200", graded=True) -> dict:
+    grading = ({"status": "graded", "device": "gpu", "earned": 1.0, "possible": 1.0}
+               if graded else {"status": "skipped", "reason": "--no-grade"})
     return {"passed": passed, "ran": passed, "how": "script", "seconds": 1.0, "sha256": sha,
             "error": None if passed else "exit code 1", "failed_cell": None,
-            "grading": {"status": "skipped", "reason": "--no-grade"},
+            "grading": grading,
             "provenance": {"gpu": gpu, "commit": commit, "date": date}}
 
 
@@ -83,7 +85,7 @@ def test_record_round_trip_and_merge(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o644
     assert first["chapters"]["ch1"]["last_pass"] == {
         "sha256": "a" * 64, "commit": "1234567890abcdef", "date": "2026-01-02T03:04:05+00:00",
-        "gpu": "NVIDIA H200"}
+        "gpu": "NVIDIA H200", "graded": True}
     # a run of a subset updates those chapters and keeps the others; a failure keeps the pass
     later = entry(passed=False, sha="c" * 64, commit="fedcba", date="2026-02-01T00:00:00+00:00")
     second = selftest.merge(selftest.load(path), {"ch4": later, "ch10": entry()})
@@ -144,6 +146,8 @@ def test_readme_cells_from_fake_records():
     assert selftest.check_cell("ch4", now, found) == "H200 at `abcdef0`, T4 at `7777777`"
     assert selftest.check_cell("ch5", now, found) == "not yet (failed on T4 at `999999`)"
     assert selftest.check_cell("ch1", now, []) == "not yet"
+    notebook_only = [selftest.merge({}, {"ch1": entry(sha=now, graded=False)})]
+    assert selftest.check_cell("ch1", now, notebook_only) == "H200 at `1234567` (notebook only)"
 
 
 def test_readme_table_is_rewritten_from_the_records(root, tmp_path):

@@ -56,8 +56,10 @@ def merge(record: dict, entries: dict) -> dict:
     chapters = dict(record.get("chapters", {}))
     for cid, entry in entries.items():
         p = entry["provenance"]
+        graded = (entry.get("grading") or {}).get("status") != "skipped"
         last = ({"sha256": entry["sha256"], "commit": p["commit"], "date": p["date"],
-                 "gpu": p["gpu"]} if entry["passed"] else chapters.get(cid, {}).get("last_pass"))
+                 "gpu": p["gpu"], "graded": graded} if entry["passed"]
+                else chapters.get(cid, {}).get("last_pass"))
         chapters[cid] = {**entry, "last_pass": last}
     latest = max((c["provenance"] for c in chapters.values()), key=lambda p: p["date"],
                  default={})
@@ -91,7 +93,8 @@ def _commit(commit: str | None) -> str:
 
 
 def check_cell(chapter_id: str, current: str, found: list[dict]) -> str:
-    """The table's text for one chapter: the GPUs whose last pass ran these sources, else
+    """The table's text for one chapter: the GPUs whose last pass ran these sources ("notebook
+    only" where that pass ran the solved notebook without the grader, ``--no-grade``), else
     "stale (...)" or "not yet"; a latest run of these sources that failed is added."""
     passes, failures = [], []
     for record in found:
@@ -105,7 +108,9 @@ def check_cell(chapter_id: str, current: str, found: list[dict]) -> str:
             failures.append(f"failed on {_gpu(p['gpu'])} at {_commit(p['commit'])}")
     fresh = sorted((p for p in passes if p["sha256"] == current), key=lambda p: _gpu(p["gpu"]))
     if fresh:
-        text = ", ".join(f"{_gpu(p['gpu'])} at {_commit(p['commit'])}" for p in fresh)
+        text = ", ".join(f"{_gpu(p['gpu'])} at {_commit(p['commit'])}"
+                         + (" (notebook only)" if p.get("graded") is False else "")
+                         for p in fresh)
     elif passes:
         latest = max(passes, key=lambda p: p["date"])
         text = f"stale (sources changed since {_commit(latest['commit'])})"
