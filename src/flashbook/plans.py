@@ -31,6 +31,8 @@ import inspect
 
 import torch
 
+from .launcher import capturing, output, poisoning, values_checked
+
 
 def tensor_key(t: torch.Tensor) -> tuple:
     """What a plan depends on in one tensor: shape, strides, dtype, device (``get_device()``: -1
@@ -166,7 +168,6 @@ def validate_once(validate, *args) -> None:
     (``cases.values_checked()``: CPU mode, the graded checks, ``flashbook.check_values()``),
     where it always runs, since it then reads the index tensors' values, which the key does not
     hold. A check that raises is not remembered."""
-    from .launcher import values_checked
     passed_key = key(validate, *args)
     if _PASSED.get(passed_key) and not values_checked():
         return
@@ -199,7 +200,6 @@ class Workspace:
         self.kept: dict = {}
 
     def get(self, device: torch.device) -> tuple:
-        from .launcher import capturing, output, poisoning
         if poisoning() or capturing():
             return tuple(output(s, dtype=self.dtype, device=device) for s in self.shapes)
         where = (device, current_stream(device))
