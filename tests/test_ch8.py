@@ -368,6 +368,28 @@ def test_benchmark_runs_end_to_end_at_a_tiny_size_on_cpu():
     assert len([r for r in rows if r.kernel == "ch8_split_kv"]) == 3
 
 
+def test_the_benchmark_command_records_what_flashbook_bench_records(monkeypatch):
+    """``python -m flashbook.chapters.ch8.benchmark`` records the chapter contract's benchmark
+    and timer, as ``flashbook bench ch8`` (``results.record(CHAPTER, ...)``) does."""
+    from flashbook import results
+    from flashbook.chapters.ch8 import benchmark
+    seen = []
+
+    class Recorded(Exception):
+        """Stops the command before it reads the record back."""
+
+    def record_benchmark(chapter_id, run, out_root, command, graph_timer=False):
+        seen.append((chapter_id, run, graph_timer, str(out_root), command))
+        raise Recorded
+
+    monkeypatch.setattr(results, "record_benchmark", record_benchmark)
+    with pytest.raises(Recorded):
+        benchmark.main(["--out", "/nonexistent"])
+    assert seen == [(ch8.CHAPTER.id, ch8.CHAPTER.benchmark, ch8.CHAPTER.graph_timer,
+                     "/nonexistent",
+                     "python -m flashbook.chapters.ch8.benchmark --out /nonexistent")]
+
+
 def test_gpu_runs_full_size_checks_pass_at_a_tiny_size_on_cpu(capsys):
     from flashbook.chapters.ch8 import gpu_run
     gpu_run.checks(cases=((1, 96, 96), (2, 64, 40)), h_q=8, h_kv=2, d=16, device="cpu",

@@ -12,14 +12,13 @@ trends at small sizes only, and a cell that needs a GPU says so instead of print
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable
 
 import torch
 
 from .device import current
 from .reference import attention_flops
-from .results import GPU_TIMER, GRAPH_TIMER, Row
+from .results import GPU_TIMER, GRAPH_TIMER, QUICK_ENV, Row, quick
 
 # Vendor datasheet peaks (dense, no sparsity): fp16/bf16 tensor-core TFLOP/s, fp32 (non-tensor)
 # TFLOP/s, HBM GB/s. Keys are matched as substrings of torch.cuda.get_device_name().
@@ -65,15 +64,11 @@ def needs_gpu(what: str) -> bool:
     return False
 
 
-# FLASHBOOK_QUICK_BENCH=1 (set by `flashbook selftest`): time with a few milliseconds of runs,
-# enough to show that a benchmark cell runs, not to measure anything (results.record refuses).
-QUICK_ENV = "FLASHBOOK_QUICK_BENCH"
+# FLASHBOOK_QUICK_BENCH=1 (``results.QUICK_ENV``, set by `flashbook selftest`): time with a few
+# milliseconds of runs, enough to show that a benchmark cell runs, not to measure anything
+# (results.record refuses).
 QUICK_GPU_TIMER = dict(warmup=2, rep=5, return_mode="median")
 QUICK_GRAPH_TIMER = dict(rep=5, return_mode="median")
-
-
-def quick() -> bool:
-    return os.environ.get(QUICK_ENV) == "1"
 
 
 def gpu_timer(graph: bool = False) -> dict:

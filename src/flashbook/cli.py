@@ -6,12 +6,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import chapters, publish, results, selftest, sources
-
-try:
-    from .grade import cli as grade_cli
-except ImportError as e:    # no Jupyter (nbformat) on this machine: bench and selftest still work
-    grade_cli, NO_GRADING = None, e
+from . import chapters, grading_commands, publish, results, selftest, sources
+from .grading_commands import NO_GRADING, grade_cli  # noqa: F401  (importable from here too)
 
 
 def _release(args):
@@ -111,11 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--check", action="store_true", help="only say whether they are up to date")
     m.set_defaults(func=_readme)
 
-    # the grading package knows no repository: this checkout's course is the CLI's default
-    if grade_cli is not None:
-        grade_cli.add_subcommands(sub, default_course=sources.repo_root() / "autograder")
-    else:
-        p.epilog = f"The grading commands are missing: {NO_GRADING} (install nbgrader)."
+    grading_commands.add_subcommands(p, sub)     # collect, autograde, merge, feedback, export
     return p
 
 

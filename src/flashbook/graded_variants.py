@@ -39,7 +39,7 @@ def grade_chapter(chapter_id: str, root: Path, names=None, device: str = "cpu",
                   timeout: float = 900, workers: int = 1, echo=print) -> dict:
     """{"solution": {earned, possible}, "variants": {name: verdict}} for one chapter."""
     import nbformat
-    from . import cli
+    from . import grading_commands
     from .bench import QUICK_ENV
     from .grade.layout import Course, read_results
     known = {v.name: v for v in sources.variants(chapter_id, root)}
@@ -72,7 +72,7 @@ def grade_chapter(chapter_id: str, root: Path, names=None, device: str = "cpu",
                           "--workers", str(workers), *where],
                          ["export", str(work / "grades.csv"), "--assignment", chapter_id,
                           "--no-summary", *where]):
-                if cli.main(argv):
+                if grading_commands.run(argv):
                     raise RuntimeError(f"flashbook {argv[0]} failed:\n{log.getvalue()[-2000:]}")
         finally:
             if before is None:

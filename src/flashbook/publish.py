@@ -114,10 +114,10 @@ def chapter_table(text: str, cells: dict[str, str]) -> str:
 def update_chapter_table(root: Path, check: bool = False) -> bool:
     """Write the chapter table's last column from the self-check records under ``root``;
     returns True when README.md was (check: would be) changed."""
-    from . import selftest, sources
-    found = selftest.records(root / selftest.RECORDS)
-    cells = {c.id: selftest.check_cell(c.id, selftest.source_hash(c.id, root), found)
-             for c in sources.sources(root)}
+    from . import sources
+    from .selftest_record import RECORDS, check_cell, records, source_hash
+    found = records(root / RECORDS)
+    cells = {c.id: check_cell(c.id, source_hash(c.id, root), found) for c in sources.sources(root)}
     path = root / "README.md"
     text = path.read_text()
     new = chapter_table(text, cells)

@@ -18,12 +18,13 @@ import importlib
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import re
 import subprocess
 import typing
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -103,6 +104,13 @@ GPU_TIMER = dict(warmup=100, rep=300, return_mode="median")
 # Replayed from a CUDA graph: a kernel of ~0.05 ms launched from Python can be bound by the
 # launch itself (argument checks, Triton's launcher), which then hides the kernel's speed.
 GRAPH_TIMER = dict(rep=300, return_mode="median")
+# FLASHBOOK_QUICK_BENCH=1 (set by `flashbook selftest`): bench times with a few milliseconds of
+# runs (bench.QUICK_GPU_TIMER), enough to show that a benchmark cell runs; ``record`` refuses.
+QUICK_ENV = "FLASHBOOK_QUICK_BENCH"
+
+
+def quick() -> bool:
+    return os.environ.get(QUICK_ENV) == "1"
 
 
 def timer(graph: bool = False) -> str:
@@ -225,20 +233,26 @@ def describe(provenance: dict) -> str:
 def record(chapter: Chapter, out_root: Path, command: str) -> Path:
     """Run a chapter's benchmark (its contract's ``benchmark``) on this GPU and write the rows
     and their provenance under ``out_root/<chapter id>/<gpu>.{csv,json}``; return the CSV."""
+    return record_benchmark(chapter.id, chapter.benchmark, out_root, command, chapter.graph_timer)
+
+
+def record_benchmark(chapter_id: str, benchmark: Callable[[], list[Row]] | None, out_root: Path,
+                     command: str, graph_timer: bool = False) -> Path:
+    """``record`` given what it reads of the contract: the chapter's id, its benchmark and
+    whether that times replayed from CUDA graphs (a chapter's own command line calls this)."""
     backend = current()
     if not backend.gpu:
-        raise RuntimeError(f"flashbook bench {chapter.id}: records GPU measurements and needs a "
+        raise RuntimeError(f"flashbook bench {chapter_id}: records GPU measurements and needs a "
                            "CUDA GPU, but this runtime has none (or FLASHBOOK_FORCE_CPU=1 is set); "
                            "CPU timings are not recorded.")
-    if chapter.benchmark is None:
-        raise ValueError(f"chapter {chapter.id} has no benchmark (its CHAPTER.benchmark is None)")
-    from .bench import QUICK_ENV, quick        # bench imports this module
+    if benchmark is None:
+        raise ValueError(f"chapter {chapter_id} has no benchmark (its CHAPTER.benchmark is None)")
     if quick():
-        raise RuntimeError(f"flashbook bench {chapter.id}: {QUICK_ENV}=1 is set, and its quick "
+        raise RuntimeError(f"flashbook bench {chapter_id}: {QUICK_ENV}=1 is set, and its quick "
                            "timings are not measurements: unset it to record")
-    rows = chapter.benchmark()
-    return write(rows, Path(out_root) / chapter.id, gpu_slug(backend.name),
-                 provenance(command, chapter.graph_timer))
+    rows = benchmark()
+    return write(rows, Path(out_root) / chapter_id, gpu_slug(backend.name),
+                 provenance(command, graph_timer))
 
 
 # ------------------------------------------------------------------------------ output

@@ -16,15 +16,15 @@ For each chapter it
 
 README's chapter table shows each chapter's last passing self-check from those records
 (``check_cell``; ``publish.update_chapter_table`` writes it when ``flashbook readme`` runs).
+The record itself (its schema, ``load``, ``merge``, ``save``, ``source_hash``, ``check_cell``)
+is ``selftest_record``'s; this module re-exports it.
 """
 from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import importlib.util
 import io
-import json
 import os
 import re
 import shutil
@@ -39,9 +39,9 @@ from pathlib import Path
 from . import sources as chapter_sources
 from .grade import hidden
 from .grade.cellmeta import grade_id
+from .selftest_record import (RECORDS, SCHEMA, check_cell, load, merge, records, save,
+                              source_files, source_hash)
 
-SCHEMA = 1
-RECORDS = Path("src") / "flashbook" / "data" / "selftest"    # under the checkout's root
 ERROR_TAIL = 2000                                             # characters of error text kept
 STUDENT = "selftest"                                          # the grading run's student id
 NOTEBOOK_RUNNER = ("nbclient", "ipykernel", "nbformat")
@@ -62,25 +62,7 @@ FAILURE_PHRASES = (
 )
 
 
-# ------------------------------------------------------------------ what a chapter is made of
-
-def source_files(chapter_id: str, root: Path) -> list[Path]:
-    """The chapter's source and every file of its package (no bytecode), sorted by path."""
-    files = [chapter_sources.source(chapter_id, root).path]
-    package = root / "src" / "flashbook" / "chapters" / chapter_id
-    files += [p for p in package.rglob("*") if p.is_file()
-              and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
-
-
-def source_hash(chapter_id: str, root: Path) -> str:
-    """sha256 over the chapter's files, each as its path (relative to root) and content."""
-    h = hashlib.sha256()
-    for p in source_files(chapter_id, root):
-        name, data = p.relative_to(root).as_posix().encode(), p.read_bytes()
-        h.update(b"%d:%s %d:" % (len(name), name, len(data)) + data)
-    return h.hexdigest()
-
+# ------------------------------------------------------------------ what a failed run says
 
 def failure_phrase(output: str) -> str | None:
     """The first line of ``output`` that holds a failure phrase, or None."""
@@ -297,7 +279,7 @@ def answered_release(chapter_id: str, root: Path, work: Path):
 
 def _graded(chapter_id: str, root: Path, work: Path, device: str, timeout: float) -> dict:
     import nbformat
-    from . import cli
+    from . import grading_commands
     from .grade.layout import Course, read_results
     course, released, nb = answered_release(chapter_id, root, work)
     handed_in = work / "downloads" / STUDENT / chapter_id     # nbgrader's layout
@@ -310,7 +292,7 @@ def _graded(chapter_id: str, root: Path, work: Path, device: str, timeout: float
                  ["autograde", chapter_id, "--device", device, "--timeout", str(timeout), *where],
                  ["export", str(work / "grades.csv"), "--assignment", chapter_id, "--no-summary",
                   *where]):
-        if cli.main(argv):
+        if grading_commands.run(argv):
             raise RuntimeError(f"flashbook {argv[0]} failed")
     with open(work / "grades.csv", newline="") as f:
         row = next(r for r in csv.DictReader(f) if r["student_id"] == STUDENT)
@@ -347,7 +329,7 @@ def full_marks(grading: dict) -> bool:
     return grading["status"] == "graded" and grading["earned"] == grading["possible"]
 
 
-# ------------------------------------------------------------------ provenance and the record
+# ------------------------------------------------------------------ provenance
 
 def _git(root: Path, *args) -> str | None:
     """git's output in ``root``, or None (no .git, no git, or git refused)."""
@@ -399,43 +381,6 @@ def provenance(command: str, root: Path, commit: str | None) -> dict:
                 flashbook=__version__, package=package_kind(root),
                 package_dir=str(package_dir()), quick_bench=True)
     return info
-
-
-def load(path: Path) -> dict:
-    """The record at ``path`` ({"schema", "gpu", "updated", "chapters"}), empty if absent."""
-    if not path.exists():
-        return {"schema": SCHEMA, "chapters": {}}
-    record = json.loads(path.read_text())
-    if record.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema {record.get('schema')!r}, this flashbook writes {SCHEMA}")
-    return record
-
-
-def merge(record: dict, entries: dict) -> dict:
-    """``record`` with ``entries`` (chapter id -> entry) replacing those chapters; a failed
-    entry keeps the ``last_pass`` of the one it replaces; other chapters are kept."""
-    chapters = dict(record.get("chapters", {}))
-    for cid, entry in entries.items():
-        p = entry["provenance"]
-        graded = (entry.get("grading") or {}).get("status") != "skipped"
-        last = ({"sha256": entry["sha256"], "commit": p["commit"], "date": p["date"],
-                 "gpu": p["gpu"], "graded": graded} if entry["passed"]
-                else chapters.get(cid, {}).get("last_pass"))
-        chapters[cid] = {**entry, "last_pass": last}
-    latest = max((c["provenance"] for c in chapters.values()), key=lambda p: p["date"],
-                 default={})
-    return {"schema": SCHEMA, "gpu": latest.get("gpu"), "updated": latest.get("date"),
-            "chapters": dict(sorted(chapters.items(), key=lambda kv: int(kv[0][2:])))}
-
-
-def save(path: Path, record: dict) -> None:
-    """Write atomically: a crash never leaves half a record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(record, indent=2) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------ the command
@@ -491,44 +436,3 @@ def summary(entry: dict) -> str:
         why += f"\n  lost {lost['possible'] - (lost['earned'] or 0):g} in {lost['cell']}: " \
                f"{(lost['reason'].strip().splitlines() or [''])[0][:200]}"
     return f"{head} ({entry['how']}, {entry['seconds']:g} s; {graded}){why}"
-
-
-# ------------------------------------------------------------------ README's chapter table
-
-def records(directory: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))]
-
-
-def _gpu(name: str | None) -> str:
-    return re.sub(r"^(NVIDIA|Tesla)\s+", "", (name or "unknown GPU").strip())
-
-
-def _commit(commit: str | None) -> str:
-    return f"`{commit[:7]}`" if commit else "an unknown commit"
-
-
-def check_cell(chapter_id: str, current: str, found: list[dict]) -> str:
-    """The table's text for one chapter: the GPUs whose last pass ran these sources ("notebook
-    only" where that pass ran the solved notebook without the grader, ``--no-grade``), else
-    "stale (...)" or "not yet"; a latest run of these sources that failed is added."""
-    passes, failures = [], []
-    for record in found:
-        entry = record.get("chapters", {}).get(chapter_id)
-        if not entry:
-            continue
-        if entry.get("last_pass"):
-            passes.append(entry["last_pass"])
-        if not entry["passed"] and entry["sha256"] == current:
-            p = entry["provenance"]
-            failures.append(f"failed on {_gpu(p['gpu'])} at {_commit(p['commit'])}")
-    fresh = sorted((p for p in passes if p["sha256"] == current), key=lambda p: _gpu(p["gpu"]))
-    if fresh:
-        text = ", ".join(f"{_gpu(p['gpu'])} at {_commit(p['commit'])}"
-                         + (" (notebook only)" if p.get("graded") is False else "")
-                         for p in fresh)
-    elif passes:
-        latest = max(passes, key=lambda p: p["date"])
-        text = f"stale (sources changed since {_commit(latest['commit'])})"
-    else:
-        text = "not yet"
-    return text + (f" ({'; '.join(failures)})" if failures else "")

@@ -54,153 +54,40 @@ of the GPU's memory beside torch's. The rows are returned in case order.
 
 FLOPs: ``reference.attention_flops`` (4 B H N^2 d, halved causal); GB/s: compulsory traffic
 (``bench.attention_bytes``); ``pct_peak``: of the datasheet tensor peak.
+
+What both phases share (the kernels, ``Case``, ``Inputs``, ``measure`` and the rows' notes) is in
+``benchmark_rows``; this module re-exports it.
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 import warnings
 from typing import Callable
 
 import torch
 
-from flashbook.bench import attention_bytes, free_cuda_cache, gpu_peak, join_notes, sdpa, \
-    timed_ms, why_failed
+from flashbook.bench import free_cuda_cache, join_notes, sdpa, timed_ms
 from flashbook.chapters.ch4 import benchmark as ch4
 from flashbook.chapters.ch5 import benchmark as ch5
-from flashbook.reference import attention_flops
 from flashbook.results import Row
+
+from .benchmark_rows import (CH3, CH4, JAX_FA3, KERNELS, ORDER, OURS, PALLAS, TOLERANCE, Case,
+                             Inputs, err_note, make_row, measure, namespace, refused, sort_rows,
+                             why, wrong)
 
 GRAPH_TIMER = True
 SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64)]
 BF16_SHAPES = [(1, 16, 16384, 128)]
 CAUSAL = (False, True)
-TOLERANCE = 2e-2                  # max|O - cuDNN| above this: the row's O is flagged WRONG
 REFERENCES = ("sdpa_cudnn", "sdpa_flash")
-
-OURS, PALLAS, JAX_FA3 = "ch6_gluon_fa3", "ch6_pallas_fa3", "jax_pallas_fa3"
-CH3, CH4 = "ch3_two_tiles", "ch4_two_tiles"
-# (kernel, role, phase): phase 1 torch-timed, phase 2 JAX. Rows come out in this order per case.
-KERNELS = [(OURS, "reference", 1), (PALLAS, "variant", 2), (JAX_FA3, "baseline", 2),
-           (CH3, "variant", 1), (CH4, "variant", 1),
-           ("sdpa_cudnn", "baseline", 1), ("sdpa_flash", "baseline", 1)]
-ORDER = {name: i for i, (name, _, _) in enumerate(KERNELS)}
-
 
 
 # ------------------------------------------------------------------ helpers (CPU-testable)
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One problem: q, k, v (B, H, N, d) of ``dtype``, N_q = N_k = N."""
-    B: int
-    H: int
-    N: int
-    d: int
-    dtype: torch.dtype
-    causal: bool
-
-    @property
-    def shape(self) -> tuple:
-        return (self.B, self.H, self.N, self.d)
-
-    @property
-    def flops(self) -> float:
-        """The two matmuls, 4 B H N^2 d, halved causal (``reference.attention_flops``)."""
-        return attention_flops(self.B, self.H, self.N, self.N, self.d, self.causal)
-
-    @property
-    def nbytes(self) -> float:
-        """Compulsory HBM traffic: read Q, K, V and write O once."""
-        return attention_bytes(self.B, self.H, self.N, self.N, self.d, self.dtype.itemsize)
-
-    def columns(self) -> dict:
-        """The shape columns of this case's rows."""
-        return dict(B=self.B, H_q=self.H, H_kv=self.H, N_q=self.N, N_k=self.N, d=self.d,
-                    dtype=str(self.dtype).replace("torch.", ""), causal=self.causal)
-
 
 def cases(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL) -> list[Case]:
     """fp16 at every shape, then bf16 at ``bf16_shapes``; each non-causal then causal."""
     return [Case(*s, dtype, c) for dtype, group in ((torch.float16, shapes),
                                                     (torch.bfloat16, bf16_shapes))
             for s in group for c in causal]
-
-
-def make_row(kernel: str, role: str, case: Case, ms: float | None, note: str = "",
-             peak=None) -> Row:
-    """A row of ``case``: TFLOP/s, GB/s and % of the tensor peak (``peak``, a ``bench.Peak``;
-    default this GPU's, None on CPU) from ``ms``; ``ms`` None: nothing measured (``note`` why)."""
-    if ms is None:
-        return Row(kernel=kernel, role=role, **case.columns(), ms=None, tflops=None, gbps=None,
-                   pct_peak=None, note=note)
-    peak = peak if peak is not None else gpu_peak()
-    tflops = case.flops / (ms * 1e-3) / 1e12
-    return Row(kernel=kernel, role=role, **case.columns(), ms=ms, tflops=tflops,
-               gbps=case.nbytes / (ms * 1e-3) / 1e9,
-               pct_peak=100.0 * tflops / peak.tensor_tflops if peak else None, note=note)
-
-
-def measure(kernel: str, role: str, case: Case, setup: Callable[[], tuple], note: str = "",
-            peak=None) -> Row:
-    """One row, under one guard: ``setup()`` builds, checks and times the call and returns
-    (ms, note); any exception it raises (refused input, out of memory, missing module,
-    compile error, ...) becomes a row with ``ms`` empty and a note saying why."""
-    try:
-        ms, extra = setup()
-    except Exception as e:  # noqa: BLE001 - one failing kernel never stops the run
-        free_cuda_cache()
-        return make_row(kernel, role, case, None, join_notes(note, f"not measured: {why(e)}"),
-                        peak)
-    return make_row(kernel, role, case, ms, join_notes(note, extra), peak)
-
-
-def why(e: BaseException) -> str:
-    """One line on a failure: 'out of memory', or 'Type: first line of the message' (for an
-    exception without a message, e.g. a bare assert: where it was raised)."""
-    text = why_failed(e)
-    if text.rstrip().endswith(":"):
-        import traceback
-        frames = traceback.extract_tb(e.__traceback__)
-        if frames:
-            last = frames[-1]
-            where = f"{os.path.basename(last.filename)}:{last.lineno}"
-            text = f"{text.rstrip().rstrip(':')} at {where} ({last.line or ''})"
-    return text.strip()
-
-
-def err_note(name: str, want, o) -> str:
-    """``max|O-name|=...`` of ``o`` against ``want`` (both (B, H, N, d)), with ``WRONG`` when it
-    passes ``TOLERANCE`` (or is NaN); no note without a reference."""
-    if want is None or not name:
-        return ""
-    err = ch4.max_err(o, want)
-    flag = "" if err <= TOLERANCE else f" WRONG (> {TOLERANCE:g})"
-    return f"max|O-{name}|={err:.1e}{flag}"
-
-
-def wrong(row: Row) -> bool:
-    """Whether a row's O was flagged as far from cuDNN's (``err_note``)."""
-    return "WRONG" in (row.note or "")
-
-
-def sort_rows(rows: list[Row], order: list[Case]) -> list[Row]:
-    """Rows in case order (``order``), then in ``KERNELS`` order within a case."""
-    def case_key(B, H, N, d, dtype, causal):
-        return (B, H, N, d, dtype, causal)
-    index = {case_key(*c.shape, c.columns()["dtype"], c.causal): i for i, c in enumerate(order)}
-
-    def key(r):
-        return (index.get(case_key(r.B, r.H_q, r.N_q, r.d, r.dtype, r.causal), len(index)),
-                ORDER.get(r.kernel, len(ORDER)))
-    return sorted(rows, key=key)
-
-
-def refused(reason: str):
-    """A setup that refuses with ``reason`` (a row with that note)."""
-    def setup():
-        raise RuntimeError(reason)
-    return setup
 
 
 def graph_timed(prepare: Callable[[], tuple]):
@@ -214,19 +101,6 @@ def graph_timed(prepare: Callable[[], tuple]):
 
 
 # ------------------------------------------------------------------ inputs and references
-
-@dataclasses.dataclass
-class Inputs:
-    """One shape and dtype's tensors, shared by its causal and non-causal cases."""
-    q: torch.Tensor            # (B, H, N, d) contiguous
-    k: torch.Tensor
-    v: torch.Tensor
-    q_bnhd: torch.Tensor       # (B, N, H, d) contiguous copies: JAX's layout, and viewed as
-    k_bnhd: torch.Tensor       # (B*N, H, d) Chapter 4's packed one
-    v_bnhd: torch.Tensor
-    want: dict = dataclasses.field(default_factory=dict)   # causal -> (name, O (B, H, N, d))
-    extra: dict = dataclasses.field(default_factory=dict)  # e.g. the pre-scaled q for JAX
-
 
 def make_inputs(B, H, N, d, dtype, device="cuda", seed=0) -> Inputs:
     g = torch.Generator(device=device).manual_seed(seed)
@@ -348,20 +222,6 @@ def solutions(kernels) -> dict:
     return out
 
 
-def namespace(namespaces: dict, chapter: str) -> dict:
-    """A chapter's solution namespace, loaded once into ``namespaces``; a RuntimeError saying
-    why where it does not load."""
-    if chapter not in namespaces and f"{chapter} error" not in namespaces:
-        try:
-            from flashbook import sources
-            namespaces[chapter] = sources.solution_namespace(chapter)
-        except Exception as e:  # noqa: BLE001 - its rows say why
-            namespaces[f"{chapter} error"] = f"the {chapter} solution did not load: {why(e)}"
-    if chapter not in namespaces:
-        raise RuntimeError(namespaces[f"{chapter} error"])
-    return namespaces[chapter]
-
-
 # ------------------------------------------------------------------------------ the run
 
 def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
@@ -390,7 +250,7 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
         x.want[case.causal] = reference(x.q, x.k, x.v, case.causal)
         rows += torch_rows(case, x, namespaces, kernels)
     if any(phase == 2 and k in kernels for k, _, phase in KERNELS):
-        from .benchmark_jax import jax_rows                 # imports this module
+        from .benchmark_jax import jax_rows                 # phase 2, loaded when it runs
         for case in order:                                # phase 2: JAX
             x = inputs[(case.shape, case.dtype)]
             if not isinstance(x, str):

@@ -16,7 +16,7 @@ import torch
 from flashbook.bench import free_cuda_cache, join_notes
 from flashbook.results import GPU_TIMER, Row
 
-from .benchmark import KERNELS, PALLAS, Case, Inputs, err_note, measure, namespace, why
+from .benchmark_rows import KERNELS, PALLAS, Case, Inputs, err_note, measure, namespace, why
 
 __all__ = ["jax_calls", "jax_block_kv", "jax_module", "to_jax", "to_torch", "jax_time",
            "jax_fa3_setup", "pallas_module", "find_consumer", "pallas_setup", "jax_rows"]

@@ -28,7 +28,7 @@ import numpy as np
 
 from ...shipping import from_json, load, student_globals
 from . import order_log
-from .interpret import DEADLOCK_S, DEFAULT_IMPORTS, EVENTS, GRACE_S
+from .interpret_job import DEADLOCK_S, DEFAULT_IMPORTS, EVENTS, GRACE_S
 
 __all__ = ["Child", "die_with_parent", "unfenced_reads", "ORDER_DOC"]
 

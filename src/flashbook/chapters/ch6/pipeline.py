@@ -37,35 +37,23 @@ in flight), *dataflow*, *protocol* (something that is not an action, an action n
 *runaway* (more than ``max_actions`` actions). Reads and writes are ordered by vector clocks that
 travel through barrier arrivals and waits, so a race is reported even when the timing of one run
 happened to hide it.
+
+The model's data types (the timing, barriers, actions, hazards and the trace) are in
+``pipeline_types`` and its event loop in ``pipeline_engine``; this module re-exports the types.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Iterable
+
+from .pipeline_engine import Engine
+from .pipeline_types import (PARTS, Action, Arrive, Barrier, Gemm, Hazard, Load, Read, Run,
+                             Softmax, Span, Timing, Wait, Write)
 
 __all__ = ["Timing", "Barrier", "Pipeline", "Hazard", "Span", "Read", "Write", "Run", "simulate",
            "pingpong_model", "single_model", "lockstep_model", "PARTS",
            # the actions, which Chapter 7's five-role simulator extends (the engine that runs
            # them is ``pipeline_engine``)
            "Action", "Wait", "Arrive", "Load", "Gemm", "Softmax"]
-
-PARTS = ("K", "V")
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """Durations in time units. ``g = qk + pv`` is one warpgroup's GEMM time per step."""
-    tma: float = 3.0          # issue to arrival of one step's K and V
-    qk: float = 1.0           # S = Q K^T, alone on the tensor cores
-    pv: float = 1.0           # O += P V, alone on the tensor cores
-    softmax: float = 2.0      # the online softmax of one step, on the warpgroup's CUDA cores
-
-    @property
-    def gemm(self) -> float:
-        return self.qk + self.pv
-
-    def describe(self) -> str:
-        return f"tma {self.tma:g}, qk {self.qk:g}, pv {self.pv:g}, softmax {self.softmax:g}"
 
 
 def pingpong_model(g: float, s: float) -> float:
@@ -83,184 +71,6 @@ def lockstep_model(g: float, s: float) -> float:
     """Two warpgroups without a schedule: they issue together, share the tensor cores (2g), then
     both run softmax (s) while the tensor cores idle."""
     return 2 * g / (2 * g + s)
-
-
-class Hazard(Exception):
-    """A run stopped at a protocol error. ``kind``: overwrite, read before ready, phase overrun,
-    deadlock, dataflow, protocol or runaway; ``time``: simulated time."""
-
-    def __init__(self, kind: str, time: float, message: str):
-        super().__init__(message)
-        self.kind, self.time, self.message = kind, time, message
-
-    def __str__(self):
-        return f"HAZARD ({self.kind}) at t={self.time:g}: {self.message}"
-
-
-class Barrier:
-    """An mbarrier: ``arrivals`` per phase, ``completed`` phases so far. Make it with
-    ``Pipeline.barrier``."""
-
-    def __init__(self, name: str, arrivals: int):
-        self.name, self.arrivals = name, arrivals
-        self.completed = 0                 # phases completed; the current phase's parity is % 2
-        self.pending = 0                   # arrivals in the current phase
-        self.arrivers: list = []           # (actor, time) of the current phase
-        self.phases: list = []             # per completed phase: (time, [(actor, time), ...])
-        self._vc: dict = {}                # clock joined from the current phase's arrivals
-        self._cum = [{}]                   # clock a waiter learns after n completed phases
-        self.waiters: set = set()          # programs that ever waited on it
-        self.blocked: list = []            # programs blocked on it now
-
-    def __repr__(self):
-        return f"Barrier({self.name!r}, arrivals={self.arrivals}, completed={self.completed})"
-
-
-# ------------------------------------------------------------------------------------ actions
-
-class Action:
-    pipe = None
-    yielded = False
-    creator = None
-
-
-@dataclasses.dataclass(eq=False)
-class Wait(Action):
-    bar: Barrier
-    parity: int
-
-    def __str__(self):
-        return f"wait({self.bar.name}, parity {self.parity})"
-
-
-@dataclasses.dataclass(eq=False)
-class Arrive(Action):
-    bar: Barrier
-
-    def __str__(self):
-        return f"arrive({self.bar.name})"
-
-
-@dataclasses.dataclass(eq=False)
-class Load(Action):
-    step: int
-    bar: Barrier
-    parts: tuple
-
-    def __str__(self):
-        return f"load(step {self.step}, {self.bar.name})"
-
-
-@dataclasses.dataclass(eq=False)
-class Gemm(Action):
-    name: str              # "QK" (reads K) or "PV" (reads V)
-    step: int
-
-    def __str__(self):
-        return f"{self.name.lower()}({self.step})"
-
-
-@dataclasses.dataclass(eq=False)
-class Softmax(Action):
-    step: int
-
-    def __str__(self):
-        return f"softmax({self.step})"
-
-
-# -------------------------------------------------------------------------------- the trace
-
-@dataclasses.dataclass(frozen=True)
-class Span:
-    """A bar of the Gantt chart. ``row``: "producer", "consumer i", "tensor core" or "TMA";
-    ``kind``: QK, PV, softmax, wait, load or shared; ``lane``: the consumer (tensor core) or the
-    slot (TMA) inside the row."""
-    row: str
-    kind: str
-    start: float
-    end: float
-    step: int | None = None
-    note: str = ""
-    lane: int = 0
-
-
-@dataclasses.dataclass
-class Read:
-    actor: str
-    part: str
-    slot: int
-    step: int
-    start: float
-    end: float
-    stamp: int             # the reader's own clock at the read: orders it against writes
-
-
-@dataclasses.dataclass
-class Write:
-    part: str
-    slot: int
-    step: int
-    seq: int               # n-th write into this buffer
-    issue: float
-    done: float
-    bar: Barrier
-    context: dict          # what the issuer had waited on since its previous write here
-    reads: list = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Run:
-    """What one simulation did: the trace, and ``error`` (a Hazard) if it stopped early."""
-    stages: int
-    n_steps: int
-    consumers: int
-    timing: Timing
-    pingpong: bool
-    spans: list
-    reads: list
-    writes: list
-    barriers: list
-    finished: dict         # program -> time it finished
-    end: float
-    error: Hazard | None = None
-
-    def gemm_spans(self) -> list:
-        return sorted((s for s in self.spans if s.row == "tensor core" and s.kind in ("QK", "PV")),
-                      key=lambda s: (s.start, s.lane))
-
-    def utilisation(self, t0: float | None = None, t1: float | None = None) -> float:
-        """Fraction of [t0, t1] (default: first GEMM start to last GEMM end) in which the tensor
-        cores ran at least one GEMM."""
-        gemms = self.gemm_spans()
-        if not gemms:
-            return 0.0
-        t0 = gemms[0].start if t0 is None else t0
-        t1 = max(s.end for s in gemms) if t1 is None else t1
-        busy, cur_a, cur_b = 0.0, None, None
-        for s in gemms:
-            a, b = max(s.start, t0), min(s.end, t1)
-            if b <= a:
-                continue
-            if cur_b is None or a > cur_b:
-                busy += 0 if cur_b is None else cur_b - cur_a
-                cur_a, cur_b = a, b
-            else:
-                cur_b = max(cur_b, b)
-        busy += 0 if cur_b is None else cur_b - cur_a
-        return busy / (t1 - t0) if t1 > t0 else 0.0
-
-    def shared(self) -> list:
-        """The intervals in which two or more GEMMs shared the tensor cores."""
-        return [s for s in self.spans if s.kind == "shared"]
-
-    def blocked_time(self, row: str, barrier_prefix: str = "") -> float:
-        """Time ``row`` spent waiting on barriers (whose names start with ``barrier_prefix``)."""
-        return sum(s.end - s.start for s in self.spans
-                   if s.row == row and s.kind == "wait" and s.note.startswith(barrier_prefix))
-
-    def starts(self, row: str, kind: str) -> dict:
-        """{step: start time} of ``row``'s actions of ``kind`` (QK, PV, softmax)."""
-        return {s.step: s.start for s in self.spans if s.row == row and s.kind == kind}
 
 
 # ---------------------------------------------------------------------------- the pipeline
@@ -340,7 +150,6 @@ class Pipeline:
         if self._ran:
             raise RuntimeError("a Pipeline runs once; make a new one")
         self._ran = True
-        from .pipeline_engine import Engine          # it imports this module
         return Engine(self, programs).run()
 
 

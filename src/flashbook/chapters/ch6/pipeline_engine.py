@@ -10,8 +10,8 @@ import inspect
 import itertools
 from typing import Callable
 
-from .pipeline import (PARTS, Action, Arrive, Barrier, Gemm, Hazard, Load, Pipeline, Read, Run,
-                       Softmax, Span, Wait, Write)
+from .pipeline_types import (PARTS, Action, Arrive, Barrier, Gemm, Hazard, Load, Read, Run,
+                             Softmax, Span, Wait, Write)
 
 __all__ = ["Engine", "join_clocks", "deadlock_text"]
 
@@ -76,7 +76,7 @@ class _Prog:
 
 
 class Engine:
-    def __init__(self, pipe: Pipeline, programs: dict):
+    def __init__(self, pipe, programs: dict):       # pipe: the pipeline.Pipeline it runs
         self.pipe, self.t = pipe, pipe.timing
         self.now = 0.0
         self.heap: list = []

@@ -132,7 +132,7 @@ class Zygote:
 
 def serve():
     """The zygote's loop (in ``python interpret.py --zygote``, bare packages: no torch)."""
-    from flashbook.chapters.ch6 import interpret, interpret_child
+    from flashbook.chapters.ch6 import interpret_child, interpret_job
     interpret_child.die_with_parent()
     import jax
     jax.config.update("jax_platforms", "cpu")
@@ -155,7 +155,7 @@ def serve():
             line, buffer = buffer.split(b"\n", 1)
             pid = os.fork()
             if pid == 0:
-                _child(Path(line.decode()), interpret, interpret_child)
+                _child(Path(line.decode()), interpret_job, interpret_child)
             out.write(f"pid {pid}\n")
             out.flush()
         while True:
@@ -169,14 +169,14 @@ def serve():
             out.flush()
 
 
-def _child(job_dir: Path, interpret, interpret_child):
+def _child(job_dir: Path, interpret_job, interpret_child):
     """In the forked child: a session of its own, the job's files as stdio, then the job."""
     try:
         os.setsid()
         os.chdir(job_dir)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        for fd, name in ((1, interpret.STDOUT), (2, interpret.STDERR)):
+        for fd, name in ((1, interpret_job.STDOUT), (2, interpret_job.STDERR)):
             f = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(f, fd)
         sys.stdout = open(1, "w", buffering=1, closefd=False)

@@ -57,9 +57,9 @@ from triton.experimental.gluon import language as gl
 from flashbook.aot import gluon_ast_source
 from flashbook.gluon_kit import head_descriptors, validate_dense_qkv
 
-from . import planner
+from . import planner_model as planner    # the model only: planner's CLI compiles this module
 from .fa4_kernel import SHIM, fa4_kernel, tmem_reg_layout   # the device code (re-exported)
-from .planner import Config
+from .planner_model import Config
 
 __all__ = ["Config", "fa4_kernel", "kernel_args", "compile_for_sm100", "tile_layout",
            "TRITON_VERSION", "SHIM", "attention_fa4", "DTYPES", "HEAD_DIMS"]

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from flashbook.check import CheckFailure, as_int, report, require_implemented
 
-from .planner import (BARRIER_ALIGN, PER_SLOT_BARRIERS, PER_TILE_BARRIERS, REGISTERS_PER_SM,
-                      TABLE_CONFIGS, TILE_ALIGN, Config, compiled_entry, compiled_table, place,
-                      partition_warps, register_budget, shared_memory, smem_buffers, threads,
-                      tile_bytes, tmem_columns, tmem_columns_used, warp_specialize_buffers)
+from .planner_model import (BARRIER_ALIGN, PER_SLOT_BARRIERS, PER_TILE_BARRIERS, REGISTERS_PER_SM,
+                            TABLE_CONFIGS, TILE_ALIGN, Config, compiled_entry, compiled_table,
+                            partition_warps, place, register_budget, shared_memory, smem_buffers,
+                            threads, tile_bytes, tmem_columns, tmem_columns_used,
+                            warp_specialize_buffers)
 
 __all__ = ["resource_cases", "check_resources", "resources", "WHAT_IFS"]
 

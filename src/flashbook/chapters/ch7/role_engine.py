@@ -11,7 +11,7 @@ from ..ch6.pipeline import Hazard, Span
 from ..ch6.pipeline_engine import Engine, deadlock_text, join_clocks
 from .role_actions import (ROLE_NAMES, TILES, Access, Buffer, Commit, MmaIssue, RoleAction,
                            TmaCopy, Work, access_label, content_text)
-from .roles import RolePipeline, RoleRun
+from .role_run import RoleRun
 
 __all__ = ["RoleEngine"]
 
@@ -36,7 +36,7 @@ class RoleEngine:
     """Chapter 6's engine (event loop, barriers, deadlock and protocol checks), with this
     module's ``resume`` and deadlock report plugged in."""
 
-    def __init__(self, pipe: RolePipeline, programs: dict):
+    def __init__(self, pipe, programs: dict):       # pipe: the roles.RolePipeline it runs
         self.pipe, self.t = pipe, pipe.timing
         unknown = [n for n in programs if n not in ROLE_NAMES]
         if unknown:

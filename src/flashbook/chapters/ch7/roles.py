@@ -43,46 +43,17 @@ Time is in abstract units (``Timing``). Issuing an MMA, a TMA copy or an arrival
 """
 from __future__ import annotations
 
-import dataclasses
 import types
 
 from ..ch6 import pipeline as _ch6
 from ..ch6.pipeline import Barrier, Hazard, Span
 from .role_actions import ROLE_NAMES, TILES, Commit, MmaIssue, TmaCopy, Work
+from .role_engine import RoleEngine
+from .role_run import RoleRun, Timing
 
 __all__ = ["Timing", "RolePipeline", "RoleRun", "Hazard", "Barrier", "Span", "ROLE_NAMES",
            "fa4_model", "serial_model", "make_barriers", "load", "softmax", "epilogue",
            "simulate"]
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """Durations in time units. ``g = qk + pv`` is one Q tile's MMA time per key step and
-    ``s = rowmax + exp`` its softmax time."""
-    tma: float = 3.0          # issue to arrival of one K or V tile (or a Q tile)
-    qk: float = 1.0           # S = Q K^T of one Q tile, on the tensor core
-    pv: float = 1.0           # O += P V of one Q tile, on the tensor core
-    rowmax: float = 0.5       # softmax: read S from TMEM, row max, publish it
-    exp: float = 1.5          # softmax: exp2 of one tile on the SM's exponential unit (one
-    #                           tile at a time: the two softmax warpgroups share it), P to 16
-    #                           bits, P stored in place of S
-    rescale: float = 1.0      # correction: O *= exp2(m_old - m_new), O through registers
-    rowsum: float = 0.25      # softmax, after its last step: publish the row sum
-    finish: float = 1.0       # correction: O / l into shared memory
-    store: float = 1.0        # epilogue: TMA store of one O tile
-
-    @property
-    def g(self) -> float:
-        return self.qk + self.pv
-
-    @property
-    def s(self) -> float:
-        return self.rowmax + self.exp
-
-    def describe(self) -> str:
-        return (f"tma {self.tma:g}, qk {self.qk:g}, pv {self.pv:g}, rowmax {self.rowmax:g}, "
-                f"exp {self.exp:g}, rescale {self.rescale:g}")
 
 
 def fa4_model(t: Timing) -> float:
@@ -211,47 +182,7 @@ class RolePipeline:
         if self.core._ran:
             raise RuntimeError("a RolePipeline runs once; make a new one")
         self.core._ran = True
-        from .role_engine import RoleEngine          # it imports this module
         return RoleEngine(self, programs).run()
-
-
-# ------------------------------------------------------------------------------- the trace
-
-@dataclasses.dataclass
-class RoleRun:
-    """What one simulation did. ``spans`` are the Gantt bars (rows: the roles, "TMA" and
-    "tensor core"; the tensor core's bars have kind QK or PV and lane = the Q tile);
-    ``error`` is the Hazard that stopped the run, or None."""
-    stages: int
-    n_steps: int
-    timing: Timing
-    spans: list
-    barriers: list
-    finished: dict
-    end: float
-    error: Hazard | None
-    done: dict             # what ran: {("QK", t, j): (start, end), ("rescale", t, j): ..., ...}
-    core: object           # Chapter 6's Run of the same spans (its utilisation measure)
-
-    def utilisation(self, t0: float | None = None, t1: float | None = None) -> float:
-        """Fraction of [t0, t1] (default: first MMA start to last MMA end) in which the
-        tensor core ran an MMA."""
-        return self.core.utilisation(t0, t1)
-
-    def mma_spans(self) -> list:
-        return self.core.gemm_spans()
-
-    def starts(self, kind: str, tile: int) -> dict:
-        """{step: start} of the tensor core's QK or PV MMAs of one tile."""
-        return {s.step: s.start for s in self.spans
-                if s.row == "tensor core" and s.kind == kind and s.lane == tile}
-
-    def blocked_time(self, row: str, barrier_prefix: str = "", t0: float = 0.0,
-                     t1: float = float("inf")) -> float:
-        """Time ``row`` spent waiting in [t0, t1] on barriers whose names start with
-        ``barrier_prefix``."""
-        return sum(max(0.0, min(s.end, t1) - max(s.start, t0)) for s in self.spans
-                   if s.row == row and s.kind == "wait" and s.note.startswith(barrier_prefix))
 
 
 # ------------------------------------------------------------------ the chapter's given roles

@@ -150,13 +150,12 @@ def main(argv=None) -> int:
     """``python -m flashbook.chapters.ch8.benchmark --out DIR``: ``flashbook bench ch8``'s record,
     then its summary."""
     from flashbook import results
-    from flashbook.chapters import ch8
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(results.DATA_DIR))
     args = p.parse_args(argv)
     command = "python -m flashbook.chapters.ch8.benchmark " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    path = results.record(ch8.CHAPTER, args.out, command)
+    path = results.record_benchmark("ch8", run, args.out, command, GRAPH_TIMER)   # CHAPTER's
     print(f"wrote {path}")
     print(summary(results.read(path)))
     return 0

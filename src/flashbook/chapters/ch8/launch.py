@@ -125,6 +125,10 @@ def _split_plan(split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, s
     else:        # out's O (B, 1, h_q, d) and LSE (B, h_q, 1) seen as (B, h_q, d) and (B, h_q)
         o_rows = (out[0].stride(0), out[0].stride(2), out[0].stride(3))
         lse_rows = (out[1].stride(0), out[1].stride(1))
+    if lse_rows != contiguous_strides((B, h_q)):
+        raise ValueError("launch_split_kv: out's LSE must be contiguous (B, h_q, 1).")
+    if o_rows[2] != 1:
+        raise ValueError("launch_split_kv: out's O must be contiguous in its last dimension.")
     part = contiguous_strides((B, h_q, S, d))
     split = Launch(
         split_kernel, (B * h_kv, S),
@@ -137,10 +141,6 @@ def _split_plan(split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, s
     combine = Launch(combine_kernel, (B * h_q,),
                      (S, part[0], part[1], part[2], o_rows[0], o_rows[1], h_q),
                      dict(HEAD_DIM=d, BLOCK_S=max(2, next_pow2(S))))
-    if lse_rows != contiguous_strides((B, h_q)):
-        raise ValueError("launch_split_kv: out's LSE must be contiguous (B, h_q, 1).")
-    if o_rows[2] != 1:
-        raise ValueError("launch_split_kv: out's O must be contiguous in its last dimension.")
     return split, combine, Workspace(((B, h_q, S, d), (B, h_q, S)), torch.float32)
 
 

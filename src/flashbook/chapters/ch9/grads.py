@@ -12,6 +12,7 @@ import math
 import torch
 
 from flashbook.cases import AttnCase, make_inputs, seeded
+from flashbook.launcher import capturing
 from flashbook.reference import visible_mask
 
 __all__ = ["attention_grads", "backward_inputs", "dense_attention", "dense_offsets", "to_packed",
@@ -61,15 +62,14 @@ def dense_offsets(B: int, N: int, device) -> torch.Tensor:
     int32 on ``device``. Made once per (B, N, device) and shared (read it, never write it): a
     new one costs two device ops (``arange``, a multiply) on every call. Made afresh while a
     CUDA graph is captured (the graph's kernels would fill a kept one only when replayed)."""
-    from flashbook.launcher import capturing
+    if capturing():
+        return torch.arange(B + 1, dtype=torch.int32, device=device) * N
     where = (B, N, torch.device(device))
-    kept = None if capturing() else _OFFSETS.get(where)
+    kept = _OFFSETS.get(where)
     if kept is None:
-        kept = torch.arange(B + 1, dtype=torch.int32, device=device) * N
-        if not capturing():
-            if len(_OFFSETS) >= 256:
-                _OFFSETS.clear()
-            _OFFSETS[where] = kept
+        if len(_OFFSETS) >= 256:
+            _OFFSETS.clear()
+        kept = _OFFSETS[where] = torch.arange(B + 1, dtype=torch.int32, device=device) * N
     return kept
 
 

@@ -1,0 +1,82 @@
+"""The package's shape: no module over MAX_LINES lines, and no import cycle among its modules.
+
+The cycle scan reads every module with ``ast`` (nothing is imported) and takes every import of a
+flashbook module as an edge, including imports made inside a function: a deferred import that
+closes a cycle is still a cycle in the design.
+"""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "flashbook"
+MAX_LINES = 500
+
+def _modules():
+    """Every module of the package, by dotted name -> (path, is_package)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ("flashbook",) + path.relative_to(PACKAGE).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _edges(name, path, is_package, modules):
+    """The flashbook modules that module `name` imports, anywhere in its body."""
+    package = name if is_package else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):      # level 1 is ".", the module's package
+            anchor = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            base = ".".join(part for part in (anchor, node.module) if part)
+            for alias in node.names:                  # `from pkg import mod` imports pkg.mod
+                submodule = f"{base}.{alias.name}"
+                targets.add(submodule if submodule in modules else base)
+    return {target for target in targets if target in modules and target != name}
+
+
+def _cycles(graph):
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components)
+
+
+def test_no_module_is_over_the_line_limit():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name, n = path.relative_to(PACKAGE).as_posix(), len(path.read_text().splitlines())
+        if n > MAX_LINES:
+            offenders.append(f"{name}: {n} lines")
+    assert not offenders, f"modules over {MAX_LINES} lines:\n" + "\n".join(offenders)
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {name: _edges(name, path, is_pkg, modules) for name, (path, is_pkg) in modules.items()}
+    cycles = list(_cycles(graph))
+    assert not cycles, "import cycles among flashbook modules:\n" + "\n".join(
+        " <-> ".join(component) for component in cycles)
