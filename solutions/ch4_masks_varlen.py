@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 from flashbook import reference
-from flashbook.cases import as_window, host_values, validate_once, validate_tensor
+from flashbook.cases import as_window, host_values, validate_tensor
 from flashbook.chapters import ch4
 
 # %% [markdown]
@@ -672,10 +672,12 @@ ch4.check_two_tile_kernel(attn_masked_two_tiles, hidden=True)
 # `attention_varlen` is the public entry point, flash-attn's signature: your checks, then the
 # launch of the fastest kernel you have written. A call's host time matters as much as the
 # kernel's at small sizes (a 256-token batch runs in a few µs on an H200), so nothing is worked
-# out twice: `validate_once` runs your checks once per metadata (shapes, strides, dtypes,
-# devices and the Python arguments; every time where values are checked, since it cannot see
-# them), and `ch4.launch_varlen` remembers its tile config, grid and strides the same way and
-# launches through Triton's compiled kernel (`flashbook.plans` says why that is safe).
+# out twice: `ch4.launch_varlen` remembers its tile config, grid and strides by the inputs'
+# metadata (shapes, strides, dtypes, devices and the Python arguments), launches through
+# Triton's compiled kernel (`flashbook.plans` says why that is safe), and, handed your checks as
+# `validate=`, runs them when it meets new metadata, before it plans the launch. Where values are
+# checked (CPU mode, the graded checks, `flashbook.check_values()`) it runs them on every call,
+# since the metadata says nothing about what `cu_seqlens` holds.
 
 # %%
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -688,14 +690,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (once per metadata: a repeated call looks the result up); cu_seqlens' values in CPU mode
     and, on a GPU, inside ``flashbook.check_values()``."""
     window_size = as_window(window_size)         # NumPy or torch integers as Python ints
-    validate_once(validate_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                  max_seqlen_k, window_size)     # once per metadata, unless values are checked
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
     kernel, two_tiles = ch4.pick_kernel(attn_masked_two_tiles, attn_masked_kernel,
                                         "attention_varlen")
     return ch4.launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                              max_seqlen_k, window=window, scale=softmax_scale, config=config,
-                             two_tiles=two_tiles, sections=sections)
+                             two_tiles=two_tiles, sections=sections,
+                             validate=validate_varlen, validate_args=(window_size,))
 
 
 def attention_varlen_one_tile(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -703,12 +704,11 @@ def attention_varlen_one_tile(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               config=None, sections=None):
     """attention_varlen with Exercise 2b's one-tile kernel (for comparison)."""
     window_size = as_window(window_size)         # NumPy or torch integers as Python ints
-    validate_once(validate_varlen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                  max_seqlen_k, window_size)     # once per metadata, unless values are checked
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
     return ch4.launch_varlen(attn_masked_kernel, q, k, v, cu_seqlens_q, cu_seqlens_k,
                              max_seqlen_q, max_seqlen_k, window=window, scale=softmax_scale,
-                             config=config, sections=sections)
+                             config=config, sections=sections, validate=validate_varlen,
+                             validate_args=(window_size,))
 
 # %% tags=["demo"]
 # The public wrapper on a packed causal batch, against the float64 reference; then a bad call.

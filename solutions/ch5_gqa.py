@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 from flashbook import reference
-from flashbook.cases import host_values, validate_once, validate_tensor
+from flashbook.cases import host_values, validate_tensor
 from flashbook.chapters import ch4, ch5
 from flashbook.kernels import attn_step, attn_two_tile_step, key_tiles, program_tile, \
     visible_pairs
@@ -109,10 +109,12 @@ def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 #    (`(h_q, total_q)`, natural log), rows inside the sequence only; rows without a visible key
 #    give O = 0, LSE = -inf.
 #
-# Then `attention_gqa`, the wrapper (3 lines): `validate_gqa(...)` (given above), the window as
-# the kernel takes it, `ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)`, and
+# Then `attention_gqa`, the wrapper (2 lines): the window as the kernel takes it,
+# `ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)`, and
 # `ch5.launch_gqa(attn_gqa_kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-# max_seqlen_k, window=..., scale=softmax_scale, config=config, sections=sections)`. The check runs
+# max_seqlen_k, window=..., scale=softmax_scale, config=config, sections=sections,
+# validate=validate_gqa, validate_args=(window_size,))`: the launcher runs `validate_gqa` (given
+# above) as Chapter 4's runs your checks, when it meets new metadata. The check runs
 # G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, then seeded random
 # shapes (G from 1 to 8, lengths next to the edges of the H200's 128-row tile, in CPU mode too),
 # and counts the K tiles loaded in CPU mode: each K/V head's tiles exactly once. About 40 lines.
@@ -186,11 +188,11 @@ def attention_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     """Packed GQA forward: q (total_q, h_q, d), k and v (total_k, h_kv, d), h_q = G * h_kv.
     Returns O (total_q, h_q, d) and LSE (h_q, total_q)."""
     ### BEGIN SOLUTION
-    validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
     return ch5.launch_gqa(attn_gqa_kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, window=window, scale=softmax_scale, config=config,
-                          sections=sections)
+                          sections=sections, validate=validate_gqa,
+                          validate_args=(window_size,))
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ch5_mfold_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -365,13 +367,13 @@ def attention_gqa_two_tiles(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                             sections=None):
     """attention_gqa with the two-tile kernel (the one-tile kernel while the two-tile one is
     still a stub)."""
-    validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_size)
     window = ch4.window_bounds(window_size, causal, max_seqlen_q, max_seqlen_k)
     kernel, two_tiles = ch4.pick_kernel(attn_gqa_two_tiles, attn_gqa_kernel,
                                         "attention_gqa_two_tiles")
     return ch5.launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, window=window, scale=softmax_scale, config=config,
-                          sections=sections, two_tiles=two_tiles)
+                          sections=sections, two_tiles=two_tiles, validate=validate_gqa,
+                          validate_args=(window_size,))
 
 # %% [markdown]
 # ## 3. Decode: one new token against the cache
@@ -613,9 +615,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, block_table=None, softmax_scale=N
     must already be in the cache (it appends nothing), so cache_seqlens counts them
     (cache_seqlens[b] >= n_new; flash-attn's counts the keys before the new tokens), and causal
     defaults to True (flash-attn's to False; with one new token it changes nothing)."""
-    validate_once(validate_decode, q, k_cache, v_cache, cache_seqlens, block_table)
     return ch5.launch_decode(decode_kernel, q, k_cache, v_cache, cache_seqlens, block_table,
-                             causal=causal, scale=softmax_scale)
+                             causal=causal, scale=softmax_scale, validate=validate_decode)
 
 # %% tags=["demo"]
 # Paged and contiguous caches give the same answer; a page table entry out of range is refused.

@@ -297,25 +297,29 @@ ch8.check_split_kv(split_kv_kernel, combine_kernel, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# The public wrapper checks its arguments (a `ValueError` naming the argument) and launches
+# The public wrapper hands its argument checks (a `ValueError` naming the argument) to the
+# launcher, which runs them when it meets new metadata, as Chapters 4 and 5's do, and launches
 # both kernels; `num_splits=None` lets `choose_num_splits` decide for this GPU. The values of
 # `cache_seqlens` are checked in CPU mode and in the graded checks; on a GPU reading them would
 # make every step wait for the device, so there they are checked only inside
 # `with flashbook.check_values():`.
 #
 # With `num_splits=None` this is the book's decode call for one new token at any batch and
-# context: where $B \cdot h_{kv}$ programs already fill the GPU, `choose_num_splits` returns 1 and
-# the split kernel is Chapter 5's decode kernel (one program per sequence and K/V head) followed
-# by a combine of one partial; at batch 1 it cuts the keys into as many ranges as fill the SMs.
-# Paged caches and several new tokens per step stay with Chapter 5's `decode`.
+# context: where $B \cdot h_{kv}$ programs already fill the GPU, `choose_num_splits` returns 1, and
+# the split kernel, Chapter 5's decode kernel with one program per sequence and K/V head, writes
+# O and the LSE itself (one partial needs no merge, so the combine is not launched); at batch 1
+# it cuts the keys into as many ranges as fill the SMs. A cache too large for the kernels'
+# 32-bit offsets (more than $2^{31}$ elements: 32 sequences of 131072 tokens at 8 heads of 128)
+# is launched a slice of sequences at a time. Paged caches and several new tokens per step stay
+# with Chapter 5's `decode`.
 
 # %%
 def decode_split_kv(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None):
     """One decode step, split-KV: q (B, 1, h_q, d) against the cache (B, max_len, h_kv, d) with
     cache_seqlens (B,) int32. Returns O (B, 1, h_q, d) and LSE (B, h_q, 1)."""
-    ch8.validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits)
     return ch8.launch_split_kv(split_kv_kernel, combine_kernel, q, k_cache, v_cache,
-                               cache_seqlens, num_splits, scale=softmax_scale)
+                               cache_seqlens, num_splits, scale=softmax_scale,
+                               validate=ch8.validate_split_decode)
 
 # %% tags=["demo"]
 # Every split count gives the same answer (the merge is exact), up to rounding.

@@ -114,6 +114,48 @@ def test_split_kv_matches_chapter5_decode(solution):
     assert ch5 is not None
 
 
+def test_one_split_writes_the_answer_without_a_combine(solution):
+    from flashbook import plans
+    q = torch.randn(2, 1, 8, 16)
+    k, v = torch.randn(2, 80, 2, 16), torch.randn(2, 80, 2, 16)
+    lens = torch.tensor([80, 33], dtype=torch.int32)
+    want = solution["decode_split_kv"](q, k, v, lens, num_splits=3)
+    with plans.recorded_launches() as launches:
+        got = solution["decode_split_kv"](q, k, v, lens, num_splits=1)
+    assert [launch.kernel for launch, _ in launches] == [solution["split_kv_kernel"]]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert got[0].dtype == q.dtype and got[1].shape == (2, 8, 1)
+
+
+def test_sequences_per_launch_keeps_each_slice_within_32_bit_offsets():
+    # meta tensors: the shapes of an H200 sweep point, no memory
+    cache = torch.empty(32, 131072, 8, 128, dtype=torch.float16, device="meta")
+    per_sequence = 131072 * 8 * 128
+    n = ch8.sequences_per_launch(cache, cache)
+    assert n * per_sequence <= 2**31 - 1 < (n + 1) * per_sequence
+    with pytest.raises(ValueError, match="one sequence"):
+        ch8.sequences_per_launch(torch.empty(1, 2**22, 8, 128, device="meta"))
+
+
+def test_a_cache_past_32_bit_offsets_is_launched_in_slices(solution, monkeypatch):
+    from flashbook import plans
+    from flashbook.chapters.ch8 import launch
+    q = torch.randn(5, 1, 4, 16)
+    k, v = torch.randn(5, 48, 2, 16), torch.randn(5, 48, 2, 16)
+    lens = torch.tensor([48, 1, 17, 33, 48], dtype=torch.int32)
+    want = solution["decode_split_kv"](q, k, v, lens, num_splits=2)
+    monkeypatch.setattr(launch, "MAX_ELEMENTS", 2 * 48 * 2 * 16)     # two sequences a launch
+    monkeypatch.setattr(launch, "_SPLIT_PLANS", plans.Plans())       # planned afresh
+    with plans.recorded_launches() as launches:
+        got = solution["decode_split_kv"](q.clone(), k.clone(), v.clone(), lens.clone(),
+                                          num_splits=2)
+    splits = [t for launch_, t in launches if launch_.kernel is solution["split_kv_kernel"]]
+    assert [t[0].shape[0] for t in splits] == [2, 2, 1]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 # ------------------------------------------------------------------------- the mesh
 
 def test_seed_chain_deadlocks_on_a_partial_row_and_reports_who_waits():

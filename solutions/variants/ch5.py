@@ -9,9 +9,9 @@ VARIANTS = (
          'heads = (r % GROUP) * H_KV + kv_head                  # each row'),
     ), expect='output O'),               # query head h reads K/V head h % h_kv, not h // G
     Variant('mfold_repeats_kv_per_query_head', 'ch5_mfold_kernel', (
-        ('    validate_gqa(q, k, v,',
+        ('    window = ch4.window_bounds(',
          '    k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))\n'
-         '    validate_gqa(q, k, v,'),
+         '    window = ch4.window_bounds('),
     ), expect='once per query head'),    # right numbers, G times the K/V traffic
     Variant('mfold_left_band_only_for_windows', 'ch5_mfold_kernel', (
         ('    for start_n in range(lo, full_lo, BLOCK_N):                       # left band (windows)',

@@ -288,10 +288,12 @@ TENSOR_CACHE_SIZE = 1024
 
 
 def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], name: str,
-                    contiguous: str = "last", device=None):
+                    contiguous: str = "last", device=None, span_of: str = "tensor"):
     """One input of a kernel wrapper: a tensor of ``dims`` dimensions and an accepted dtype, on
     this runtime's device (and on ``device``, the other inputs'), with ``contiguous="last"``
-    (unit stride in the last dimension) or ``"all"`` (a flat row-major buffer).
+    (unit stride in the last dimension) or ``"all"`` (a flat row-major buffer), whose elements
+    32-bit offsets reach (``MAX_ELEMENTS``): the whole tensor's, or with ``span_of="item"`` one
+    item's of its first dimension (a wrapper that launches a slice of items at a time).
 
     Every check reads host metadata only, so an input that passed once passes again: it is
     remembered by that metadata (as ``validate_qkv`` remembers its inputs), and a repeated
@@ -299,20 +301,20 @@ def validate_tensor(label: str, t, *, dims: int, dtypes: Sequence[torch.dtype], 
     try:
         key = (t.shape, t.stride(), t.dtype, t.device, current().device, label, dims,
                dtypes if isinstance(dtypes, tuple) else tuple(dtypes), name, contiguous, device,
-               MAX_ELEMENTS)
+               MAX_ELEMENTS, span_of)
         if key in _TENSOR_PASSED:
             return
     except (AttributeError, TypeError):          # not a tensor: the checks say what is wrong
         key = None
     _check_tensor(label, t, dims=dims, dtypes=dtypes, name=name, contiguous=contiguous,
-                  device=device)
+                  device=device, span_of=span_of)
     if key is not None:
         if len(_TENSOR_PASSED) >= TENSOR_CACHE_SIZE:
             _TENSOR_PASSED.clear()
         _TENSOR_PASSED[key] = True
 
 
-def _check_tensor(label: str, t, *, dims, dtypes, name, contiguous, device):
+def _check_tensor(label: str, t, *, dims, dtypes, name, contiguous, device, span_of):
     """validate_tensor's checks, run on an input whose metadata has not passed before."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
@@ -339,6 +341,14 @@ def _check_tensor(label: str, t, *, dims, dtypes, name, contiguous, device):
     if contiguous == "last" and t.numel() and t.stride(-1) != 1:
         raise ValueError(f"{name}: {label} must be contiguous in its last dimension (stride(-1) "
                          f"== 1), got strides {t.stride()}; call .contiguous() first.")
+    if span_of == "item":
+        span = element_span(t[:1])
+        if span > MAX_ELEMENTS:
+            raise ValueError(f"{name}: one item of {label}'s first dimension spans {span:,} "
+                             f"elements (shape {tuple(t.shape)}, strides {t.stride()}); the "
+                             f"book's Triton kernels compute offsets in 32-bit integers, so it "
+                             f"may span at most {MAX_ELEMENTS:,}.")
+        return
     span = element_span(t)
     if span > MAX_ELEMENTS:
         raise ValueError(f"{name}: {label} spans {span:,} elements (shape {tuple(t.shape)}, "

@@ -17,7 +17,8 @@ import functools
 
 import torch
 
-from flashbook.cases import as_window, cdiv, output, validate_scale, validate_tensor
+from flashbook.cases import as_window, cdiv, output, validate_scale, validate_tensor, \
+    values_checked
 from flashbook.check import is_stub
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
@@ -33,9 +34,17 @@ def window_bounds(window: tuple[int, int], causal: bool, max_seqlen_q: int,
     """``(left, right)`` as the kernels take them: non-negative key counts, an unlimited side
     (negative in flash-attn's ``window_size``) replaced by a bound no sequence reaches
     (``max_seqlen_q + max_seqlen_k``), and ``causal`` making the right side 0. ``window`` may
-    hold NumPy or torch integers (``cases.as_window``)."""
+    hold NumPy or torch integers (``cases.as_window``); anything but two integers is a
+    ValueError (a wrapper may work out the bounds before its checks run)."""
+    if max_seqlen_q.__class__ is not int or max_seqlen_k.__class__ is not int:
+        raise ValueError(f"max_seqlen_q and max_seqlen_k must be ints, got {max_seqlen_q!r} and "
+                         f"{max_seqlen_k!r}.")
     unlimited = max_seqlen_q + max_seqlen_k
-    left, right = as_window(window)
+    window = as_window(window)
+    if window.__class__ is not tuple or len(window) != 2 or window[0].__class__ is not int or \
+            window[1].__class__ is not int:          # (as_window gives Python ints, no bools)
+        raise ValueError(f"window_size must be two ints >= -1 (-1: unlimited), got {window!r}.")
+    left, right = window
     left = unlimited if left < 0 else left
     right = 0 if causal else (unlimited if right < 0 else right)
     return int(left), int(right)
@@ -102,7 +111,7 @@ def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int
                   max_seqlen_k: int, *, window: tuple[int, int] | None = None,
                   scale: float | None = None, config: Config | None = None,
                   two_tiles: bool = False, out: tuple | None = None,
-                  sections: int | None = None):
+                  sections: int | None = None, validate=None, validate_args: tuple = ()):
     """Launch a varlen kernel; returns (O, LSE).
 
     Grid: ``(cdiv(max_seqlen_q, BLOCK_M) * G, batch * H // G)`` with ``G`` (``sections``,
@@ -115,12 +124,20 @@ def launch_varlen(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int
     ``window``: None launches a kernel without mask arguments (Exercise 1); else ``(left,
     right)`` as ``window_bounds`` returns them (non-negative) for the masked kernels. ``out``: an
     (O, LSE) pair to write into (the checks pre-fill it with canaries). The checks, config and
-    grid are remembered by the inputs' metadata (``plans``).
+    grid are remembered by the inputs' metadata (``plans``). ``validate``: the public wrapper's
+    argument checks, run as ``validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k, *validate_args)`` before a new plan is made and on every call where values are
+    checked (``cases.values_checked()``: the checks then read index tensors' values, which the
+    key does not hold). So a repeated call builds one key, not one for its checks and one for
+    its launch.
     """
     o, lse = out if out is not None else (None, None)
     plan_key = key(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   window, scale, config, two_tiles, o, lse, sections, current().capability)
+                   window, scale, config, two_tiles, o, lse, sections, current().capability,
+                   validate, validate_args)
     plan = _VARLEN_PLANS.get(plan_key)
+    if validate is not None and (plan is None or values_checked()):
+        validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *validate_args)
     if plan is None:
         plan = _VARLEN_PLANS.remember(plan_key, _varlen_plan(
             kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window,

@@ -20,7 +20,8 @@ import math
 import torch
 import triton
 
-from flashbook.cases import as_window, cdiv, host_values, output, validate_scale, validate_tensor
+from flashbook.cases import as_window, cdiv, host_values, output, validate_scale, \
+    validate_tensor, values_checked
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
     pick_config
 from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
@@ -47,7 +48,8 @@ _GQA_PLANS = Plans()
 def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                max_seqlen_k: int, *, window: tuple[int, int], scale: float | None = None,
                config: Config | None = None, sections: int | None = None, out=None,
-               two_tiles: bool = False, dtypes: tuple | None = None):
+               two_tiles: bool = False, dtypes: tuple | None = None, validate=None,
+               validate_args: tuple = ()):
     """Launch the M-fold prefill kernel (``two_tiles``: its two-tile form, whose BLOCK_M holds
     both tiles, and which takes ``WINDOWED``: False compiles the masked bands out when no causal
     mask or window applies); returns (O, LSE (h_q, total_q)).
@@ -55,12 +57,17 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     Grid: ``(cdiv(max_seqlen_q, BLOCK_M // G) * S, batch * h_kv // S)``: Chapter 4's sections,
     over (sequence, K/V head) pairs. ``window``: non-negative ``(left, right)``
     (``window_bounds``). ``dtypes``: those accepted (default ``prefill_dtypes()``). The checks,
-    config and grid are remembered by the inputs' metadata (``plans``)."""
+    config and grid are remembered by the inputs' metadata (``plans``). ``validate``: the public
+    wrapper's checks, run as Chapter 4's ``launch_varlen`` runs them (before a new plan, and on
+    every call where values are checked), as ``validate(q, k, v, cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k, *validate_args)``."""
     o, lse = out if out is not None else (None, None)
     plan_key = key(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    window, scale, config, sections, o, lse, two_tiles, dtypes,
-                   current().capability)
+                   current().capability, validate, validate_args)
     plan = _GQA_PLANS.get(plan_key)
+    if validate is not None and (plan is None or values_checked()):
+        validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *validate_args)
     if plan is None:
         plan = _GQA_PLANS.remember(plan_key, _gqa_plan(
             kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window,
@@ -158,29 +165,33 @@ _DECODE_PLANS = Plans()
 
 def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, *,
                   causal: bool = True, scale: float | None = None, block_n: int | None = None,
-                  num_warps: int | None = None, num_stages: int | None = None, out=None):
+                  num_warps: int | None = None, num_stages: int | None = None, out=None,
+                  validate=None):
     """Launch the decode kernel, one program per (sequence, K/V head); returns (O, LSE).
 
     The cache is passed as rows ``(rows, h_kv, d)``: a contiguous cache's ``B * max_len`` rows
     (``rows_per_seq = max_len``) or a paged cache's ``num_pages * page_size`` rows
     (``rows_per_seq = page_size``; a key tile may span pages, each key looks its page up).
-    The tiles, grid and strides are remembered by the inputs' metadata (``plans``)."""
-    B, n_new, h_q, d = q.shape
-    h_kv = k_cache.shape[2]
-    G = h_q // h_kv
-    chunk = decode_chunk(G, n_new)
-    if n_new > chunk:
-        return _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table,
-                                 chunk, causal=causal, scale=scale, block_n=block_n,
-                                 num_warps=num_warps, num_stages=num_stages, out=out)
+    The tiles, grid and strides are remembered by the inputs' metadata (``plans``).
+    ``validate``: the public wrapper's checks, ``validate(q, k_cache, v_cache, cache_seqlens,
+    block_table)``, run before a new plan is made and on every call where values are checked."""
     o, lse = out if out is not None else (None, None)
     plan_key = key(kernel, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
-                   block_n, num_warps, num_stages, o, lse, current().capability)
+                   block_n, num_warps, num_stages, o, lse, current().capability, validate)
     plan = _DECODE_PLANS.get(plan_key)
+    if validate is not None and (plan is None or values_checked()):
+        validate(q, k_cache, v_cache, cache_seqlens, block_table)
     if plan is None:
         plan = _DECODE_PLANS.remember(plan_key, _decode_plan(
             kernel, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, block_n,
             num_warps, num_stages, out))
+    B, n_new, h_q, d = q.shape
+    h_kv = k_cache.shape[2]
+    if plan is _CHUNKED:
+        return _decode_in_chunks(kernel, q, k_cache, v_cache, cache_seqlens, block_table,
+                                 decode_chunk(h_q // h_kv, n_new), causal=causal, scale=scale,
+                                 block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                                 out=out)
     copies, launch = plan
     if out is None:
         o = output(q.shape, dtype=q.dtype, device=q.device)
@@ -193,14 +204,20 @@ def launch_decode(kernel, q, k_cache, v_cache, cache_seqlens, block_table=None, 
     return o, lse
 
 
+_CHUNKED = object()     # the plan of a call with more new tokens than one tile takes
+
+
 def _decode_plan(kernel, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, block_n,
                  num_warps, num_stages, out):
     """launch_decode's tiles, window and grid: (whether the cache is copied to rows, its
-    ``Launch`` or None). The kernel indexes the cache as rows ``(rows, h_kv, d)``: the cache
-    itself when its first two dimensions merge (``reshape``'s view, no copy), else a copy."""
+    ``Launch`` or None), or ``_CHUNKED`` (launched in chunks of new tokens, each planned on its
+    own). The kernel indexes the cache as rows ``(rows, h_kv, d)``: the cache itself when its
+    first two dimensions merge (``reshape``'s view, no copy), else a copy."""
     B, n_new, h_q, d = q.shape
     h_kv = k_cache.shape[2]
     G = h_q // h_kv
+    if n_new > decode_chunk(G, n_new):
+        return _CHUNKED
     paged = block_table is not None
     rows_per_seq = k_cache.shape[1]
     tiles = decode_config(current().capability)

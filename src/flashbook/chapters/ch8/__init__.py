@@ -19,8 +19,8 @@ from .checks import check_chain_reduce, check_merge, check_ring_attention, check
     check_tree_reduce, check_zigzag, mesh_cases, merge_cases, ring_cases, split_cases
 from .figures import cp_costs, plot_cp_costs, plot_mesh_chain, plot_reduction_costs, \
     plot_zigzag_work, reduction_costs
-from .launch import MAX_SPLITS, choose_num_splits, launch_combine, launch_split_kv, sm_count, \
-    split_config, validate_split_decode
+from .launch import MAX_SPLITS, choose_num_splits, launch_combine, launch_split_kv, \
+    sequences_per_launch, sm_count, split_config, validate_split_decode
 from .mesh import Deadlock, recv, send, seed_chain_reduce, simulate
 from .ring import contiguous_positions, zigzag_positions
 from .state import block_attention, identity, merge_lse, merge_states, state_of, \
@@ -30,7 +30,8 @@ __all__ = ["CHAPTER", "mesh", "ring", "check_merge", "check_split_kv", "check_ch
            "check_tree_reduce", "check_zigzag", "check_ring_attention", "merge_cases",
            "split_cases", "mesh_cases", "ring_cases", "plot_zigzag_work", "reduction_costs",
            "plot_reduction_costs", "plot_mesh_chain", "cp_costs", "plot_cp_costs", "MAX_SPLITS",
-           "choose_num_splits", "launch_split_kv", "launch_combine", "sm_count", "split_config",
+           "choose_num_splits", "launch_split_kv", "launch_combine", "sequences_per_launch",
+           "sm_count", "split_config",
            "validate_split_decode", "Deadlock", "send", "recv", "simulate", "seed_chain_reduce",
            "zigzag_positions", "contiguous_positions", "block_attention", "identity",
            "merge_lse", "merge_states", "state_of", "wire_roundtrip_error"]

@@ -19,14 +19,15 @@ import functools
 
 import torch
 
-from flashbook.cases import cdiv, host_values, next_pow2, output, validate_scale, validate_tensor
+from flashbook.cases import MAX_ELEMENTS, cdiv, element_span, host_values, next_pow2, output, \
+    validate_scale, validate_tensor, values_checked
 from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.chapters.ch5.launch import decode_block_m
 from flashbook.device import current
 from flashbook.plans import Launch, Plans, Workspace, contiguous_strides, key, validate_once
 
 __all__ = ["choose_num_splits", "split_config", "launch_split_kv", "launch_combine",
-           "validate_split_decode", "sm_count"]
+           "sequences_per_launch", "validate_split_decode", "sm_count"]
 
 MAX_SPLITS = 128
 
@@ -75,11 +76,18 @@ _SPLIT_PLANS = Plans()
 def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seqlens,
                     num_splits: int | None = None, *, scale: float | None = None,
                     block_n: int | None = None, num_warps: int | None = None,
-                    num_stages: int | None = None, out=None):
+                    num_stages: int | None = None, out=None, validate=None):
     """Launch the split kernel on grid ``(B * h_kv, num_splits)``, then the combine kernel on
     ``(B * h_q,)``; returns (O (B, 1, h_q, d), LSE (B, h_q, 1)). ``num_splits`` defaults to
     ``choose_num_splits`` for this GPU. Checks only what the launch needs (the public wrapper
-    validates the arguments).
+    validates the arguments: pass its checks as ``validate``, run as ``validate(q, k_cache,
+    v_cache, cache_seqlens, num_splits)`` before a new plan is made and on every call where
+    values are checked).
+
+    With one split there is nothing to merge: the split kernel writes O and LSE itself (its
+    normalised fp32 partial, stored in O's dtype) and the combine is not launched. A cache that
+    spans more elements than 32-bit offsets reach (``cases.MAX_ELEMENTS``) is launched a slice
+    of sequences at a time, each slice within the limit.
 
     The tiles, grids and strides are remembered by the inputs' metadata (``plans``), with the
     fp32 partials (``O_part``, ``LSE_part``) each plan writes and merges: scratch that one call's
@@ -87,8 +95,11 @@ def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seq
     stream gets its own (``plans.Workspace``)."""
     o, lse = out if out is not None else (None, None)
     plan_key = key(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seqlens, num_splits,
-                   scale, block_n, num_warps, num_stages, o, lse, current().capability)
+                   scale, block_n, num_warps, num_stages, o, lse, current().capability,
+                   validate)
     plan = _SPLIT_PLANS.get(plan_key)
+    if validate is not None and (plan is None or values_checked()):
+        validate(q, k_cache, v_cache, cache_seqlens, num_splits)
     if plan is None:
         plan = _SPLIT_PLANS.remember(plan_key, _split_plan(
             split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, scale, block_n,
@@ -96,8 +107,19 @@ def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seq
     if out is None:
         o = output(q.shape, dtype=q.dtype, device=q.device)
         lse = output((q.shape[0], q.shape[2], 1), dtype=torch.float32, device=q.device)
-    if plan is not None:
-        split, combine, workspace = plan
+    if plan is None:
+        return o, lse
+    if plan.__class__ is int:           # a cache too large for one launch: sequences per launch
+        for b in range(0, q.shape[0], plan):
+            launch_split_kv(split_kernel, combine_kernel, q[b:b + plan], k_cache[b:b + plan],
+                            v_cache[b:b + plan], cache_seqlens[b:b + plan], num_splits,
+                            scale=scale, block_n=block_n, num_warps=num_warps,
+                            num_stages=num_stages, out=(o[b:b + plan], lse[b:b + plan]))
+        return o, lse
+    split, combine, workspace = plan
+    if combine is None:                 # one split: its partial is the answer
+        split(q, k_cache, v_cache, o, lse, cache_seqlens)
+    else:
         o_part, lse_part = workspace.get(q.device)
         split(q, k_cache, v_cache, o_part, lse_part, cache_seqlens)
         combine(o_part, lse_part, o, lse)        # O (B, 1, h_q, d), LSE (B, h_q, 1) as rows
@@ -107,10 +129,13 @@ def launch_split_kv(split_kernel, combine_kernel, q, k_cache, v_cache, cache_seq
 def _split_plan(split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, scale, block_n,
                 num_warps, num_stages, out):
     """launch_split_kv's tiles, splits and grids: (the split ``Launch``, the combine ``Launch``,
-    the partials' ``Workspace``), or None when there is nothing to launch."""
+    the partials' ``Workspace``; both None with one split), None when there is nothing to
+    launch, or the number of sequences per launch when the cache is too large for one."""
     B, n_new, h_q, d = q.shape
     max_len, h_kv = k_cache.shape[1], k_cache.shape[2]
     G = h_q // h_kv
+    if max(element_span(k_cache), element_span(v_cache)) > MAX_ELEMENTS:
+        return sequences_per_launch(k_cache, v_cache)
     cfg = split_config(current().capability)
     BN, warps, stages = block_n or cfg[0], num_warps or cfg[1], num_stages or cfg[2]
     S = num_splits or choose_num_splits(B, h_kv, max_len, sm_count(q.device), BN)
@@ -129,7 +154,10 @@ def _split_plan(split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, s
         raise ValueError("launch_split_kv: out's LSE must be contiguous (B, h_q, 1).")
     if o_rows[2] != 1:
         raise ValueError("launch_split_kv: out's O must be contiguous in its last dimension.")
-    part = contiguous_strides((B, h_q, S, d))
+    if S == 1:          # the partial is the answer: written to O and LSE (B, h_q, 1) directly
+        part = (o_rows[0], o_rows[1], 0)
+    else:
+        part = contiguous_strides((B, h_q, S, d))
     split = Launch(
         split_kernel, (B * h_kv, S),
         (q.stride(0), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -138,10 +166,25 @@ def _split_plan(split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, s
         dict(GROUP=G, HEAD_DIM=d, BLOCK_M=decode_block_m(G, 1), BLOCK_N=BN,
              DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
              num_warps=warps, num_stages=stages))
+    if S == 1:
+        return split, None, None
     combine = Launch(combine_kernel, (B * h_q,),
                      (S, part[0], part[1], part[2], o_rows[0], o_rows[1], h_q),
                      dict(HEAD_DIM=d, BLOCK_S=max(2, next_pow2(S))))
     return split, combine, Workspace(((B, h_q, S, d), (B, h_q, S)), torch.float32)
+
+
+def sequences_per_launch(*caches) -> int:
+    """How many sequences of these caches ``(B, max_len, h_kv, d)`` one launch may take: the most
+    whose elements stay within the kernels' 32-bit offsets (``cases.MAX_ELEMENTS``)."""
+    counts = []
+    for cache in caches:
+        one = element_span(cache[:1])
+        if one > MAX_ELEMENTS:
+            raise ValueError(f"launch_split_kv: one sequence of the cache spans {one:,} elements, "
+                             f"more than the kernels' 32-bit offsets reach ({MAX_ELEMENTS:,}).")
+        counts.append((MAX_ELEMENTS - one) // max(cache.stride(0), 1) + 1)
+    return min(counts)
 
 
 def launch_combine(combine_kernel, o_part, lse_part, dtype=None, out=None):
@@ -170,8 +213,9 @@ def validate_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits=None):
 
 def _check_split_decode(q, k_cache, v_cache, cache_seqlens, num_splits):
     name = "decode_split_kv"
-    for label, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        validate_tensor(label, t, dims=4, dtypes=DTYPES, name=name)
+    validate_tensor("q", q, dims=4, dtypes=DTYPES, name=name)
+    for label, t in (("k_cache", k_cache), ("v_cache", v_cache)):   # launched in slices of
+        validate_tensor(label, t, dims=4, dtypes=DTYPES, name=name, span_of="item")  # sequences
     if not q.dtype == k_cache.dtype == v_cache.dtype or \
             not q.device == k_cache.device == v_cache.device:
         raise ValueError(f"{name}: q, k_cache and v_cache must share a dtype and a device.")

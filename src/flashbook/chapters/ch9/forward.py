@@ -31,12 +31,30 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     (total_k, h_kv, d). ``validate`` runs Chapter 5's argument checks (host syncs: benchmarks
     replayed from CUDA graphs turn them off)."""
     dtypes = _dtypes(q.dtype)
-    if validate:
-        validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        dtypes=dtypes)
-    from flashbook.chapters.ch5.forward_kernels import attn_gqa_two_tiles   # after setup()
     window = window_bounds((-1, -1), causal, max_seqlen_q, max_seqlen_k)
-    with np.errstate(divide="ignore"):          # log(0) = -inf: rows that see no key
-        return launch_gqa(attn_gqa_two_tiles, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                          max_seqlen_k, window=window, scale=softmax_scale, two_tiles=True,
-                          dtypes=dtypes)
+    args = (_kernel(), q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    kw = dict(window=window, scale=softmax_scale, two_tiles=True, dtypes=dtypes,
+              validate=_validate if validate else None)
+    if current().gpu:
+        return launch_gqa(*args, **kw)
+    with np.errstate(divide="ignore"):          # the interpreter's log(0) = -inf: no key seen
+        return launch_gqa(*args, **kw)
+
+
+def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Chapter 5's argument checks (``validate_packed``), as ``launch_gqa`` runs them: before a
+    new plan and on every call where values are checked."""
+    validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    name="forward", dtypes=prefill_dtypes())
+
+
+_KERNEL = []
+
+
+def _kernel():
+    """Chapter 5's two-tile kernel, imported on first use (after ``flashbook.setup()``, which
+    picks the interpreter or the GPU)."""
+    if not _KERNEL:
+        from flashbook.chapters.ch5.forward_kernels import attn_gqa_two_tiles
+        _KERNEL.append(attn_gqa_two_tiles)
+    return _KERNEL[0]

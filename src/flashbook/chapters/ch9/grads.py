@@ -48,10 +48,14 @@ def _layout(layout: str) -> str:
 
 
 def to_packed(t, layout: str = "bhnd"):
-    """(B, H, N, d) (``layout="bnhd"``: (B, N, H, d)) -> (B * N, H, d), contiguous."""
+    """(B, H, N, d) (``layout="bnhd"``: (B, N, H, d)) -> (B * N, H, d): a view where the batch
+    and sequence axes merge (one sequence, or flash-attn's layout), else a contiguous copy. The
+    kernels take the token and head strides (the last dimension is made contiguous)."""
     if _layout(layout) == "bnhd":
-        return t.reshape(-1, t.shape[2], t.shape[3]).contiguous()
-    return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]).contiguous()
+        packed = t.reshape(-1, t.shape[2], t.shape[3])
+    else:
+        packed = t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
+    return packed if packed.stride(-1) == 1 else packed.contiguous()
 
 
 _OFFSETS: dict = {}
