@@ -55,3 +55,15 @@ def test_gqa_rows_meet_their_own_baselines_and_flex_is_a_third_line():
     varlen, gqa = text.split("`ch5_gqa`")
     assert "| cuDNN | 1.50 |" in gqa and "| Flex |" not in gqa       # its own (GQA) baseline
     assert "| cuDNN | 0.90 |" in varlen and "| Flex | 1.50 |" in varlen
+
+
+def test_the_reading_gives_the_geomean_the_worst_point_and_where_fa2_wins():
+    rows = [_row("ch6_gluon_fa3", "reference", 512, 2.0), _row("sdpa_cudnn", "baseline", 512, 1.0),
+            _row("sdpa_flash", "baseline", 512, 1.0),
+            _row("ch6_gluon_fa3", "reference", 1024, 1.0),
+            _row("sdpa_cudnn", "baseline", 1024, 2.0), _row("sdpa_flash", "baseline", 1024, 3.0)]
+    text = sweep.reading(rows)          # ratios to cuDNN 0.5 and 2.0: geometric mean 1.0
+    assert text.startswith("- `ch6_gluon_fa3`: 1.00x cuDNN (geometric mean of 2 points)")
+    assert "worst 0.50x at N=512, d=128, float16, non-causal" in text
+    assert "1 points below 0.95x, 1 below 0.90x" in text
+    assert "below FA2 at N=512, d=128, float16, non-causal" in text and "Why:" in text

@@ -172,6 +172,8 @@ def sweep_section() -> list[str]:
                   f"constant ({sweep.TOKENS:,}: B = {sweep.TOKENS:,} / N), H = {sweep.HEADS}. "
                   f"Measured with `{meta.get('command', '?')}` at `{meta.get('commit')}`; "
                   + results.describe(meta) + ".", "",
+                  "Where each kernel stands, read from these rows:", "",
+                  sweep.reading(results.read(path)), "",
                   sweep.ratio_tables(results.read(path)), ""]
     return lines
 
