@@ -229,3 +229,22 @@ def test_bench_rejects_an_unknown_chapter():
 def test_describe_gives_one_driver_for_a_record_of_several_gpus():
     meta = {"gpu": "NVIDIA H200", "driver": "580.159.04\n580.159.04", "date": "2026-11-30"}
     assert results.describe(meta) == "gpu NVIDIA H200, driver 580.159.04, date 2026-11-30"
+
+
+def test_a_public_row_is_the_same_problem_timed_as_called(monkeypatch):
+    from flashbook import bench
+    ref = Row(kernel="ch4_two_tiles", role="reference", B=1, H_q=16, H_kv=16, N_q=4096,
+              N_k=4096, d=128, dtype="float16", causal=True, ms=2.0, tflops=300.0, gbps=100.0,
+              pct_peak=30.0, peak_mib=12.0, note="sections=4")
+    monkeypatch.setattr(bench, "time_ms", lambda fn, graph=False: fn() or 2.5)
+    public = bench.public_row(ref, lambda: None, "attention_varlen(q, k, v, ...)")
+    assert (public.role, public.kernel, public.N_q, public.causal) == ("public", ref.kernel,
+                                                                       4096, True)
+    assert public.ms == 2.5 and public.note == "attention_varlen(q, k, v, ...)"
+    assert public.tflops == 240.0 and public.gbps == 80.0 and public.pct_peak == 24.0
+    assert public.peak_mib is None                  # memory is the reference row's measure
+
+    def refused():
+        raise ValueError("attention_varlen: cu_seqlens_q must be int32")
+    failed = bench.public_row(ref, refused, "attention_varlen(...)")
+    assert failed.ms is None and failed.tflops is None and "cu_seqlens_q" in failed.note

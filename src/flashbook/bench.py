@@ -12,6 +12,7 @@ trends at small sizes only, and a cell that needs a GPU says so instead of print
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import torch
@@ -231,3 +232,22 @@ def flex_compile_limits():
     cfg = torch._dynamo.config
     want = {"recompile_limit": 64, "fail_on_recompile_limit_hit": True}
     return cfg.patch(**{k: v for k, v in want.items() if hasattr(cfg, k)})
+
+
+def public_row(row: Row, fn: Callable[[], object], call: str) -> Row:
+    """The ``public`` companion of a chapter's ``row``: the same problem through the entry
+    point as the book shows it, ``fn`` (no config, checks on), timed launched as a reader calls
+    it (``time_ms``, never replayed from a graph). Its rates are ``row``'s scaled by the two
+    times (the same FLOPs and bytes); ``call`` (the call as the book writes it) goes in the
+    note. A failure is a noted row, as in ``measure_attention``."""
+    fields = dict(dataclasses.asdict(row), role="public", peak_mib=None)
+    try:
+        ms = time_ms(fn)
+    except Exception as e:  # noqa: BLE001 - recorded as a row that says why
+        free_cuda_cache()
+        return Row(**{**fields, "ms": None, "tflops": None, "gbps": None, "pct_peak": None,
+                      "note": join_notes(call, f"not measured: {why_failed(e)}")})
+    scale = row.ms / ms if row.ms and ms else math.nan
+    rate = {name: (getattr(row, name) * scale if getattr(row, name) is not None and
+                   math.isfinite(scale) else None) for name in ("tflops", "gbps", "pct_peak")}
+    return Row(**{**fields, **rate, "ms": ms, "note": call})

@@ -35,7 +35,10 @@ from .contract import Chapter
 from .device import current
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "bench"
-ROLES = ("reference", "baseline", "variant")
+# reference: the chapter's kernel as its benchmark times it (unchecked, the config passed, often
+# replayed from a CUDA graph); public: the same problem through the entry point as the book shows
+# it (no config, checks on, launched: what a reader's call costs); baseline; variant.
+ROLES = ("reference", "public", "baseline", "variant")
 
 
 @dataclasses.dataclass
@@ -46,7 +49,7 @@ class Row:
     e.g. "out of memory"); ``peak_mib`` is None when memory was not measured.
     """
     kernel: str
-    role: str                 # reference | baseline | variant
+    role: str                 # reference | public | baseline | variant
     B: int
     H_q: int
     H_kv: int
