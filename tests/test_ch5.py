@@ -293,3 +293,28 @@ def test_bf16_is_refused_in_cpu_mode_saying_where_it_is_taken():
     cu = torch.tensor([0, 16], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"bfloat16.*compute capability 8\.0.*interpreter"):
         ch5.validate_packed(q, q, q, cu, cu, 16, 16)
+
+
+def test_the_benchmark_times_the_reference_call_as_a_reader_makes_it(solution, monkeypatch):
+    # measure stubbed (no timing on a CPU); the public rows' calls run for real, once each
+    from flashbook import bench
+    from flashbook.chapters.ch5 import benchmark as ch5b
+    from flashbook.results import Row
+
+    def measure(kernel, role, setup, *, B, H_q, H_kv, N_q, N_k, d, causal, flops, nbytes,
+                note="", hbm=False):
+        return Row(kernel, role, B, H_q, H_kv, N_q, N_k, d, "float16", causal, 2.0, 10.0, 5.0,
+                   1.0)
+    outputs = []
+    monkeypatch.setattr(ch5b, "measure", measure)
+    monkeypatch.setattr(bench, "time_ms", lambda fn, graph=False: outputs.append(fn()) or 4.0)
+    rows = ch5b.prefill_rows(solution, None, 1, 4, 2, 32, 16, device="cpu")
+    public = [r for r in rows if r.role == "public"]
+    assert [(r.kernel, r.causal) for r in public] == [("ch5_two_tiles", True),
+                                                      ("ch5_two_tiles", False)]
+    assert all(r.tflops == 5.0 and "attention_gqa_two_tiles(" in r.note for r in public)
+    assert [tuple(o.shape) for o, _ in outputs] == [(32, 4, 16)] * 2
+    outputs.clear()
+    rows = ch5b.decode_rows(solution, None, 2, 4, 2, 48, 16, page_sizes=(16,), device="cpu")
+    assert [r.kernel for r in rows if r.role == "public"] == ["ch5_decode"]
+    assert [tuple(o.shape) for o, _ in outputs] == [(2, 1, 4, 16)]

@@ -8,6 +8,8 @@ CUDA graph (launched from Python where a call cannot be captured, the note sayin
 that fails (refused inputs, out of memory, ...) has ``ms`` empty and a note saying why. Our
 wrappers run once (that call's O is compared), then are timed, with ``validate_gqa`` and
 ``validate_decode`` made no-ops (``quiet``): the launch alone is timed, as the baselines' is.
+Beside each reference row a ``public`` row times the same call as a reader makes it: the
+wrapper with its checks and no config, launched (``bench.public_row``).
 
 1. Prefill, (B, h_q, h_kv, N, d) = (1, 32, 8, 16384, 128), causal and not, on the packed
    ``q.view(B*N, h_q, d)``: ``ch5_two_tiles`` (reference, ``attention_gqa_two_tiles``),
@@ -54,7 +56,7 @@ import torch
 
 from flashbook import sources
 from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, \
-    free_cuda_cache, gpu_peak, join_notes
+    free_cuda_cache, gpu_peak, join_notes, public_row
 from flashbook.chapters.ch4 import benchmark as ch4
 from flashbook.reference import attention_flops
 from flashbook.chapters.ch5.launch import paged_cache
@@ -230,6 +232,10 @@ def prefill_rows(ns, flex, B, h_q, h_kv, N, d, device="cuda") -> list[Row]:
             rows.append(measure(kernel, role, ch4.ours(
                 ns, wrapper, (q, k, v, cu, cu, N, N),
                 lambda o: check(o.view(B, N, h_q, d).transpose(1, 2)), causal=causal), **kw))
+            if role == "reference":                    # the same call as a reader makes it
+                rows.append(public_row(rows[-1], functools.partial(
+                    ns[wrapper], q, k, v, cu, cu, N, N, causal=causal),
+                    f"{wrapper}(q, k, v, cu_q, cu_k, {N}, {N}, causal={causal})"))
         for backend in SDPA_BACKENDS:
             setup = sdpa_setup(backend, q4, k4, v4, causal)
             if backend == "sdpa_math" and math_s > MATH_LIMIT:
@@ -266,6 +272,8 @@ def decode_rows(ns, flex, B, h_q, h_kv, context, d, page_sizes=PAGE_SIZES, devic
         return check(o.transpose(1, 2))
     rows = [measure("ch5_decode", "reference", ch4.ours(ns, "decode", (q, kc, vc, lens), keep),
                     note=note, **kw)]
+    rows.append(public_row(rows[0], functools.partial(ns["decode"], q, kc, vc, lens),
+                           "decode(q, k_cache, v_cache, cache_seqlens)"))
     for page in page_sizes:
         def setup(page=page):
             kp, vp, table = paged_cache(kc, vc, page, seed=0)

@@ -10,19 +10,25 @@ from .figures import decode_intensity, prefill_intensity
 
 def _row(rows, kernel, *, causal=None, decode=False, B=None, note=""):
     for r in rows:
-        if r.kernel == kernel and (causal is None or r.causal == causal) and \
-                (r.N_q == 1) == decode and (B is None or r.B == B) and note in (r.note or "") \
-                and r.ms is not None:
+        if r.kernel == kernel and r.role != "public" and \
+                (causal is None or r.causal == causal) and (r.N_q == 1) == decode and \
+                (B is None or r.B == B) and note in (r.note or "") and r.ms is not None:
             return r
     return None
 
 
+def _name(r) -> str:
+    """A row's key in the tables: its kernel, ``_public`` for the call as a reader makes it."""
+    return r.kernel + ("_public" if r.role == "public" else "")
+
+
 def prefill(rows, causal: bool) -> dict:
-    """{kernel: TFLOP/s} of the prefill rows (the expanded-K/V cuDNN row as sdpa_cudnn_expanded)."""
+    """{kernel: TFLOP/s} of the prefill rows (the expanded-K/V cuDNN row as sdpa_cudnn_expanded,
+    a public row as <kernel>_public)."""
     out = {}
     for r in rows:
         if r.N_q > 1 and r.causal == causal and r.tflops:
-            name = r.kernel + ("_expanded" if "expanded" in (r.note or "") else "")
+            name = _name(r) + ("_expanded" if "expanded" in (r.note or "") else "")
             out[name] = r.tflops
     return out
 
@@ -34,7 +40,7 @@ def decode(rows) -> dict:
         if r.N_q == 1 and r.B > 1 and r.gbps:
             page = (r.note or "").split("page_size=")[1].split(";")[0] if "page_size=" in \
                 (r.note or "") else ""
-            out[r.kernel + (f"_{page}" if page else "")] = r.gbps
+            out[_name(r) + (f"_{page}" if page else "")] = r.gbps
     return out
 
 
