@@ -12,7 +12,6 @@ trends at small sizes only, and a cell that needs a GPU says so instead of print
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import torch
@@ -247,7 +246,7 @@ def public_row(row: Row, fn: Callable[[], object], call: str) -> Row:
         free_cuda_cache()
         return Row(**{**fields, "ms": None, "tflops": None, "gbps": None, "pct_peak": None,
                       "note": join_notes(call, f"not measured: {why_failed(e)}")})
-    scale = row.ms / ms if row.ms and ms else math.nan
-    rate = {name: (getattr(row, name) * scale if getattr(row, name) is not None and
-                   math.isfinite(scale) else None) for name in ("tflops", "gbps", "pct_peak")}
+    scale = row.ms / ms if row.ms else None          # same FLOPs and bytes, another time
+    rate = {name: None if scale is None or getattr(row, name) is None else
+            getattr(row, name) * scale for name in ("tflops", "gbps", "pct_peak")}
     return Row(**{**fields, **rate, "ms": ms, "note": call})

@@ -320,12 +320,23 @@ WHY = {
 }
 
 
+def _problem(r) -> tuple:
+    """The problem a row measured: rows of one problem are compared with each other."""
+    return r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k
+
+
+def _times(rows) -> dict:
+    """{problem: {kernel: ms}}."""
+    by = {}
+    for r in rows:
+        by.setdefault(_problem(r), {})[r.kernel] = r.ms
+    return by
+
+
 def reading(rows) -> str:
     """Markdown: per kernel of ours, where it stands against cuDNN and FA2 over the sweep (the
     geometric mean, the worst point, the points below 0.95 and 0.90) and why (``WHY``)."""
-    by = {}
-    for r in rows:
-        by.setdefault((r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k), {})[r.kernel] = r.ms
+    by = _times(rows)
     out = []
     for kernel in sorted({r.kernel for r in rows if r.role == "reference"}):
         suffix = "_bwd" if kernel.endswith("bwd") else ""
@@ -333,7 +344,7 @@ def reading(rows) -> str:
         for r in rows:
             if r.kernel != kernel or not r.ms:
                 continue
-            other = by[(r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k)]
+            other = by[_problem(r)]
             cudnn, fa2 = other.get("sdpa_cudnn" + suffix), other.get("sdpa_flash" + suffix)
             where = (f"B={r.B}, {r.N_k // 1024}k" if kernel.startswith("ch8") else
                      f"N={r.N_q}, d={r.d}, {r.dtype}, {'causal' if r.causal else 'non-causal'}")
@@ -357,10 +368,7 @@ def ratio_tables(rows) -> str:
     """Markdown: for each part and each of our kernels, ms(cuDNN) / ms(ours) per shape (> 1:
     ours is faster), one table per (kernel, dtype, d, causal), columns the swept length (or
     batch x context for decode)."""
-    by = {}
-    for r in rows:
-        key = (r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k)
-        by.setdefault(key, {})[r.kernel] = r.ms
+    by = _times(rows)
     ours = sorted({r.kernel for r in rows if r.role == "reference"})
     out = []
     for kernel in ours:
@@ -376,14 +384,14 @@ def ratio_tables(rows) -> str:
                                                      f", {'causal' if causal else 'non-causal'}")
                     + ": cuDNN's time / ours (and FA2's, Flex's / ours)", "",
                     "| " + " | ".join(["vs"] + cols) + " |", "|" + "---|" * (len(cols) + 1)]
-            keys = [(r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k) for r in mine]
+            keys = [_problem(r) for r in mine]
             others = [("cuDNN", base), ("FA2", fa2)] + \
                 ([("Flex", "flex_attention")] if any("flex_attention" in by[k] for k in keys)
                  and not kernel.endswith("bwd") else [])
             for label, other in others:
                 cells = []
                 for r in mine:
-                    theirs = by[(r.dtype, r.d, r.causal, r.B, r.H_kv, r.N_q, r.N_k)].get(other)
+                    theirs = by[_problem(r)].get(other)
                     cells.append(f"{theirs / r.ms:.2f}" if theirs and r.ms else "–")
                 out.append("| " + " | ".join([label] + cells) + " |")
             out.append("")
