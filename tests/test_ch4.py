@@ -221,3 +221,26 @@ def test_masked_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
     for r in res:
         assert r["wgmma"] == (r["cc"] == 90), r       # Hopper's asynchronous tensor-core matmul
+
+
+def test_the_benchmark_times_the_reference_call_as_a_reader_makes_it(monkeypatch):
+    # measure stubbed (no timing on a CPU); the public rows' calls run for real, once each
+    from flashbook import bench
+    from flashbook.chapters.ch4 import benchmark as ch4b
+    from flashbook.results import Row
+    ns = sources.solution_namespace("ch4", ROOT)
+
+    def measure(kernel, role, setup, *, B, N, causal, flops, tokens, note=""):
+        return Row(kernel, role, B, 16, 16, N, N, 128, "float16", causal, 2.0, 10.0, 5.0, 1.0,
+                   note=note)
+    outputs = []
+    monkeypatch.setattr(ch4b, "measure", measure)
+    monkeypatch.setattr(bench, "time_ms", lambda fn, graph=False: outputs.append(fn()) or 4.0)
+    rows = ch4b.dense_rows(ns, None, 1, 16, 32, 128, device="cpu")
+    public = [r for r in rows if r.role == "public"]
+    assert [(r.kernel, r.causal) for r in public] == [("ch4_two_tiles", True)]
+    assert public[0].note == ("attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, 32, 32, "
+                              "causal=True)") and public[0].tflops == 5.0
+    assert [tuple(o.shape) for o, _ in outputs] == [(32, 16, 128)]
+    from flashbook.chapters.ch4 import recorded
+    assert recorded.section(public[0]) == "public"     # kept out of the chapter's comparisons

@@ -240,6 +240,7 @@ def test_the_notebook_benchmark_reads_nothing_of_the_checkout(monkeypatch):
         raise AssertionError("the benchmark read the checkout")
     timed = []
     monkeypatch.setattr(benchmark, "_row", lambda kernel, *a: timed.append(kernel))
+    monkeypatch.setattr(benchmark, "public_row", lambda row, fn, call: timed.append("public"))
     monkeypatch.setattr(benchmark, "sdpa_grads_fn", checkout)        # no SDPA run here
     monkeypatch.setattr(sources, "course_module", checkout)
     monkeypatch.setattr(sources, "solution_namespace", checkout)
@@ -247,6 +248,7 @@ def test_the_notebook_benchmark_reads_nothing_of_the_checkout(monkeypatch):
     benchmark.run(case, device="cpu", ns={"attention_backward": None})
     assert not [k for k in timed if "atomic" in k or "fused" in k or "gluon" in k], timed
     assert "ch9_bwd" in timed and "ch9_fwdbwd" in timed
+    assert timed[timed.index("ch9_fwdbwd") + 1] == "public"         # the step as a reader writes it
     timed.clear()
     monkeypatch.setattr(sources, "solution_namespace", lambda chapter: {})
     benchmark.run(case, device="cpu")                                 # flashbook bench ch9
@@ -366,3 +368,15 @@ def test_profile_figures_are_read_from_the_profile(tmp_path):
     fake.write_text(text.replace("No Eligible", "Not Eligible"))
     with pytest.raises(ValueError, match="no_eligible"):
         ch9.recorded.profile_metrics(fake)
+
+
+def test_the_benchmarks_training_step_is_the_chapters_call_with_autograd():
+    from flashbook.chapters.ch9 import benchmark
+    ns = sources.solution_namespace("ch9", ROOT)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 2, 24, 16, generator=g) for _ in range(4))
+    dq, dk, dv = benchmark.training_step(ns, q, k, v, do, True)()
+    leaves = tuple(t.double().requires_grad_() for t in (q, k, v))
+    want = torch.autograd.grad(ch9.dense_attention(*leaves, causal=True)[0], leaves, do.double())
+    for got, ref in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got.double(), ref, atol=2e-4, rtol=2e-4)

@@ -248,3 +248,11 @@ def test_a_public_row_is_the_same_problem_timed_as_called(monkeypatch):
         raise ValueError("attention_varlen: cu_seqlens_q must be int32")
     failed = bench.public_row(ref, refused, "attention_varlen(...)")
     assert failed.ms is None and failed.tflops is None and "cu_seqlens_q" in failed.note
+
+
+def test_a_public_row_is_drawn_as_its_own_line():
+    rows = [Row("k", role, 1, 2, 2, n, n, 4, "float16", False, 1.0, tf, 3.0, 4.0)
+            for role, tf in (("reference", 2.0), ("public", 1.5)) for n in (8, 16)]
+    fig = results.plot(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["k", "k (as called)"]

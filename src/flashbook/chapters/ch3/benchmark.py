@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from flashbook import sources
-from flashbook.bench import measure_attention, sdpa, sdpa_supports
+from flashbook.bench import measure_attention, public_row, sdpa, sdpa_supports
 from flashbook.chapters.ch3.launch import pick_config
 from flashbook.results import Row
 
@@ -90,6 +90,8 @@ def run(shapes=SHAPES, dtype=torch.float16) -> list[Row]:
                       f"stages={cfg.num_stages}; {regs[name, d]}; "
                       f"max|O-cuDNN|={err:.1e}")
             rows.append(r)
+            if role == "reference":       # the same call as a reader makes it, launched
+                rows.append(public_row(r, lambda: attention(q, k, v), f"{wrapper}(q, k, v)"))
         for name in ("sdpa_cudnn", "sdpa_flash"):
             if sdpa_supports(name, q, k, v):
                 f = sdpa(name)

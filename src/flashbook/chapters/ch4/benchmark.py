@@ -11,7 +11,8 @@ with its argument checks (that call's O is the one compared), then timed with
 ``validate_varlen`` replaced by a no-op (``unchecked``): the timed call is the launch alone, as
 the baselines' are (the checks read cu_seqlens with ``cases.host_values``, which copies nothing
 again for the same tensor and nothing at all during a capture, so the wrapper can be captured
-with them too).
+with them too). Beside each reference row a ``public`` row times the same call as a reader
+makes it (``public``: the checks on, no config, launched; ``bench.public_row``).
 
 1. Dense causal, (B, H, N, d) = (1,16,16384,128) and (4,16,4096,128): ``ch4_two_tiles``
    (reference, ``attention_varlen``), ``ch4_one_tile`` (variant, ``attention_varlen_one_tile``),
@@ -44,6 +45,7 @@ Q, K, V, write O once) of the real tokens.
 """
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 
@@ -51,7 +53,7 @@ import torch
 
 from flashbook import sources
 from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, \
-    free_cuda_cache, gpu_peak, join_notes, sdpa, sdpa_supports, timed_ms, why_failed
+    free_cuda_cache, gpu_peak, join_notes, public_row, sdpa, sdpa_supports, timed_ms, why_failed
 from flashbook.chapters.ch4.figures import lognormal_lengths
 from flashbook.chapters.ch4.launch import heads_per_section
 from flashbook.reference import attention_flops
@@ -159,6 +161,14 @@ def ours(ns, wrapper, args, check=None, **kw):
     return setup
 
 
+def public(ns, row: Row, wrapper: str, args, **kw) -> Row:
+    """The ``public`` companion of ``row``: ``ns[wrapper](*args, **kw)`` with its checks and no
+    config, launched, as a reader calls it (``bench.public_row``)."""
+    shown = ", ".join(["q, k, v, cu_seqlens_q, cu_seqlens_k", *map(str, args[5:])]
+                      + [f"{name}={value!r}" for name, value in kw.items()])
+    return public_row(row, functools.partial(ns[wrapper], *args, **kw), f"{wrapper}({shown})")
+
+
 def sdpa_masked(backend: str, mask=None, causal=False):
     """SDPA restricted to one backend (a key of bench.SDPA_BACKENDS), with an optional mask."""
     import torch.nn.functional as F
@@ -222,6 +232,9 @@ def dense_rows(ns, flex, B, Hh, N, d, device="cuda") -> list[Row]:
             rows.append(measure(name, role, ours(ns, wrapper, (q, k, v, cu, cu, N, N), check,
                                                  causal=causal),
                                 note=f"sections={sections(B * H, N, device)}", **kw))
+            if role == "reference":
+                rows.append(public(ns, rows[-1], wrapper, (q, k, v, cu, cu, N, N),
+                                   causal=causal))
         rows += schedule_rows(ns, (q, k, v, cu, cu, N, N), B * H, causal, kw)
         for name in ("sdpa_cudnn", "sdpa_flash") if causal else ("sdpa_cudnn",):
             def setup(f=sdpa(name), name=name):
@@ -310,6 +323,8 @@ def varlen_rows(ns, flex, lengths, device="cuda") -> list[Row]:
                                  check, causal=causal),
                             note=join_notes(head, f"sections={sections(n_seqs * H, longest, device)}"),
                             **kw))
+        rows.append(public(ns, rows[-1], "attention_varlen", (q, k, v, cu, cu, longest, longest),
+                           causal=causal))
         rows += schedule_rows(ns, (q, k, v, cu, cu, longest, longest), n_seqs * H, causal, kw,
                               note=head)
         qu, ku, vu = (t[:nu * UNIFORM_B] for t in (q, k, v))
@@ -385,6 +400,8 @@ def window_rows(ns, flex, n, windows=WINDOWS, device="cuda") -> list[Row]:
         rows.append(measure("ch4_two_tiles", "reference", setup, B=1, N=n, causal=True,
                             flops=4.0 * H * D * pairs, tokens=n,
                             note=f"{note}; FLOPs on real pairs ({pairs:.4g})"))
+        rows.append(public(ns, rows[-1], "attention_varlen", (q, k, v, cu, cu, n, n),
+                           causal=True, window_size=(left, 0) if left is not None else (-1, -1)))
 
     def window_mod(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx <= FLEX_WINDOW)

@@ -40,14 +40,21 @@ def window_bounds(window: tuple[int, int], causal: bool, max_seqlen_q: int,
         raise ValueError(f"max_seqlen_q and max_seqlen_k must be ints, got {max_seqlen_q!r} and "
                          f"{max_seqlen_k!r}.")
     unlimited = max_seqlen_q + max_seqlen_k
-    window = as_window(window)
-    if window.__class__ is not tuple or len(window) != 2 or window[0].__class__ is not int or \
-            window[1].__class__ is not int:          # (as_window gives Python ints, no bools)
-        raise ValueError(f"window_size must be two ints >= -1 (-1: unlimited), got {window!r}.")
+    if not _two_ints(window):
+        window = as_window(window)                   # NumPy or torch integers: Python ints
+        if not _two_ints(window):
+            raise ValueError(f"window_size must be two ints >= -1 (-1: unlimited), got "
+                             f"{window!r}.")
     left, right = window
     left = unlimited if left < 0 else left
     right = 0 if causal else (unlimited if right < 0 else right)
     return int(left), int(right)
+
+
+def _two_ints(window) -> bool:
+    """A tuple of two Python ints (not bools): a window as the kernels' bounds are made from."""
+    return window.__class__ is tuple and len(window) == 2 and window[0].__class__ is int and \
+        window[1].__class__ is int
 
 
 def heads_per_section(n_bh: int, kv_bytes: int, device: torch.device | str) -> int:

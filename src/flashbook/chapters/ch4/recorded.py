@@ -3,7 +3,8 @@ sliding window), the comparisons the chapter states, and one figure of all three
 
 Rows come from ``flashbook bench ch4`` (``benchmark.py`` documents them): varlen rows have a
 note starting ``varlen`` (or ``uniform`` for the equal-length batch of the same tokens), window
-rows a note starting ``window=``; everything else is a dense row.
+rows a note starting ``window=``; public rows (the call as a reader makes it) are their own
+section; everything else is a dense row.
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ DENSE_KERNELS = ("ch4_two_tiles", "ch4_one_tile", "sdpa_cudnn", "flex_attention"
 
 
 def section(row) -> str:
+    """dense, varlen or window; ``public`` for a row that times a call as a reader makes it
+    (``benchmark.public``), kept out of the other sections' comparisons."""
+    if row.role == "public":
+        return "public"
     note = row.note or ""
     if note.startswith(("varlen", "uniform")):
         return "varlen"

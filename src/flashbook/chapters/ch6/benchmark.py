@@ -9,6 +9,8 @@ shows whether bf16 differs; ``run(bf16_shapes=SHAPES)`` measures every shape). I
 
 * ``ch6_gluon_fa3`` (reference): ``gluon_fa3.attention_fa3`` with the planner's config for the
   problem (``gluon_fa3.pick_config``), passed explicitly so the timed call does not re-plan.
+* a ``public`` row beside it: ``attention_fa3(q, k, v, causal)`` as a reader calls it (no
+  config: the plan is looked up; checks on), launched (``bench.public_row``).
 * ``ch6_pallas_fa3`` (variant): the students' Pallas Mosaic GPU kernel at full size, compiled
   for the GPU: ``fa3_pallas.fa3_kernel`` around the Exercise 4 consumer of the ch6 solution,
   with ``fa3_pallas.default_config``, as ``fa3_pallas.run_fa3`` builds it (run_fa3 itself is
@@ -60,12 +62,13 @@ What both phases share (the kernels, ``Case``, ``Inputs``, ``measure`` and the r
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable
 
 import torch
 
-from flashbook.bench import free_cuda_cache, join_notes, sdpa, timed_ms
+from flashbook.bench import free_cuda_cache, join_notes, public_row, sdpa, timed_ms
 from flashbook.chapters.ch4 import benchmark as ch4
 from flashbook.chapters.ch5 import benchmark as ch5
 from flashbook.results import Row
@@ -205,6 +208,10 @@ def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
         else:
             setup = graph_timed(sdpa_prepare(kernel, case, x))
         rows.append(measure(kernel, role, case, setup))
+        if kernel == OURS:              # the call as a reader makes it: no config, launched
+            from flashbook.chapters.ch6.gluon_fa3 import attention_fa3
+            rows.append(public_row(rows[-1], functools.partial(
+                attention_fa3, x.q, x.k, x.v, case.causal), "attention_fa3(q, k, v, causal)"))
         free_cuda_cache()
     return rows
 

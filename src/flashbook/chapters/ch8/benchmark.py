@@ -26,6 +26,8 @@ Every row is timed replayed from a CUDA graph (``graph_timer``) through Chapter 
 Record it with ``flashbook bench ch8`` (``CHAPTER.benchmark``), or with
 ``python -m flashbook.chapters.ch8.benchmark --out DIR``, the same record (``DIR/ch8/<gpu>.csv``
 and its provenance) followed by ``summary``'s lines against the chapter's targets.
+A ``public`` row beside the reference one times ``decode_split_kv(q, k_cache, v_cache,
+cache_seqlens)`` as a reader calls it (checks on, the split count its own, launched).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import sys
 import torch
 
 from flashbook import sources
-from flashbook.bench import flex_compile_limits, free_cuda_cache
+from flashbook.bench import flex_compile_limits, free_cuda_cache, public_row
 from flashbook.chapters.ch4 import benchmark as ch4b
 from flashbook.chapters.ch5 import benchmark as ch5b
 from flashbook.results import Row
@@ -92,6 +94,9 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
         rows.append(ch5b.measure("ch8_split_kv", "reference",
                                  split_setup(ns, q, kc, vc, lens, chosen, check),
                                  note=f"num_splits={chosen} (chosen for {sm_count()} SMs)", **kw))
+        rows.append(public_row(rows[-1], functools.partial(ns["decode_split_kv"], q, kc, vc,
+                                                           lens),
+                               "decode_split_kv(q, k_cache, v_cache, cache_seqlens)"))
         for s in sweep:
             if s != chosen:
                 rows.append(ch5b.measure("ch8_split_kv", "variant",

@@ -67,6 +67,8 @@ def summary(decode, ring) -> str:
 def _label(r) -> str:
     if r.kernel != SPLIT:
         return r.kernel
+    if r.role == "public":
+        return "split-KV, as called"
     if r.role == "reference":
         return "split-KV (chosen)"
     m = re.search(r"= (\(\d+, \d+, \d+\))", r.note or "")

@@ -18,6 +18,8 @@ Inputs ``torch.randn`` (seeded), dO too. Rows per case:
 * ``ch9_bwd_gluon`` (variant, backward cases): the course's ``solutions/extras/ch9_gluon_bwd.py``,
   FlashAttention-3's one-kernel structure in Triton Gluon (sm_90 only; elsewhere unmeasured,
   the note says why), on the dense tensors, from the same forward's O and LSE.
+* a ``public`` row beside ``ch9_fwdbwd``: the same training step as a reader writes it,
+  ``flash_attention`` and ``torch.autograd.grad`` (checks and autograd included), launched.
 * ``sdpa_cudnn_bwd``, ``sdpa_flash_bwd``: ``torch.autograd.grad`` of one SDPA call on one
   backend (the forward outside the timing, ``retain_graph``); ``sdpa_cudnn_fwdbwd``,
   ``sdpa_flash_fwdbwd``: the forward and that grad, both timed.
@@ -37,7 +39,7 @@ import warnings
 import torch
 
 from flashbook import sources
-from flashbook.bench import SDPA_BACKENDS, attention_bytes, free_cuda_cache
+from flashbook.bench import SDPA_BACKENDS, attention_bytes, free_cuda_cache, public_row
 from flashbook.chapters.ch4 import benchmark as ch4
 from flashbook.reference import attention_flops
 from flashbook.results import Row, table
@@ -145,6 +147,18 @@ def gluon_fn(q, k, v, do, causal: bool, want=None, want_from=None):
     return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}{err}"
 
 
+def training_step(ns, q, k, v, do, causal: bool):
+    """The chapter's ``flash_attention`` forward and its gradients through autograd, as a
+    model's training step runs them: checks on, no config, the Function's bookkeeping
+    included."""
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+
+    def step():
+        o = ns["flash_attention"](*leaves, causal=causal)
+        return torch.autograd.grad(o, leaves, do)
+    return step
+
+
 def _err_note(grads, want, name) -> str:
     if want is None:
         return "no SDPA gradients to compare"
@@ -194,6 +208,10 @@ def run(cases=CASES, device="cuda", ns: dict | None = None,
                 bwd, fwdbwd, grads = ours_fns(ns, q, k, v, do, causal)
                 return (bwd if what == "bwd" else fwdbwd), _err_note(grads, want, want_from)
             rows.append(_row(f"ch9_{what}", "reference", setup, B, H, N, d, dtype, causal, what))
+            if what == "fwdbwd":        # a training step as a reader writes it, launched
+                rows.append(public_row(rows[-1], training_step(ns, q, k, v, do, causal),
+                                       "flash_attention(q, k, v, causal), then "
+                                       "torch.autograd.grad(o, (q, k, v), dO)"))
         for kernel, dq_tma in (("ch9_bwd_atomic", False), ("ch9_bwd_fused", True)):
             if "bwd" in kinds and course_designs:
                 rows.append(_row(kernel, "variant",

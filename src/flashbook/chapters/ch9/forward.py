@@ -7,6 +7,8 @@ package holds this answer to Chapter 5's optional Exercise 1b (the instructor gu
 the one-tile kernel, Exercise 1's answer, is not in the package."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -48,13 +50,9 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
                     name="forward", dtypes=prefill_dtypes())
 
 
-_KERNEL = []
-
-
+@functools.cache
 def _kernel():
     """Chapter 5's two-tile kernel, imported on first use (after ``flashbook.setup()``, which
     picks the interpreter or the GPU)."""
-    if not _KERNEL:
-        from flashbook.chapters.ch5.forward_kernels import attn_gqa_two_tiles
-        _KERNEL.append(attn_gqa_two_tiles)
-    return _KERNEL[0]
+    from flashbook.chapters.ch5.forward_kernels import attn_gqa_two_tiles
+    return attn_gqa_two_tiles
