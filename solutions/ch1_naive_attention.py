@@ -308,11 +308,12 @@ else:
     for r in recorded.rows:
         if r.N_q != big:
             continue
+        name = r.kernel + (" (as called)" if r.role == "public" else "")
         if r.ms is None:
-            print(f"N={big}: {r.kernel:<16} {r.note}")
+            print(f"N={big}: {name:<28} {r.note}")
         else:
-            print(f"N={big}: {r.kernel:<16} {r.ms:8.2f} ms  {r.tflops:7.1f} TFLOP/s  "
-                  f"{r.peak_mib:10.0f} MiB")
+            memory = "" if r.peak_mib is None else f"{r.peak_mib:10.0f} MiB"
+            print(f"N={big}: {name:<28} {r.ms:8.2f} ms  {r.tflops:7.1f} TFLOP/s  {memory}")
 
 # %% [markdown]
 # ### The traffic model against the measurement
@@ -330,7 +331,7 @@ if recorded is not None:
         print(f"{'N':>6} {'model GB':>9} {'predicted ms':>13} {'+ scale pass':>13} "
               f"{'measured ms':>12} {'measured / predicted':>21}")
         for r in recorded.rows:
-            if r.kernel != "naive_torch" or r.ms is None:
+            if r.kernel != "naive_torch" or r.role == "public" or r.ms is None:
                 continue
             e = torch.empty((), dtype=getattr(torch, r.dtype)).element_size()
             nbytes = naive_traffic(r.B, r.H_q, r.N_q, r.d, e)["bytes"]

@@ -184,6 +184,22 @@ def test_benchmark_sweep_on_cpu_gives_rows():
     assert all(isinstance(r, results.Row) and r.ms > 0 and r.peak_mib is not None for r in rows)
 
 
+def test_benchmark_sweep_times_the_chapters_naive_attention_as_called():
+    """The public row runs the solution's naive_attention (the function the chapter shows)."""
+    calls = []
+
+    def chapter_attention(q, k, v):
+        calls.append(q.shape)
+        return ch1.benchmark.naive_attention(q, k, v)
+    rows = ch1.benchmark.sweep([16], B=1, H=1, d=8, dtype=torch.float32, device="cpu",
+                               baselines=(None,), chapter_attention=chapter_attention)
+    assert [(r.kernel, r.role) for r in rows] == [
+        ("naive_torch", "reference"), ("naive_torch", "public"), ("sdpa", "baseline")]
+    public = rows[1]
+    assert calls and public.note == "naive_attention(q, k, v)" and public.ms > 0
+    assert public.tflops == pytest.approx(rows[0].tflops * rows[0].ms / public.ms)
+
+
 def test_contract_runs_the_chapter_benchmark():
     assert ch1.CHAPTER.benchmark is ch1.benchmark.run and not ch1.CHAPTER.graph_timer
 

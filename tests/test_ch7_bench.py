@@ -44,6 +44,36 @@ def test_trick_settings_in_chapter3_kernel(suffix):
     assert math.isfinite(err)
 
 
+def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
+    """The chapter's entry point, once with its config and once as a reader calls it; the
+    recorded summary sets the two side by side."""
+    from flashbook import sources
+    from flashbook.chapters.ch7 import recorded
+    monkeypatch.setattr(bench, "measure_attention",
+                        lambda name, role, fn, graph, **kw: bench.Row(
+                            name, role, kw["B"], kw["H"], kw["H"], kw["N_q"], kw["N_k"], kw["d"],
+                            "float16", False, 2.0, 100.0, None, None))
+    import flashbook.bench as fbench
+    calls = []
+    monkeypatch.setattr(fbench, "time_ms", lambda fn, graph=False: calls.append(fn()) or 2.5)
+    attention_lazy = sources.solution_namespace("ch7")["attention_lazy"]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=g).half() for _ in range(3))
+    want = bench.head0_reference(q, k, v)
+    kw = dict(B=1, H=2, N_q=64, N_k=64, d=32, dtype=torch.float16)
+    rows = bench.lazy_rows(attention_lazy, q, k, v, want, None, **kw)
+    assert [(r.kernel, r.role) for r in rows] == [("ch7_attention_lazy", "reference"),
+                                                   ("ch7_attention_lazy", "public")]
+    o, lse, counts = calls[0]                     # the public call ran the real wrapper
+    torch.testing.assert_close(o[0, 0].double(), want, atol=2e-3, rtol=0)
+    assert rows[1].note == "attention_lazy(q, k, v)" and rows[1].tflops == 80.0
+    assert float(rows[0].note.split("err=")[1]) < 2e-3
+    line = recorded.lazy_as_called(rows, recorded.case(rows[0]))
+    assert line.endswith("80 TFLOP/s, 0.80x its launch replayed from a CUDA graph")
+    bf16 = [t.bfloat16() for t in (q, k, v)]
+    assert bench.lazy_rows(attention_lazy, *bf16, want, None, **kw) == []   # fp16 only
+
+
 AOT = r'''
 from flashbook.chapters.ch7 import benchmark as bench
 from flashbook.chapters.ch6 import gluon_fa3, planner

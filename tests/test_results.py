@@ -256,3 +256,20 @@ def test_a_public_row_is_drawn_as_its_own_line():
     fig = results.plot(rows)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["k", "k (as called)"]
+    plt.close(fig)
+    bars = results.plot(rows, x="kernel", by="N_q", kind="bar")
+    ticks = [t.get_text() for t in bars.axes[0].get_xticklabels()]
+    assert ticks == ["k", "k (as called)"]          # a bar of its own, not hidden behind k's
+    plt.close(bars)
+
+
+def test_as_called_quotes_the_public_figure_where_one_was_measured():
+    def row(kernel, role, n, ms):
+        return Row(kernel, role, 1, 2, 2, n, n, 4, "float16", False, ms, 1.0 / ms if ms else None,
+                   None, None)
+    rows = [row("k", "reference", 8, 1.0), row("k", "public", 8, 1.25),
+            row("k", "reference", 16, 2.0), row("k", "public", 16, None),    # public failed
+            row("k", "reference", 32, 4.0), row("sdpa", "baseline", 8, 0.5)]
+    got = [(r.kernel, r.role, r.N_q, r.ms) for r in results.as_called(rows)]
+    assert got == [("k", "public", 8, 1.25), ("k", "reference", 16, 2.0),
+                   ("k", "reference", 32, 4.0), ("sdpa", "baseline", 8, 0.5)]

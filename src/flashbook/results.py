@@ -73,6 +73,20 @@ class Row:
 COLUMNS = tuple(f.name for f in dataclasses.fields(Row))
 
 
+def problem(row: Row) -> tuple:
+    """What a row measured: its kernel and its problem's columns (not its role or figures)."""
+    return (row.kernel, row.B, row.H_q, row.H_kv, row.N_q, row.N_k, row.d, row.dtype, row.causal)
+
+
+def as_called(rows: Sequence[Row]) -> list[Row]:
+    """The rows as a reader's call gets them, for the figures the book quotes: each reference
+    row replaced by its measured ``public`` companion (same kernel and problem) where one was
+    recorded; other public rows dropped. Without public rows, the rows as they are."""
+    public = {problem(r): r for r in rows if r.role == "public" and r.ms is not None}
+    return [public.get(problem(r), r) if r.role == "reference" else r
+            for r in rows if r.role != "public"]
+
+
 def _parsers() -> dict:
     """Column -> function of the CSV text, from Row's field types."""
     def optional_float(text):
@@ -343,9 +357,9 @@ def plot(rows: Sequence[Row], y: str | Sequence[str] = "tflops", x: str | Sequen
             raise ValueError(f"plot: {len(ys)} panels (y={ys}) need {len(ys)} Axes, "
                              f"got {len(axes)}")
         fig = axes[0].figure
-    group_of, x_of = _key(by), _key(x)
-    if by == "kernel":              # a public row is its own line: the call as a reader makes it
-        group_of = lambda r: r.kernel + (" (as called)" if r.role == "public" else "")  # noqa: E731
+    # a public row is its own line or bar: the call as a reader makes it
+    group_of = _kernel_name if by == "kernel" else _key(by)
+    x_of = _kernel_name if x == "kernel" else _key(x)
     groups = list(dict.fromkeys(group_of(r) for r in rows))
     for panel, col in zip(axes, ys):
         if kind == "line":
@@ -363,6 +377,10 @@ def plot(rows: Sequence[Row], y: str | Sequence[str] = "tflops", x: str | Sequen
         (fig.suptitle if len(axes) > 1 else axes[0].set_title)(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _kernel_name(row: Row) -> str:
+    return row.kernel + (" (as called)" if row.role == "public" else "")
 
 
 def _lines(ax, rows, y, x, groups, group_of, by, logy):

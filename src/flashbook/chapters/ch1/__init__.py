@@ -28,7 +28,7 @@ def traffic_vs_measured(rows) -> list[tuple[int, float, float, float]]:
     bandwidth = PEAKS["H200"][2] * 1e9
     out = {}
     for r in rows:
-        if r.kernel == "naive_torch" and r.ms is not None:
+        if r.kernel == "naive_torch" and r.role != "public" and r.ms is not None:
             e = 2 if r.dtype in ("float16", "bfloat16") else 4
             nbytes = expected_traffic(r.B, r.H_q, r.N_q, r.d, e)[1]
             extra = 2 * r.B * r.H_q * r.N_q ** 2 * e

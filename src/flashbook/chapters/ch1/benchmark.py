@@ -2,6 +2,10 @@
 
 GPU run (``flashbook bench ch1``): fp16, B=1, H=16, d=64, N = 512 ... 65536, until the naive
 version runs out of memory. Each size records time and peak extra memory.
+
+``naive_torch`` (reference) is the three-kernel model of Section 4 in the input dtype. Beside it
+a ``public`` row times the chapter's own ``naive_attention(q, k, v)`` (the solution's, with its
+float32 scores and its LSE) as a reader calls it (``bench.public_row``).
 """
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import math
 
 import torch
 
-from flashbook.bench import measure_attention, sdpa, sdpa_supports
+from flashbook import sources
+from flashbook.bench import measure_attention, public_row, sdpa, sdpa_supports
 from flashbook.results import Row
 
 
@@ -25,7 +30,9 @@ def naive_attention(q, k, v, causal=False):
 
 
 def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
-          baselines=("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math")) -> list[Row]:
+          baselines=("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math"),
+          chapter_attention=None) -> list[Row]:
+    """``chapter_attention``: the chapter's ``naive_attention`` (its public row), or None."""
     rows, naive_oom = [], False
     for N in Ns:
         try:
@@ -43,6 +50,9 @@ def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
                                   memory=True, **shape)
             naive_oom = r.note == "out of memory"
             rows.append(r)
+            if chapter_attention is not None and r.ms is not None:
+                rows.append(public_row(r, lambda: chapter_attention(q, k, v),
+                                       "naive_attention(q, k, v)"))
         for name in baselines:
             if name is None:
                 fn = sdpa(None)
@@ -61,4 +71,4 @@ def sweep(Ns, *, B=1, H=16, d=64, dtype=torch.float16, device="cuda",
 
 def run() -> list[Row]:
     Ns = [2**i for i in range(9, 17)]  # 512 ... 65536
-    return sweep(Ns)
+    return sweep(Ns, chapter_attention=sources.solution_namespace("ch1")["naive_attention"])

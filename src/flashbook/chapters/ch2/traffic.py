@@ -79,7 +79,7 @@ def predicted_vs_measured(rows, gpu: str = "NVIDIA H200") -> list[Prediction]:
         raise ValueError(f"no datasheet bandwidth for {gpu!r} in bench.PEAKS")
     out = []
     for r in rows:
-        if r.ms is None:
+        if r.ms is None or r.role == "public":
             continue
         N, d, shape = r.N_q, r.d, dict(B=r.B, H=r.H_q)
         if r.kernel in ("fa1_literal", "fa1_bounded"):

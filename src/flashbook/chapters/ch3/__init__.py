@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+from flashbook import results
 from flashbook.contract import Chapter, Exercise
 
 from . import benchmark
@@ -28,11 +29,14 @@ __all__ = ["CHAPTER", "Config", "pick_config", "softmax_rows", "copy_tiles", "at
 
 def quoted_figures(rows) -> list[str]:
     """The sentences of the chapter's closing section that quote the recorded H200 data."""
+    # the kernels' ablations compare reference rows (all timed one way); the speed a reader
+    # gets, against cuDNN and FA2, is attention_two_tiles as called where that was recorded
     by = {(r.kernel, r.B, r.N_q, r.d): r for r in rows if r.role != "public"}
     tf = {key: r.tflops for key, r in by.items()}
-    ref, cudnn = tf[("ch3_two_tiles", 1, 16384, 128)], tf[("sdpa_cudnn", 1, 16384, 128)]
+    called = {(r.kernel, r.B, r.N_q, r.d): r.tflops for r in results.as_called(rows)}
+    ref, cudnn = called[("ch3_two_tiles", 1, 16384, 128)], tf[("sdpa_cudnn", 1, 16384, 128)]
     shapes = sorted({(b, n, d) for _, b, n, d in tf})
-    vs_fa2 = sorted(tf[("ch3_two_tiles", *s)] / tf[("sdpa_flash", *s)] for s in shapes)
+    vs_fa2 = sorted(called[("ch3_two_tiles", *s)] / tf[("sdpa_flash", *s)] for s in shapes)
 
     def ratios(top: str, bottom: str, d: int) -> str:
         both = sorted(tf[(top, *s)] / tf[(bottom, *s)] for s in shapes if s[2] == d)

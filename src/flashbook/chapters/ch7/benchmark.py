@@ -25,6 +25,11 @@ mask), in fp16 and in bf16 (``BF16_SHAPES``). Chapter 3's wrappers take fp16 and
 fp32 only; the kernel itself is dtype-generic (P is cast to V's dtype), so this module launches
 it directly (``launch_two_tiles``). ``sdpa_cudnn`` is the baseline of every case.
 
+The chapter's own entry point, ``attention_lazy(q, k, v)`` (Exercise 2's wrapper of
+``ch7.launch_lazy``, fp16 only), is timed twice on the fp16 cases: ``ch7_attention_lazy``
+(reference) with its config passed, replayed from a CUDA graph, and beside it a ``public`` row
+as a reader calls it (no config, checks on, launched; ``bench.public_row``).
+
 Every row's note gives the config and ``err``: max |O - O_ref| on head (0, 0) against float64
 attention computed on the GPU (so the error change of a trick is read beside its speed change).
 Timing: replayed from a CUDA graph (``bench.measure_attention(graph=True)``).
@@ -37,7 +42,7 @@ import torch
 import triton
 
 from flashbook import sources
-from flashbook.bench import measure_attention, sdpa, sdpa_supports
+from flashbook.bench import measure_attention, public_row, sdpa, sdpa_supports
 from flashbook.chapters.ch3.benchmark import SHAPES
 from flashbook.chapters.ch3.launch import LOG2E, pick_config
 from flashbook.results import Row
@@ -57,7 +62,7 @@ TRICKS = {                     # suffix: (exp2, rescale threshold or None)
 GLUON_EXP2 = ("hw", "poly", "doubled", "removed")        # Gluon has no _poly_half
 PROBES = ("_exp_x2", "_no_exp")
 # the rows that are Chapter 7's solutions (Exercises 2 and 3b in Chapter 3's kernel)
-REFERENCES = ("ch3_two_tiles_lazy", "ch3_two_tiles_poly")
+REFERENCES = ("ch3_two_tiles_lazy", "ch3_two_tiles_poly", "ch7_attention_lazy")
 
 # The exponentials the Triton variants may use (``BENCH_EXP2``); the cubic is the Chapter 7
 # solution's ``exp2_poly_tl``, put beside these in the namespace.
@@ -194,10 +199,27 @@ def _columns(kw) -> dict:
                 dtype=str(kw["dtype"]).replace("torch.", ""), causal=False)
 
 
+def lazy_rows(attention_lazy, q, k, v, want, cap, **kw) -> list[Row]:
+    """The chapter's ``attention_lazy`` on one case: config passed from a CUDA graph, then as a
+    reader calls it (``public``)."""
+    from .lazy import DTYPES, pick_config as lazy_config
+    if q.dtype not in DTYPES:
+        return []
+    cfg = lazy_config(q.shape[-1], q.dtype, cap)
+    note = (f"max_growth=256; BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} "
+            f"warps={cfg.num_warps} stages={cfg.num_stages}")
+    row = _row("ch7_attention_lazy", lambda: attention_lazy(q, k, v, config=cfg)[0], want, note,
+               **kw)
+    if row.ms is None:
+        return [row]
+    return [row, public_row(row, lambda: attention_lazy(q, k, v), "attention_lazy(q, k, v)")]
+
+
 def run(case_list=None) -> list[Row]:
     from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, pick_config as gluon_config
     cap = torch.cuda.get_device_capability(0)
     namespaces = {suffix: triton_namespace(*trick) for suffix, trick in TRICKS.items()}
+    attention_lazy = sources.solution_namespace("ch7")["attention_lazy"]
     rows = []
     for (B, H, N, d), dtype in case_list or cases():
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -212,6 +234,7 @@ def run(case_list=None) -> list[Row]:
                     f"warps={cfg.num_warps} stages={cfg.num_stages}")
             rows.append(_row(f"ch3_two_tiles{suffix}",
                              lambda: launch_two_tiles(kernel, q, k, v, cfg), want, note, **kw))
+        rows += lazy_rows(attention_lazy, q, k, v, want, cap, **kw)
         gcfg = gluon_config(d, dtype, False, B, H, N, N)
         for suffix, (exp2, tau) in TRICKS.items():
             if exp2 not in GLUON_EXP2:

@@ -30,7 +30,8 @@ def error_of(row) -> float | None:
 
 
 def find(rows, kernel: str, case_: tuple):
-    return next((r for r in rows if r.kernel == kernel and case(r) == tuple(case_)), None)
+    return next((r for r in rows if r.kernel == kernel and r.role != "public"
+                 and case(r) == tuple(case_)), None)
 
 
 def change(rows, kernel: str, suffix: str, case_: tuple) -> float | None:
@@ -66,7 +67,22 @@ def summary(rows) -> str:
                     parts.append(f"{LABELS[suffix]} {ratio:.2f}x"
                                  + ("" if suffix in PROBES else f" (err {err:.1e})"))
             lines.append(f"{_label(c)} {name}: " + ", ".join(parts))
+        line = lazy_as_called(rows, c)
+        if line:
+            lines.append(f"{_label(c)} {line}")
     return "\n".join(lines)
+
+
+def lazy_as_called(rows, case_: tuple) -> str | None:
+    """The chapter's ``attention_lazy`` on one case: as a reader calls it, against its config
+    passed and replayed from a CUDA graph; None where either was not measured."""
+    graph = find(rows, "ch7_attention_lazy", case_)
+    called = next((r for r in rows if r.kernel == "ch7_attention_lazy" and r.role == "public"
+                   and case(r) == tuple(case_)), None)
+    if graph is None or called is None or not graph.tflops or not called.tflops:
+        return None
+    return (f"attention_lazy(q, k, v) as called: {called.tflops:.0f} TFLOP/s, "
+            f"{called.tflops / graph.tflops:.2f}x its launch replayed from a CUDA graph")
 
 
 def plot_recorded(rows):
