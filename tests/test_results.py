@@ -269,7 +269,11 @@ def test_as_called_quotes_the_public_figure_where_one_was_measured():
                    None, None)
     rows = [row("k", "reference", 8, 1.0), row("k", "public", 8, 1.25),
             row("k", "reference", 16, 2.0), row("k", "public", 16, None),    # public failed
-            row("k", "reference", 32, 4.0), row("sdpa", "baseline", 8, 0.5)]
+            row("k", "reference", 32, 4.0), row("sdpa", "baseline", 8, 0.5),
+            row("k", "reference", 64, 8.0), row("k", "public", 64, 9.0),      # two problems
+            row("k", "reference", 64, 3.0), row("k", "public", 64, 3.5)]      # alike: by order
     got = [(r.kernel, r.role, r.N_q, r.ms) for r in results.as_called(rows)]
     assert got == [("k", "public", 8, 1.25), ("k", "reference", 16, 2.0),
-                   ("k", "reference", 32, 4.0), ("sdpa", "baseline", 8, 0.5)]
+                   ("k", "reference", 32, 4.0), ("sdpa", "baseline", 8, 0.5),
+                   ("k", "public", 64, 9.0), ("k", "public", 64, 3.5)]
+    assert results.companion(rows, 4) is None and results.companion(rows, 6) is rows[7]

@@ -78,13 +78,28 @@ def problem(row: Row) -> tuple:
     return (row.kernel, row.B, row.H_q, row.H_kv, row.N_q, row.N_k, row.d, row.dtype, row.causal)
 
 
+def companion(rows: Sequence[Row], i: int) -> Row | None:
+    """The ``public`` row of the reference row ``rows[i]``: the row after it when that times
+    the same kernel and problem as called (``bench.public_row`` rows follow their reference:
+    rows alike in every column, such as Chapter 4's windows, are told apart by order)."""
+    after = rows[i + 1] if i + 1 < len(rows) else None
+    if rows[i].role == "reference" and after is not None and after.role == "public" and \
+            problem(after) == problem(rows[i]):
+        return after
+    return None
+
+
 def as_called(rows: Sequence[Row]) -> list[Row]:
     """The rows as a reader's call gets them, for the figures the book quotes: each reference
-    row replaced by its measured ``public`` companion (same kernel and problem) where one was
-    recorded; other public rows dropped. Without public rows, the rows as they are."""
-    public = {problem(r): r for r in rows if r.role == "public" and r.ms is not None}
-    return [public.get(problem(r), r) if r.role == "reference" else r
-            for r in rows if r.role != "public"]
+    row replaced by its measured ``public`` companion where one was recorded; other public
+    rows dropped. Without public rows, the rows as they are."""
+    rows = list(rows)
+    out = []
+    for i, r in enumerate(rows):
+        if r.role != "public":
+            called = companion(rows, i)
+            out.append(called if called is not None and called.ms is not None else r)
+    return out
 
 
 def _parsers() -> dict:
