@@ -344,8 +344,8 @@ if recorded is not None:
 
 # %% [markdown]
 # The model gets the growth right: from $N = 1024$ to $N = 32768$ the bytes grow by a factor of
-# 1024 ($N^2$) and the measured time by a factor of 847. It is too optimistic everywhere:
-# the measurement is 2.3x to 3.8x the three-kernel prediction,
+# 1024 ($N^2$) and the measured time by a factor of 823. It is too optimistic everywhere:
+# the measurement is 2.2x to 3.7x the three-kernel prediction,
 # and still 1.5x to 2.6x the prediction with the scale pass counted.
 # A bandwidth model is a lower bound, and this one leaves out:
 #

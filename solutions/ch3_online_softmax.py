@@ -737,14 +737,19 @@ else:
 #
 # The numbers above come from one run of `flashbook bench ch3` on an H200 (provenance in
 # `src/flashbook/data/bench/ch3/h200.json`). Every kernel was timed replayed from a CUDA graph,
-# so the 0.05 ms forwards at N = 1024 measure the GPU rather than Python's launch overhead.
-# The two-tile kernel reaches 0.91x cuDNN at `(1, 16, 16384, 128)` (522 against 576 TFLOP/s),
-# 0.90x at `(4, 16, 4096, 128)` and 0.94x and 0.95x at d = 64, and beats torch's
-# FlashAttention-2 backend at every shape, by 1.35x to 1.53x. Where does its gain over the
+# so the 0.05 ms forwards at N = 1024 measure the GPU rather than Python's launch overhead;
+# beside the two-tile kernel, the run times `attention_two_tiles(q, k, v)` as you call it (its
+# checks on, its config chosen, launched), and the figures for it that follow are that call's.
+# It reaches 0.91x cuDNN at `(1, 16, 16384, 128)` (535 against 589 TFLOP/s),
+# 0.91x at `(4, 16, 4096, 128)`, 0.96x at `(4, 16, 4096, 64)` and 0.85x at `(4, 16, 1024, 64)`,
+# and beats torch's FlashAttention-2 backend at every shape, by 1.20x to 1.55x. The call costs
+# nothing measurable where the kernel runs for a millisecond or more; at N = 1024 it takes
+# 0.052 ms where its kernel replayed from a graph takes 0.045 ms: what is left is the
+# launch itself, which a CUDA graph of the whole model step removes. Where does its gain over the
 # one-tile kernel come from? The benchmark also runs the ablation of Section 6: the same
 # two-tile program (same tiles, same warps) with its step ordered A then B, as two `attn_tile`
 # calls would order it. The interleaved order is faster than
-# A-then-B by 1.03x and 1.04x at d = 128 and by 1.07x and 1.08x at d = 64; the larger
+# A-then-B by 1.04x and 1.04x at d = 128 and by 1.09x and 1.09x at d = 64; the larger
 # program alone (A-then-B against the one-tile kernel)
 # gives 1.04x and 1.05x at d = 128, and at d = 64, where both kernels have 128
 # rows per program, 0.95x and 0.96x. So the reordering is worth 3 % to 8 %, far from the 1.9x

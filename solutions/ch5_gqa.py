@@ -667,20 +667,26 @@ else:
 # ## What was measured, and what is left
 #
 # One run of `flashbook bench ch5` on an H200 (provenance in
-# `src/flashbook/data/bench/ch5/h200.json`), every row timed from a CUDA graph. **Decode** is
-# where GQA pays, and the kernel of Exercise 3
-# reads K and V at 4386 GB/s, 0.99x cuDNN (4442)
-# for 32 sequences of 8192 keys, 91 % of the H200's 4.8 TB/s datasheet figure; for comparison,
-# `x.sum()` over 4 GiB reaches 4215 GB/s
+# `src/flashbook/data/bench/ch5/h200.json`), every kernel row timed from a CUDA graph. Beside
+# each of the chapter's functions, `attention_gqa_two_tiles` and `decode`, a row times the call
+# as you make it (its checks on, no config, launched), and the figures quoted for them are those
+# calls'. **Decode** is where GQA pays: `decode(q, k_cache, v_cache, cache_seqlens)`
+# reads K and V at 4296 GB/s, 0.94x cuDNN (4579)
+# for 32 sequences of 8192 keys,
+# 89 % of the H200's 4.8 TB/s datasheet figure (its kernel alone, replayed from a CUDA graph, 4505 GB/s).
+# The step is a quarter of a millisecond, and the call around the kernel (its checks and its
+# launch, which a CUDA graph of the model's whole decode step removes) is the difference. For
+# comparison,
+# `x.sum()` over 4 GiB reaches 4269 GB/s
 # in the same run, so a reduction is not the ceiling it was meant to be: an attention decode
 # that streams K and V through shared memory reads faster. Paged caches with
-# pages of 256 and 64 keys read at 4370 and 4338 GB/s, 1.00x and 0.99x
+# pages of 256 and 64 keys read at 4501 and 4463 GB/s, 1.00x and 0.99x
 # the contiguous cache: with a page lookup per key and 128-key tiles, paging costs almost
 # nothing. **Prefill**:
-# the two-tile M-fold kernel reaches 506 TFLOP/s causal and 542 non-causal, 0.91x and 0.92x the fastest baseline
+# `attention_gqa_two_tiles` reaches 516 TFLOP/s causal and 544 non-causal, 0.93x and 0.92x the fastest baseline
 # (cuDNN, on K/V expanded to 32 heads, a little ahead of cuDNN with `enable_gqa`), well ahead of
-# the FlashAttention-2 backend (329 causal) and FlexAttention (404);
-# the one-tile kernel of Exercise 1 reaches 472 and 473.
+# the FlashAttention-2 backend (333 causal) and FlexAttention (408);
+# the one-tile kernel of Exercise 1 reaches 471 and 475.
 # Against that one-tile kernel on K/V repeated per query head, the M-fold's saving in prefill
 # time is modest, because prefill is bound by the tensor cores, not by memory: the repeated
 # heads are read G times, but neighbouring programs read the same copy, mostly from L2, and
@@ -688,7 +694,7 @@ else:
 # in time here, and G times the memory. In decode, where memory is the bound, the M-fold is
 # the whole game. **Batch 1**: one program per (sequence, K/V head) is 8 programs for a single
 # sequence, and
-# one sequence of 131072 keys reads at 285 GB/s, where cuDNN reaches 4235
+# one sequence of 131072 keys reads at 295 GB/s, where cuDNN reaches 4357
 # by splitting the keys across programs: Chapter 8's split-KV.
 #
 # **Further reading**

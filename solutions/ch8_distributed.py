@@ -615,13 +615,19 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 # whole problem with the same kernel (Chapter 5's two-tile kernel, which returns the LSE the
 # merge needs) and against PyTorch's prototype `context_parallel` where it runs.
 #
-# **Measured on H200s** (the figures below are read from the recorded data). At batch 1 and
-# context 131072, split-KV reads 4249 GB/s, 0.98x cuDNN (4326) and 100 % of `hbm_read` (4266):
-# the decode step reads the cache as fast as a plain copy does. Compiled FlexAttention is the
+# **Measured on H200s** (the figures below are read from the recorded data). Every kernel is
+# timed replayed from a CUDA graph; beside them, `decode_split_kv(q, k_cache, v_cache,
+# cache_seqlens)` is timed as you call it (checks on, split count chosen, launched), and the
+# first figure is that call's. At batch 1 and
+# context 131072, split-KV reads 3860 GB/s, 0.89x cuDNN (4350) and 90 % of `hbm_read` (4276);
+# replayed from a CUDA graph its kernels read 4249 GB/s, 0.98x cuDNN, as fast as a plain copy.
+# The step takes an eighth of a millisecond, so the call around its two kernels (its checks
+# and two launches) is a tenth of it: a serving engine captures its whole decode step in a CUDA
+# graph for this reason. Compiled FlexAttention is the
 # low bar of the figure: at batch 1 with one query token its kernel is not built for decode,
 # and it reads the cache at a small fraction of the others' rate. Chapter 5's decode kernel is
 # the contrast:
-# without splits the same cache reads at 294 GB/s, with 8 programs (one per K/V head) for 132
+# without splits the same cache reads at 292 GB/s, with 8 programs (one per K/V head) for 132
 # SMs. The split count matters as much as the kernel: 8 splits give half the bandwidth of 32.
 #
 # On two H200s joined by NVLink,

@@ -590,9 +590,10 @@ if ours:
 #
 # The record below (`python -m flashbook.chapters.ch9.tune`, which checks the gradients at full
 # size against cuDNN's, can sweep the tile configs, then runs `flashbook bench ch9`) puts your
-# two-kernel backward at 339 TFLOP/s non-causal: 0.65x cuDNN (525) and 1.09x FlashAttention-2 (310),
-# and at 326 TFLOP/s causal: 0.66x cuDNN (497) and 1.05x FlashAttention-2 (309). On the CS336
-# configuration, forward + backward takes 6.03 ms (cuDNN 4.55 ms, FlashAttention-2 6.92 ms) on
+# two-kernel backward at 347 TFLOP/s non-causal: 0.65x cuDNN (535) and 1.13x FlashAttention-2 (307),
+# and at 334 TFLOP/s causal: 0.64x cuDNN (521) and 1.07x FlashAttention-2 (312). On the CS336
+# configuration, forward + backward as you write the training step (`flash_attention(q, k, v,
+# causal)`, then `torch.autograd.grad`: checks and autograd included, launched) takes 5.97 ms (cuDNN 4.46 ms, FlashAttention-2 6.96 ms) on
 # the H200; the leaderboard's best, 5.364 ms, was measured on an H100, whose HBM3 moves 3.35
 # TB/s against the H200's 4.8 (the tensor cores are the same): not a like-for-like race.
 #
@@ -601,7 +602,7 @@ if ours:
 # equal efficiency per GEMM it cannot pass 5/7 of its kernels' raw speed: closing the gap to
 # cuDNN needs the five-GEMM design. The one-kernel variants say what that design costs in
 # Triton:
-# 37.4 ms with scalar atomics, 16.0 ms with TMA reduces, 16.2 ms for the two kernels.
+# 38.0 ms with scalar atomics, 16.3 ms with TMA reduces, 15.8 ms for the two kernels.
 # Scalar atomics issue a read-modify-write per element (8192 per 64 x 128 tile); the TMA
 # reduce moves the whole 32 KB tile into L2 in one instruction and is more than twice as fast,
 # yet only draws level with the split. Its PTX shows the reduce overlapping the next tile's
@@ -621,7 +622,7 @@ if ours:
 # shared memory was slower), and $dQ^T = K^T dS^T$ (the transposed product lets a
 # step take 32 query rows, where wgmma's rows are 64 a warpgroup; 64-row steps spilled
 # registers). It reaches
-# 379 TFLOP/s non-causal and 370 causal: 0.72x and 0.74x cuDNN,
+# 379 TFLOP/s non-causal and 374 causal: 0.71x and 0.72x cuDNN,
 # the fastest backward of the chapter, still far from cuDNN. Nsight Compute says why
 # (`src/flashbook/data/profiles/ch9_gluon_bwd_h200_ncu.txt`, at the headline shape; its header
 # gives the command): it finds

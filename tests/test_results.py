@@ -133,23 +133,30 @@ def _data_lines(ax):
     return [ln for ln in ax.lines if ln.get_gid() != "not measured"]
 
 
+def _name(row):
+    """A row's line or bar in a plot: a public row is the call as a reader makes it."""
+    return row.kernel + (" (as called)" if row.role == "public" else "")
+
+
 def test_plot_lines_two_panels_with_out_of_memory_markers():
     """Chapter 1's figure: ms and peak MiB against N, log axes, where each kernel ran out."""
     rows = results.recorded("ch1").rows
-    kernels = list(dict.fromkeys(r.kernel for r in rows))
     fig = results.plot(rows, y=("ms", "peak_mib"), x="N_q", logx=True, logy=True, title="t")
     assert len(fig.axes) == 2
     for ax, col in zip(fig.axes, ("ms", "peak_mib")):
+        # a public row has no memory measure: no line of its own in the memory panel
+        kernels = list(dict.fromkeys(_name(r) for r in rows if getattr(r, col) is not None))
         lines = _data_lines(ax)
         assert [ln.get_label() for ln in lines] == kernels
         for ln, k in zip(lines, kernels):
-            want = sorted((r.N_q, getattr(r, col)) for r in rows if r.kernel == k and r.ms)
+            want = sorted((r.N_q, getattr(r, col)) for r in rows if _name(r) == k and r.ms)
             assert list(zip(ln.get_xdata(), ln.get_ydata())) == want
-        markers = {ln.get_xdata()[0]: ln.get_color() for ln in ax.lines
-                   if ln.get_gid() == "not measured"}
-        first_oom = {k: min(r.N_q for r in rows if r.kernel == k and r.note == "out of memory")
-                     for k in kernels if any(r.kernel == k and r.ms is None for r in rows)}
-        assert sorted(markers) == sorted(first_oom.values()) and len(first_oom) == 2
+        markers = sorted(ln.get_xdata()[0] for ln in ax.lines if ln.get_gid() == "not measured")
+        first_oom = {k: min(r.N_q for r in rows if _name(r) == k and r.ms is None
+                            and "out of memory" in r.note)
+                     for k in map(_name, rows) if any(_name(r) == k and r.ms is None for r in rows)}
+        # sdpa_math, then naive_attention as called, then the fp16 naive_torch
+        assert markers == sorted(first_oom.values()) and len(first_oom) == 3
         assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
         assert any("naive_torch: out of memory" in t.get_text() for t in ax.texts)
     assert fig._suptitle.get_text() == "t"
@@ -176,7 +183,7 @@ def test_plot_grouped_bars_per_shape():
     fig = results.plot(rows, y="tflops", x=("B", "H_q", "N_q", "d"), kind="bar")
     (ax,) = fig.axes
     shapes = list(dict.fromkeys((r.B, r.H_q, r.N_q, r.d) for r in rows))
-    kernels = list(dict.fromkeys(r.kernel for r in rows))
+    kernels = list(dict.fromkeys(_name(r) for r in rows))     # attention_two_tiles as called too
     assert len(ax.patches) == len(shapes) * len(kernels) == len(rows)     # one bar per row
     assert [t.get_text() for t in ax.get_xticklabels()][0] == "B=1 H=16\nN=16384 d=128"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == kernels
@@ -187,7 +194,7 @@ def test_plot_throughput_against_n_per_kernel_into_given_axes():
     rows = results.recorded("ch1").rows
     fig, ax = plt.subplots()
     assert results.plot(rows, y="gbps", ax=ax) is fig
-    assert len(_data_lines(ax)) == 5 and ax.get_ylabel() == "GB/s (fp16)"
+    assert len(_data_lines(ax)) == 6 and ax.get_ylabel() == "GB/s (fp16)"   # and as called
 
 
 def test_plot_rejects_bad_arguments():
@@ -209,7 +216,7 @@ def test_plot_draws_into_the_axes_of_subplots():
     rows = results.recorded("ch1").rows
     fig, axes = plt.subplots(1, 2)          # a numpy array of Axes
     assert results.plot(rows, y=("ms", "peak_mib"), ax=axes) is fig
-    assert all(len(_data_lines(ax)) == 5 for ax in axes)
+    assert [len(_data_lines(ax)) for ax in axes] == [6, 5]   # as called: no memory measure
 
 
 # ----------------------------------------------------------------------- record
@@ -272,8 +279,12 @@ def test_as_called_quotes_the_public_figure_where_one_was_measured():
             row("k", "reference", 32, 4.0), row("sdpa", "baseline", 8, 0.5),
             row("k", "reference", 64, 8.0), row("k", "public", 64, 9.0),      # two problems
             row("k", "reference", 64, 3.0), row("k", "public", 64, 3.5)]      # alike: by order
-    got = [(r.kernel, r.role, r.N_q, r.ms) for r in results.as_called(rows)]
-    assert got == [("k", "public", 8, 1.25), ("k", "reference", 16, 2.0),
+    rows[0].note, rows[1].note = "sections=2", "attention(q, k, v)"
+    called = results.as_called(rows)
+    got = [(r.kernel, r.role, r.N_q, r.ms) for r in called]
+    assert got == [("k", "reference", 8, 1.25), ("k", "reference", 16, 2.0),
                    ("k", "reference", 32, 4.0), ("sdpa", "baseline", 8, 0.5),
-                   ("k", "public", 64, 9.0), ("k", "public", 64, 3.5)]
+                   ("k", "reference", 64, 9.0), ("k", "reference", 64, 3.5)]
+    assert called[0].tflops == 0.8 and called[0].note == "sections=2; as called: attention(q, k, v)"
+    assert called[1].note == "" and rows[0].ms == 1.0          # the rows given are not changed
     assert results.companion(rows, 4) is None and results.companion(rows, 6) is rows[7]

@@ -91,14 +91,21 @@ def companion(rows: Sequence[Row], i: int) -> Row | None:
 
 def as_called(rows: Sequence[Row]) -> list[Row]:
     """The rows as a reader's call gets them, for the figures the book quotes: each reference
-    row replaced by its measured ``public`` companion where one was recorded; other public
-    rows dropped. Without public rows, the rows as they are."""
+    row with its time and rates replaced by its measured ``public`` companion's (its role,
+    memory and note kept, the note ending ``as called: <the call>``); public rows dropped.
+    Without public rows, the rows as they are."""
     rows = list(rows)
     out = []
     for i, r in enumerate(rows):
-        if r.role != "public":
-            called = companion(rows, i)
-            out.append(called if called is not None and called.ms is not None else r)
+        if r.role == "public":
+            continue
+        called = companion(rows, i)
+        if called is not None and called.ms is not None:
+            r = dataclasses.replace(r, ms=called.ms, tflops=called.tflops, gbps=called.gbps,
+                                    pct_peak=called.pct_peak,
+                                    note="; ".join(p for p in (r.note, f"as called: {called.note}")
+                                                   if p))
+        out.append(r)
     return out
 
 

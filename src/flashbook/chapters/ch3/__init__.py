@@ -44,8 +44,16 @@ def quoted_figures(rows) -> list[str]:
 
     def regs(kernel: str) -> str:
         return by[(kernel, 1, 16384, 128)].note.split("; ")[1]      # "regs=R spills=S"
+    def vs_cudnn(b, n, d):
+        return f"{called[('ch3_two_tiles', b, n, d)] / tf[('sdpa_cudnn', b, n, d)]:.2f}x"
+    ms = {(r.role, r.N_q): r.ms for r in rows if r.kernel == "ch3_two_tiles" and r.B == 4
+          and r.d == 64}
     return [f"{ref / cudnn:.2f}x cuDNN at `(1, 16, 16384, 128)` ({ref:.0f} against {cudnn:.0f}",
+            f"{vs_cudnn(4, 4096, 128)} at `(4, 16, 4096, 128)`, {vs_cudnn(4, 4096, 64)} at "
+            f"`(4, 16, 4096, 64)` and {vs_cudnn(4, 1024, 64)} at `(4, 16, 1024, 64)`",
             f"by {vs_fa2[0]:.2f}x to {vs_fa2[-1]:.2f}x",
+            f"{ms[('public', 1024)]:.3f} ms where its kernel replayed from a graph takes "
+            f"{ms[('reference', 1024)]:.3f} ms",
             "A-then-B by " + ratios("ch3_two_tiles", "ch3_two_tiles_a_then_b", 128),
             "by " + ratios("ch3_two_tiles", "ch3_two_tiles_a_then_b", 64),
             "gives " + ratios("ch3_two_tiles_a_then_b", "ch3_one_tile", 128),

@@ -136,7 +136,9 @@ def _ratio_fragment(rows, s, causal) -> str:
 def quoted_figures(rows) -> list[str]:
     """The fragments of the chapter's closing section that quote the recorded H200 data (fp16):
     our kernel against cuDNN at ``HEADLINE``, non-causal and causal, and against JAX's FA3 at
-    every shape. Raises ValueError when the headline rows are missing or wrong."""
+    every shape, ``attention_fa3`` as a reader calls it where that was recorded
+    (``results.as_called``). Raises ValueError when the headline rows are missing or wrong."""
+    rows = results.as_called(rows)
     out = []
     for causal in (False, True):
         ours, cudnn = find(rows, OURS, HEADLINE, causal), find(rows, "sdpa_cudnn", HEADLINE, causal)

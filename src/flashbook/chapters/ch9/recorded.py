@@ -126,7 +126,9 @@ def quoted_figures(rows) -> list[str]:
     """The fragments of Section 7 that quote the record: the backward against cuDNN's and
     FlashAttention-2's at the headline shape, causal and not; the one-kernel variants; the
     Gluon backward against cuDNN, and its profile (``PROFILE``); the CS336 configuration's
-    forward + backward in ms. Raises ValueError when a row is missing."""
+    forward + backward in ms, the training step as a reader writes it where that was recorded
+    (``results.as_called``). Raises ValueError when a row is missing."""
+    rows = results.as_called(rows)
     out = []
     for causal in (False, True):
         ours = _need(rows, "ch9_bwd", HEADLINE, causal)
