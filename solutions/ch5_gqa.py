@@ -674,9 +674,9 @@ else:
 # reads K and V at 4296 GB/s, 0.94x cuDNN (4579)
 # for 32 sequences of 8192 keys,
 # 89 % of the H200's 4.8 TB/s datasheet figure (its kernel alone, replayed from a CUDA graph, 4505 GB/s).
-# The step is a quarter of a millisecond, and the call around the kernel (its checks and its
-# launch, which a CUDA graph of the model's whole decode step removes) is the difference. For
-# comparison,
+# The step is a quarter of a millisecond, and the difference is the launch, not the checks:
+# launched without them (`python -m flashbook.overhead`) the kernel takes as long as the call.
+# A CUDA graph of the model's whole decode step removes it. For comparison,
 # `x.sum()` over 4 GiB reaches 4269 GB/s
 # in the same run, so a reduction is not the ceiling it was meant to be: an attention decode
 # that streams K and V through shared memory reads faster. Paged caches with

@@ -621,8 +621,9 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 # first figure is that call's. At batch 1 and
 # context 131072, split-KV reads 3860 GB/s, 0.89x cuDNN (4350) and 90 % of `hbm_read` (4276);
 # replayed from a CUDA graph its kernels read 4249 GB/s, 0.98x cuDNN, as fast as a plain copy.
-# The step takes an eighth of a millisecond, so the call around its two kernels (its checks
-# and two launches) is a tenth of it: a serving engine captures its whole decode step in a CUDA
+# The step takes an eighth of a millisecond, and launching its two kernels, rather than
+# replaying them, is a tenth of it (launched without the checks, `python -m flashbook.overhead`,
+# they take as long as the call): a serving engine captures its whole decode step in a CUDA
 # graph for this reason. Compiled FlexAttention is the
 # low bar of the figure: at batch 1 with one query token its kernel is not built for decode,
 # and it reads the cache at a small fraction of the others' rate. Chapter 5's decode kernel is
