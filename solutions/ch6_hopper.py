@@ -331,9 +331,8 @@ ring_checks.check_kv_ring(kv_producer, hidden=True)
 # `g = s`, 100% against 50%.
 
 # %%
-from flashbook.chapters.ch6.pipeline import Timing, simulate
-from flashbook.chapters.ch6.pipeline_checks import check_pingpong, check_ring_protocol, \
-    plot_gantt
+from flashbook.chapters.ch6 import Timing, check_pingpong, check_ring_protocol, plot_gantt, \
+    simulate
 
 # %% nbgrader={"grade": false, "grade_id": "ch6_pipeline_ring", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def make_barriers(pipe):
@@ -520,11 +519,9 @@ except NotImplementedError:
 # less shared memory.
 
 # %%
-from flashbook.chapters.ch6.planner import Config
-from flashbook.chapters.ch6.planner_checks import (H100_PROPS, H200_PROPS, MBARRIER_BYTES,
-                                                   PRODUCER_REGS, REGISTERS_PER_SM,
-                                                   WARP_SPECIALIZE_BYTES, check_planner,
-                                                   choice_table)
+from flashbook.chapters.ch6 import (H100_PROPS, H200_PROPS, MBARRIER_BYTES, PRODUCER_REGS,
+                                    REGISTERS_PER_SM, WARP_SPECIALIZE_BYTES, Config,
+                                    check_planner, choice_table)
 
 # %% nbgrader={"grade": false, "grade_id": "ch6_planner_resources", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def smem_bytes(config: Config) -> int:
@@ -860,7 +857,7 @@ print("planner's choice for d = 128:", planner.best(128))
 # %% tags=["demo"]
 if backend.capability is not None and tuple(backend.capability) >= (9, 0) and \
         tuple(backend.capability) < (10, 0):
-    from flashbook.chapters.ch6.gluon_fa3 import attention_fa3
+    from flashbook.chapters.ch6 import attention_fa3
     q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.float16)
                for _ in range(3))
     for causal in (False, True):

@@ -647,8 +647,7 @@ except NotImplementedError:
 
 # %%
 from flashbook.chapters.ch7 import roles
-from flashbook.chapters.ch7.roles import Timing, simulate
-from flashbook.chapters.ch7.roles_checks import check_roles_schedule, plot_schedule
+from flashbook.chapters.ch7 import Timing, check_roles_schedule, plot_schedule, simulate
 
 # %% nbgrader={"grade": false, "grade_id": "ch7_roles_schedule", "locked": false, "schema_version": 3, "solution": true, "task": false}
 KV_STAGES = 2          # slots in the K ring and in the V ring (32 KB a tile)
@@ -735,7 +734,7 @@ except NotImplementedError:
 # the steady state, where two units would have given 4 / 6.
 
 # %% tags=["demo"]
-from flashbook.chapters.ch7.roles_checks import steady_utilisation
+from flashbook.chapters.ch7 import steady_utilisation
 
 try:
     exp_bound = simulate(mma, correction, stages=KV_STAGES, n_steps=14, timing=Timing(exp=3.5))
@@ -929,7 +928,7 @@ print("\n".join(rows))
 import torch
 
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10:
-    from flashbook.chapters.ch7.gluon_fa4 import attention_fa4
+    from flashbook.chapters.ch7 import attention_fa4
     q, k, v = (torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.float16)
                for _ in range(3))
     for causal in (False, True):

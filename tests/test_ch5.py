@@ -50,7 +50,7 @@ def test_two_tile_kernel_sees_every_key_of_a_short_sequence_with_the_gpus_tiles(
     """With no mask and no window, a sequence much shorter than the tile's positions: the tile's
     padding rows must not turn the first key tiles into a left band that only the windowed loop
     visits (the kernel lost them: max |O - ref| 0.24-0.51 on these cases, 0.40 on an H200)."""
-    from flashbook.chapters.ch3.launch import Config
+    from flashbook.tiles import Config
     case = AttnCase("t", seqlens=seqlens_q, seqlens_k=seqlens_k, H_q=H_q, H_kv=H_kv, d=64)
     q, k, v = make_inputs(case, 5)
     o, lse = solution["attention_gqa_two_tiles"](

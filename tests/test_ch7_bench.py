@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from flashbook.chapters.ch3.launch import pick_config
+from flashbook.tiles import pick_config
 from flashbook.chapters.ch7 import benchmark as bench
 from flashbook.chapters.ch7.exp2poly import fit_exp2
 from flashbook.reference import attention
@@ -77,7 +77,7 @@ def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
 AOT = r'''
 from flashbook.chapters.ch7 import benchmark as bench
 from flashbook.chapters.ch6 import gluon_fa3, planner
-from flashbook.chapters.ch3.launch import pick_config
+from flashbook.tiles import pick_config
 GLUON = ("", "_lazy_poly", "_exp_x2")     # the Gluon code paths: as shipped, both tricks, a probe
 res = []
 for suffix, (exp2, tau) in bench.TRICKS.items():

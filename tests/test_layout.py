@@ -80,3 +80,69 @@ def test_no_import_cycles():
     cycles = list(_cycles(graph))
     assert not cycles, "import cycles among flashbook modules:\n" + "\n".join(
         " <-> ".join(component) for component in cycles)
+
+
+# What chapters still take from each other (importer -> imported), and the chapter submodules a
+# notebook still imports instead of the chapter's `__init__`. The design is neither (a chapter's
+# public surface is its `__init__`; what two chapters share lives in the toolkit): both lists
+# only shrink. A new edge fails; an edge that is gone must leave its list.
+CROSS_CHAPTER = {
+    # the benchmark harness of Chapters 4 and 5 (measurers, baselines), for the toolkit's bench
+    ("ch5.benchmark", "ch4.benchmark"), ("ch6.benchmark", "ch4.benchmark"),
+    ("ch6.benchmark", "ch5.benchmark"), ("ch6.benchmark_rows", "ch4.benchmark"),
+    ("ch8.benchmark", "ch4.benchmark"), ("ch8.benchmark", "ch5.benchmark"),
+    ("ch8.ring_bench", "ch5.benchmark"), ("ch9.benchmark", "ch4.benchmark"),
+    ("ch6.benchmark", "ch3.benchmark"), ("ch7.benchmark", "ch3.benchmark"),
+    ("ch7.benchmark", "ch6.gluon_fa3"),
+    # Chapter 4's canaries and load counts, which Chapter 5's checks reuse
+    ("ch5.checks", "ch4.checks"),
+    # Chapter 6's pipeline engine, which Chapter 7's roles configure (one engine, in the toolkit)
+    ("ch7.role_actions", "ch6.pipeline"), ("ch7.role_engine", "ch6.pipeline"),
+    ("ch7.role_engine", "ch6.pipeline_engine"), ("ch7.role_run", "ch6.pipeline_types"),
+    ("ch7.roles", "ch6.pipeline"),
+    # Chapter 9's forward is Chapter 5's GQA launch of the two-tile kernel
+    ("ch9.forward", "ch5.forward_kernels"), ("ch9.forward", "ch5.launch"),
+}
+NOTEBOOK_SUBMODULES = set()
+
+
+def _chapter(module):
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "chapters" else None
+
+
+def test_chapters_import_no_other_chapter_beyond_the_shrinking_list():
+    modules = _modules()
+    found = set()
+    for name, (path, is_pkg) in modules.items():
+        mine = _chapter(name)
+        if mine is None:
+            continue
+        for target in _edges(name, path, is_pkg, modules):
+            theirs = _chapter(target)
+            if theirs is not None and theirs != mine:
+                found.add((name.removeprefix("flashbook.chapters."),
+                           target.removeprefix("flashbook.chapters.")))
+    new, gone = sorted(found - CROSS_CHAPTER), sorted(CROSS_CHAPTER - found)
+    assert not new, ("a chapter imports another (move what both need into the toolkit): "
+                     + ", ".join(f"{a} -> {b}" for a, b in new))
+    assert not gone, "no longer imported, remove from CROSS_CHAPTER: " + \
+        ", ".join(f"{a} -> {b}" for a, b in gone)
+
+
+def test_notebooks_import_chapters_through_their_init_beyond_the_shrinking_list():
+    root = PACKAGE.parents[1]
+    found = set()
+    for path in sorted((root / "solutions").glob("ch*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for module in names:
+                parts = module.split(".")
+                if module.startswith("flashbook.chapters.ch") and len(parts) > 3:
+                    found.add((path.stem.split("_")[0], ".".join(parts[2:])))
+    new, gone = sorted(found - NOTEBOOK_SUBMODULES), sorted(NOTEBOOK_SUBMODULES - found)
+    assert not new, ("a notebook imports a chapter's submodule (re-export it from the chapter's "
+                     "__init__): " + ", ".join(f"{a}: {b}" for a, b in new))
+    assert not gone, "no longer imported, remove from NOTEBOOK_SUBMODULES: " + \
+        ", ".join(f"{a}: {b}" for a, b in gone)

@@ -55,9 +55,9 @@ from flashbook import sources
 from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, \
     free_cuda_cache, gpu_peak, join_notes, public_row, sdpa, sdpa_supports, timed_ms, why_failed
 from flashbook.chapters.ch4.figures import lognormal_lengths
-from flashbook.chapters.ch4.launch import heads_per_section
 from flashbook.reference import attention_flops
 from flashbook.results import Row
+from flashbook.varlen import heads_per_section
 
 GRAPH_TIMER = True
 H, D, DTYPE = 16, 128, torch.float16

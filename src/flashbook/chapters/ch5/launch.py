@@ -18,15 +18,14 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from flashbook.cases import as_window, cdiv, host_values, output, validate_scale, \
     validate_tensor, values_checked
-from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
-    pick_config
-from flashbook.chapters.ch4.launch import heads_per_section, window_bounds
 from flashbook.device import current
 from flashbook.plans import Launch, Plans, contiguous_strides, key, validate_once
+from flashbook.tiles import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, decode_block_m, \
+    pick_config
+from flashbook.varlen import heads_per_section, window_bounds
 
 __all__ = ["launch_gqa", "launch_decode", "decode_block_m", "decode_config", "paged_cache",
            "validate_packed", "prefill_dtypes", "DTYPES", "HEAD_DIMS",
@@ -136,11 +135,6 @@ def _gqa_plan(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 # A 1,024-row tile (G = 8, 128 new tokens) needed 256 KB of shared memory on an H200 (it has
 # 227 KB) and compiled for minutes in the CPU interpreter.
 DECODE_MAX_ROWS = 128
-
-
-def decode_block_m(G: int, n_new: int) -> int:
-    """Rows of a decode tile: the G heads x n_new new tokens, at least 16 (``tl.dot``'s minimum)."""
-    return max(16, triton.next_power_of_2(G * n_new))
 
 
 def decode_chunk(G: int, n_new: int) -> int:

@@ -12,13 +12,27 @@ from __future__ import annotations
 from flashbook.contract import Chapter, Exercise
 
 from . import benchmark, planner, recorded
-from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
 from .fa3_checks import check_fa3_consumer
-from .planner_checks import check_planner
+from .pipeline import Timing, simulate
+from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
+from .planner import Config
+from .planner_checks import H100_PROPS, H200_PROPS, MBARRIER_BYTES, PRODUCER_REGS, \
+    REGISTERS_PER_SM, WARP_SPECIALIZE_BYTES, check_planner, choice_table
 from .ring_checks import check_kv_ring
 
 __all__ = ["CHAPTER", "planner", "check_kv_ring", "check_ring_protocol", "check_pingpong",
-           "check_planner", "check_fa3_consumer", "plot_gantt"]
+           "check_planner", "check_fa3_consumer", "plot_gantt", "Timing", "simulate", "Config",
+           "H100_PROPS", "H200_PROPS", "MBARRIER_BYTES", "PRODUCER_REGS", "REGISTERS_PER_SM",
+           "WARP_SPECIALIZE_BYTES", "choice_table", "attention_fa3"]
+
+
+def __getattr__(name):
+    """``attention_fa3``, imported on first use: the Gluon kernel needs Triton's Gluon dialect
+    (and an sm_90 GPU to run), which the rest of the chapter does not."""
+    if name == "attention_fa3":
+        from .gluon_fa3 import attention_fa3
+        return attention_fa3
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 CHAPTER = Chapter(
     id="ch6",

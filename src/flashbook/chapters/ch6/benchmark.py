@@ -147,7 +147,7 @@ def gluon_prepare(case: Case, x: Inputs):
 def ch3_prepare(case: Case, x: Inputs, namespaces: dict):
     """Chapter 3's two-tile kernel (non-causal only), as ``ch3.benchmark`` calls it."""
     def prepare():
-        from flashbook.chapters.ch3.launch import pick_config
+        from flashbook.tiles import pick_config
         from flashbook.device import current
         attention = namespace(namespaces, "ch3")["attention_two_tiles"]
         o, _ = attention(x.q, x.k, x.v)

@@ -19,7 +19,8 @@ from .lazy import check_lazy_attention, hw_exp2, launch_lazy, plot_lazy_trace, \
     simulate_rescales
 from .tmem import SEED_MAP, check_tmem_plan, plot_tmem, problems as tmem_problems
 from . import planner, resources_checks
-from .roles_checks import check_roles_schedule
+from .roles import Timing, simulate
+from .roles_checks import check_roles_schedule, plot_schedule, steady_utilisation
 
 __all__ = ["CHAPTER", "design", "tmem", "lazy", "exp2poly", "ROLES", "PIPELINES", "plot_roles",
            "plot_unit_cycles", "register_table", "static_schedule", "tile_coord", "tile_cycles",
@@ -27,7 +28,17 @@ __all__ = ["CHAPTER", "design", "tmem", "lazy", "exp2poly", "ROLES", "PIPELINES"
            "check_exp2_poly_triton", "fit_exp2", "fit_error", "plot_exp2_error", "run_exp2",
            "check_lazy_attention", "hw_exp2", "launch_lazy", "plot_lazy_trace",
            "simulate_rescales", "SEED_MAP", "check_tmem_plan", "plot_tmem", "tmem_problems",
-           "planner", "check_roles_schedule"]
+           "planner", "check_roles_schedule", "plot_schedule", "steady_utilisation", "Timing",
+           "simulate", "attention_fa4"]
+
+
+def __getattr__(name):
+    """``attention_fa4``, imported on first use: the Gluon kernel needs Triton's Gluon dialect
+    (and a Blackwell GPU to run), which the rest of the chapter does not."""
+    if name == "attention_fa4":
+        from .gluon_fa4 import attention_fa4
+        return attention_fa4
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 CHAPTER = Chapter(
     id="ch7",

@@ -44,8 +44,8 @@ import triton
 from flashbook import sources
 from flashbook.bench import measure_attention, public_row, sdpa, sdpa_supports
 from flashbook.chapters.ch3.benchmark import SHAPES
-from flashbook.chapters.ch3.launch import LOG2E, pick_config
 from flashbook.results import Row
+from flashbook.tiles import LOG2E, pick_config
 
 GRAPH_TIMER = True
 BF16_SHAPES = SHAPES

@@ -24,10 +24,10 @@ import triton.language as tl
 
 from flashbook.cases import cdiv, seeded, validate_qkv, validate_scale
 from flashbook.check import CheckFailure, assert_close, report, require_implemented, run_student
-from flashbook.chapters.ch3.launch import HEAD_DIMS_WHY, LOG2E, Config
 from flashbook.device import current
 from flashbook.plans import Launch, Plans, contiguous_strides, key
 from flashbook.reference import attention
+from flashbook.tiles import HEAD_DIMS_WHY, LOG2E, Config
 
 DTYPES = (torch.float16, torch.float32)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -98,7 +98,7 @@ def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:
     """Chapter 3's one-tile configs; 16 x 16 tiles in CPU mode (many steps per row)."""
     if capability is None:
         return Config(16, 16, 4, 1)
-    from flashbook.chapters.ch3.launch import pick_config as ch3_pick
+    from flashbook.tiles import pick_config as ch3_pick
     return ch3_pick(d, dtype, capability)
 
 

@@ -21,10 +21,9 @@ import torch
 
 from flashbook.cases import MAX_ELEMENTS, cdiv, element_span, host_values, next_pow2, output, \
     validate_scale, validate_tensor, values_checked
-from flashbook.chapters.ch3.launch import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
-from flashbook.chapters.ch5.launch import decode_block_m
 from flashbook.device import current
 from flashbook.plans import Launch, Plans, Workspace, contiguous_strides, key, validate_once
+from flashbook.tiles import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, decode_block_m
 
 __all__ = ["choose_num_splits", "split_config", "launch_split_kv", "launch_combine",
            "sequences_per_launch", "validate_split_decode", "sm_count"]

@@ -12,9 +12,9 @@ import functools
 import numpy as np
 import torch
 
-from flashbook.chapters.ch4.launch import window_bounds
 from flashbook.chapters.ch5.launch import launch_gqa, prefill_dtypes, validate_packed
 from flashbook.device import current
+from flashbook.varlen import window_bounds
 
 __all__ = ["forward"]
 

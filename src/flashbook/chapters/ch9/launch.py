@@ -23,8 +23,8 @@ import dataclasses
 import torch
 
 from flashbook.cases import cdiv, validate_scale, validate_tensor
-from flashbook.chapters.ch3.launch import HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 from flashbook.device import current
+from flashbook.tiles import HEAD_DIMS, HEAD_DIMS_WHY, LOG2E
 
 __all__ = ["BwdConfig", "bwd_config", "check_backward_args", "launch_preprocess", "launch_dkdv",
            "launch_dq", "BWD_DTYPES", "HEAD_DIMS", "LOG2E"]
