@@ -87,11 +87,6 @@ def test_no_import_cycles():
 # public surface is its `__init__`; what two chapters share lives in the toolkit): both lists
 # only shrink. A new edge fails; an edge that is gone must leave its list.
 CROSS_CHAPTER = {
-    # the benchmark harness of Chapters 4 and 5 (measurers, baselines), for the toolkit's bench
-    ("ch5.benchmark", "ch4.benchmark"), ("ch6.benchmark", "ch4.benchmark"),
-    ("ch6.benchmark", "ch5.benchmark"), ("ch6.benchmark_rows", "ch4.benchmark"),
-    ("ch8.benchmark", "ch4.benchmark"), ("ch8.benchmark", "ch5.benchmark"),
-    ("ch8.ring_bench", "ch5.benchmark"), ("ch9.benchmark", "ch4.benchmark"),
     ("ch6.benchmark", "ch3.benchmark"), ("ch7.benchmark", "ch3.benchmark"),
     ("ch7.benchmark", "ch6.gluon_fa3"),
     # Chapter 4's canaries and load counts, which Chapter 5's checks reuse

@@ -201,9 +201,9 @@ def _speed_pair(name, shape, causal):
     kc, vc = (_rand(B, context, h_kv, d, dtype=dt) for _ in range(2))
     lens = torch.full((B,), context, dtype=torch.int32, device=q.device)
     if name == "ch5.decode":
-        from flashbook.chapters.ch5 import benchmark as ch5b
+        from flashbook.bench_setups import quiet
         ns = _namespace("ch5")
-        unchecked = ch5b.quiet(ns)["decode"]
+        unchecked = quiet(ns)["decode"]
         return (lambda: ns["decode"](q, kc, vc, lens), lambda: unchecked(q, kc, vc, lens))
     from flashbook.chapters.ch8.launch import launch_split_kv
     ns = _namespace("ch8")

@@ -8,7 +8,8 @@ cannot be captured is timed launched from Python instead, its note saying so. A 
 (refused inputs, out of memory, ...) is recorded with ``ms`` empty and its note saying why.
 Our kernels are called through the solution's ``attention_varlen`` (and ``_one_tile``): once
 with its argument checks (that call's O is the one compared), then timed with
-``validate_varlen`` replaced by a no-op (``unchecked``): the timed call is the launch alone, as
+``validate_varlen`` replaced by a no-op (``bench_setups.ours``): the timed call is the launch
+alone, as
 the baselines' are (the checks read cu_seqlens with ``cases.host_values``, which copies nothing
 again for the same tensor and nothing at all during a capture, so the wrapper can be captured
 with them too). Beside each reference row a ``public`` row times the same call as a reader
@@ -46,14 +47,15 @@ Q, K, V, write O once) of the real tokens.
 from __future__ import annotations
 
 import functools
-import types
 import warnings
 
 import torch
 
-from flashbook import sources
-from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, \
-    free_cuda_cache, gpu_peak, join_notes, public_row, sdpa, sdpa_supports, timed_ms, why_failed
+from flashbook import bench_setups, sources
+from flashbook.bench import attention_bytes, flex_compile_limits, free_cuda_cache, join_notes, \
+    public_row, sdpa, sdpa_supports, why_failed
+from flashbook.bench_setups import causal_mod, cu_seqlens, flex_setup, max_err, ours, \
+    refused_setup, sdpa_backend
 from flashbook.chapters.ch4.figures import lognormal_lengths
 from flashbook.reference import attention_flops
 from flashbook.results import Row
@@ -72,11 +74,6 @@ KERNELS = [("ch4_two_tiles", "reference", "attention_varlen"),
 
 
 # ------------------------------------------------------------------ helpers (CPU-testable)
-
-def cu_seqlens(lengths, device="cpu") -> torch.Tensor:
-    """int32 offsets [0, n_0, n_0+n_1, ...] of a length mix."""
-    return torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
-
 
 def window_pairs(n: int, left: int) -> int:
     """Visible pairs of one causal sequence of n tokens whose rows see ``left`` keys back:
@@ -110,55 +107,12 @@ def unpad(o: torch.Tensor, lengths) -> torch.Tensor:
     return o.transpose(1, 2)[real_positions(lengths, o.shape[2], o.device)]
 
 
-def max_err(a, b) -> float:
-    """max |a - b| over elements, or nan when either is missing or they do not compare."""
-    try:
-        return (a.float() - b.float()).abs().max().item()
-    except Exception:  # noqa: BLE001 - a failed check is reported as nan, never fatal
-        return float("nan")
-
-
 def measure(kernel, role, setup, *, B, N, causal, flops, tokens, note="") -> Row:
-    """One row: ``setup()`` returns (fn, note) with fn() one forward; it and the timing run
-    under one guard, so a failure becomes the row's note instead of stopping the run."""
-    row = dict(kernel=kernel, role=role, B=B, H_q=H, H_kv=H, N_q=N, N_k=N, d=D,
-               dtype=str(DTYPE).replace("torch.", ""), causal=causal)
-    try:
-        fn, extra = setup()
-        ms, how = timed_ms(fn)
-    except Exception as e:  # noqa: BLE001 - one failing baseline never stops the run
-        free_cuda_cache()
-        return Row(**row, ms=None, tflops=None, gbps=None, pct_peak=None,
-                   note=join_notes(note, f"not measured: {why_failed(e)}"))
-    tflops = flops / (ms * 1e-3) / 1e12
-    gbps = attention_bytes(1, H, tokens, tokens, D, DTYPE.itemsize) / (ms * 1e-3) / 1e9
-    peak = gpu_peak()
-    pct = 100.0 * tflops / peak.tensor_tflops if peak else None
-    return Row(**row, ms=ms, tflops=tflops, gbps=gbps, pct_peak=pct, note=join_notes(note, extra, how))
-
-
-def unchecked(ns: dict, wrapper: str):
-    """The solution's ``wrapper`` with its argument checks (``validate_varlen``) replaced by a
-    no-op, in a copy of the namespace: the same kernels, launched the same way, without the
-    checks' Python time when the call is timed launched rather than replayed from a graph."""
-    f = ns[wrapper]
-    g = types.FunctionType(f.__code__, {**ns, "validate_varlen": lambda *a, **kw: None},
-                           f.__name__, f.__defaults__, f.__closure__)
-    g.__kwdefaults__ = f.__kwdefaults__
-    return g
-
-
-def ours(ns, wrapper, args, check=None, **kw):
-    """A setup for ``measure`` of a chapter kernel: one checked call (its O goes to
-    ``check(O) -> note``), then the call timed without the checks (``unchecked``)."""
-    def setup():
-        o = ns[wrapper](*args, **kw)[0]
-        try:
-            fast, how = unchecked(ns, wrapper), ""
-        except Exception:  # noqa: BLE001 - not a plain function: time it as it is
-            fast, how = ns[wrapper], "timed with its argument checks"
-        return (lambda: fast(*args, **kw)), join_notes(check(o) if check else "", how)
-    return setup
+    """``bench_setups.measure`` with this chapter's columns: H heads of D, fp16, N_q = N_k = N;
+    GB/s of Q, K, V and O of ``tokens`` tokens."""
+    return bench_setups.measure(kernel, role, setup, B=B, H_q=H, N_q=N, d=D, dtype=DTYPE,
+                                causal=causal, flops=flops, note=note,
+                                nbytes=attention_bytes(1, H, tokens, tokens, D, DTYPE.itemsize))
 
 
 def public(ns, row: Row, wrapper: str, args, **kw) -> Row:
@@ -167,33 +121,6 @@ def public(ns, row: Row, wrapper: str, args, **kw) -> Row:
     shown = ", ".join(["q, k, v, cu_seqlens_q, cu_seqlens_k", *map(str, args[5:])]
                       + [f"{name}={value!r}" for name, value in kw.items()])
     return public_row(row, functools.partial(ns[wrapper], *args, **kw), f"{wrapper}({shown})")
-
-
-def sdpa_masked(backend: str, mask=None, causal=False):
-    """SDPA restricted to one backend (a key of bench.SDPA_BACKENDS), with an optional mask."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def f(q, k, v):
-        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    return f
-
-
-def flex_setup(flex, mask_mod, q, k, v, expect=None, name="cuDNN"):
-    """A setup for ``measure``: the block mask built once, the compiled call warmed up."""
-    def setup():
-        from torch.nn.attention.flex_attention import create_block_mask
-        B, _, N, _ = q.shape
-        block_mask = create_block_mask(mask_mod, None, None, N, N, device=q.device)
-        fn = lambda: flex(q, k, v, block_mask=block_mask)  # noqa: E731
-        o = fn()                                          # compiles outside the timing
-        return fn, f"max|O-{name}|={max_err(o, expect):.1e}" if expect is not None else ""
-    return setup
-
-
-def causal_mod(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
 
 
 # ------------------------------------------------------------------------------ the run
@@ -273,13 +200,6 @@ def cudnn(q, k, v, causal):
         return None
 
 
-def refused_setup(why):
-    """A ``measure`` setup for a baseline that is not run (``why`` becomes its row's note)."""
-    def setup():
-        raise RuntimeError(why)
-    return setup
-
-
 def varlen_rows(ns, flex, lengths, device="cuda") -> list[Row]:
     n_seqs, longest, total = len(lengths), max(lengths), sum(lengths)
     ratio = n_seqs * longest / total
@@ -308,7 +228,7 @@ def varlen_rows(ns, flex, lengths, device="cuda") -> list[Row]:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    f = sdpa_masked(name, mask, causal)
+                    f = sdpa_backend(name, causal, mask=mask)
                     want = unpad(f(qp, kp, vp), lengths)
                 backend = name
                 break
@@ -344,7 +264,7 @@ def varlen_rows(ns, flex, lengths, device="cuda") -> list[Row]:
             rows.append(measure("sdpa_cudnn", "baseline", refused_setup(why), note=pad_note,
                                 **kw))
         else:
-            f = sdpa_masked(backend, None if causal else keys, causal)
+            f = sdpa_backend(backend, causal, mask=None if causal else keys)
             rows.append(measure(backend, "baseline", lambda: (lambda: f(qp, kp, vp), ""),
                                 note=join_notes(pad_note, f"backend {backend}",
                                            "refused: " + ", ".join(refusals) if refusals else ""),

@@ -3,11 +3,12 @@ and decode against a KV cache (contiguous and paged), beside torch SDPA, compile
 FlexAttention and the GPU's memory ceilings.
 
 GPU run (``flashbook bench ch5``): fp16, d = 128, h_q = 32 query heads sharing h_kv = 8 K/V
-heads (G = 4), in one process on one GPU, timed by ``ch4.benchmark.measure``: replayed from a
+heads (G = 4), in one process on one GPU, timed by ``bench_setups.measure``: replayed from a
 CUDA graph (launched from Python where a call cannot be captured, the note saying so); a row
 that fails (refused inputs, out of memory, ...) has ``ms`` empty and a note saying why. Our
 wrappers run once (that call's O is compared), then are timed, with ``validate_gqa`` and
-``validate_decode`` made no-ops (``quiet``): the launch alone is timed, as the baselines' is.
+``validate_decode`` made no-ops (``bench_setups.quiet``): the launch alone is timed, as the
+baselines' is.
 Beside each reference row a ``public`` row times the same call as a reader makes it: the
 wrapper with its checks and no config, launched (``bench.public_row``).
 
@@ -47,19 +48,18 @@ though an expanded baseline reads G times more); ``hbm_read`` counts the bytes r
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import types
-import warnings
 
 import torch
 
-from flashbook import sources
-from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, \
-    free_cuda_cache, gpu_peak, join_notes, public_row
-from flashbook.chapters.ch4 import benchmark as ch4
-from flashbook.reference import attention_flops
+from flashbook import bench_setups, sources
+from flashbook.bench import SDPA_BACKENDS, attention_bytes, flex_compile_limits, free_cuda_cache, \
+    join_notes, public_row
+from flashbook.bench_setups import causal_mod, ceiling_rows, cu_seqlens, decode_flops, \
+    err_note, expanded_note, expect, flex_setup, kv_bytes, ours, quiet, refused_setup, \
+    sdpa_setup
 from flashbook.chapters.ch5.launch import paged_cache
+from flashbook.reference import attention_flops
 from flashbook.results import Row
 
 GRAPH_TIMER = True
@@ -68,7 +68,7 @@ PREFILL = (1, 32, 8, 16384, 128)         # (B, h_q, h_kv, N, d)
 DECODE = (32, 32, 8, 8192, 128)          # (B, h_q, h_kv, context, d), one new token
 LONG = (1, 32, 8, 131072, 128)           # batch 1, long context
 PAGE_SIZES = (256, 64)
-READ_BYTES, COPY_BYTES = 4 * 2**30, 2 * 2**30
+READ_BYTES, COPY_BYTES = bench_setups.READ_BYTES, bench_setups.COPY_BYTES
 MATH_LIMIT = 2**30                       # bytes of fp32 S past which sdpa_math is skipped
 KERNELS = [("ch5_two_tiles", "reference", "attention_gqa_two_tiles"),
            ("ch5_mfold", "variant", "attention_gqa"),
@@ -77,111 +77,9 @@ KERNELS = [("ch5_two_tiles", "reference", "attention_gqa_two_tiles"),
 
 # ------------------------------------------------------------------ helpers (CPU-testable)
 
-def decode_flops(B: int, h_q: int, n_new: int, context: int, d: int) -> float:
-    """The two matmuls of a decode step: 4 * d per (query head, new token, cached key)."""
-    return 4.0 * B * h_q * n_new * context * d
-
-
-def kv_bytes(B: int, context: int, h_kv: int, d: int, itemsize: int = 2) -> float:
-    """Bytes of K and V a decode step reads: every cached token of every K/V head, once."""
-    return 2.0 * B * context * h_kv * d * itemsize
-
-
-def expanded_note(k, group: int) -> str:
-    """The expanded-K/V rows' note: the extra memory of K and V (B, h_kv, N, d) expanded to
-    h_q = group * h_kv heads."""
-    return (f"K/V expanded to h_q heads (repeat_interleave, not timed): "
-            f"+{2 * k.nbytes * (group - 1) / 2**20:.0f} MiB")
-
-
-def measure(kernel, role, setup, *, B, H_q, H_kv, N_q, N_k, d, causal, flops, nbytes,
-            hbm=False, note="") -> Row:
-    """One row, timed by ``ch4.benchmark.measure`` (its guard: a failure becomes the note),
-    with this chapter's shape columns and rates: ``gbps`` = ``nbytes`` / time; ``hbm``:
-    ``pct_peak`` of the datasheet HBM bandwidth instead of tensor TFLOP/s; ``flops`` 0: no
-    TFLOP/s (nor % of tensor peak)."""
-    r = ch4.measure(kernel, role, setup, B=B, N=N_q, causal=causal, flops=flops,
-                    tokens=B * N_q, note=note)
-    rates = {}
-    if r.ms is not None:
-        gbps = nbytes / (r.ms * 1e-3) / 1e9
-        peak = gpu_peak()
-        pct = r.pct_peak if flops else None
-        if hbm:
-            pct = 100.0 * gbps / peak.hbm_gbps if peak else None
-        rates = dict(gbps=gbps, tflops=r.tflops if flops else None, pct_peak=pct)
-    return dataclasses.replace(r, H_q=H_q, H_kv=H_kv, N_q=N_q, N_k=N_k, d=d, **rates)
-
-
-def quiet(ns: dict) -> dict:
-    """The namespace to hand ``ch4.benchmark.ours``, with no-op validators (the timed call is
-    the launch alone) and every solution function rebound to it, so a wrapper that calls
-    another (``attention_gqa_per_head`` calls ``attention_gqa``) skips the checks too."""
-    def noop(*a, **kw):
-        return None
-    out = {**ns, "validate_gqa": noop, "validate_decode": noop}
-    for name, f in ns.items():
-        if isinstance(f, types.FunctionType) and f.__globals__ is ns and \
-                name not in ("validate_gqa", "validate_decode"):
-            g = types.FunctionType(f.__code__, out, f.__name__, f.__defaults__, f.__closure__)
-            g.__kwdefaults__ = f.__kwdefaults__
-            out[name] = g
-    return out
-
-
-def sdpa_gqa(backend: str, causal: bool = False, gqa: bool = True):
-    """SDPA restricted to one backend (a key of bench.SDPA_BACKENDS), as f(q, k, v)."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def f(q, k, v):
-        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-    return f
-
-
-def refusal(e: BaseException, caught) -> str:
-    """Why a backend refused: torch's own reason (a UserWarning) where it gave one."""
-    skip = ("not used because", "runtime disabled", "Aborting execution")
-    why = [str(w.message).split(" (Triggered internally")[0].strip() for w in caught]
-    why = [w for w in why if w and not any(s in w for s in skip)]
-    return "refused: " + (why or [(str(e).strip().splitlines() or [""])[0]])[0][:140]
-
-
-def sdpa_setup(backend, q, k, v, causal, expand=False):
-    """A setup for ``measure``: SDPA on one backend with ``enable_gqa`` (``expand``: on K/V
-    expanded to the query heads first, not timed); a refusal raises with torch's reason."""
-    def setup():
-        kk, vv = k, v
-        if expand:
-            g = q.shape[1] // k.shape[1]
-            kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        f = sdpa_gqa(backend, causal, gqa=not expand)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                f(q, kk, vv)
-            except RuntimeError as e:
-                raise RuntimeError(refusal(e, caught)) from None
-        return (lambda: f(q, kk, vv)), ""
-    return setup
-
-
-def expect(q, k, v, causal, backends):
-    """(name, O) of the first SDPA backend that accepts these inputs (the check), or ("", None)."""
-    for name in backends:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return name, sdpa_gqa(name, causal)(q, k, v)
-        except Exception:  # noqa: BLE001 - refused or out of memory: try the next
-            free_cuda_cache()
-    return "", None
-
-
-def err_note(name, want):
-    """A check: ``max|O-name|`` of an O laid out as ``want``; no note without ``want``."""
-    return lambda o: f"max|O-{name}|={ch4.max_err(o, want):.1e}" if want is not None else ""
+def measure(kernel, role, setup, **kw) -> Row:
+    """``bench_setups.measure`` of this chapter's fp16 rows."""
+    return bench_setups.measure(kernel, role, setup, dtype=DTYPE, **kw)
 
 
 # ------------------------------------------------------------------------------ the run
@@ -216,7 +114,7 @@ def prefill_rows(ns, flex, B, h_q, h_kv, N, d, device="cuda") -> list[Row]:
     from torch.nn.attention.flex_attention import noop_mask
     q = torch.randn(B * N, h_q, d, device=device, dtype=DTYPE)
     k, v = (torch.randn(B * N, h_kv, d, device=device, dtype=DTYPE) for _ in range(2))
-    cu = ch4.cu_seqlens([N] * B, device)
+    cu = cu_seqlens([N] * B, device)
     q4, k4, v4 = (t.view(B, N, -1, d).transpose(1, 2).contiguous() for t in (q, k, v))
     math_s = 4.0 * B * h_q * N * N                         # bytes of the math backend's S
     refs = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient") + \
@@ -229,7 +127,7 @@ def prefill_rows(ns, flex, B, h_q, h_kv, N, d, device="cuda") -> list[Row]:
         name, want = expect(q4, k4, v4, causal, refs)
         check = err_note(name, want)
         for kernel, role, wrapper in KERNELS:
-            rows.append(measure(kernel, role, ch4.ours(
+            rows.append(measure(kernel, role, ours(
                 ns, wrapper, (q, k, v, cu, cu, N, N),
                 lambda o: check(o.view(B, N, h_q, d).transpose(1, 2)), causal=causal), **kw))
             if role == "reference":                    # the same call as a reader makes it
@@ -239,14 +137,14 @@ def prefill_rows(ns, flex, B, h_q, h_kv, N, d, device="cuda") -> list[Row]:
         for backend in SDPA_BACKENDS:
             setup = sdpa_setup(backend, q4, k4, v4, causal)
             if backend == "sdpa_math" and math_s > MATH_LIMIT:
-                setup = ch4.refused_setup(f"skipped: it materialises S and P in fp32, "
+                setup = refused_setup(f"skipped: it materialises S and P in fp32, "
                                      f"{math_s / 2**30:.3g} GiB each")
             rows.append(measure(backend, "baseline", setup, note="enable_gqa=True", **kw))
         rows.append(measure("sdpa_cudnn", "baseline",
                             sdpa_setup("sdpa_cudnn", q4, k4, v4, causal, expand=True),
                             note=expanded_note(k4, h_q // h_kv), **kw))
-        rows.append(measure("flex_attention", "baseline", ch4.flex_setup(
-            flex, ch4.causal_mod if causal else noop_mask, q4, k4, v4, want, name),
+        rows.append(measure("flex_attention", "baseline", flex_setup(
+            flex, causal_mod if causal else noop_mask, q4, k4, v4, want, name),
             note=f"enable_gqa=True; {'causal' if causal else 'full'} block mask", **kw))
         want = check = None                                # frees O before the next case
         free_cuda_cache()
@@ -270,14 +168,14 @@ def decode_rows(ns, flex, B, h_q, h_kv, context, d, page_sizes=PAGE_SIZES, devic
     def keep(o):
         mine["o"] = o                                      # the paged rows' check
         return check(o.transpose(1, 2))
-    rows = [measure("ch5_decode", "reference", ch4.ours(ns, "decode", (q, kc, vc, lens), keep),
+    rows = [measure("ch5_decode", "reference", ours(ns, "decode", (q, kc, vc, lens), keep),
                     note=note, **kw)]
     rows.append(public_row(rows[0], functools.partial(ns["decode"], q, kc, vc, lens),
                            "decode(q, k_cache, v_cache, cache_seqlens)"))
     for page in page_sizes:
         def setup(page=page):
             kp, vp, table = paged_cache(kc, vc, page, seed=0)
-            return ch4.ours(ns, "decode", (q, kp, vp, lens),
+            return ours(ns, "decode", (q, kp, vp, lens),
                             err_note("contiguous", mine.get("o")), block_table=table)()
         rows.append(measure("ch5_decode_paged", "reference", setup,
                             note=join_notes(note, f"page_size={page}"), **kw))
@@ -297,43 +195,4 @@ def decode_rows(ns, flex, B, h_q, h_kv, context, d, page_sizes=PAGE_SIZES, devic
             return fn, err_note(name, want)(fn())          # compiles outside the timing
         rows.append(measure("flex_attention", "baseline", flex_setup,
                             note="enable_gqa=True; no block mask", **kw))
-    return rows
-
-
-READ_OPS = {"x.sum()": lambda x: x.sum(),
-            "torch.linalg.vector_norm(x)": lambda x: torch.linalg.vector_norm(x)}
-
-
-def ceiling_rows(read_bytes, copy_bytes, B, h_q, h_kv, context, d, device="cuda") -> list[Row]:
-    """``hbm_read`` (the faster of the ``READ_OPS``) and ``d2d_copy``, with the decode case's
-    shape columns (they are not attention: no TFLOP/s)."""
-    kw = dict(B=B, H_q=h_q, H_kv=h_kv, N_q=1, N_k=context, d=d, causal=False, flops=0.0,
-              hbm=True)
-
-    def ones(nbytes):
-        return torch.ones(nbytes // DTYPE.itemsize, device=device, dtype=DTYPE)
-
-    def read_setup(op):
-        x = ones(read_bytes)                               # in the guard of ``measure``
-        return (lambda: READ_OPS[op](x)), ""
-    tried = {}
-    for op in READ_OPS:
-        tried[op] = measure("hbm_read", "baseline", functools.partial(read_setup, op),
-                            nbytes=read_bytes, note=f"read ceiling: {op} over "
-                            f"{read_bytes / 2**30:.2f} GiB of fp16", **kw)
-        free_cuda_cache()
-    best = min(tried, key=lambda op: (tried[op].ms is None, tried[op].ms or 0.0))
-    others = "; ".join(f"{op}: " + (f"{r.gbps:.0f} GB/s" if r.ms is not None else "failed")
-                       for op, r in tried.items() if op != best)
-    rows = [dataclasses.replace(tried[best], note=join_notes(tried[best].note,
-                                                            others and f"beside {others}"))]
-
-    def copy_setup():
-        src = ones(copy_bytes)
-        dst = torch.empty_like(src)
-        return (lambda: dst.copy_(src)), ""
-    rows.append(measure("d2d_copy", "baseline", copy_setup, nbytes=2 * copy_bytes,
-                        note=f"dst.copy_(src) of {copy_bytes / 2**30:.2f} GiB: gbps counts "
-                             "bytes read + written", **kw))
-    free_cuda_cache()
     return rows

@@ -24,7 +24,7 @@ shows whether bf16 differs; ``run(bf16_shapes=SHAPES)`` measures every shape). I
   ``ch3.benchmark`` calls it. Chapter 3 has no causal mask, so the causal rows are
   ``ch4_two_tiles`` (variant): Chapter 4's ``attention_varlen``, the same two-tile kernel with
   its mask, on the batch packed as (B*N, H, d), timed without its host-side argument checks
-  (``ch4.benchmark.ours``). Both take fp16 only: their bf16 rows are refusals.
+  (``bench_setups.ours``). Both take fp16 only: their bf16 rows are refusals.
 * ``sdpa_cudnn``, ``sdpa_flash`` (baselines): torch SDPA on one backend.
 
 Every row's note gives ``max|O-sdpa_cudnn|`` (cuDNN's O on the same inputs; ``sdpa_flash``'s
@@ -33,7 +33,7 @@ where cuDNN refuses) and flags an O further than ``TOLERANCE`` from it as WRONG.
 saying why; the run goes on.
 
 Timing. Torch and Triton/Gluon rows: replayed from a CUDA graph (``bench.time_ms(fn,
-graph=True)`` through ``ch4.benchmark._timed``; launched from Python where a call cannot be
+graph=True)`` through ``bench.timed_ms``; launched from Python where a call cannot be
 captured, the note saying so), the protocol ``results.GRAPH_TIMER`` that the provenance
 records. JAX rows cannot be captured into a torch CUDA graph (JAX launches on its own stream,
 through XLA), and torch's CUDA events cannot be recorded on that stream. They are timed with
@@ -69,8 +69,7 @@ from typing import Callable
 import torch
 
 from flashbook.bench import free_cuda_cache, join_notes, public_row, sdpa, timed_ms
-from flashbook.chapters.ch4 import benchmark as ch4
-from flashbook.chapters.ch5 import benchmark as ch5
+from flashbook.bench_setups import cu_seqlens, ours, refusal
 from flashbook.results import Row
 
 from .benchmark_rows import (CH3, CH4, JAX_FA3, KERNELS, ORDER, OURS, PALLAS, TOLERANCE, Case,
@@ -95,7 +94,7 @@ def cases(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL) -> list[Case]:
 
 def graph_timed(prepare: Callable[[], tuple]):
     """A setup for ``measure`` from ``prepare() -> (fn, note)`` (fn: one forward): timed from a
-    CUDA graph, else launched (``ch4.benchmark._timed``)."""
+    CUDA graph, else launched (``bench.timed_ms``)."""
     def setup():
         fn, note = prepare()
         ms, how = timed_ms(fn)
@@ -161,21 +160,21 @@ def ch3_prepare(case: Case, x: Inputs, namespaces: dict):
 
 def ch4_prepare(case: Case, x: Inputs, namespaces: dict):
     """Chapter 4's two-tile ``attention_varlen`` (causal) on the packed batch, timed without
-    its argument checks (``ch4.benchmark.ours``)."""
+    its argument checks (``bench_setups.ours``)."""
     B, H, N, d = case.shape
     name, want = x.want.get(case.causal, ("", None))
     packed = [t.view(B * N, H, d) for t in (x.q_bnhd, x.k_bnhd, x.v_bnhd)]
 
     def prepare():
-        cu = ch4.cu_seqlens([N] * B, x.q.device)
-        return ch4.ours(namespace(namespaces, "ch4"), "attention_varlen", (*packed, cu, cu, N, N),
-                        lambda o: err_note(name, want, o.view(B, N, H, d).transpose(1, 2)),
-                        causal=case.causal)()
+        cu = cu_seqlens([N] * B, x.q.device)
+        return ours(namespace(namespaces, "ch4"), "attention_varlen", (*packed, cu, cu, N, N),
+                    lambda o: err_note(name, want, o.view(B, N, H, d).transpose(1, 2)),
+                    causal=case.causal)()
     return prepare
 
 
 def sdpa_prepare(backend: str, case: Case, x: Inputs):
-    """SDPA on one backend; a refusal raises with torch's reason (``ch5.benchmark.refusal``)."""
+    """SDPA on one backend; a refusal raises with torch's reason (``bench_setups.refusal``)."""
     def prepare():
         f = sdpa(backend)
         with warnings.catch_warnings(record=True) as caught:
@@ -183,7 +182,7 @@ def sdpa_prepare(backend: str, case: Case, x: Inputs):
             try:
                 o = f(x.q, x.k, x.v, case.causal)
             except RuntimeError as e:
-                raise RuntimeError(ch5.refusal(e, caught)) from None
+                raise RuntimeError(refusal(e, caught)) from None
         name, want = x.want.get(case.causal, ("", None))
         note = err_note(name, want, o) if name != backend else ""
         return (lambda: f(x.q, x.k, x.v, case.causal)), note

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from flashbook.bench import attention_bytes, free_cuda_cache, gpu_peak, join_notes, why_failed
-from flashbook.chapters.ch4 import benchmark as ch4
+from flashbook.bench_setups import max_err
 from flashbook.reference import attention_flops
 from flashbook.results import Row
 
@@ -108,7 +108,7 @@ def err_note(name: str, want, o) -> str:
     passes ``TOLERANCE`` (or is NaN); no note without a reference."""
     if want is None or not name:
         return ""
-    err = ch4.max_err(o, want)
+    err = max_err(o, want)
     flag = "" if err <= TOLERANCE else f" WRONG (> {TOLERANCE:g})"
     return f"max|O-{name}|={err:.1e}{flag}"
 

@@ -20,7 +20,7 @@ valid (``cache_seqlens`` = 131072). Rows:
 
 Every row is timed replayed from a CUDA graph (``graph_timer``) through Chapter 4's
 ``measure`` (a failure becomes a noted row). ``gbps``: bytes of K and V read per second
-(``ch5.benchmark.kv_bytes``); ``pct_peak``: of the datasheet HBM bandwidth. Notes carry
+(``bench_setups.kv_bytes``); ``pct_peak``: of the datasheet HBM bandwidth. Notes carry
 ``max|O-sdpa_cudnn|`` (our kernels' O against cuDNN's on the same inputs).
 
 Record it with ``flashbook bench ch8`` (``CHAPTER.benchmark``), or with
@@ -38,10 +38,10 @@ import sys
 
 import torch
 
-from flashbook import sources
+from flashbook import bench_setups, sources
 from flashbook.bench import flex_compile_limits, free_cuda_cache, public_row
-from flashbook.chapters.ch4 import benchmark as ch4b
-from flashbook.chapters.ch5 import benchmark as ch5b
+from flashbook.bench_setups import ceiling_rows, decode_flops, err_note, expanded_note, expect, \
+    kv_bytes, ours, quiet, sdpa_setup
 from flashbook.results import Row
 
 GRAPH_TIMER = True
@@ -49,7 +49,12 @@ DTYPE = torch.float16
 LONG = (1, 32, 8, 131072, 128)            # (B, h_q, h_kv, context, d), one new token
 SPLIT_SWEEP = (8, 16, 24, 48, 64, 128)
 TILE_SWEEP = ((128, 4, 3), (128, 8, 2), (64, 4, 4), (64, 4, 2))   # beside split_config's
-READ_BYTES, COPY_BYTES = ch5b.READ_BYTES, ch5b.COPY_BYTES
+READ_BYTES, COPY_BYTES = bench_setups.READ_BYTES, bench_setups.COPY_BYTES
+
+
+def measure(kernel, role, setup, **kw) -> Row:
+    """``bench_setups.measure`` of this chapter's fp16 rows."""
+    return bench_setups.measure(kernel, role, setup, dtype=DTYPE, **kw)
 
 
 def split_setup(ns, q, k, v, lens, num_splits, check, tiles=None):
@@ -72,7 +77,7 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
     from torch.nn.attention.flex_attention import flex_attention
     from flashbook.chapters.ch8.launch import choose_num_splits, sm_count, split_config
     ns = ns if ns is not None else sources.solution_namespace("ch8")
-    ns5 = ch5b.quiet(ns5 if ns5 is not None else sources.solution_namespace("ch5"))
+    ns5 = quiet(ns5 if ns5 is not None else sources.solution_namespace("ch5"))
     flex = functools.partial(torch.compile(flex_attention, dynamic=False) if compile_flex
                              else flex_attention, enable_gqa=True)
     B, h_q, h_kv, context, d = shape
@@ -81,55 +86,55 @@ def run(shape=LONG, sweep=SPLIT_SWEEP, read_bytes=READ_BYTES, copy_bytes=COPY_BY
     lens = torch.full((B,), context, dtype=torch.int32, device=device)
     q4, k4, v4 = (t.transpose(1, 2).contiguous() for t in (q, kc, vc))
     kw = dict(B=B, H_q=h_q, H_kv=h_kv, N_q=1, N_k=context, d=d, causal=True, hbm=True,
-              flops=ch5b.decode_flops(B, h_q, 1, context, d),
-              nbytes=ch5b.kv_bytes(B, context, h_kv, d, DTYPE.itemsize))
-    name, want = ch5b.expect(q4, k4, v4, False, ("sdpa_cudnn", "sdpa_flash", "sdpa_math"))
+              flops=decode_flops(B, h_q, 1, context, d),
+         nbytes=kv_bytes(B, context, h_kv, d, DTYPE.itemsize))
+    name, want = expect(q4, k4, v4, False, ("sdpa_cudnn", "sdpa_flash", "sdpa_math"))
 
     def check(o):                                          # o (B, 1, h_q, d)
-        return ch5b.err_note(name, want)(o.transpose(1, 2))
+        return err_note(name, want)(o.transpose(1, 2))
     from flashbook.device import current
     chosen = choose_num_splits(B, h_kv, context, sm_count(), split_config(current().capability)[0])
     rows = []
     with flex_compile_limits():
-        rows.append(ch5b.measure("ch8_split_kv", "reference",
-                                 split_setup(ns, q, kc, vc, lens, chosen, check),
-                                 note=f"num_splits={chosen} (chosen for {sm_count()} SMs)", **kw))
+        rows.append(measure("ch8_split_kv", "reference",
+                            split_setup(ns, q, kc, vc, lens, chosen, check),
+                            note=f"num_splits={chosen} (chosen for {sm_count()} SMs)", **kw))
         rows.append(public_row(rows[-1], functools.partial(ns["decode_split_kv"], q, kc, vc,
                                                            lens),
                                "decode_split_kv(q, k_cache, v_cache, cache_seqlens)"))
         for s in sweep:
             if s != chosen:
-                rows.append(ch5b.measure("ch8_split_kv", "variant",
-                                         split_setup(ns, q, kc, vc, lens, s, check),
-                                         note=f"num_splits={s}", **kw))
+                rows.append(measure("ch8_split_kv", "variant",
+                                    split_setup(ns, q, kc, vc, lens, s, check),
+                                    note=f"num_splits={s}", **kw))
         for tiles in tile_sweep:
-            rows.append(ch5b.measure("ch8_split_kv", "variant",
-                                     split_setup(ns, q, kc, vc, lens, chosen, check, tiles),
-                                     note=f"num_splits={chosen}; BLOCK_N, num_warps, num_stages "
-                                          f"= {tiles}", **kw))
+            rows.append(measure("ch8_split_kv", "variant",
+                                split_setup(ns, q, kc, vc, lens, chosen, check, tiles),
+                                note=f"num_splits={chosen}; BLOCK_N, num_warps, num_stages "
+                                     f"= {tiles}", **kw))
         free_cuda_cache()
-        rows.append(ch5b.measure("ch5_decode", "variant",
-                                 ch4b.ours(ns5, "decode", (q, kc, vc, lens), check),
-                                 note="no split: one program per (sequence, K/V head)", **kw))
+        rows.append(measure("ch5_decode", "variant",
+                            ours(ns5, "decode", (q, kc, vc, lens), check),
+                            note="no split: one program per (sequence, K/V head)", **kw))
         free_cuda_cache()
         for backend in ("sdpa_cudnn", "sdpa_flash"):
-            rows.append(ch5b.measure(backend, "baseline",
-                                     ch5b.sdpa_setup(backend, q4, k4, v4, False),
-                                     note="enable_gqa=True; is_causal=False", **kw))
+            rows.append(measure(backend, "baseline",
+                                sdpa_setup(backend, q4, k4, v4, False),
+                                note="enable_gqa=True; is_causal=False", **kw))
             if backend == "sdpa_cudnn" and rows[-1].ms is None:
-                rows.append(ch5b.measure(backend, "baseline",
-                                         ch5b.sdpa_setup(backend, q4, k4, v4, False, expand=True),
-                                         note=ch5b.expanded_note(k4, h_q // h_kv), **kw))
+                rows.append(measure(backend, "baseline",
+                                    sdpa_setup(backend, q4, k4, v4, False, expand=True),
+                                    note=expanded_note(k4, h_q // h_kv), **kw))
             free_cuda_cache()
 
         def flex_setup():
             fn = lambda: flex(q4, k4, v4)  # noqa: E731
-            return fn, ch5b.err_note(name, want)(fn())
-        rows.append(ch5b.measure("flex_attention", "baseline", flex_setup,
-                                 note="enable_gqa=True; no block mask", **kw))
+            return fn, err_note(name, want)(fn())
+        rows.append(measure("flex_attention", "baseline", flex_setup,
+                            note="enable_gqa=True; no block mask", **kw))
         free_cuda_cache()
     want = None
-    rows += ch5b.ceiling_rows(read_bytes, copy_bytes, B, h_q, h_kv, context, d, device=device)
+    rows += ceiling_rows(read_bytes, copy_bytes, B, h_q, h_kv, context, d, device=device)
     return rows
 
 

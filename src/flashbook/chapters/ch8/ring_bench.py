@@ -360,8 +360,8 @@ def main(argv=None) -> int:
     rank, P = dist.get_rank(), dist.get_world_size()
     from flashbook import results, sources
     from flashbook.bench import gpu_peak
-    from flashbook.chapters.ch5 import benchmark as ch5b
-    ns = ch5b.quiet(sources.solution_namespace("ch5"))
+    from flashbook.bench_setups import quiet
+    ns = quiet(sources.solution_namespace("ch5"))
     attention = ns["attention_gqa_two_tiles"]
     out = Path(args.out)
     if rank == 0:

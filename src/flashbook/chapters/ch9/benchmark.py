@@ -28,19 +28,18 @@ FLOPs: ``reference.attention_flops`` (4 N_q N_k d per head, halved when causal) 
 a backward and 3.5 for forward + backward (the convention of FlashAttention-2's and cuDNN's
 reports; our dQ kernel's recomputation is not credited). ``gbps``: ``bench.attention_bytes``
 (Q, K, V, O once) / time, a lower bound. Every row is timed from a CUDA graph where it can be
-captured (``ch4.benchmark.measure``); the note of each of our rows gives
+captured (``bench_setups.measure``); the note of each of our rows gives
 ``max|dQ|dK|dV - sdpa_cudnn|`` (the first SDPA backend that accepts, if cuDNN refuses).
 """
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import torch
 
 from flashbook import sources
 from flashbook.bench import SDPA_BACKENDS, attention_bytes, free_cuda_cache, public_row
-from flashbook.chapters.ch4 import benchmark as ch4
+from flashbook.bench_setups import measure
 from flashbook.reference import attention_flops
 from flashbook.results import Row, table
 
@@ -167,12 +166,9 @@ def _err_note(grads, want, name) -> str:
 
 
 def _row(kernel, role, fn_setup, B, H, N, d, dtype, causal, what) -> Row:
-    r = ch4.measure(kernel, role, fn_setup, B=B, N=N, causal=causal,
-                    flops=bwd_flops(B, H, N, d, causal, what), tokens=B * N)
-    gbps = None if r.ms is None else \
-        attention_bytes(B, H, N, N, d, dtype.itemsize) / (r.ms * 1e-3) / 1e9
-    return dataclasses.replace(r, H_q=H, H_kv=H, N_q=N, N_k=N, d=d, gbps=gbps,
-                               dtype=str(dtype).replace("torch.", ""))
+    return measure(kernel, role, fn_setup, B=B, H_q=H, N_q=N, d=d, dtype=dtype, causal=causal,
+                   flops=bwd_flops(B, H, N, d, causal, what),
+                   nbytes=attention_bytes(B, H, N, N, d, dtype.itemsize))
 
 
 def run(cases=CASES, device="cuda", ns: dict | None = None,
