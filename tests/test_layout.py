@@ -89,8 +89,6 @@ def test_no_import_cycles():
 CROSS_CHAPTER = {
     ("ch6.benchmark", "ch3.benchmark"), ("ch7.benchmark", "ch3.benchmark"),
     ("ch7.benchmark", "ch6.gluon_fa3"),
-    # Chapter 4's canaries and load counts, which Chapter 5's checks reuse
-    ("ch5.checks", "ch4.checks"),
     # Chapter 6's pipeline engine, which Chapter 7's roles configure (one engine, in the toolkit)
     ("ch7.role_actions", "ch6.pipeline"), ("ch7.role_engine", "ch6.pipeline"),
     ("ch7.role_engine", "ch6.pipeline_engine"), ("ch7.role_run", "ch6.pipeline_types"),

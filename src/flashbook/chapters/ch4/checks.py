@@ -23,11 +23,10 @@ from flashbook.check import CheckFailure, check_attention, report, require_imple
     run_student
 from flashbook.cpu_child import on_cpu
 from flashbook.device import current
+from flashbook.packed import CANARY, expected_loads, name_leaks, programs, tile_sets, tiles, \
+    with_canaries
 
 from .launch import Config, default_sections, launch_varlen, window_bounds
-
-CANARY = (3, 40)       # (queries, keys) of the NaN sequence after every real one (keys >
-                       # BLOCK_N: a tile that runs past its sequence lands in NaN)
 
 
 def _configs(two_tiles: bool = False):
@@ -38,41 +37,7 @@ def _configs(two_tiles: bool = False):
         [Config(16, 16, 4, 1), Config(32, 16, 4, 1)]
 
 
-def tiles(cfg: Config | None) -> str:
-    return f"{cfg.BLOCK_M}x{cfg.BLOCK_N} tiles" if cfg else "the GPU's default tiles"
-
-
 # ----------------------------------------------------------------- packed batches, canaries
-
-def with_canaries(case: AttnCase, q, k, v, trailing: bool = True):
-    """The packed batch with a NaN canary sequence after each real sequence:
-    (q, k, v, cu_q, cu_k, real query rows of the augmented batch, index of each real sequence).
-    ``trailing``: NaN rows after the last canary that belong to no sequence (a wrapper that
-    checks ``cu_seqlens[-1]`` against the token count refuses them)."""
-    lens_q, lens_k = case.seqlens, case.seqlens_k or case.seqlens
-    cu_q, cu_k = case.cu_seqlens().tolist(), case.cu_seqlens(keys=True).tolist()
-    parts = {"q": [], "k": [], "v": []}
-    rows, new_q, new_k, seq_index = [], [0], [0], []
-    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
-        seq_index.append(len(new_q) - 1)
-        rows.append(torch.arange(new_q[-1], new_q[-1] + nq))
-        for name, t, a, n in (("q", q, cu_q[b], nq), ("k", k, cu_k[b], nk), ("v", v, cu_k[b], nk)):
-            parts[name].append(t[a:a + n])
-        new_q.append(new_q[-1] + nq)
-        new_k.append(new_k[-1] + nk)
-        for name, t, n in (("q", q, CANARY[0]), ("k", k, CANARY[1]), ("v", v, CANARY[1])):
-            parts[name].append(torch.full((n, *t.shape[1:]), math.nan, dtype=t.dtype,
-                                          device=t.device))
-        new_q.append(new_q[-1] + CANARY[0])
-        new_k.append(new_k[-1] + CANARY[1])
-    for name, t in (("q", q), ("k", k), ("v", v)) if trailing else ():
-        parts[name].append(torch.full((CANARY[1], *t.shape[1:]), math.nan, dtype=t.dtype,
-                                      device=t.device))  # the last canary has NaN after it too
-    packed = [oob.embed(torch.cat(parts[n]), pad=256) for n in ("q", "k", "v")]
-    dev = q.device
-    cu = [torch.tensor(c, dtype=torch.int32, device=dev) for c in (new_q, new_k)]
-    return (*packed, *cu, torch.cat(rows).to(dev), seq_index)
-
 
 def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles=False,
                 counter: oob.Guard | None = None, sections: int | None = None):
@@ -94,27 +59,6 @@ def _run_packed(kernel, case: AttnCase, cfg, q, k, v, *, masked: bool, two_tiles
     if counter is not None:
         counter.layout = (cu_q.tolist(), cu_k.tolist(), max_q, seq_index, window, sections)
     return o, lse
-
-
-def name_leaks(case: AttnCase, o, sections: int = 1):
-    """NaN in a real sequence that has keys came from a canary: say which sequence leaked."""
-    lens_q, lens_k = case.seqlens, case.seqlens_k or case.seqlens
-    start = 0
-    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
-        bad = torch.isnan(o[start:start + nq].float()).flatten(1).any(1)
-        if nk and bad.any():
-            first = int(bad.nonzero()[0])
-            raise CheckFailure(
-                f"case {case.describe()}: rows of sequence {b} (lengths q={nq}, k={nk}) contain "
-                f"NaN, first at row {first} of the sequence. A sequence of NaN (a canary) follows "
-                "every sequence in this batch: the kernel read keys or queries past its own "
-                f"sequence, or never wrote some of its rows (O is pre-filled with NaN).\n"
-                "  Hint: offsets come from CU_Q[seq] and CU_K[seq]; lengths are "
-                "CU[seq + 1] - CU[seq]; every load and store is masked to the sequence's length."
-                + (f" This launch walks {sections} (sequence, head) pairs per section: each "
-                   "program takes its tile from `m_block, pid_bh = program_tile("
-                   "heads_per_section)`, not from the raw program ids." if sections > 1 else ""))
-        start += nq
 
 
 def _varlen_cases(hidden: bool, masked: bool) -> list[AttnCase]:
@@ -261,19 +205,6 @@ def mask_cases(hidden: bool = False):
     return cases
 
 
-def _tile_sets(vis, m0, BM, BN, seqlen_q, seqlen_k):
-    """(tiles with a visible pair, fully visible tiles) of rows m0..m0+BM-1 (real rows only)."""
-    band = vis[m0:min(m0 + BM, seqlen_q)]
-    seen, full = set(), set()
-    for n0 in range(0, seqlen_k, BN):
-        block = band[:, n0:n0 + BN]
-        if block.any():
-            seen.add(n0)
-        if block.numel() and block.all() and n0 + BN <= seqlen_k:
-            full.add(n0)
-    return seen, full
-
-
 def check_mask_helpers(visible_pairs, key_tiles, hidden: bool = False):
     """Exercise 2a: ``visible_pairs`` against the reference mask, then ``key_tiles`` program by
     program: the tiles it visits must be exactly those with a visible pair, its full range may
@@ -318,7 +249,7 @@ def check_mask_helpers(visible_pairs, key_tiles, hidden: bool = False):
             m0 = p * BM
             what = (f"key_tiles, {spec}, {BM}x{BN} tiles, rows {m0}-{m0 + BM - 1}: returned "
                     f"(lo, full_lo, full_hi, hi) = ({lo}, {full_lo}, {full_hi}, {hi})")
-            seen, full = _tile_sets(want, m0, BM, BN, sq, sk)
+            seen, full = tile_sets(want, m0, BM, BN, sq, sk)
             if any(x % BN for x in (lo, full_lo, full_hi)) or not lo <= full_lo <= full_hi \
                     or full_hi > max(lo, hi):
                 raise CheckFailure(f"{what}: lo, full_lo and full_hi must be multiples of BLOCK_N "
@@ -352,33 +283,6 @@ def check_mask_helpers(visible_pairs, key_tiles, hidden: bool = False):
 
 # --------------------------------------------------- Exercise 2b: the masked kernel, counted
 
-def _programs(layout, H: int, BM: int, BN: int):
-    """(program id, sequence, head, real_rows, tiles with a visible pair, fully visible tiles)
-    of each program of the launch ``layout`` (from _run_packed), with program ids as
-    ``program_tile`` assigns them (G pairs per section, last tile first); ``real_rows``: the
-    program's tile holds no padding row."""
-    cu_q, cu_k, max_q, _, (left, right), G = layout
-    n_m = triton.cdiv(max_q, BM)
-    for seq in range(len(cu_q) - 1):
-        sq, sk = cu_q[seq + 1] - cu_q[seq], cu_k[seq + 1] - cu_k[seq]
-        i = torch.arange(sq)[:, None] + (sk - sq)
-        j = torch.arange(sk)[None, :]
-        vis = (j >= i - left) & (j <= i + right)
-        for m_block in range(triton.cdiv(sq, BM)):
-            seen, full = _tile_sets(vis, m_block * BM, BM, BN, sq, sk)
-            for h in range(H):
-                bh = seq * H + h
-                yield ((n_m - 1 - m_block) * G + bh % G, bh // G), seq, h, \
-                    (m_block + 1) * BM <= sq, seen, full
-
-
-def expected_loads(layout, H: int, BM: int, BN: int) -> dict:
-    """{program id: (K tiles with a visible pair, sequence * H + head)} for the launch
-    ``layout`` (from _run_packed)."""
-    return {pid: (len(seen), seq * H + h)
-            for pid, seq, h, _, seen, _ in _programs(layout, H, BM, BN)}
-
-
 def _check_masked_tiles(masked, layout, case, cfg, what, per_tile: int = 1):
     """Each program of a tile of real rows may take the masked path (attn_scores with
     MASKED=True, ``per_tile`` calls a K tile) only for its partial tiles: a fully visible tile
@@ -386,7 +290,7 @@ def _check_masked_tiles(masked, layout, case, cfg, what, per_tile: int = 1):
     by_program = {}
     for pid, n in masked.items():                       # the interpreter's ids are (x, y, z)
         by_program[pid[:2]] = by_program.get(pid[:2], 0) + n
-    for pid, seq, h, real_rows, seen, full in _programs(layout, case.H_q, cfg.BLOCK_M,
+    for pid, seq, h, real_rows, seen, full in programs(layout, case.H_q, cfg.BLOCK_M,
                                                          cfg.BLOCK_N):
         if real_rows and by_program.get(pid, 0) > per_tile * len(seen - full):
             raise CheckFailure(

@@ -13,12 +13,11 @@ import triton.language as tl
 
 from flashbook import oob, reference
 from flashbook.cases import AttnCase, decode_sweep, kv_packed, make_inputs, seeded, sweep
-from flashbook.chapters.ch4.checks import CANARY, expected_loads, name_leaks, tiles, \
-    with_canaries
 from flashbook.check import CheckFailure, assert_close, check_argument_errors, check_attention, \
     no_nan, report, require_implemented, run_student
 from flashbook.cpu_child import on_cpu
 from flashbook.device import current
+from flashbook.packed import CANARY, expected_loads, name_leaks, tiles, with_canaries
 from flashbook.varlen import window_bounds
 
 from .launch import Config, decode_block_m, decode_config, launch_decode, launch_gqa, paged_cache
