@@ -250,3 +250,19 @@ def public_row(row: Row, fn: Callable[[], object], call: str) -> Row:
     rate = {name: None if scale is None or getattr(row, name) is None else
             getattr(row, name) * scale for name in ("tflops", "gbps", "pct_peak")}
     return Row(**{**fields, **rate, "ms": ms, "note": call})
+
+
+# The forward shapes (B, H, N, d) Chapter 3 times its kernels at, and Chapter 7 its tricks.
+FORWARD_SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64), (4, 16, 1024, 64)]
+
+
+def compiled(kernel) -> dict:
+    """{cache key: compiled kernel} of a Triton kernel's variants compiled so far."""
+    return {key: c for cache in getattr(kernel, "device_caches", {}).values()
+            for key, c in cache[0].items()}
+
+
+def registers(new: dict) -> str:
+    """'regs=R spills=S' of newly compiled variants: what ptxas allotted per thread."""
+    found = {(getattr(c, "n_regs", None), getattr(c, "n_spills", None)) for c in new.values()}
+    return "; ".join(f"regs={r} spills={s}" for r, s in sorted(found, key=str)) or "regs n/a"

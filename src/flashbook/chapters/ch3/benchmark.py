@@ -18,12 +18,13 @@ from __future__ import annotations
 import torch
 
 from flashbook import sources
-from flashbook.bench import measure_attention, public_row, sdpa, sdpa_supports
+from flashbook.bench import FORWARD_SHAPES, compiled, measure_attention, public_row, registers, \
+    sdpa, sdpa_supports
 from flashbook.chapters.ch3.launch import pick_config
 from flashbook.results import Row
 
 GRAPH_TIMER = True
-SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64), (4, 16, 1024, 64)]
+SHAPES = FORWARD_SHAPES
 
 # The two-tile step in the order of two attn_tile calls (A, then B): the ablation of Section 6.
 A_THEN_B_STEP = """
@@ -54,18 +55,6 @@ def solution(order: str = "as is") -> dict:
     if order == "a then b":
         sources.exec_cell(A_THEN_B_STEP, "<ch3 benchmark: two-tile step, A then B>", ns)
     return ns
-
-
-def compiled(kernel) -> dict:
-    """{cache key: compiled kernel} of a Triton kernel's variants compiled so far."""
-    return {key: c for cache in getattr(kernel, "device_caches", {}).values()
-            for key, c in cache[0].items()}
-
-
-def registers(new: dict) -> str:
-    """'regs=R spills=S' of newly compiled variants: what ptxas allotted per thread."""
-    found = {(getattr(c, "n_regs", None), getattr(c, "n_spills", None)) for c in new.values()}
-    return "; ".join(f"regs={r} spills={s}" for r, s in sorted(found, key=str)) or "regs n/a"
 
 
 def run(shapes=SHAPES, dtype=torch.float16) -> list[Row]:

@@ -128,7 +128,7 @@ def reference(q, k, v, causal, backends=REFERENCES) -> tuple[str, torch.Tensor |
 def gluon_prepare(case: Case, x: Inputs):
     """``attention_fa3`` with the planner's config for this problem, checked once."""
     def prepare():
-        from flashbook.chapters.ch3.benchmark import compiled, registers
+        from flashbook.bench import compiled, registers
         from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, fa3_kernel, pick_config
         B, H, N, d = case.shape
         cfg = pick_config(d, case.dtype, case.causal, B, H, N, N)

@@ -20,7 +20,7 @@ The probes bound the share of the kernel's time spent in the exponentials: the s
 ``_exp_x2`` is what one more exponential per score costs, the speed-up of ``_no_exp`` what the
 exponentials cost at most.
 
-Cases: Chapter 3's shapes (``ch3.benchmark.SHAPES``), non-causal (Chapter 3's kernel has no
+Cases: Chapter 3's shapes (``bench.FORWARD_SHAPES``), non-causal (Chapter 3's kernel has no
 mask), in fp16 and in bf16 (``BF16_SHAPES``). Chapter 3's wrappers take fp16 and
 fp32 only; the kernel itself is dtype-generic (P is cast to V's dtype), so this module launches
 it directly (``launch_two_tiles``). ``sdpa_cudnn`` is the baseline of every case.
@@ -42,8 +42,8 @@ import torch
 import triton
 
 from flashbook import sources
-from flashbook.bench import measure_attention, public_row, sdpa, sdpa_supports
-from flashbook.chapters.ch3.benchmark import SHAPES
+from flashbook.bench import FORWARD_SHAPES as SHAPES, measure_attention, public_row, sdpa, \
+    sdpa_supports
 from flashbook.results import Row
 from flashbook.tiles import LOG2E, pick_config
 
