@@ -89,10 +89,6 @@ def test_no_import_cycles():
 CROSS_CHAPTER = {
     # Chapter 6's Gluon kernel, which carries Chapter 7's experiment switches
     ("ch7.benchmark", "ch6.gluon_fa3"),
-    # Chapter 6's pipeline engine, which Chapter 7's roles configure (one engine, in the toolkit)
-    ("ch7.role_actions", "ch6.pipeline"), ("ch7.role_engine", "ch6.pipeline"),
-    ("ch7.role_engine", "ch6.pipeline_engine"), ("ch7.role_run", "ch6.pipeline_types"),
-    ("ch7.roles", "ch6.pipeline"),
     # Chapter 9's forward is Chapter 5's GQA launch of the two-tile kernel
     ("ch9.forward", "ch5.forward_kernels"), ("ch9.forward", "ch5.launch"),
 }

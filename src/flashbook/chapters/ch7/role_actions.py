@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..ch6 import pipeline as _ch6
-from ..ch6.pipeline import Barrier
+from flashbook.pipeline_types import Action, Barrier
 
 __all__ = ["ROLE_NAMES", "TILES", "RoleAction", "TmaCopy", "MmaIssue", "Commit", "Work",
            "access_label", "content_text", "Access", "Buffer"]
@@ -18,7 +17,7 @@ TILES = (0, 1)
 
 # ------------------------------------------------------------------------------------ actions
 
-class RoleAction(_ch6.Action):
+class RoleAction(Action):
     """An action of one of the five roles (a Chapter 6 action, so the engine's bookkeeping of
     made-but-never-yielded actions covers it)."""
     owner = ""

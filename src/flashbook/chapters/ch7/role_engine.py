@@ -1,14 +1,14 @@
 """The engine of Chapter 7's five-role simulator: Chapter 6's event loop, barriers, deadlock
-and protocol checks (``flashbook.chapters.ch6.pipeline_engine.Engine``), with the five roles' actions
+and protocol checks (``flashbook.pipeline_engine.Engine``), with the five roles' actions
 plugged in: the tensor core as an in-order queue with commits, the SM's exponential unit (MUFU)
 as one resource both softmax warpgroups queue for, the TMA, timed work, and every access to a
 buffer checked for the hazards ``roles`` describes (read before ready, overwrite, race).
 ``RolePipeline.run`` is its entry."""
 from __future__ import annotations
 
-from ..ch6 import pipeline as _ch6
-from ..ch6.pipeline import Hazard, Span
-from ..ch6.pipeline_engine import Engine, deadlock_text, join_clocks
+from flashbook.pipeline_engine import Engine, deadlock_text, join_clocks
+from flashbook.pipeline_types import Action, Arrive, Hazard, Span, Wait
+
 from .role_actions import (ROLE_NAMES, TILES, Access, Buffer, Commit, MmaIssue, RoleAction,
                            TmaCopy, Work, access_label, content_text)
 from .role_run import RoleRun
@@ -99,16 +99,16 @@ class RoleEngine:
                 return
             finally:
                 self.pipe.core._current = None
-            if not isinstance(a, _ch6.Action) or a.pipe is not self.pipe.core:
+            if not isinstance(a, Action) or a.pipe is not self.pipe.core:
                 raise Hazard("protocol", core.now, (
                     f"{_cap(_who_prog(p.name))} yielded {a!r}, not an action of its pipeline "
                     "(yield pipe.wait(...), pipe.arrive(...), pipe.commit(...), pipe.qk(...), "
                     "..."))
             a.yielded = True
-            if isinstance(a, _ch6.Wait):
+            if isinstance(a, Wait):
                 if not core.do_wait(p, a):
                     return
-            elif isinstance(a, _ch6.Arrive):
+            elif isinstance(a, Arrive):
                 core.check_barrier(p, a.bar, a)
                 p.vc[p.name] += 1
                 core.arrive(a.bar, p.name, p.vc)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..ch6.pipeline_types import Hazard
+from flashbook.pipeline_types import Hazard
 
 __all__ = ["Timing", "RoleRun"]
 

@@ -45,8 +45,10 @@ from __future__ import annotations
 
 import types
 
-from ..ch6 import pipeline as _ch6
-from ..ch6.pipeline import Barrier, Hazard, Span
+from flashbook import pipeline_types
+from flashbook.pipeline_model import Pipeline
+from flashbook.pipeline_types import Barrier, Hazard, Span
+
 from .role_actions import ROLE_NAMES, TILES, Commit, MmaIssue, TmaCopy, Work
 from .role_engine import RoleEngine
 from .role_run import RoleRun, Timing
@@ -87,11 +89,11 @@ class RolePipeline:
                  max_actions: int = 20000):
         self.timing = timing or Timing()
         t = self.timing
-        # Chapter 6's pipeline holds the barriers, the made actions and the configuration
-        self.core = _ch6.Pipeline(stages, n_steps, consumers=2,
-                                  timing=_ch6.Timing(tma=t.tma, qk=t.qk, pv=t.pv,
-                                                     softmax=t.rowmax + t.exp),
-                                  max_actions=max_actions)
+        # the pipeline of Chapter 6's model holds the barriers, the made actions, the configuration
+        self.core = Pipeline(stages, n_steps, consumers=2,
+                             timing=pipeline_types.Timing(tma=t.tma, qk=t.qk, pv=t.pv,
+                                                          softmax=t.rowmax + t.exp),
+                             max_actions=max_actions)
         self.stages, self.n_steps = stages, n_steps
 
     # ------------------------------------------------------------ for every role

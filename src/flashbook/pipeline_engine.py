@@ -1,4 +1,5 @@
-"""The engine of Chapter 6's pipeline model (``pipeline``): the event loop in simulated time,
+"""The engine of the pipeline model of warp roles and barriers that Chapter 6 teaches
+(``chapters.ch6.pipeline``) and Chapter 7 extends to five roles: the event loop in simulated time,
 the barriers' phases and waits, the tensor cores shared by the GEMMs in flight, the vector clocks
 that order every read and write of a slot, and the hazard reports (overwrite, read before ready,
 phase overrun, deadlock, dataflow, protocol, runaway). ``Pipeline.run`` is its entry; Chapter 7's

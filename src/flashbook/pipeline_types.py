@@ -1,5 +1,5 @@
-"""The pieces of Chapter 6's pipeline model (``pipeline``) that its engine (``pipeline_engine``)
-runs: the timing, the ``Hazard`` a run stops at, the ``Barrier``, the actions a warpgroup program
+"""The pieces of the pipeline model (Chapter 6's ``pipeline`` teaches it) that its engine
+(``pipeline_engine``) runs: the timing, the ``Hazard`` a run stops at, the ``Barrier``, the actions a warpgroup program
 yields, and the trace of a run (``Span``, ``Read``, ``Write``, ``Run``). ``pipeline`` re-exports
 them; Chapter 7's five-role simulator extends the actions.
 """
