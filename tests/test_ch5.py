@@ -83,7 +83,7 @@ def test_two_tile_wrapper_runs_the_one_tile_kernel_while_the_two_tile_one_is_a_s
     assert not selftest.failure_phrase(note), note
     want, want_lse = expected(case, q, k, v)
     torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
-    from flashbook.chapters.ch5 import forward_kernels
+    from flashbook import gqa_kernels as forward_kernels
     assert "raise NotImplementedError" not in inspect.getsource(forward_kernels)
 
 

@@ -160,7 +160,7 @@ def test_forward_is_the_packages_generated_chapter5_kernel(solution):
     """``ch9.forward`` launches the package's copy of Chapter 5's two-tile kernel (generated
     from its solution: no checkout needed), and agrees with the float64 reference."""
     import sys
-    from flashbook.chapters.ch5 import forward_kernels
+    from flashbook import gqa_kernels as forward_kernels
     forward_module = sys.modules["flashbook.chapters.ch9.forward"]
     assert "sources" not in vars(forward_module)
     case = AttnCase("t", seqlens=(17, 0, 30), seqlens_k=(20, 4, 30), H_q=4, H_kv=1, d=16,

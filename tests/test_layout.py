@@ -89,8 +89,6 @@ def test_no_import_cycles():
 CROSS_CHAPTER = {
     # Chapter 6's Gluon kernel, which carries Chapter 7's experiment switches
     ("ch7.benchmark", "ch6.gluon_fa3"),
-    # Chapter 9's forward is Chapter 5's GQA launch of the two-tile kernel
-    ("ch9.forward", "ch5.forward_kernels"), ("ch9.forward", "ch5.launch"),
 }
 NOTEBOOK_SUBMODULES = set()
 

@@ -295,7 +295,7 @@ def test_distribution_has_the_package_and_its_data_and_no_course_material(root, 
 # The instructor guide lists the same (test_instructor_guide_lists_the_given_answers).
 GIVEN = {
     "flashbook/kernels.py": ("ch4_masks",),          # Chapter 4's masks, for Chapters 5-9
-    "flashbook/chapters/ch5/forward_kernels.py": ("ch5_two_tiles", "ch4_two_tiles"),  # the
+    "flashbook/gqa_kernels.py": ("ch5_two_tiles", "ch4_two_tiles"),  # the
     # optional two-tile kernels: Chapter 5's (generated), which Chapter 9 runs, and Chapter 4's,
     # the same kernel with one query head a group, which shares most of its lines
     "flashbook/chapters/ch7/lazy.py": ("ch3_attn_kernel",),   # Chapter 3's kernel, made lazy

@@ -31,7 +31,7 @@ Chapters and the pipeline:
                figures, known-wrong variants and benchmark
     notebooks  release (student notebooks via nbgrader) and execution of chapter sources
     given      the package modules a release generates from solution cells (a chapter's solved
-               code that a later chapter runs on: chapters/ch5/forward_kernels.py)
+               code that a later chapter runs on: gqa_kernels.py)
     book       the HTML book build and its benchmark appendix (sphinxext: its HTML fixes)
     grade      the instructor CLI's grading back end (imports nothing of the book)
     cli        the ``flashbook`` command: release, book, bench, grading

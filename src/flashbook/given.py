@@ -23,7 +23,7 @@ MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
 @dataclasses.dataclass(frozen=True)
 class Generated:
-    path: str                # in the package: "flashbook/chapters/ch5/forward_kernels.py"
+    path: str                # in the package: "flashbook/gqa_kernels.py"
     chapter: str             # the chapter whose solution cells it copies: "ch5"
     names: tuple[str, ...]   # the top-level definitions it copies, in this order
     doc: str                 # the module's docstring
@@ -33,14 +33,14 @@ class Generated:
 
 MODULES = (
     Generated(
-        path="flashbook/chapters/ch5/forward_kernels.py",
+        path="flashbook/gqa_kernels.py",
         chapter="ch5",
         names=("store_folded_rows", "attn_gqa_two_tiles"),
         doc="Chapter 5's packed GQA forward in its two-tile form, the forward Chapter 9\n"
             "differentiates (``ch9.forward``): the answer to Chapter 5's optional Exercise 1b, "
             "the one\nanswer of that chapter the package holds (Exercise 1's one-tile kernel "
-            "stays out of it).\nLaunch it with ``ch5.launch_gqa(..., two_tiles=True)``. Import "
-            "this module after\n``flashbook.setup()``: it imports Triton.",
+            "stays out of it).\nLaunch it with ``flashbook.gqa.launch_gqa(..., two_tiles=True)``. "
+            "Import this module after\n``flashbook.setup()``: it imports Triton.",
         imports="import triton\nimport triton.language as tl\n\n"
                 "from flashbook.kernels import attn_two_tile_step, key_tiles, program_tile, "
                 "visible_pairs\n"),

@@ -1,6 +1,6 @@
 """The forward pass Chapter 9 differentiates: Chapter 5's packed GQA kernel in its two-tile
 form (causal masks bottom-right, O and the natural-log LSE ``(h_q, total_q)`` the backward
-needs), from ``flashbook.chapters.ch5.forward_kernels``, which ``flashbook release`` generates
+needs), from ``flashbook.gqa_kernels``, which ``flashbook release`` generates
 from Chapter 5's solution: the package alone runs it, no checkout needed. The same kernel on
 every device: in CPU mode two tiles of 16 rows, which take the group sizes the checks use. The
 package holds this answer to Chapter 5's optional Exercise 1b (the instructor guide lists it);
@@ -12,8 +12,8 @@ import functools
 import numpy as np
 import torch
 
-from flashbook.chapters.ch5.launch import launch_gqa, prefill_dtypes, validate_packed
 from flashbook.device import current
+from flashbook.gqa import launch_gqa, prefill_dtypes, validate_packed
 from flashbook.varlen import window_bounds
 
 __all__ = ["forward"]
@@ -54,5 +54,5 @@ def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 def _kernel():
     """Chapter 5's two-tile kernel, imported on first use (after ``flashbook.setup()``, which
     picks the interpreter or the GPU)."""
-    from flashbook.chapters.ch5.forward_kernels import attn_gqa_two_tiles
+    from flashbook.gqa_kernels import attn_gqa_two_tiles
     return attn_gqa_two_tiles

@@ -5,7 +5,7 @@
 """Chapter 5's packed GQA forward in its two-tile form, the forward Chapter 9
 differentiates (``ch9.forward``): the answer to Chapter 5's optional Exercise 1b, the one
 answer of that chapter the package holds (Exercise 1's one-tile kernel stays out of it).
-Launch it with ``ch5.launch_gqa(..., two_tiles=True)``. Import this module after
+Launch it with ``flashbook.gqa.launch_gqa(..., two_tiles=True)``. Import this module after
 ``flashbook.setup()``: it imports Triton.
 """
 import triton
