@@ -257,15 +257,16 @@ def triton_forward_rows(ns_n=FORWARD_N, dims=(64, 128), dtype=torch.float16,
     return rows
 
 
-def flex_rows(ns_n=FORWARD_N, d=128, dtype=torch.float16) -> list[Row]:
+def flex_rows(ns_n=FORWARD_N, d=128, dtype=torch.float16, causals=(False, True)) -> list[Row]:
     """Compiled FlexAttention beside the forward part's rows (MHA, fp16, d = 128: each shape
-    and mask compiles once, a minute or so each, so the other d is left out)."""
+    and mask compiles once, a minute or so each, so the other d is left out). The parts
+    ``flex_noncausal`` and ``flex_causal`` are its halves, each written when done."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     from .bench import flex_compile_limits
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     with flex_compile_limits():
-        for causal in (False, True):
+        for causal in causals:
             for N in ns_n:
                 B = max(1, TOKENS // N)
                 q, k, v = (torch.randn(B, HEADS, N, d, device="cuda", dtype=dtype)
@@ -282,6 +283,7 @@ def flex_rows(ns_n=FORWARD_N, d=128, dtype=torch.float16) -> list[Row]:
                     fn = _fail(why_failed(e))
                 rows.append(_row("flex_attention", "baseline", fn,
                                  note="torch.compile(flex_attention)", **kw))
+                print(f"flex causal={causal} N={N}: {rows[-1].ms} ms {rows[-1].note}", flush=True)
                 del q, k, v
                 free_cuda_cache()
     return rows
@@ -294,7 +296,9 @@ def _causal_mod(b, h, q_idx, kv_idx):
 PARTS = {"forward": functools.partial(forward_rows, dtypes=(torch.float16,)),
          "forward_bf16": functools.partial(forward_rows, dtypes=(torch.bfloat16,)),
          "backward": backward_rows, "decode": decode_rows,
-         "triton_forward": triton_forward_rows, "flex": flex_rows}
+         "triton_forward": triton_forward_rows, "flex": flex_rows,
+         "flex_noncausal": functools.partial(flex_rows, causals=(False,)),
+         "flex_causal": functools.partial(flex_rows, causals=(True,))}
 
 
 # Our reading of why each kernel falls behind cuDNN where the sweep says it does: mechanisms,
