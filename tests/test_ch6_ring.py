@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import linecache
-import time
 
 import numpy as np
 import pytest
@@ -106,13 +105,12 @@ def test_a_consumer_that_reads_early_is_caught():
 
 
 @needs_jax
+@pytest.mark.timeout(120)        # a hang that the check's own limit misses fails here, not in CI's
 def test_a_hang_fails_within_the_time_limit_without_the_deadlock_detector():
     producer = define(variant(*VARIANTS[2][1:3]))              # waits before the first fill
-    start = time.monotonic()
     with pytest.raises(CheckFailure) as e:
         # 10 s: time for a loaded CI machine to trace the kernel and reach the wait
         ring_checks.check_kv_ring(producer, timeout=10, stall=None)
-    assert time.monotonic() - start < 30
     message = str(e.value)
     assert "did not finish within the time limit" in message, message
     assert f"waits at line {line_of('plgpu.barrier_wait(consumed.at[slot])')} of your " \

@@ -3,7 +3,6 @@ known-wrong variants): the merge references, the split count, the wrapper's argu
 the mesh simulator, the ring harness's teardown (a hang and a raise in the student's code), the
 figures, and the split-KV kernels compiling ahead of time for sm_75 and sm_90."""
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -244,11 +243,10 @@ def _alive(pids):
     return [p for p in pids if running(p)]
 
 
+@pytest.mark.timeout(60)         # a hang that the check's own limit misses fails here
 def test_a_hanging_ring_fails_within_its_limit_and_leaves_no_process(workers):
-    t = time.monotonic()
     with pytest.raises(CheckFailure, match="no result within 4 s: a deadlock"):
         ch8.check_ring_attention(_hangs, timeout=4)
-    assert time.monotonic() - t < 20
     assert workers and not _alive(workers)
 
 

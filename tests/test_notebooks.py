@@ -77,3 +77,20 @@ def test_student_notebooks_hide_solutions_and_hidden_tests(root, fresh_release):
         assert "colab.research.google.com/github/" in first and f"notebooks/{ch.name}.ipynb" in first
         assert "pip" in nb.cells[1].source and "google.colab" in nb.cells[1].source
         assert "torch" not in nb.cells[1].source.split("flashbook @")[0].split("install")[-1]
+
+
+def test_executed_notebook_cache_is_keyed_by_the_chapter_its_package_and_the_toolkit(root):
+    """An edit in the grader, in another chapter's package or in a self-check record must not
+    re-execute a chapter; an edit in its source, its package or the toolkit must."""
+    package = root / "src" / "flashbook"
+    by_id = {c.id: set(notebooks.notebook_inputs(c, root)) for c in CHAPTERS}
+    for ch in CHAPTERS:
+        inputs = by_id[ch.id]
+        assert ch.path in inputs and package / "cases.py" in inputs, ch.id
+        assert package / "grade" / "cellmeta.py" in inputs, ch.id
+        assert set((package / "chapters" / ch.id).glob("*.py")) <= inputs, ch.id
+        assert not inputs & set((package / "grade").glob("auto*.py")), ch.id
+        assert not inputs & set((package / "data" / "selftest").glob("*")), ch.id
+        others = {p for c in CHAPTERS if c.id != ch.id
+                  for p in (package / "chapters" / c.id).rglob("*.py")}
+        assert not inputs & others, f"{ch.id}'s cache key holds another chapter's package"

@@ -184,11 +184,32 @@ def execute(nb, *, timeout: int = 600, allow_errors: bool = False, cwd: Path | N
     return nb
 
 
+# What a chapter's executed notebook depends on, besides its own source and package: the toolkit
+# (the top-level modules), the grade modules that build a notebook's cells, and the recorded data
+# the chapters quote. Not the grader, not other chapters' packages (a chapter's package imports
+# none: tests/test_layout.py), not the self-check records (no chapter shows them).
+NOTEBOOK_GRADE_MODULES = ("cellmeta.py", "markers.py")
+UNQUOTED_DATA = ("selftest",)
+
+
+def notebook_inputs(ch: Source, root: Path) -> list[Path]:
+    """The files whose content keys ``ch``'s executed-notebook cache, sorted."""
+    package = root / "src" / "flashbook"
+    files = [ch.path, package / "chapters" / "__init__.py"]
+    files += package.glob("*.py")
+    files += (package / "grade" / name for name in NOTEBOOK_GRADE_MODULES)
+    files += (p for p in (package / "chapters" / ch.id).rglob("*") if p.suffix == ".py")
+    files += (p for p in (package / "data").rglob("*")
+              if p.suffix in (".csv", ".json", ".txt")
+              and p.relative_to(package / "data").parts[0] not in UNQUOTED_DATA)
+    return sorted({p for p in files if p.is_file()})
+
+
 def _inputs_hash(ch: Source, root: Path) -> str:
-    h = hashlib.sha256(ch.path.read_bytes())
-    for p in sorted((root / "src" / "flashbook").rglob("*")):
-        if p.is_file() and p.suffix in (".py", ".csv", ".json"):
-            h.update(p.read_bytes())
+    h = hashlib.sha256()
+    for p in notebook_inputs(ch, root):
+        name, data = p.relative_to(root).as_posix().encode(), p.read_bytes()
+        h.update(b"%d:%s %d:" % (len(name), name, len(data)) + data)
     return h.hexdigest()
 
 
