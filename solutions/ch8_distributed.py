@@ -180,11 +180,15 @@ for r in (ch5_rows.rows if ch5_rows else []):
 # $B \cdot h_q \cdot S \cdot (d + 1)$ fp32 values written and read back, about 0.1 % of the
 # cache at batch 1, 131072 keys, $h_q = 32$, $S = 32$, $d = 128$.
 #
-# **How many splits.** Enough programs to fill the GPU, not more: every split adds a partial to
-# write and merge, and splits of too few tiles spend their time starting up. `choose_num_splits`
-# aims at two programs per SM (while one waits on memory the other's loads are in flight), never
-# more splits than key tiles, and rounds so that every split gets the same number of whole
-# tiles. When $B \cdot h_{kv}$ already gives every SM two programs, it does not split at all.
+# **How many splits.** Enough programs to keep the memory system busy, not more: every split
+# adds a partial to write and merge, and splits of too few tiles spend their time starting up.
+# `choose_num_splits` follows two rules, both read off a sweep of split counts at every batch
+# and context of the book's decode sweep. While the $B \cdot h_{kv}$ programs are fewer than a
+# third of the SMs, it splits until every SM has one; from there on one program per sequence
+# and K/V head, with three stages of loads in flight, reads the cache as fast as a split launch
+# does. And no range is longer than 16384 keys, so a long context is read by more programs than
+# the batch alone gives. It never makes more splits than key tiles, and rounds so that every
+# split gets the same number of whole tiles.
 
 # %% tags=["demo"]
 print("splits on a GPU of 132 SMs (H200), h_kv = 8, 128-key tiles:")
@@ -305,13 +309,13 @@ ch8.check_split_kv(split_kv_kernel, combine_kernel, hidden=True)
 # `with flashbook.check_values():`.
 #
 # With `num_splits=None` this is the book's decode call for one new token at any batch and
-# context: where $B \cdot h_{kv}$ programs already fill the GPU, `choose_num_splits` returns 1, and
-# the split kernel, Chapter 5's decode kernel with one program per sequence and K/V head, writes
-# O and the LSE itself (one partial needs no merge, so the combine is not launched); at batch 1
-# it cuts the keys into as many ranges as fill the SMs. A cache too large for the kernels'
-# 32-bit offsets (more than $2^{31}$ elements: 32 sequences of 131072 tokens at 8 heads of 128)
-# is launched a slice of sequences at a time. Paged caches and several new tokens per step stay
-# with Chapter 5's `decode`.
+# context: where $B \cdot h_{kv}$ programs already keep the GPU busy and the context is short,
+# `choose_num_splits` returns 1, and the split kernel, Chapter 5's decode kernel with one program
+# per sequence and K/V head, writes O and the LSE itself (one partial needs no merge, so the
+# combine is not launched); at batch 1 it cuts the keys into as many ranges as give every SM a
+# program. A cache too large for the kernels' 32-bit offsets (more than $2^{31}$ elements: 32
+# sequences of 131072 tokens at 8 heads of 128) is launched a slice of sequences at a time. Paged
+# caches and several new tokens per step stay with Chapter 5's `decode`.
 
 # %%
 def decode_split_kv(q, k_cache, v_cache, cache_seqlens, num_splits=None, softmax_scale=None):

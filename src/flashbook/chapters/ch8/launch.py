@@ -29,6 +29,7 @@ __all__ = ["choose_num_splits", "split_config", "launch_split_kv", "launch_combi
            "sequences_per_launch", "validate_split_decode", "sm_count"]
 
 MAX_SPLITS = 128
+MAX_KEYS_PER_SPLIT = 16384      # choose_num_splits: the longest range one program reads
 
 
 def sm_count(device=None) -> int | None:
@@ -44,29 +45,50 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def choose_num_splits(batch: int, h_kv: int, max_len: int, sms: int | None, block_n: int,
-                      programs_per_sm: int = 2, max_splits: int = MAX_SPLITS) -> int:
-    """How many ranges to cut each sequence's keys into: enough programs (batch x h_kv x splits)
-    to give every SM ``programs_per_sm`` of them, so that one SM's waits on memory are covered by
-    another program's loads; never more splits than key tiles, nor ``max_splits``. Without a GPU
-    (``sms`` None) it splits into tiles of 4 key tiles, so that the checks see several splits.
-    Then rounded so that every split but the last has the same number of whole tiles."""
+                      max_keys_per_split: int = MAX_KEYS_PER_SPLIT,
+                      max_splits: int = MAX_SPLITS) -> int:
+    """How many ranges to cut each sequence's keys into, from two measured rules (Chapter 8's
+    split sweep, every batch x context of the book's decode sweep):
+
+    * **fill the GPU**: when the ``batch x h_kv`` programs are fewer than a third of the SMs,
+      enough splits to give every SM one program (at batch 1, 8 K/V heads and 132 SMs: 17
+      splits). From a third of the SMs on, one program per (sequence, K/V head) with three
+      stages of loads in flight already reads as fast as the split launch, whose partials cost
+      a write, a read and a second kernel;
+    * **keep each range short**: at most ``max_keys_per_split`` keys a range (16384), so that a
+      long context is read by more programs than the waves of ``batch x h_kv`` alone give
+      (batch 32, 131072 keys: 8 splits, not 1).
+
+    Never more splits than key tiles, nor ``max_splits``. Without a GPU (``sms`` None) it splits
+    into ranges of 4 key tiles, so that the checks see several splits. Then rounded so that
+    every split but the last has the same number of whole tiles."""
     tiles = max(1, -(-max_len // block_n))
     if sms is None:
         want = -(-tiles // 4)
     else:
-        programs = batch * h_kv
-        want = 1 if programs >= programs_per_sm * sms else -(-programs_per_sm * sms // programs)
+        programs = max(1, batch * h_kv)
+        fill = 1 if 3 * programs >= sms else -(-sms // programs)
+        want = max(fill, -(-max_len // max_keys_per_split))
     want = max(1, min(want, tiles, max_splits))
     tiles_per_split = -(-tiles // want)
     return -(-tiles // tiles_per_split)
 
 
-def split_config(capability: tuple | None) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the split kernel: Chapter 5's decode tiles (128 keys
-    and two stages on sm_90, 64 elsewhere, 16 in the CPU interpreter)."""
+def split_config(capability: tuple | None, itemsize: int = 2,
+                 head_dim: int = 128) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of the split kernel: on sm_90 128-key tiles with three
+    stages of K/V loads in flight (two where three rings of K and V tiles would not fit in
+    shared memory: fp32 at d = 128), which read faster than two stages at every point of the
+    decode sweep; 64-key tiles and three stages elsewhere; 16 in the CPU interpreter."""
     if capability is None:
         return 16, 4, 1
-    return (128, 4, 2) if tuple(capability) >= (9, 0) else (64, 4, 3)
+    if tuple(capability) >= (9, 0):
+        stages = 3 if 3 * 2 * 128 * head_dim * itemsize <= SHARED_MEMORY_SM90 else 2
+        return 128, 4, stages
+    return 64, 4, 3
+
+
+SHARED_MEMORY_SM90 = 200 * 1024     # of the 227 KB a block may use: room for Q and the layout
 
 
 _SPLIT_PLANS = Plans()
@@ -135,7 +157,7 @@ def _split_plan(split_kernel, combine_kernel, q, k_cache, v_cache, num_splits, s
     G = h_q // h_kv
     if max(element_span(k_cache), element_span(v_cache)) > MAX_ELEMENTS:
         return sequences_per_launch(k_cache, v_cache)
-    cfg = split_config(current().capability)
+    cfg = split_config(current().capability, q.element_size(), d)
     BN, warps, stages = block_n or cfg[0], num_warps or cfg[1], num_stages or cfg[2]
     S = num_splits or choose_num_splits(B, h_kv, max_len, sm_count(q.device), BN)
     if not 1 <= S <= MAX_SPLITS:
