@@ -42,6 +42,25 @@ def test_time_outside_the_launch_is_what_the_wrapper_adds():
     assert overhead.measure("two", two_launches, reps=2)["launches"] == 2
 
 
+def test_the_floor_allocates_the_outputs_and_applies_autograd_for_a_differentiable_call():
+    import torch
+    from flashbook.plans import Launch
+    launch = Launch(_kernel(), (1,))
+    big = (64, 1024, 1024)            # a costly allocation on any host: 256 MiB of float32
+
+    def wrapper():                     # allocates its output, then launches: adds nothing
+        out = torch.empty(big, device=fb.current().device)
+        launch(out)
+        return out
+    row = overhead.measure("alloc", wrapper, reps=5)
+    assert row["alloc_us"] > 0 and row["autograd_us"] is None
+    assert row["launch_us"] >= row["alloc_us"]
+    x = torch.empty(16, device=fb.current().device)
+    grad_row = overhead.measure("grad", lambda: launch(x), reps=5, inputs=(x,))
+    assert grad_row["autograd_us"] > 0
+    assert grad_row["launch_us"] >= grad_row["autograd_us"]
+
+
 def test_the_profile_ranks_the_functions_a_call_spends_its_time_in():
     def checks():                  # the costly part of a wrapper
         time.sleep(0.002)

@@ -9,14 +9,19 @@ launcher of the book launches through ``plans.Launch``) and, over ``REPS`` round
 warm-up (the compile), the medians of:
 
 * ``host_us``: one public call (nothing waits for the GPU in the loop);
-* ``launch_us``: the same launches made the ordinary way, ``kernel[grid](...)`` with the same
-  arguments (``plans.triton_launch``: Triton binds and specializes every argument), i.e. what
-  the call would cost with no wrapper at all;
+* ``launch_us``: what the call would cost with no wrapper at all: its output tensors allocated
+  the ordinary way (``torch.empty`` of each tensor it returns, ``alloc_us``), then the same
+  launches made the ordinary way, ``kernel[grid](...)`` with the same arguments
+  (``plans.triton_launch``: Triton binds and specializes every argument); for a
+  differentiable function (a call with ``inputs``: Chapter 9's) also one empty
+  ``torch.autograd.Function.apply`` on its tensors (``autograd_us``), which every custom
+  autograd op, flash-attn's ``flash_attn_func`` included, pays before its kernel;
 * ``added_us = host_us - launch_us``: what the wrapper adds to that launch (checks, tile choice,
   output buffers); the book's target is at most ``TARGET_US``. Negative when the wrapper's
   remembered plan and direct launch (``plans.Launch``) save more than its own work costs;
-* ``direct_us``: the launches through the compiled kernels' own launcher (``plans.
-  direct_launch``), the floor, and ``wrapper_us = host_us - direct_us``, the wrapper's Python;
+* ``direct_us``: the launches alone through the compiled kernels' own launcher (``plans.
+  direct_launch``), and ``wrapper_us = host_us - direct_us``, everything else the call does
+  (its Python, its output buffers);
 * ``profile`` (``--profile``): the costliest Python functions of a call (``profile``);
 * ``syncs``: whether one call synchronises with the device (run under
   ``torch.cuda.set_sync_debug_mode("error")``, which raises at any synchronising CUDA call).
@@ -62,17 +67,50 @@ def syncs(call) -> bool | None:
     return False
 
 
-def measure(name: str, call, reps: int = REPS) -> dict:
+class _Nothing(torch.autograd.Function):
+    """An autograd op that does nothing: what ``Function.apply`` itself costs."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        return tensors[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _tensors(value) -> list:
+    """The tensors in a call's result (a tensor, or nested tuples and lists of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def measure(name: str, call, reps: int = REPS, inputs: tuple = ()) -> dict:
     """One function's row: host, launch, direct and added microseconds per call (medians over
-    ``reps`` rounds that time the call and its launches replayed both ways, in turn), launches
-    per call, and whether it synchronises."""
+    ``reps`` rounds that time the call and its floor replayed both ways, in turn), launches
+    per call, and whether it synchronises. ``inputs``: the tensors of a differentiable
+    function, given to the empty autograd op of its floor (none: not differentiable)."""
     for _ in range(3):                      # compile, fill the caches
         call()
     sync = syncs(call)
     with plans.recorded_launches() as made:
-        call()
+        result = call()
+    shapes = [(t.shape, t.dtype, t.device) for t in _tensors(result)]
+
+    def alloc():
+        for shape, dtype, device in shapes:
+            torch.empty(shape, dtype=dtype, device=device)
+
+    def autograd():
+        if inputs:
+            _Nothing.apply(*inputs)
 
     def ordinary():
+        alloc()
+        autograd()
         for launch, tensors in made:
             plans.triton_launch(launch, tensors)
 
@@ -81,9 +119,10 @@ def measure(name: str, call, reps: int = REPS) -> dict:
             plans.direct_launch(launch, tensors)
     for _ in range(3):
         ordinary()
-    times = {"host": [], "launch": [], "direct": []}
+    times = {"host": [], "launch": [], "direct": [], "alloc": [], "autograd": []}
     for _ in range(reps):
-        for label, f in (("host", call), ("launch", ordinary), ("direct", direct)):
+        for label, f in (("host", call), ("launch", ordinary), ("direct", direct),
+                         ("alloc", alloc), ("autograd", autograd)):
             start = time.perf_counter()
             f()
             times[label].append(time.perf_counter() - start)
@@ -92,7 +131,8 @@ def measure(name: str, call, reps: int = REPS) -> dict:
     us = {label: round(statistics.median(xs) * 1e6, 2) for label, xs in times.items()}
     return dict(function=name, host_us=us["host"], launch_us=us["launch"],
                 added_us=round(us["host"] - us["launch"], 2), direct_us=us["direct"],
-                wrapper_us=round(us["host"] - us["direct"], 2), launches=len(made),
+                wrapper_us=round(us["host"] - us["direct"], 2), alloc_us=us["alloc"],
+                autograd_us=us["autograd"] if inputs else None, launches=len(made),
                 syncs=sync, reps=reps)
 
 
@@ -135,6 +175,7 @@ def calls(quick: bool = False) -> dict:
     lens = (N // 2, N // 4, N // 4)
     cu = torch.tensor([0, N // 2, 3 * N // 4, N], dtype=torch.int32, device=q.device)
     qp, kp, vp = (_rand(N, 8, d, dtype=dt), _rand(N, 2, d, dtype=dt), _rand(N, 2, d, dtype=dt))
+    qh = qp[:, :2]              # two query heads, as many as K/V has (a view made once)
     B, max_len = 4, 4 * N
     qd = _rand(B, 1, 8, d, dtype=dt)
     kc, vc = (_rand(B, max_len, 2, d, dtype=dt) for _ in range(2))
@@ -147,7 +188,7 @@ def calls(quick: bool = False) -> dict:
         "ch3.attention": lambda: ns["ch3"]["attention"](q, k, v),
         "ch3.attention_two_tiles": lambda: ns["ch3"]["attention_two_tiles"](q, k, v),
         "ch4.attention_varlen": lambda: ns["ch4"]["attention_varlen"](
-            qp[:, :2], kp, vp, cu, cu, max(lens), max(lens), causal=True),
+            qh, kp, vp, cu, cu, max(lens), max(lens), causal=True),
         "ch5.attention_gqa": lambda: ns["ch5"]["attention_gqa"](
             qp, kp, vp, cu, cu, max(lens), max(lens), causal=True),
         "ch5.attention_gqa_two_tiles": lambda: ns["ch5"]["attention_gqa_two_tiles"](
@@ -159,6 +200,7 @@ def calls(quick: bool = False) -> dict:
         "ch9.flash_attention (forward)": lambda: ns["ch9"]["flash_attention"](
             q, k, v, causal=True),
     }
+    out["ch9.flash_attention (forward)"].inputs = (q, k, v)     # differentiable: see measure
     if gpu and torch.cuda.get_device_capability() == (9, 0):
         from flashbook.chapters.ch6 import gluon_fa3
         out["ch6.gluon_fa3.attention_fa3"] = lambda: gluon_fa3.attention_fa3(q, k, v, causal=True)
@@ -237,7 +279,7 @@ def run(quick: bool = False, only: str | None = None, reps: int = REPS,
         if only and not name.startswith(only):
             continue
         try:
-            rows.append(measure(name, call, reps))
+            rows.append(measure(name, call, reps, getattr(call, "inputs", ())))
             if profiled:
                 rows[-1]["profile"] = profile(call, reps)
         except Exception:  # noqa: BLE001 - one function's failure must not lose the others
