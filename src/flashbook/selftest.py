@@ -33,12 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 from . import sources as chapter_sources
-from .grade import hidden
 from .grade.cellmeta import grade_id
+from .grade.record import strip_ansi
 from .selftest_record import (RECORDS, SCHEMA, check_cell, load, merge, records, save,
                               source_files, source_hash)
 
@@ -145,7 +144,7 @@ def clip(head: str, body: str) -> str:
 
 
 def _outcome(output: str, error: str | None, cell) -> dict:
-    return {"output": hidden.strip_ansi(output), "error": error and hidden.strip_ansi(error),
+    return {"output": strip_ansi(output), "error": error and strip_ansi(error),
             "cell": cell and _cell_name(cell)}
 
 
@@ -227,23 +226,8 @@ def run_chapter(chapter_id: str, root: Path, runner: str, timeout: float) -> dic
         r = run(cells, Path(work), child_env(), timeout)
     phrase = None if r["error"] else failure_phrase(r["output"])
     error = r["error"] or (phrase and clip(f"the output says it failed: {phrase}", r["output"]))
-    return redacted({"ran": error is None, "how": runner, "failed_cell": r["cell"],
-                     "seconds": round(time.monotonic() - start, 1), "error": error},
-                    secret_lines(cells))
-
-
-def secret_lines(cells) -> list[str]:
-    return hidden.hidden_lines(types.SimpleNamespace(cells=[{"source": c[1]} for c in cells]))
-
-
-def redacted(data, secret: list[str]):
-    """``data`` (the record's dicts, lists and strings) with hidden-test lines replaced: the
-    records ship in the package, which must hold no hidden test."""
-    if isinstance(data, str):
-        return hidden.redact(data, secret)
-    if isinstance(data, dict):
-        return {k: redacted(v, secret) for k, v in data.items()}
-    return [redacted(v, secret) for v in data] if isinstance(data, list) else data
+    return {"ran": error is None, "how": runner, "failed_cell": r["cell"],
+            "seconds": round(time.monotonic() - start, 1), "error": error}
 
 
 # ------------------------------------------------------------------ grading through the CLI
@@ -414,11 +398,10 @@ def selftest(root: Path, chapter_ids: list[str] | None = None, out: Path | None 
         ran = run_chapter(cid, root, runner, timeout)
         grading = (grade_chapter(cid, root, "gpu" if backend.gpu else "cpu", timeout) if grade
                    else {"status": "skipped", "reason": "--no-grade"})
-        secret = secret_lines(solved_cells(chapter_sources.source(cid, root).path))
         entry = {"passed": ran["ran"] and full_marks(grading), **ran,
                  "sha256": source_hash(cid, root),
                  "uncommitted_changes": uncommitted(source_files(cid, root), root, commit),
-                 "grading": redacted(grading, secret), "provenance": prov}
+                 "grading": grading, "provenance": prov}
         echo(f"{cid}: {summary(entry)}")
         passed.append(entry["passed"])
         record = merge(load(out), {cid: entry})     # after each chapter: a killed run keeps it

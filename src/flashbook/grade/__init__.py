@@ -18,7 +18,7 @@ Modules (one job each):
     worker     grades one submission (runs in its own process)
     autograde  the batch: shards, workers, time limits, progress bar, resumable results
     merge      combine the results of several shards
-    feedback   per-student feedback HTML (never shows hidden tests)
+    feedback   per-student feedback HTML (the released check cells and their verdicts)
     export     grades CSV and the class summary (histograms)
     gradebook  the grades and messages into nbgrader's gradebook.db (export --nbgrader)
     cli        the ``flashbook collect|autograde|merge|feedback|export`` subcommands

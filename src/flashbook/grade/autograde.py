@@ -204,7 +204,7 @@ def autograde(a: str, course: Course | None = None, *, device: str = "cpu",
     todo = [s for s in todo if s not in skipped]
     user = sandbox.sandbox_user(user)
     if user:
-        # the sandboxed kernel must not read hidden tests, gradebook or other submissions
+        # the sandboxed kernel must not read the solutions, gradebook or other submissions
         for d in (course.root, results):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o700)

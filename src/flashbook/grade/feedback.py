@@ -2,8 +2,9 @@
 
 The page shows the score table (which checks failed, and the harness's message), the repairs
 ``collect`` made, and the student's notebook with its outputs — with the *released* test cells
-(no hidden tests) and, for each test cell, only its verdict. Every text is scrubbed of
-hidden-test lines, and the finished page is checked once more before it is written.
+(as the student saw them) and, for each test cell, only its verdict. Nothing else is hidden: an
+error or a print of the student's code shows as it ran, and may quote a hidden test (hidden tests
+are more cases, not secrets: the instructor guide says so).
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import nbformat
 
-from . import cellmeta, hidden
+from . import cellmeta
 from .layout import META_DIR, Course, read_results
-from .record import PASSED, NotebookResult, SubmissionResult
+from .record import PASSED, NotebookResult, SubmissionResult, strip_ansi
 
 
 def _fmt(x) -> str:
@@ -53,7 +54,7 @@ def summary_html(result: SubmissionResult, nb_result: NotebookResult, repairs: l
     return "\n".join(parts)
 
 
-def student_notebook(graded, release, nb_result: NotebookResult, secret: list[str]):
+def student_notebook(graded, release, nb_result: NotebookResult):
     """The graded notebook as the student may see it."""
     nb = copy.deepcopy(graded)
     released = {cellmeta.grade_id(c): c for c in release.cells if cellmeta.grade_id(c)}
@@ -72,17 +73,7 @@ def student_notebook(graded, release, nb_result: NotebookResult, secret: list[st
             continue
         for out in cell.get("outputs", []):
             if out.output_type == "error":
-                out.traceback = [hidden.redact(hidden.strip_ansi("\n".join(out.traceback)),
-                                               secret)]
-                out.evalue = hidden.redact(out.evalue, secret)
-            elif out.output_type == "stream":
-                out.text = hidden.redact(out.text, secret)
-            elif "data" in out:
-                for k in list(out.data):
-                    if isinstance(out.data[k], str):
-                        out.data[k] = hidden.redact(out.data[k], secret)
-    for cell in nb.cells:
-        cell.source = hidden.redact(cell.source, secret)
+                out.traceback = [strip_ansi("\n".join(out.traceback))]
     return nb
 
 
@@ -102,17 +93,14 @@ def feedback(a: str, course: Course | None = None, results_root: Path | None = N
         repairs = log_file.read_text().splitlines() if log_file.exists() else []
         for nb_result in result.notebooks:
             name = nb_result.name
-            secret = hidden.hidden_lines(course.source_notebook(a, name))
             release = course.release_notebook(a, name)
             graded_path = results_dir / student / f"{name}.ipynb"
             graded = nbformat.read(graded_path, as_version=4) if graded_path.exists() \
                 else nbformat.v4.new_notebook()
-            nb = student_notebook(graded, release, nb_result, secret)
+            nb = student_notebook(graded, release, nb_result)
             head = summary_html(result, nb_result, repairs)
-            nb.cells.insert(0, nbformat.v4.new_markdown_cell(hidden.redact(head, secret)))
+            nb.cells.insert(0, nbformat.v4.new_markdown_cell(head))
             body, _ = exporter.from_notebook_node(nb)
-            if hidden.leaks(html.unescape(body), secret):     # never ship a hidden test
-                raise RuntimeError(f"feedback for {student} would show hidden tests; not written")
             out = course.feedback_dir(a, student) / f"{name}.html"
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(body)

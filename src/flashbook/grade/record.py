@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +19,13 @@ FAILED: Status = "failed"
 NOT_RUN: Status = "not run"
 MANUAL: Status = "manual"
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without the terminal colours IPython puts in tracebacks."""
+    return _ANSI.sub("", text or "")
+
 
 @dataclasses.dataclass(frozen=True)
 class CellResult:
@@ -25,7 +33,7 @@ class CellResult:
     score: float | None          # None: graded by hand (markdown answers)
     max_score: float
     status: Status
-    message: str = ""            # why it lost points; never holds a hidden test
+    message: str = ""            # why it lost points (plain text: ``strip_ansi``)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

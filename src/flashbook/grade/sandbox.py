@@ -8,7 +8,7 @@ What this gives (and what it cannot):
 * it dies with the grading worker (``PR_SET_PDEATHSIG``), so no orphan keeps looping;
 * Landlock (Linux >= 5.13, unprivileged): the kernel may read only the system, Python and
   flashbook's own code, and write only its work directory — so it cannot read the course
-  directory (hidden tests, gradebook, other students' files) nor write anything else; with
+  directory (solutions, gradebook, other students' files) nor write anything else; with
   Landlock ABI >= 4 it also cannot open TCP connections except on its own ports; for a chapter
   whose graded code starts processes that talk over loopback (``Chapter.local_ports``: Chapter
   8's ring over gloo) also on the ephemeral range (Landlock cannot tell loopback from remote

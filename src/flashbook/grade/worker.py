@@ -31,9 +31,9 @@ from pathlib import Path
 
 import nbformat
 
-from . import cellmeta, guard, hidden, repair, scan
+from . import cellmeta, guard, repair, scan
 from .record import FAILED, MANUAL, NOT_RUN, PARTIAL, PASSED, CellResult, NotebookResult, \
-    Status, SubmissionResult, zeroed
+    Status, SubmissionResult, strip_ansi, zeroed
 
 PROBE_TIMEOUT = 10   # s: a kernel that cannot run `pass` in this long after an interrupt is stuck
 MAX_RESTARTS = 2     # per notebook: one that keeps hanging or killing its kernel gets no more
@@ -275,7 +275,6 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
     source = nbformat.read(nbjob["source"], as_version=4)
     release = nbformat.read(nbjob["release"], as_version=4)
     points = cellmeta.graded_points(source)
-    secret = hidden.hidden_lines(source)
 
     def zero_all(reason) -> NotebookResult:
         return NotebookResult(name, zeroed(points, reason), notes=(reason,))
@@ -309,7 +308,7 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
             for o in cell.get("outputs", []):    # e.g. a SyntaxError in the student's code
                 # (a hang or a dead kernel: execute's note already says so)
                 if o.output_type == "error" and i not in not_run and o.evalue not in notes:
-                    msg = hidden.redact(f"{o.ename}: {o.evalue}", secret)[:300]
+                    msg = f"{o.ename}: {o.evalue}"[:300]
                     notes.append(f"cell {i + 1} ({gid or 'not graded'}) raised {msg}")
             continue
         if cell.cell_type != "code":
@@ -318,8 +317,7 @@ def grade_notebook(job: dict, nbjob: dict, out: Path, workdir: Path,
             cells[gid] = CellResult(0.0, points[gid], NOT_RUN, not_run[i])
         else:
             score, status, msg = cell_score(cell, points[gid], confirmed.get(i, True))
-            cells[gid] = CellResult(score, points[gid], status,
-                                    hidden.redact(hidden.strip_ansi(msg), secret)[:2000])
+            cells[gid] = CellResult(score, points[gid], status, strip_ansi(msg)[:2000])
     # every graded cell gets a result (repair re-inserts missing cells: belt and braces)
     cells = {**zeroed(points, "cell missing"), **cells}
     nbformat.write(nb, out / f"{name}.ipynb")
