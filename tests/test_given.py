@@ -74,6 +74,7 @@ CELL = '# %% tags=["export:flashbook.kernels"]\n@triton.jit\ndef f(x):\n    retu
     (CELL.replace("flashbook.kernels", "flashbook.kernel"), "the modules:"),
     (CELL + "SCALE = 2.0\n", "definitions only; line 4 is a Assign"),
     (CELL.replace('tags=["export', 'tags=["demo", "export'), "only a solution or given"),
+    (CELL + "\n" + CELL, "defines f twice"),
 ])
 def test_a_wrong_export_tag_is_an_error(tmp_path, cell, error):
     (tmp_path / "solutions").mkdir()

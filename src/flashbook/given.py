@@ -88,19 +88,17 @@ def _targets(cell) -> list[str]:
 
 def drop_export_tags(cell) -> None:
     """Take the export tags off a cell of a notebook made from a chapter source."""
-    tags = cell.get("metadata", {}).get("tags")
-    if tags and _targets(cell):
-        kept = [t for t in tags if not t.startswith(TAG)]
-        if kept:
-            cell.metadata["tags"] = kept
-        else:
+    if _targets(cell):
+        cell.metadata["tags"] = [t for t in cell.metadata["tags"] if not t.startswith(TAG)]
+        if not cell.metadata["tags"]:
             del cell.metadata["tags"]
 
 
 def exported(root: Path | None = None) -> dict[str, list[Definition]]:
     """{module: its definitions, in the order of the chapters and their cells}, from every
     chapter source's cells tagged ``export:<module>``. A ValueError names a tag of no module
-    in ``MODULES``, a graded test or demo cell tagged, or a statement that is no definition."""
+    in ``MODULES``, a graded test or demo cell tagged, a statement that is no definition, or a
+    name defined twice in one module."""
     root = root or repo_root()
     known = {m.module for m in MODULES}
     out: dict[str, list[Definition]] = {m: [] for m in known}
@@ -122,6 +120,8 @@ def exported(root: Path | None = None) -> dict[str, list[Definition]]:
                                      f"{node.lineno} is a {type(node).__name__}")
                 first = min([d.lineno for d in node.decorator_list] + [node.lineno])
                 text = [x for x in lines[first - 1:node.end_lineno] if x.strip() not in MARKERS]
+                if any(d.name == node.name for d in out[targets[0]]):
+                    raise ValueError(f"{where}: {targets[0]} defines {node.name} twice")
                 cell_name = (f"solution cell {grade_id(cell)}" if grade_id(cell)
                              else "a given code cell")
                 out[targets[0]].append(Definition(node.name, "\n".join(text), rel, cell_name))
