@@ -105,7 +105,7 @@ fig = ch4.plot_varlen_tiles([300, 40, 180, 96], block_m=32, block_n=32, causal=T
 # $p$ is $e^{-\infty} = 0$, and the row stays at $(m, l) = (-\infty, 0)$, as it should. The full
 # tiles (`MASKED=False`) need none of this: the compiler drops every mask operation.
 
-# %%
+# %% tags=["export:flashbook.kernels"]
 @triton.jit
 def program_tile(heads_per_section):
     """(m_block, pid_bh) of this program: its query tile and its sequence * H + head. The grid is
@@ -346,7 +346,7 @@ fig = ch4.plot_tile_visits([
 #   of a row `< seqlen_q` (the check counts them). `tl.maximum`, `tl.minimum`, `tl.where` and
 #   integer `//` work on these scalars. About 15 lines in all.
 
-# %% nbgrader={"grade": false, "grade_id": "ch4_masks", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "ch4_masks", "locked": false, "schema_version": 3, "solution": true, "task": false} tags=["export:flashbook.kernels"]
 @triton.jit
 def visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left, window_right):
     """(BLOCK_M, BLOCK_N) bool: may query row rows[i] see key cols[j]? (bottom-right aligned)"""
@@ -567,7 +567,7 @@ ch4.check_validate_varlen(validate_varlen, hidden=True)
 # `attn_two_tile_step` below is the pair's loop body, `attn_scores` and `attn_update` for
 # both tiles in Chapter 3's order.
 
-# %%
+# %% tags=["export:flashbook.kernels"]
 @triton.jit
 def attn_two_tile_step(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs, v_ptrs, kv_ok,
                        vis_a, vis_b, qk_scale, MASKED: tl.constexpr,

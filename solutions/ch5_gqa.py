@@ -249,7 +249,7 @@ def attention_gqa_per_head(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # differentiates this kernel from the package's copy of it: it does not need yours.) About 75
 # lines, most of them Exercise 1's.
 
-# %% nbgrader={"grade": false, "grade_id": "ch5_two_tiles", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "ch5_two_tiles", "locked": false, "schema_version": 3, "solution": true, "task": false} tags=["export:flashbook.gqa_kernels"]
 @triton.jit
 def store_folded_rows(O, LSE, acc, l_i, m_i, q_start, rows, heads, seqlen_q, stride_ot,
                       stride_oh, total_q, offs_d):

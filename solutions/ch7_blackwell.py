@@ -332,13 +332,79 @@ except NotImplementedError:
 fig = ch7.plot_lazy_trace(tau=8.0)
 
 # %% [markdown]
+# The kernel of Exercise 2 is Chapter 3's `attn_fwd_kernel` with its loop body handed in as a
+# `tl.constexpr` argument, `UPDATE`, and its exponential as another, `EXP2`. It loads each K and
+# V tile itself and counts, per program, the steps whose `UPDATE` moved the reference max.
+# `ch7.launch_lazy` launches the package's copy of this cell (`flashbook.lazy_kernels`, generated
+# from it).
+
+# %% tags=["export:flashbook.lazy_kernels"]
+@triton.jit
+def hw_exp2(x):
+    """2^x on the special-function unit (MUFU.EX2 on NVIDIA GPUs)."""
+    return tl.math.exp2(x)
+
+
+@triton.jit
+def attn_fwd_lazy(Q, K, V, O, LSE, RESCALES,
+                  stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                  stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                  H, N_q, N_k, qk_scale, tau,
+                  UPDATE: tl.constexpr, EXP2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Chapter 3's forward kernel with the online-softmax step ``UPDATE``. Q, O: (B, H, N_q, d);
+    K, V: (B, H, N_k, d); LSE: (B*H, N_q) float32, natural log; RESCALES: (B*H, cdiv(N_q,
+    BLOCK_M)) int32, the steps of each program that moved its reference max.
+    Grid: (cdiv(N_q, BLOCK_M), B*H)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_q
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)                      # read BLOCK_M*d, once
+    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None]
+    v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)               # the reference max
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    n_rescaled = 0
+    n_full = (N_k // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):                         # full tiles: no masks
+        s = tl.dot(q, tl.load(k_ptrs + start_n * stride_kn), input_precision=DOT_PRECISION)
+        v = tl.load(v_ptrs + start_n * stride_vn)                     # read 2*BLOCK_N*d
+        acc, l_i, m_i, rescaled = UPDATE(acc, l_i, m_i, s, v, qk_scale, tau, EXP2,
+                                         DOT_PRECISION)
+        n_rescaled += rescaled
+    if n_full < N_k:                                                  # the one tail tile
+        kv_ok = (n_full + offs_n) < N_k
+        kT = tl.load(k_ptrs + n_full * stride_kn, mask=kv_ok[None, :], other=0.0)
+        s = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        s = tl.where(kv_ok[None, :], s, float("-inf"))
+        v = tl.load(v_ptrs + n_full * stride_vn, mask=kv_ok[:, None], other=0.0)
+        acc, l_i, m_i, rescaled = UPDATE(acc, l_i, m_i, s, v, qk_scale, tau, EXP2,
+                                         DOT_PRECISION)
+        n_rescaled += rescaled
+    # acc and l share the reference max m_i, whatever it lags behind: O = acc / l is exact,
+    # and LSE = m_i + log2(l) (base 2) is the log of the sum whatever m_i is.
+    has_key = l_i > 0.0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = tl.where(has_key, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
+             o.to(O.dtype.element_ty), mask=row_ok[:, None])          # write BLOCK_M*d
+    tl.store(LSE + pid_bh * N_q + offs_m, lse, mask=row_ok)
+    tl.store(RESCALES + pid_bh * tl.num_programs(0) + pid_m, n_rescaled)
+
+# %% [markdown]
 # **Exercise 2 (4 points).** Write `lazy_update`, the loop body of Chapter 3's kernel with lazy
-# rescaling, and the wrapper `attention_lazy`. The kernel `ch7.lazy.attn_fwd_lazy` is Chapter 3's
-# `attn_fwd_kernel` with its step handed in as a `tl.constexpr` argument: it loads each K and V
-# tile, calls your `lazy_update(acc, l_i, m_i, s, v, qk_scale, tau, EXP2, DOT_PRECISION)` with
-# the raw scores `s` (`-inf` for keys past the end), adds up the `rescaled` flags you return,
-# and ends with $O = \tilde O / \ell$ and LSE $= (m + \log_2 \ell) \ln 2$ from your `m_i`, the
-# reference max. In `lazy_update`:
+# rescaling, and the wrapper `attention_lazy`. The kernel above, `attn_fwd_lazy`, loads each K
+# and V tile, calls your `lazy_update(acc, l_i, m_i, s, v, qk_scale, tau, EXP2, DOT_PRECISION)`
+# with the raw scores `s` (`-inf` for keys past the end), adds up the `rescaled` flags you
+# return, and ends with $O = \tilde O / \ell$ and LSE $= (m + \log_2 \ell) \ln 2$ from your
+# `m_i`, the reference max. In `lazy_update`:
 #
 # 1. the true running max `m_new = max(m_i, rowmax(s) * qk_scale)` (base 2), and
 #    `grow = tl.max(m_new - m_i, 0)`, the largest growth of any row since its reference was set
@@ -349,9 +415,9 @@ fig = ch7.plot_lazy_trace(tau=8.0)
 #    `acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)`;
 # 4. return `(acc, l_i, m_i, rescale.to(tl.int32))`.
 #
-# Use `EXP2` for every exponential (the kernel passes `ch7.hw_exp2`, the special-function unit's,
-# or Exercise 3's polynomial). `attention_lazy(q, k, v, scale=None, max_growth=256.0, exp2=None,
-# config=None)` turns `max_growth` (a factor: how large an exponential may grow before a
+# Use `EXP2` for every exponential (the kernel is given `hw_exp2` above, the special-function
+# unit's, or Exercise 3's polynomial). `attention_lazy(q, k, v, scale=None, max_growth=256.0,
+# exp2=None, config=None)` turns `max_growth` (a factor: how large an exponential may grow before a
 # rescale) into the kernel's threshold `tau` and returns `ch7.launch_lazy(lazy_update, q, k, v,
 # tau=tau, scale=scale, exp2=exp2, config=config)`: `(O, LSE, rescales)`, with `rescales` the
 # count of each program. The check compares O and LSE with float64 attention on random logits,

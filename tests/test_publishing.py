@@ -291,7 +291,8 @@ GIVEN = {
     "flashbook/gqa_kernels.py": ("ch5_two_tiles", "ch4_two_tiles"),  # the
     # optional two-tile kernels: Chapter 5's (generated), which Chapter 9 runs, and Chapter 4's,
     # the same kernel with one query head a group, which shares most of its lines
-    "flashbook/chapters/ch7/lazy.py": ("ch3_attn_kernel",),   # Chapter 3's kernel, made lazy
+    "flashbook/lazy_kernels.py": ("ch3_attn_kernel",),   # Chapter 3's kernel, made lazy (in
+    # Chapter 7's notebook too, generated from it)
     "flashbook/chapters/ch8/mesh.py": ("ch8_chain",),  # the mesh kernel's buggy reduction the
 }                                                      # exercise fixes (in the notebook too)
 

@@ -26,12 +26,13 @@ Toolkit modules (one job each; they know no chapter):
     gluon_kit  what the Gluon kernels share: TMA and barrier names across Triton versions,
                tile helpers, the dense-input checks
     kernels    the Triton building blocks Chapters 3 and 4 derive, solved, for later chapters
+               (generated, as are gqa_kernels and lazy_kernels: see given)
 Chapters and the pipeline:
     chapters   one package per chapter (chapters/chN/): its CHAPTER contract, wrappers, checks,
                figures, known-wrong variants and benchmark
     notebooks  release (student notebooks via nbgrader) and execution of chapter sources
-    given      the package modules a release generates from solution cells (a chapter's solved
-               code that a later chapter runs on: gqa_kernels.py)
+    given      the package modules a release generates from the chapter cells tagged
+               export:<module> (kernels.py, gqa_kernels.py, lazy_kernels.py)
     book       the HTML book build and its benchmark appendix (sphinxext: its HTML fixes)
     grade      the instructor CLI's grading back end (imports nothing of the book)
     cli        the ``flashbook`` command: release, book, bench, grading

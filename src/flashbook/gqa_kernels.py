@@ -1,5 +1,6 @@
 # Generated from solutions/ch5_gqa.py by `flashbook release` (make release): do not edit.
-# Edit the solution and release again (tests/test_given.py checks this file).
+# Edit the cells tagged export:flashbook.gqa_kernels there and release again
+# (tests/test_given.py fails while this file differs from them):
 #   store_folded_rows: solution cell ch5_two_tiles
 #   attn_gqa_two_tiles: solution cell ch5_two_tiles
 """Chapter 5's packed GQA forward in its two-tile form, the forward Chapter 9

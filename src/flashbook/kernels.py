@@ -1,13 +1,26 @@
-"""Triton building blocks that Chapters 3 and 4 derive as exercises, solved, for the later
-chapters to build on (import this module after ``flashbook.setup()``: it imports Triton).
+# Generated from solutions/ch4_masks_varlen.py by `flashbook release` (make release): do not edit.
+# Edit the cells tagged export:flashbook.kernels there and release again
+# (tests/test_given.py fails while this file differs from them):
+#   program_tile: a given code cell
+#   attn_scores: a given code cell
+#   attn_update: a given code cell
+#   attn_step: a given code cell
+#   visible_pairs: solution cell ch4_masks
+#   key_tiles: solution cell ch4_masks
+#   attn_two_tile_step: a given code cell
+"""Triton building blocks that Chapters 3 and 4 derive as exercises, solved, for the
+later chapters to build on (import this module after ``flashbook.setup()``: it imports
+Triton).
 
-* ``program_tile``: which query tile and which (sequence, head) pair a program takes, walking
-  sections of pairs with their longest rows first (Chapter 4, Section 4).
-* ``attn_scores``, ``attn_update``, ``attn_step``: one K/V tile of the online softmax, with or
-  without a mask (Chapter 3's loop body, Chapter 4's masked version); ``attn_two_tile_step``:
-  the same for two query tiles, ordered so each softmax overlaps the other's matmul.
-* ``visible_pairs``, ``key_tiles``: the bottom-right causal / sliding-window mask of a tile, and
-  the key tiles a program visits with the full ones among them (Chapter 4, Exercise 2a).
+* ``program_tile``: which query tile and which (sequence, head) pair a program takes,
+  walking sections of pairs with their longest rows first (Chapter 4, Section 4).
+* ``attn_scores``, ``attn_update``, ``attn_step``: one K/V tile of the online softmax,
+  with or without a mask (Chapter 3's loop body, Chapter 4's masked version);
+  ``attn_two_tile_step``: the same for two query tiles, ordered so each softmax
+  overlaps the other's matmul.
+* ``visible_pairs``, ``key_tiles``: the bottom-right causal / sliding-window mask of a
+  tile, and the key tiles a program visits with the full ones among them (Chapter 4,
+  Exercise 2a).
 """
 import triton
 import triton.language as tl
@@ -66,20 +79,6 @@ def attn_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, kv_ok, visible, qk_scale,
 
 
 @triton.jit
-def attn_two_tile_step(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs, v_ptrs, kv_ok,
-                       vis_a, vis_b, qk_scale, MASKED: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
-    """One K/V tile for two query tiles, ordered so each softmax overlaps the other's matmul."""
-    s_a = attn_scores(q_a, k_ptrs, kv_ok, vis_a, MASKED, DOT_PRECISION)
-    s_b = attn_scores(q_b, k_ptrs, kv_ok, vis_b, MASKED, DOT_PRECISION)
-    acc_a, l_a, m_a = attn_update(acc_a, l_a, m_a, s_a, v_ptrs, kv_ok, qk_scale, MASKED,
-                                  DOT_PRECISION)
-    acc_b, l_b, m_b = attn_update(acc_b, l_b, m_b, s_b, v_ptrs, kv_ok, qk_scale, MASKED,
-                                  DOT_PRECISION)
-    return acc_a, l_a, m_a, acc_b, l_b, m_b
-
-
-@triton.jit
 def visible_pairs(rows, cols, seqlen_q, seqlen_k, window_left, window_right):
     """(BLOCK_M, BLOCK_N) bool: may query row rows[i] see key cols[j]? (bottom-right aligned)"""
     diag = rows[:, None] + (seqlen_k - seqlen_q)                      # the row's own position
@@ -102,3 +101,17 @@ def key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: tl.con
     full_lo = tl.where(any_full, first_full, lo)
     full_hi = tl.where(any_full, end_full, lo)
     return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def attn_two_tile_step(acc_a, l_a, m_a, q_a, acc_b, l_b, m_b, q_b, k_ptrs, v_ptrs, kv_ok,
+                       vis_a, vis_b, qk_scale, MASKED: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    """One K/V tile for two query tiles, ordered so each softmax overlaps the other's matmul."""
+    s_a = attn_scores(q_a, k_ptrs, kv_ok, vis_a, MASKED, DOT_PRECISION)
+    s_b = attn_scores(q_b, k_ptrs, kv_ok, vis_b, MASKED, DOT_PRECISION)
+    acc_a, l_a, m_a = attn_update(acc_a, l_a, m_a, s_a, v_ptrs, kv_ok, qk_scale, MASKED,
+                                  DOT_PRECISION)
+    acc_b, l_b, m_b = attn_update(acc_b, l_b, m_b, s_b, v_ptrs, kv_ok, qk_scale, MASKED,
+                                  DOT_PRECISION)
+    return acc_a, l_a, m_a, acc_b, l_b, m_b

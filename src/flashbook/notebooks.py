@@ -4,8 +4,9 @@ format with nbgrader cell metadata) becomes
 * the student notebook ``notebooks/chN_slug.ipynb`` (``flashbook release``, via nbgrader);
 * the book page (``flashbook book``): executed in CPU mode, then shown with the student's
   source (stubs) but the outputs the solution produced;
-* the package's generated modules (``given``: a chapter's solved code that a later chapter runs
-  on), rewritten by a release into the repository's ``notebooks/``;
+* the package's generated modules (``given``: the chapter code the package runs, from the cells
+  tagged ``export:<module>``, a tag the notebooks do not carry), rewritten by a release into the
+  repository's ``notebooks/``;
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def source_notebook(ch: Source, root: Path, badge_image: str = COLAB_BADGE):
     nb.metadata.pop("jupytext", None)
     add_markers(nb)   # "# flashbook: <grade_id>": how collect re-identifies cells editors mangled
     for i, cell in enumerate(nb.cells):
+        given.drop_export_tags(cell)      # the package's business, not the student's
         cell.pop("id", None)
         cell["id"] = f"{ch.id}-{i:03d}"   # stable ids keep regenerated notebooks identical
     return nb
