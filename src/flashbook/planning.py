@@ -40,7 +40,7 @@ __all__ = ["REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX", "MBARRIER_BYT
            "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "Tunables", "GPU", "H100", "H200", "B200",
            "Device", "H100_PROPS", "H200_PROPS", "Verdict", "verdict", "input_reasons", "place",
            "end", "capture_bytes", "launch_registers", "rest_registers", "is_setmaxnreg",
-           "CompiledTable", "as_bool", "forbid_calls"]
+           "CompiledTable", "CUBIN_FIELDS", "as_bool", "forbid_calls"]
 
 REGISTERS_PER_SM = 65536
 SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
@@ -72,7 +72,7 @@ class GPU:
     sms: int
     smem_per_block: int              # the most dynamic shared memory one block may use (bytes)
     clock_ghz: float = 0.0           # the clock the quoted tensor peak assumes
-    tmem_columns: int = 0            # tensor memory per SM (sm_100)
+    tmem_columns: int = 0            # tensor-memory columns per SM (sm_100; none before)
     regs_per_sm: int = REGISTERS_PER_SM
     max_threads: int = 1024
     tensor_flop_per_clk: int = 4096  # dense fp16/bf16 FLOP per clock per SM
