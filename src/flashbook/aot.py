@@ -113,6 +113,23 @@ def compile_provenance(command: str, kernel_file: str | Path,
         kernel_source_sha256=hashlib.sha256(Path(kernel_file).read_bytes()).hexdigest())
 
 
+# what the readers below return, as a compile table's provenance describes its fields
+FIELDS = dict(
+    shared="metadata.shared: bytes of dynamic shared memory a block needs",
+    stack="cuobjdump -res-usage STACK: bytes of local memory per thread",
+    spill_stores="STL instructions in the SASS (cuobjdump -sass)",
+    spill_loads="LDL instructions in the SASS",
+    tmem_alloc="the operand of each tcgen05.alloc in the PTX (columns)",
+    reqntid="PTX .reqntid: threads per CTA",
+    maxnreg="PTX .maxnreg: registers a thread at launch",
+    setmaxnreg="the values of every setmaxnreg in the PTX (the roles' budgets and "
+               "Triton's own: 256 while the CTA sets up, 80 for idle worker warps)",
+    mma_ss="tcgen05.mma instructions with A and B in shared memory (S = Q K^T)",
+    mma_ts="tcgen05.mma instructions with A in tensor memory (O += P V)",
+    tma_loads="TMA loads (cp.async.bulk.tensor global -> shared) in the PTX",
+    tma_stores="TMA stores (cp.async.bulk.tensor shared -> global) in the PTX")
+
+
 def ptx_resources(ptx: str) -> dict:
     """What a Blackwell kernel's PTX says it needs: the operand of each ``tcgen05.alloc``
     (tensor-memory columns), ``.reqntid`` (threads), ``.maxnreg`` (registers a thread at

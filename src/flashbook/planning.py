@@ -40,7 +40,7 @@ __all__ = ["REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX", "MBARRIER_BYT
            "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "Tunables", "GPU", "H100", "H200", "B200",
            "Device", "H100_PROPS", "H200_PROPS", "Verdict", "verdict", "input_reasons", "place",
            "end", "capture_bytes", "launch_registers", "rest_registers", "is_setmaxnreg",
-           "CompiledTable", "CUBIN_FIELDS", "as_bool", "forbid_calls"]
+           "CompiledTable", "as_bool", "forbid_calls"]
 
 REGISTERS_PER_SM = 65536
 SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
@@ -198,14 +198,6 @@ class CompiledTable:
         p.add_argument("--out", default=str(self.path))
         args = p.parse_args(argv)
         write_compiled_table(args.out, module, argv, configs, compile_entry, provenance)
-
-
-# the provenance's description of what cuobjdump reads in the cubin (aot.cubin_resources)
-CUBIN_FIELDS = dict(
-    shared="metadata.shared: bytes of dynamic shared memory a block needs",
-    stack="cuobjdump -res-usage STACK: bytes of local memory per thread",
-    spill_stores="STL instructions in the SASS (cuobjdump -sass)",
-    spill_loads="LDL instructions in the SASS")
 
 
 # ------------------------------------------------------------------------------ checks

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from flashbook.aot import compile_provenance, cubin_resources
+from flashbook.aot import FIELDS, compile_provenance, cubin_resources
 from flashbook.check import CheckFailure, as_int, report, require_implemented
-from flashbook.planning import (CUBIN_FIELDS, H100_PROPS, H200_PROPS, MBARRIER_BYTES,
+from flashbook.planning import (H100_PROPS, H200_PROPS, MBARRIER_BYTES,
                                 CompiledTable, Device, as_bool, forbid_calls)
 
 from . import planner
@@ -120,7 +120,7 @@ def _provenance(command: str) -> dict:
         target="GPUTarget('cuda', 90, 32): sm_90a (H100/H200)",
         **compile_provenance(command, fa3_kernel.__file__),     # the device code's source
         fields=dict(
-            CUBIN_FIELDS,
+            {f: FIELDS[f] for f in ("shared", "stack", "spill_stores", "spill_loads")},
             n_regs="registers a thread at launch (cuobjdump -res-usage REG; what the driver "
                    "reports as the kernel's n_regs): the maxnreg of 168, before setmaxnreg "
                    "moves registers from the producer to the consumers",

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from flashbook.aot import compile_provenance, cubin_resources, ptx_resources
+from flashbook.aot import FIELDS, compile_provenance, cubin_resources, ptx_resources
 from flashbook.check import CheckFailure, as_int, report, require_implemented
-from flashbook.planning import CUBIN_FIELDS
 
 from . import planner_model
 from .planner_model import *  # noqa: F403: the model is this module's public surface
@@ -59,18 +58,9 @@ def _provenance(command: str) -> dict:
         **compile_provenance(command, fa4_kernel.__file__, ("ptxas-blackwell", "ptxas")),
         machine="no GPU: compiled on a CPU-only machine (the kernel needs an sm_100 GPU to run)",
         fields=dict(
-            CUBIN_FIELDS,
+            FIELDS,
             tmem_size="metadata.tmem_size: tensor-memory columns the CTA allocates",
-            tmem_alloc="the operand of each tcgen05.alloc in the PTX (columns)",
             num_warps="metadata.num_warps: the partitions' warps, padded to warpgroups",
-            reqntid="PTX .reqntid: threads per CTA",
-            maxnreg="PTX .maxnreg: registers a thread at launch",
-            setmaxnreg="the values of every setmaxnreg in the PTX (the roles' budgets and "
-                       "Triton's own: 256 while the CTA sets up, 80 for idle worker warps)",
-            mma_ss="tcgen05.mma instructions with A and B in shared memory (S = Q K^T)",
-            mma_ts="tcgen05.mma instructions with A in tensor memory (O += P V)",
-            tma_loads="TMA loads (cp.async.bulk.tensor global -> shared) in the PTX",
-            tma_stores="TMA stores (cp.async.bulk.tensor shared -> global) in the PTX",
             n_regs="cuobjdump -res-usage REG: registers a thread at launch (= maxnreg)",
             utcmma="UTC*MMA instructions (tcgen05.mma) in the SASS"),
     )
