@@ -3,7 +3,8 @@ AST source class across the Triton versions the book runs (3.6 on GPU images, 3.
 writer and reader of a stored table of what compiling reported
 (``src/flashbook/data/ch*_compiled.json``, with its provenance), which a chapter's checks read
 instead of compiling in a notebook, and what filling such a table needs: the CUDA tools Triton
-bundles, ``cuobjdump``'s register and spill figures of a cubin, the shared provenance."""
+bundles, ``cuobjdump``'s register and spill figures of a cubin, what a PTX says a kernel needs,
+the shared provenance."""
 from __future__ import annotations
 
 import datetime
@@ -110,3 +111,37 @@ def compile_provenance(command: str, kernel_file: str | Path,
         env=dict(TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION"),
                  TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET")),
         kernel_source_sha256=hashlib.sha256(Path(kernel_file).read_bytes()).hexdigest())
+
+
+# what the readers below return, as a compile table's provenance describes its fields
+FIELDS = dict(
+    shared="metadata.shared: bytes of dynamic shared memory a block needs",
+    stack="cuobjdump -res-usage STACK: bytes of local memory per thread",
+    spill_stores="STL instructions in the SASS (cuobjdump -sass)",
+    spill_loads="LDL instructions in the SASS",
+    tmem_alloc="the operand of each tcgen05.alloc in the PTX (columns)",
+    reqntid="PTX .reqntid: threads per CTA",
+    maxnreg="PTX .maxnreg: registers a thread at launch",
+    setmaxnreg="the values of every setmaxnreg in the PTX (the roles' budgets and "
+               "Triton's own: 256 while the CTA sets up, 80 for idle worker warps)",
+    mma_ss="tcgen05.mma instructions with A and B in shared memory (S = Q K^T)",
+    mma_ts="tcgen05.mma instructions with A in tensor memory (O += P V)",
+    tma_loads="TMA loads (cp.async.bulk.tensor global -> shared) in the PTX",
+    tma_stores="TMA stores (cp.async.bulk.tensor shared -> global) in the PTX")
+
+
+def ptx_resources(ptx: str) -> dict:
+    """What a Blackwell kernel's PTX says it needs: the operand of each ``tcgen05.alloc``
+    (tensor-memory columns), ``.reqntid`` (threads), ``.maxnreg`` (registers a thread at
+    launch), the ``setmaxnreg`` values, the MMAs (``mma_ss``: A and B in shared memory;
+    ``mma_ts``: A in tensor memory) and the TMA loads and stores."""
+    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16\s+\[[^\]]*\],\s*(\[?)", ptx)
+    return dict(
+        tmem_alloc=[int(x) for x in re.findall(r"tcgen05\.alloc\S*\s+\[[^\]]*\],\s*(\d+);", ptx)],
+        reqntid=int(re.search(r"\.reqntid (\d+)", ptx).group(1)),
+        maxnreg=int(re.search(r"\.maxnreg (\d+)", ptx).group(1)),
+        setmaxnreg=sorted({int(x) for x in
+                           re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)}),
+        mma_ss=sum(1 for a in mma if not a), mma_ts=sum(1 for a in mma if a),
+        tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global", ptx)),
+        tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::\w+", ptx)))

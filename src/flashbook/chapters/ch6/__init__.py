@@ -4,9 +4,10 @@
 JAX's interpret mode, in a child process with a time limit (``interpret``); ``pipeline`` and
 ``pipeline_checks`` simulate one producer and two consumer warpgroups for Exercise 2;
 ``fa3_pallas`` and ``fa3_checks`` give and grade Exercise 4's FA3-shaped Pallas kernel;
-``planner_checks`` grades Exercise 3 against ``planner``, which computes the shared memory and registers of a configuration of the chapter's Gluon
-kernel (``gluon_fa3``, imported on demand: it needs Triton's Gluon dialect and, to run, an sm_90
-GPU)."""
+``planner_checks`` grades Exercise 3 against ``planner`` (a configuration of the toolkit's
+``flashbook.planning``), which computes the shared memory and registers of a configuration of
+the chapter's Gluon kernel (``gluon_fa3``, imported on demand: it needs Triton's Gluon dialect
+and, to run, an sm_90 GPU), and against the kernel's compiled table."""
 from __future__ import annotations
 
 from flashbook.contract import Chapter, Exercise

@@ -1,38 +1,30 @@
-"""Chapter 6's config planner for the Gluon FlashAttention-3 kernel (``gluon_fa3``): what a config
-costs in shared memory and registers, whether an H100/H200 can run it, and which feasible
-config a simple model expects to be fastest. Pure Python: no GPU, no Triton.
+"""Chapter 6's config planner for the Gluon FlashAttention-3 kernel (``gluon_fa3``), a
+configuration of the toolkit's kit (``flashbook.planning``, which says how Triton places shared
+memory and how ``setmaxnreg`` moves registers): what a config costs in shared memory and
+registers, whether an H100/H200 can run it, and which feasible config a simple model expects to
+be fastest. Pure Python: no GPU, no Triton.
 
 A config fixes the head dim d, the dtype (2 bytes), BLOCK_M query rows per consumer warpgroup,
 BLOCK_N keys per K/V tile, STAGES slots in the K/V ring and the number of consumer warpgroups
 (the kernel has 2, plus one producer warp padded to a warpgroup).
 
 **Shared memory** (``shared_memory``) is byte-exact against the compiled kernel's
-``metadata.shared`` (``tests/test_ch6.py`` compiles it for sm_90a and compares). Triton
-places every buffer of the kernel once, because all of them are live together: it sorts them by
-size, largest first (ties in program order), and puts each at the next multiple of its
-alignment. The buffers:
+``metadata.shared`` (``tests/test_ch6.py`` compiles it for sm_90a and compares). The buffers:
+the tiles Q ``2*BLOCK_M*d*2`` (one tile per consumer, reused for O), K and V
+``STAGES*BLOCK_N*d*2`` each; the mbarriers ``q_bars[2]``, ``k_full``, ``k_empty``, ``v_full``,
+``v_empty`` (``STAGES`` each) and the ping-pong ``sched[2]``; ``gl.warp_specialize``'s 220 bytes
+of captured arguments and one state byte per extra warp (``4*CONSUMERS``: the producer warp is
+padded to a full warpgroup). So d=128, 64/128, 2 stages: 163840 bytes of tiles + 224 + 96 + 8 =
+164168 bytes.
 
-* the tiles, 128-byte-swizzled (alignment 1024): Q ``2*BLOCK_M*d*2`` (one tile per consumer,
-  reused for O), K and V ``STAGES*BLOCK_N*d*2`` each;
-* the mbarriers, 8 bytes each (alignment 16 per allocation): ``q_bars[2]``, ``k_full``,
-  ``k_empty``, ``v_full``, ``v_empty`` (``STAGES`` each) and the ping-pong ``sched[2]``;
-* what ``gl.warp_specialize`` needs: the worker partitions' captured arguments, packed
-  (alignment 8; 8 bytes a pointer or tensor descriptor, 4 an i32/f32, ``8 + 4*rank`` a
-  shared-memory view: 220 bytes for this kernel), and one state byte per extra warp
-  (``4*CONSUMERS``: the producer warp is padded to a full warpgroup).
-
-So d=128, 64/128, 2 stages: 163840 bytes of tiles + 224 + 96 + 8 = 164168 bytes.
-
-**Registers** (``register_budget``): 65,536 per SM. With ``(CONSUMERS + 1) * 128`` threads the
-launch gives each ``floor(65536 / threads / 8) * 8`` (168 for 384 threads); then ``setmaxnreg``
-moves them: the producer warpgroup drops to 24 (the minimum) and each consumer takes
-``floor((65536 - 24*128) / (128*CONSUMERS) / 8) * 8``, at most 256 (240 for two consumers:
-2*128*240 + 128*24 = 64,512). Triton emits the setmaxnreg calls from the per-partition requests
-the launcher passes (``CONSUMER_REGS``, ``PRODUCER_REGS``). ``consumer_registers`` estimates
-what one consumer thread keeps live: the O accumulator ``BLOCK_M*d/128`` fp32 registers, S
-``BLOCK_M*BLOCK_N/128``, P in 16 bits ``BLOCK_M*BLOCK_N/256``, plus 32 for addresses, counters,
-row statistics and masks (calibrated against ptxas: 64/128/128 uses no spill, 64/256 at d=64
-and 128-row consumers spill).
+**Registers** (``register_budget``): with ``(CONSUMERS + 1) * 128`` threads the launch gives
+each 168 (384 threads); then the producer warpgroup drops to 24 (the minimum) and each consumer
+takes the rest, 240 for two consumers (2*128*240 + 128*24 = 64,512). Triton emits the
+setmaxnreg calls from the per-partition requests the launcher passes (``CONSUMER_REGS``,
+``PRODUCER_REGS``). ``consumer_registers`` estimates what one consumer thread keeps live: the O
+accumulator ``BLOCK_M*d/128`` fp32 registers, S ``BLOCK_M*BLOCK_N/128``, P in 16 bits
+``BLOCK_M*BLOCK_N/256``, plus 32 for addresses, counters, row statistics and masks (calibrated
+against ptxas: 64/128/128 uses no spill, 64/256 at d=64 and 128-row consumers spill).
 
 **Speed model** (``predict``), per SM, in clock cycles at the 1.83 GHz the quoted peak assumes.
 One consumer's tile costs ``g = 4*BLOCK_M*BLOCK_N*d / 4096 / 0.726`` cycles of tensor cores
@@ -53,27 +45,27 @@ BLOCK_N=128 ranked first for both head dims, as measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
+
+from flashbook.planning import (BARRIER_ALIGN, CAPTURE_ALIGN, GPU, H100, H200, MBARRIER_BYTES,
+                                REGISTERS_PER_SM, SETMAXNREG_MAX, SETMAXNREG_MIN, STATE_ALIGN,
+                                SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, TILE_ALIGN, Tunables,
+                                Verdict, capture_bytes, end, input_reasons, is_setmaxnreg,
+                                launch_registers, place, rest_registers, verdict)
 
 __all__ = ["Config", "GPU", "H100", "H200", "GPUS", "Verdict", "shared_memory",
            "shared_memory_layout", "register_budget", "consumer_registers", "feasible", "predict",
            "rank", "best", "candidates", "kv_tiles", "cta_tiles", "SUPPORTED_HEAD_DIMS",
-           "SUPPORTED_DTYPES"]
+           "SUPPORTED_DTYPES", "REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX"]
 
-SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_DTYPES = ("float16", "bfloat16")
-REGISTERS_PER_SM = 65536
-SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
 PRODUCER_REGS = 24
-# the worker partitions' captured arguments (bytes): 3 smem tiles of rank 4 (8 + 4*4 each),
-# 6 barrier arrays of rank 2 (8 + 2*4), 4 tensor descriptors and the LSE pointer (8 each),
-# N_Q, N_K and qk_scale (4 each)
-CAPTURE_BYTES = 3 * 24 + 6 * 16 + 5 * 8 + 3 * 4
-TILE_ALIGN, BARRIER_ALIGN, CAPTURE_ALIGN, STATE_ALIGN = 1024, 16, 8, 4
+# the worker partitions' captured arguments: 3 smem tiles of rank 4, 6 barrier arrays of rank
+# 2, 4 tensor descriptors and the LSE pointer, N_Q, N_K and qk_scale: 220 bytes
+CAPTURE_BYTES = capture_bytes(descriptors=5, views=(4,) * 3 + (2,) * 6, scalars=3)
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(Tunables):
     """The kernel's tunables. ``HEAD_DIM`` and ``DTYPE`` may stay None in a config handed to
     ``attention_fa3`` (the inputs fill them in, ``for_inputs``); the planner needs them set."""
     BLOCK_M: int = 64          # query rows per consumer warpgroup (wgmma's M is 64 a warpgroup)
@@ -84,9 +76,6 @@ class Config:
     HEAD_DIM: int | None = None
     DTYPE: str | None = None   # "float16" or "bfloat16"
 
-    def for_inputs(self, head_dim: int, dtype: str) -> "Config":
-        return replace(self, HEAD_DIM=head_dim, DTYPE=dtype)
-
     @property
     def rows_per_cta(self) -> int:
         return self.BLOCK_M * self.CONSUMERS
@@ -95,29 +84,7 @@ class Config:
     def threads(self) -> int:
         return 128 * (self.CONSUMERS + 1)
 
-    def _need(self):
-        if self.HEAD_DIM is None or self.DTYPE is None:
-            raise ValueError(f"planner: {self} needs HEAD_DIM and DTYPE (Config.for_inputs).")
-        return self.HEAD_DIM, 2
 
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    sms: int
-    clock_ghz: float                 # the clock the quoted tensor peak assumes
-    smem_per_block: int              # dynamic shared memory one block may use (bytes)
-    regs_per_sm: int = REGISTERS_PER_SM
-    max_threads: int = 1024
-    tensor_flop_per_clk: int = 4096  # dense fp16/bf16 FLOP per clock per SM
-
-    @property
-    def peak_tflops(self) -> float:
-        return self.sms * self.tensor_flop_per_clk * self.clock_ghz * 1e9 / 1e12
-
-
-H100 = GPU("H100 SXM", sms=132, clock_ghz=1.83, smem_per_block=232448)
-H200 = GPU("H200", sms=132, clock_ghz=1.83, smem_per_block=232448)
 GPUS = {"h100": H100, "h200": H200}
 
 
@@ -146,46 +113,32 @@ def cta_tiles(m_block: int, n_q: int, n_k: int, block_m: int, block_n: int, caus
 
 
 # ------------------------------------------------------------------------------------------------
-# shared memory
+# shared memory and registers
 # ------------------------------------------------------------------------------------------------
 def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
     """``(name, offset, size)`` of every buffer, as Triton's allocator places them."""
     d, e = config._need()
-    s = config.STAGES
-    buffers = [  # program order (the kernel's allocations), then the warp-specialize scratch
-        ("q", config.CONSUMERS * config.BLOCK_M * d * e, TILE_ALIGN),
-        ("k", s * config.BLOCK_N * d * e, TILE_ALIGN),
-        ("v", s * config.BLOCK_N * d * e, TILE_ALIGN),
-        ("q_bars", 8 * config.CONSUMERS, BARRIER_ALIGN),
-        ("k_full", 8 * s, BARRIER_ALIGN), ("k_empty", 8 * s, BARRIER_ALIGN),
-        ("v_full", 8 * s, BARRIER_ALIGN), ("v_empty", 8 * s, BARRIER_ALIGN),
-        ("sched", 8 * config.CONSUMERS, BARRIER_ALIGN),
-        ("warp_states", 4 * config.CONSUMERS, STATE_ALIGN),
-        ("captures", CAPTURE_BYTES, CAPTURE_ALIGN),
-    ]
-    placed, end = [], 0
-    for name, size, align in sorted(buffers, key=lambda b: -b[1]):     # stable: ties keep order
-        offset = -(-end // align) * align
-        placed.append((name, offset, size))
-        end = offset + size
-    return placed
+    s, n = config.STAGES, config.CONSUMERS
+    barriers = [("q_bars", n), ("k_full", s), ("k_empty", s), ("v_full", s), ("v_empty", s),
+                ("sched", n)]
+    kv = s * config.BLOCK_N * d * e
+    return place(  # program order (the kernel's allocations), then the warp-specialize scratch
+        [("q", n * config.BLOCK_M * d * e, TILE_ALIGN), ("k", kv, TILE_ALIGN),
+         ("v", kv, TILE_ALIGN)]
+        + [(name, MBARRIER_BYTES * k, BARRIER_ALIGN) for name, k in barriers]
+        + [("warp_states", 4 * n, STATE_ALIGN), ("captures", CAPTURE_BYTES, CAPTURE_ALIGN)])
 
 
 def shared_memory(config: Config) -> int:
     """Bytes of shared memory the compiled kernel allocates (its ``metadata.shared``)."""
-    return max(offset + size for _, offset, size in shared_memory_layout(config))
+    return end(shared_memory_layout(config))
 
 
-# ------------------------------------------------------------------------------------------------
-# registers
-# ------------------------------------------------------------------------------------------------
 def register_budget(config: Config) -> dict:
     """Registers per thread for each role (setmaxnreg budgets: multiples of 8 in [24, 256])."""
-    threads = config.threads
-    launch = REGISTERS_PER_SM // threads // 8 * 8
-    consumer = (REGISTERS_PER_SM - 128 * PRODUCER_REGS) // (128 * config.CONSUMERS) // 8 * 8
-    consumer = min(consumer, SETMAXNREG_MAX)
-    return dict(launch=launch, consumer=consumer, producer=PRODUCER_REGS,
+    consumer = rest_registers(128 * PRODUCER_REGS, 128 * config.CONSUMERS)
+    return dict(launch=launch_registers(config.threads), consumer=consumer,
+                producer=PRODUCER_REGS,
                 total=128 * (config.CONSUMERS * consumer + PRODUCER_REGS))
 
 
@@ -198,50 +151,27 @@ def consumer_registers(config: Config) -> int:
     return o + s + p + 32
 
 
-# ------------------------------------------------------------------------------------------------
-# feasibility
-# ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Verdict:
-    ok: bool
-    reasons: tuple = field(default_factory=tuple)
-
-    def __bool__(self):
-        return self.ok
-
-
 def feasible(config: Config, gpu: GPU = H100) -> Verdict:
     """Can ``gpu`` run ``config``? Checks the kernel's shape rules, the shared memory per block,
     the register budgets and the threads; ``reasons`` says what fails."""
-    d, _ = config._need()
-    why = []
-    if d not in SUPPORTED_HEAD_DIMS:
-        why.append(f"head dim {d} not in {SUPPORTED_HEAD_DIMS}")
-    if config.DTYPE not in SUPPORTED_DTYPES:
-        why.append(f"dtype {config.DTYPE} not in {SUPPORTED_DTYPES}")
-    if config.BLOCK_M % 64 or config.BLOCK_M < 64:
-        why.append(f"BLOCK_M={config.BLOCK_M}: a warpgroup's wgmma covers 64-row multiples")
-    if config.BLOCK_N not in (16, 32, 64, 128, 256):
-        why.append(f"BLOCK_N={config.BLOCK_N}: a power of two from 16 to 256 (wgmma N <= 256)")
-    if config.STAGES < 2:
-        why.append(f"STAGES={config.STAGES}: the ring needs 2 slots to overlap loads")
-    if config.CONSUMERS < 1:
-        why.append("at least one consumer warpgroup")
-    if config.threads > gpu.max_threads:
-        why.append(f"{config.threads} threads > {gpu.max_threads}")
-    smem = shared_memory(config)
-    if smem > gpu.smem_per_block:
-        why.append(f"shared memory {smem} B > {gpu.smem_per_block} B per block on {gpu.name}")
-    budget = register_budget(config)
-    if budget["total"] > gpu.regs_per_sm:
-        why.append(f"registers {budget['total']} > {gpu.regs_per_sm} per SM")
-    if not SETMAXNREG_MIN <= budget["consumer"] <= SETMAXNREG_MAX or budget["consumer"] % 8:
-        why.append(f"consumer budget {budget['consumer']} is not a setmaxnreg value")
-    need = consumer_registers(config)
-    if need > budget["consumer"]:
-        why.append(f"a consumer thread needs ~{need} registers > its {budget['consumer']} "
-                   "(spills)")
-    return Verdict(not why, tuple(why))
+    c, inputs = config, input_reasons(config)
+    smem, budget, need = shared_memory(c), register_budget(c), consumer_registers(c)
+    return verdict(inputs + [
+        (c.BLOCK_M % 64 or c.BLOCK_M < 64,
+         f"BLOCK_M={c.BLOCK_M}: a warpgroup's wgmma covers 64-row multiples"),
+        (c.BLOCK_N not in (16, 32, 64, 128, 256),
+         f"BLOCK_N={c.BLOCK_N}: a power of two from 16 to 256 (wgmma N <= 256)"),
+        (c.STAGES < 2, f"STAGES={c.STAGES}: the ring needs 2 slots to overlap loads"),
+        (c.CONSUMERS < 1, "at least one consumer warpgroup"),
+        (c.threads > gpu.max_threads, f"{c.threads} threads > {gpu.max_threads}"),
+        (smem > gpu.smem_per_block,
+         f"shared memory {smem} B > {gpu.smem_per_block} B per block on {gpu.name}"),
+        (budget["total"] > gpu.regs_per_sm,
+         f"registers {budget['total']} > {gpu.regs_per_sm} per SM"),
+        (not is_setmaxnreg(budget["consumer"]),
+         f"consumer budget {budget['consumer']} is not a setmaxnreg value"),
+        (need > budget["consumer"],
+         f"a consumer thread needs ~{need} registers > its {budget['consumer']} (spills)")])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Chapter 6, Exercise 3's graded check: a config planner for the chapter's Gluon kernel.
+"""Chapter 6, Exercise 3's graded check: a config planner for the chapter's Gluon kernel, and
+the compiled table it grades against.
 
 The student writes, for a resolved ``planner.Config`` (``HEAD_DIM`` and ``DTYPE`` set):
 
@@ -15,38 +16,37 @@ The student writes, for a resolved ``planner.Config`` (``HEAD_DIM`` and ``DTYPE`
 
 ``check_planner`` compares them with what the kernel really needs. The shared memory of every
 config in ``compiled_table()`` (``data/ch6_compiled.json``: the kernel compiled ahead of time for
-sm_90a, with the provenance of the run) is ``metadata.shared`` of the compiled kernel; other
-configs use ``planner.shared_memory``, byte-exact with it. A student's figure may be below it by
-the alignment padding Triton's allocator adds (``SMEM_SLACK``), never above. The register
-estimate must predict exactly the configs where ptxas spilled. ``fits`` must agree with
+sm_90a, config by config, with ``metadata.shared``, the registers, the stack, the spills and the
+provenance of the run) is ``metadata.shared`` of the compiled kernel; other configs use
+``planner.shared_memory``, byte-exact with it. A student's figure may be below it by the
+alignment padding Triton's allocator adds (``SMEM_SLACK``), never above. The register estimate
+must predict exactly the configs where ptxas spilled. ``fits`` must agree with
 ``planner.feasible`` and be exact at a device's per-block limit; ``choose`` must return a config
 that fits with the least predicted time. None of them may call the planner's own answer
 (``planner.shared_memory``, ``feasible``, ...); ``planner.predict`` is given.
 
 ``TRITON_DEFAULT_FP_FUSION=1 python -m flashbook.chapters.ch6.planner_checks --out
 src/flashbook/data/ch6_compiled.json`` (without ``TRITON_INTERPRET``) regenerates the table:
-about 10 minutes on two cores, as configs that spill compile slowly (the table's code is in
-``compile_table``, whose names this module re-exports). ``tests/test_ch6_planner.py``
-recompiles two entries (slow test) and checks they still match.
+about 10 minutes on two cores, as configs that spill compile slowly.
+``tests/test_ch6_planner.py`` recompiles two entries (slow test) and checks they still match.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from flashbook.aot import FIELDS, compile_provenance, cubin_resources
 from flashbook.check import CheckFailure, as_int, report, require_implemented
+from flashbook.planning import (H100_PROPS, H200_PROPS, MBARRIER_BYTES,
+                                CompiledTable, Device, as_bool, forbid_calls)
 
 from . import planner
-from .compile_table import (COMPILED_PATH, TABLE_CONFIGS, _config_key, _key, compile_entry,
-                            compiled_entry, compiled_table)
-from .compile_table import main as _table_main
 from .planner import Config
 
 __all__ = ["Device", "H100_PROPS", "H200_PROPS", "MBARRIER_BYTES", "WARP_SPECIALIZE_BYTES",
-           "REGISTERS_PER_SM", "PRODUCER_REGS", "SMEM_SLACK", "COMPILED_PATH", "compiled_table",
-           "compiled_entry", "planner_configs", "choice_problems", "check_planner",
-           "choice_table", "compile_entry"]
+           "REGISTERS_PER_SM", "PRODUCER_REGS", "SMEM_SLACK", "COMPILED_PATH", "TABLE_CONFIGS",
+           "compiled_table", "compiled_entry", "compile_entry", "planner_configs",
+           "choice_problems", "check_planner", "choice_table", "main"]
 
-MBARRIER_BYTES = 8                   # one mbarrier: a 64-bit word in shared memory
 # gl.warp_specialize keeps, in shared memory, the arguments it hands the worker partitions
 # (220 bytes for this kernel, planner.CAPTURE_BYTES) and 4 state bytes per consumer warpgroup
 WARP_SPECIALIZE_BYTES = planner.CAPTURE_BYTES + 4 * 2
@@ -57,27 +57,83 @@ PRODUCER_REGS = planner.PRODUCER_REGS
 SMEM_SLACK = 64
 
 
-@dataclasses.dataclass(frozen=True)
-class Device:
-    """What the planner needs to know about a GPU, under the names of
-    ``torch.cuda.get_device_properties`` (so on a GPU its result can be passed instead)."""
-    name: str
-    shared_memory_per_block: int             # a block's limit unless the kernel opts in (48 KB)
-    shared_memory_per_block_optin: int       # the most one block may use: the SM's total less 1 KB
-    shared_memory_per_multiprocessor: int    # the SM's total (the spec sheet's figure)
-    regs_per_multiprocessor: int = REGISTERS_PER_SM
-    multi_processor_count: int = 132
-
-
-# compute capability 9.0 (CUDA C++ Programming Guide, "Technical Specifications per Compute
-# Capability"): 228 KB of shared memory per SM, at most 227 KB per block, 1 KB reserved per block
-H100_PROPS = Device("NVIDIA H100 80GB HBM3", 48 * 1024, 227 * 1024, 228 * 1024)
-H200_PROPS = Device("NVIDIA H200", 48 * 1024, 227 * 1024, 228 * 1024)
-
-
 def _describe(c: Config) -> str:
     return (f"d={c.HEAD_DIM} {c.DTYPE}, BLOCK_M={c.BLOCK_M}, BLOCK_N={c.BLOCK_N}, "
             f"STAGES={c.STAGES}" + ("" if c.CONSUMERS == 2 else f", CONSUMERS={c.CONSUMERS}"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the compiled table (data/ch6_compiled.json)
+# ------------------------------------------------------------------------------------------------
+TABLE = CompiledTable("ch6_compiled.json", ("d", "dtype", "BLOCK_M", "BLOCK_N", "STAGES"))
+COMPILED_PATH = TABLE.path
+TABLE_CONFIGS = [(d, "float16", bm, bn, st) for d in (128, 64) for bm in (64, 128)
+                 for bn in (64, 128, 256) for st in (2, 3, 4)] + \
+                [(128, "bfloat16", 64, 128, 2), (128, "bfloat16", 128, 64, 2),
+                 (64, "bfloat16", 64, 128, 3), (64, "bfloat16", 128, 128, 2)]
+
+
+def _key(d, dtype, bm, bn, stages) -> tuple:
+    return (int(d), str(dtype), int(bm), int(bn), int(stages))
+
+
+def _config_key(c: Config) -> tuple:
+    return _key(c.HEAD_DIM, c.DTYPE, c.BLOCK_M, c.BLOCK_N, c.STAGES)
+
+
+def compiled_table(path=None) -> dict:
+    """``{"provenance": {...}, "configs": [entry, ...]}``; an entry: d, dtype, BLOCK_M, BLOCK_N,
+    STAGES, shared (``metadata.shared``), n_regs (the launch's register count), stack (local
+    bytes per thread, what Triton reports as ``n_spills`` on a GPU), spill_stores and spill_loads
+    (STL and LDL instructions in the SASS) and spilled (any of them)."""
+    return TABLE.read(path)
+
+
+def compiled_entry(config: Config, path=None) -> dict | None:
+    """The compiled table's entry for ``config`` (two consumers, FA3's order), or None."""
+    if config.CONSUMERS != 2 or not config.OVERLAP:
+        return None
+    return TABLE.entry(_config_key(config), path)
+
+
+def compile_entry(d: int, dtype: str, bm: int, bn: int, stages: int) -> dict:
+    """Compile the chapter's kernel (``gluon_fa3.compile_for_sm90``, non-causal, FA3's order)
+    for one config and read what it needs: ``metadata.shared``, and from the cubin with
+    ``cuobjdump`` (bundled with Triton) the register count, the stack and the spill
+    instructions. Needs Triton with Gluon; no GPU."""
+    from . import gluon_fa3
+    c = Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages).for_inputs(d, dtype)
+    k = gluon_fa3.compile_for_sm90(c, causal=False)
+    entry = dict(d=d, dtype=dtype, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
+                 shared=k.metadata.shared)
+    entry.update(cubin_resources(k.asm["cubin"], "fa3_kernel")[0])
+    entry["spilled"] = bool(entry["spill_stores"] or entry["spill_loads"] or entry["stack"])
+    return entry
+
+
+def _provenance(command: str) -> dict:
+    from . import fa3_kernel
+    return dict(
+        what="Chapter 6's Gluon FA3 kernel (flashbook.chapters.ch6.gluon_fa3.fa3_kernel) "
+             "compiled ahead of time, non-causal, OVERLAP=True, two consumer warpgroups, with "
+             "the launch options and setmaxnreg budgets of gluon_fa3.kernel_args",
+        target="GPUTarget('cuda', 90, 32): sm_90a (H100/H200)",
+        **compile_provenance(command, fa3_kernel.__file__),     # the device code's source
+        fields=dict(
+            {f: FIELDS[f] for f in ("shared", "stack", "spill_stores", "spill_loads")},
+            n_regs="registers a thread at launch (cuobjdump -res-usage REG; what the driver "
+                   "reports as the kernel's n_regs): the maxnreg of 168, before setmaxnreg "
+                   "moves registers from the producer to the consumers",
+            spilled="any of stack, spill_stores, spill_loads"),
+        machine="no GPU: compiled on a CPU-only machine",
+    )
+
+
+def main(argv=None):
+    """Regenerate the compiled table."""
+    TABLE.main(argv, "flashbook.chapters.ch6.planner_checks",
+               "Compile Chapter 6's Gluon kernel for sm_90a and store what it needs (no GPU "
+               "needed).", TABLE_CONFIGS, compile_entry, _provenance)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -139,12 +195,6 @@ def choice_problems(hidden: bool = False) -> list[tuple[str, int, str, list, Dev
 # ------------------------------------------------------------------------------------------------
 # the check
 # ------------------------------------------------------------------------------------------------
-def _as_bool(value, what: str) -> bool:
-    if isinstance(value, bool) or type(value).__name__ == "bool_":      # numpy's too
-        return bool(value)
-    raise CheckFailure(f"{what}: returned {value!r}; it should return True or False.")
-
-
 def _terms(c: Config) -> dict:
     d, e = c.HEAD_DIM, 2
     return dict(q_tile=c.BLOCK_M * d * e, kv_tile=c.BLOCK_N * d * e,
@@ -192,36 +242,6 @@ def _smem_reference(c: Config) -> tuple[int, str]:
         return e["shared"], (f"the compiled kernel's metadata.shared: triton {prov['triton']}, "
                              f"sm_90a, data/ch6_compiled.json")
     return planner.shared_memory(c), "planner.shared_memory, byte-exact with the compiled kernel"
-
-
-# the planner's answers: the exercise is to compute them (planner.predict and Config are given)
-_ANSWERS = ("shared_memory", "shared_memory_layout", "consumer_registers", "register_budget",
-            "feasible", "rank", "best")
-
-
-def _names(code) -> set:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _names(const)
-    return names
-
-
-def _no_shortcut(fn, what: str):
-    """Fail a function that calls the planner's own answer (``planner.shared_memory(config)``,
-    or the function imported under its name)."""
-    code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
-    if code is None:
-        return
-    names = _names(code)
-    answers = {getattr(planner, a): a for a in _ANSWERS}
-    used = [answers[env[n]] for n in names if callable(env.get(n)) and env.get(n) in answers]
-    if any(env.get(n) is planner for n in names):
-        used += [a for a in _ANSWERS if a in names]
-    if used:
-        raise CheckFailure(f"{what}: calls planner.{used[0]}, the answer the check compares "
-                           "with; compute it yourself (planner.predict and planner.Config are "
-                           "yours to use).")
 
 
 def _check_smem(smem_bytes, configs) -> int:
@@ -297,7 +317,7 @@ def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
     n = 0
     for c in configs:
         verdict = planner.feasible(c, planner.H100)
-        got = _as_bool(fits(c, H100_PROPS), f"fits({_describe(c)}, H100_PROPS)")
+        got = as_bool(fits(c, H100_PROPS), f"fits({_describe(c)}, H100_PROPS)")
         if got != bool(verdict):
             if got:
                 msg = (f"fits: says {_describe(c)} fits an H100, but it does not: "
@@ -323,7 +343,7 @@ def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
         exact = dataclasses.replace(H100_PROPS, name=f"a GPU whose blocks may use {need:,} B",
                                     shared_memory_per_block_optin=need,
                                     shared_memory_per_multiprocessor=need + 1024)
-        if not _as_bool(fits(c, exact), f"fits({_describe(c)}, {exact.name})"):
+        if not as_bool(fits(c, exact), f"fits({_describe(c)}, {exact.name})"):
             raise CheckFailure(
                 f"fits: {_describe(c)} needs {need:,} B (your smem_bytes) and {exact.name} "
                 f"(shared_memory_per_block_optin = {need:,}): it fits, the limit is inclusive "
@@ -331,7 +351,7 @@ def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
         short = dataclasses.replace(H100_PROPS, name=f"a GPU whose blocks may use {need - 1:,} B",
                                     shared_memory_per_block_optin=need - 1,
                                     shared_memory_per_multiprocessor=need - 1 + 1024)
-        if _as_bool(fits(c, short), f"fits({_describe(c)}, {short.name})"):
+        if as_bool(fits(c, short), f"fits({_describe(c)}, {short.name})"):
             raise CheckFailure(
                 f"fits: says {_describe(c)}, which needs {need:,} B (your smem_bytes), fits "
                 f"{short.name} (shared_memory_per_block_optin = {need - 1:,}, "
@@ -395,6 +415,11 @@ def _check_choose(choose, hidden: bool) -> tuple[int, str]:
     return len(choice_problems(hidden)), first
 
 
+# the planner's answers: the exercise is to compute them (planner.predict and Config are given)
+_ANSWERS = ("shared_memory", "shared_memory_layout", "consumer_registers", "register_budget",
+            "feasible", "rank", "best")
+
+
 def check_planner(smem_bytes, register_budget, consumer_register_need, fits, choose,
                   hidden: bool = False):
     """Exercise 3: shared memory within Triton's padding of the compiled kernel's, the
@@ -405,7 +430,8 @@ def check_planner(smem_bytes, register_budget, consumer_register_need, fits, cho
                      (consumer_register_need, "consumer_register_need"), (fits, "fits"),
                      (choose, "choose")):
         require_implemented(fn, name)
-        _no_shortcut(fn, name)
+        forbid_calls(fn, name, planner, _ANSWERS,
+                     "planner.predict and planner.Config are yours to use")
     configs = planner_configs(hidden)
     compiled = _check_smem(smem_bytes, configs)
     budgets = _check_budget(register_budget, hidden)
@@ -444,12 +470,6 @@ def choice_table(smem_bytes, register_budget, consumer_register_need, fits, choo
                      f"{'yes' if fits(c, device) else 'no'} | "
                      f"{planner.predict(c, **problem)['tflops']:.0f}{mark} |")
     return "\n".join(lines)
-
-
-def main(argv=None):
-    """Regenerate the compiled table (``compile_table.main``) under this module's command."""
-    _table_main(argv, module="flashbook.chapters.ch6.planner_checks",
-                description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from .exp2poly import BOUND, check_exp2_poly, check_exp2_poly_triton, fit_exp2, 
 from .lazy import check_lazy_attention, hw_exp2, launch_lazy, plot_lazy_trace, \
     simulate_rescales
 from .tmem import SEED_MAP, check_tmem_plan, plot_tmem, problems as tmem_problems
-from . import planner, resources_checks
+from . import planner
 from .roles import Timing, simulate
 from .roles_checks import check_roles_schedule, plot_schedule, steady_utilisation
 
@@ -53,7 +53,7 @@ CHAPTER = Chapter(
         Exercise("ch7_roles_test", ("ch7_roles_schedule",), ("KV_STAGES", "mma", "correction"),
                  check_roles_schedule),
         Exercise("ch7_resources_test", ("ch7_resources",), ("kernel_resources",),
-                 resources_checks.check_resources),
+                 planner.check_resources),
     ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,

@@ -1,115 +1,47 @@
-"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``); Exercise 5's
-check (``resources_checks``) grades the student's figures against it and the compiled table.
+"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``): the model
+(``planner_model``, re-exported here), Exercise 5's graded check, and the compiled table's
+regeneration (``python -m flashbook.chapters.ch7.planner --out
+src/flashbook/data/ch7_compiled.json``: compiling the kernel ahead of time for sm_100a, about a
+minute, no GPU).
 
-What a configuration of the kernel costs in shared memory, tensor memory and registers, and
-whether one CTA fits on an sm_100 SM (B200). Pure Python: no GPU, no Triton. Every figure is
-compared with the kernel compiled ahead of time for sm_100a on a CPU machine: the stored table
-``data/ch7_compiled.json`` (``compiled_table``; regenerate it with ``python -m
-flashbook.chapters.ch7.planner --out src/flashbook/data/ch7_compiled.json``, about a minute) and,
-in a slow test, a fresh compile.
-
-A config fixes the head dim d (64 or 128), the 16-bit dtype, ``BLOCK_M = 128`` query rows per Q
-tile (two tiles a CTA), ``BLOCK_N`` keys per K/V tile, ``STAGES`` slots of the K ring and of the V
-ring, and whether the kernel masks causally (it changes what the worker warps capture).
-
-**Shared memory** (``shared_memory``, byte-exact against ``metadata.shared``). Triton places
-every buffer once (all are live together), sorted by size, largest first (ties in program
-order), each at the next multiple of its alignment:
-
-* the tiles, 128-byte swizzled (alignment 1024): Q ``2 * BLOCK_M * d * 2`` (reused for O at
-  the end), K and V ``STAGES * BLOCK_N * d * 2`` each;
-* the mbarriers, 8 bytes each, one array per name (alignment 16): eight per-tile arrays of 2
-  (``q_full``, ``s_ready``, ``p_ready``, ``stats``, ``o_done``, ``o_ready``, ``l_ready``,
-  ``epi_ready``) and four per-slot arrays of ``STAGES`` (``k_full``, ``k_free``, ``v_full``,
-  ``v_free``);
-* what ``gl.warp_specialize`` keeps for the worker partitions (``warp_specialize_buffers``):
-  their captured arguments, packed (8 bytes a tensor-memory or tensor descriptor, ``8 + 4 *
-  rank`` a shared-memory view, 4 an i32 or f32; 320 bytes for this kernel, 324 when it is causal
-  and the workers also need N_Q), and one state byte per worker warp (12).
-
-So d = 128, 2 stages: 196,608 bytes of tiles + 320 + 12 x 16 + 12 = 197,132 bytes, of the
-232,448 a block may use.
-
-**Tensor memory** (``tmem_columns``): 512 columns of 128 lanes x 32 bits per SM. The kernel
-allocates S0 and S1 (``BLOCK_N`` fp32 columns each) and O0 and O1 (d each); P (16-bit, two to a
-column), alpha and the final row max and sum live inside S's columns (``tmem_map``). Triton
-allocates the sum rounded up to a power of two (at least 32): ``metadata.tmem_size``, the
-operand of the PTX ``tcgen05.alloc``. d = 128: 2 x 128 + 2 x 128 = 512; d = 64: 384 -> 512.
-
-**Registers** (``register_budget``): the partitions have ``CORRECTION_WARPS`` (4: the
-correction, the default partition), 4, 4 (the softmax warpgroups), 1, 1 and 1 warps (MMA, load,
-epilogue): 15, padded to whole warpgroups, 16 warps = 512 threads (``.reqntid 512``). The launch
-gives each thread 65,536 / 512 = 128 registers, rounded down to a multiple of 8 (``.maxnreg
-128``, what cuobjdump reports as REG); then ``setmaxnreg`` moves them: the softmax warpgroups
-ask for ``SOFTMAX_REGS`` (192), the single-warp roles for ``SINGLE_WARP_REGS`` (24; their
-warpgroup shares one budget), and the correction gets the rest, ``(65,536 - 128 x (2 x 192 +
-24)) / 128`` rounded down to a multiple of 8 = 104. A softmax thread holds a whole row of S
-(``BLOCK_N`` fp32 registers) — the reason for its 192; the correction moves O through registers
-in 32-column chunks, so 104 are enough. The two requests are constexprs of the kernel
-(``gluon_fa4.kernel_args``), and Triton's split follows the same rule for other values (192 and
-32 give the correction 96, 184 and 24 give it 120). ``CORRECTION_WARPS = 8`` (a correction
-warpgroup per Q tile) is a what-if this planner answers and the kernel does not build: 20 warps,
-640 threads, 96 registers at launch, 48 for a correction thread.
-
-The model's code is ``planner_model`` (which the kernel and Exercise 5's check import); this
-module re-exports it and adds compiling the kernel for the table (``compile_entry``, ``main``).
-"""
+Exercise 5's check grades the resources of the chapter's Blackwell kernel (shared memory
+byte-exact once placed as Triton places it, tensor-memory columns, threads, launch and
+correction registers) against the kernel compiled ahead of time for sm_100a
+(``compiled_table``) and, for more configs, against the model. Some of those configs change the
+split of warps and registers (``WHAT_IFS``): the CuTe example's budgets, the softmax asking for
+less, a correction warpgroup per Q tile; without them threads and registers would be the same
+for every config, and a hard-coded answer would pass."""
 from __future__ import annotations
 
-from flashbook.aot import compile_provenance, cubin_resources, write_compiled_table
+from collections import Counter
 
-from .planner_model import (B200, BARRIER_ALIGN, CAPTURE_ALIGN, COMPILED_PATH, CORRECTION_CHUNK,
-                            GPU, MBARRIER_BYTES, PARTITION_WARPS, PER_SLOT_BARRIERS,
-                            PER_TILE_BARRIERS, REGISTERS_PER_SM, SETMAXNREG_MAX, SETMAXNREG_MIN,
-                            SINGLE_WARP_REGS, SOFTMAX_REGS, STATE_ALIGN, SUPPORTED_DTYPES,
-                            SUPPORTED_HEAD_DIMS, TABLE_CONFIGS, TILE_ALIGN, TMEM_COLUMNS,
-                            TMEM_MIN_ALLOC, Config, Verdict, best, candidates, compiled_entry,
-                            compiled_table, feasible, partition_warps, place, register_budget,
-                            shared_memory, shared_memory_layout, smem_buffers, threads,
-                            tile_bytes, tmem_columns, tmem_columns_used, tmem_map,
-                            warp_specialize_buffers, warps)
-from .resources_checks import check_resources, resource_cases, resources
+from flashbook.aot import FIELDS, compile_provenance, cubin_resources, ptx_resources
+from flashbook.check import CheckFailure, as_int, report, require_implemented
 
-__all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES",
-           "TMEM_COLUMNS", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
-           "PARTITION_WARPS", "tile_bytes", "smem_buffers", "warp_specialize_buffers", "place",
-           "shared_memory_layout", "shared_memory", "tmem_map", "tmem_columns_used",
-           "tmem_columns", "partition_warps", "warps", "threads", "register_budget", "feasible",
-           "candidates", "best", "COMPILED_PATH", "compiled_table", "compiled_entry", "compile_entry",
-           "check_resources", "resource_cases", "resources"]
+from . import planner_model
+from .planner_model import *  # noqa: F403: the model is this module's public surface
+
+__all__ = planner_model.__all__ + ["compile_entry", "main", "check_resources", "resource_cases",
+                                   "resources", "WHAT_IFS"]
 
 
+# ------------------------------------------------------------------------------ the compiled table
 def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool,
                   **split) -> dict:
     """Compile the chapter's kernel (``gluon_fa4.compile_for_sm100``) for one config and read
     what it needs: ``metadata.shared``, ``metadata.tmem_size`` and ``metadata.num_warps``; from
-    the PTX the ``tcgen05.alloc`` operand, ``.reqntid``, ``.maxnreg``, the ``setmaxnreg``
-    values and the MMAs (SS: both operands in shared memory; TS: A in tensor memory); from the
-    cubin (``cuobjdump``, bundled with Triton) the registers, the stack and the spill
-    instructions. ``split``: other register requests (``SOFTMAX_REGS``, ``SINGLE_WARP_REGS``).
-    Needs Triton with Gluon; no GPU."""
+    the PTX what ``aot.ptx_resources`` reads; from the cubin (``cuobjdump``, bundled with
+    Triton) the registers, the stack, the spill instructions and the UTC*MMA instructions.
+    ``split``: other register requests (``SOFTMAX_REGS``, ``SINGLE_WARP_REGS``). Needs Triton
+    with Gluon; no GPU."""
     import re
     from . import gluon_fa4
     c = Config(BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, **split).for_inputs(d, dtype)
     k = gluon_fa4.compile_for_sm100(c)
-    ptx = k.asm["ptx"]
     md = k.metadata
-    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16\s+\[[^\]]*\],\s*(\[?)", ptx)
     entry = dict(d=d, dtype=dtype, BLOCK_M=c.BLOCK_M, BLOCK_N=block_n, STAGES=stages,
                  causal=causal, shared=md.shared, tmem_size=md.tmem_size,
-                 num_warps=md.num_warps,
-                 tmem_alloc=[int(x) for x in re.findall(r"tcgen05\.alloc\S*\s+\[[^\]]*\],\s*(\d+);",
-                                                         ptx)],
-                 reqntid=int(re.search(r"\.reqntid (\d+)", ptx).group(1)),
-                 maxnreg=int(re.search(r"\.maxnreg (\d+)", ptx).group(1)),
-                 setmaxnreg=sorted({int(x) for x in
-                                    re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);",
-                                               ptx)}),
-                 mma_ss=sum(1 for a in mma if not a), mma_ts=sum(1 for a in mma if a),
-                 tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global",
-                                          ptx)),
-                 tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::\w+",
-                                           ptx)))
+                 num_warps=md.num_warps, **ptx_resources(k.asm["ptx"]))
     resources, sass = cubin_resources(k.asm["cubin"], "fa4_kernel")
     entry.update(resources, utcmma=len(re.findall(r"\bUTC\w*MMA\w*\b", sass)))
     return entry
@@ -126,33 +58,207 @@ def _provenance(command: str) -> dict:
         **compile_provenance(command, fa4_kernel.__file__, ("ptxas-blackwell", "ptxas")),
         machine="no GPU: compiled on a CPU-only machine (the kernel needs an sm_100 GPU to run)",
         fields=dict(
-            shared="metadata.shared: bytes of dynamic shared memory a block needs",
+            FIELDS,
             tmem_size="metadata.tmem_size: tensor-memory columns the CTA allocates",
-            tmem_alloc="the operand of each tcgen05.alloc in the PTX (columns)",
             num_warps="metadata.num_warps: the partitions' warps, padded to warpgroups",
-            reqntid="PTX .reqntid: threads per CTA",
-            maxnreg="PTX .maxnreg: registers a thread at launch",
-            setmaxnreg="the values of every setmaxnreg in the PTX (the roles' budgets and "
-                       "Triton's own: 256 while the CTA sets up, 80 for idle worker warps)",
-            mma_ss="tcgen05.mma instructions with A and B in shared memory (S = Q K^T)",
-            mma_ts="tcgen05.mma instructions with A in tensor memory (O += P V)",
-            tma_loads="TMA loads (cp.async.bulk.tensor global -> shared) in the PTX",
-            tma_stores="TMA stores (cp.async.bulk.tensor shared -> global) in the PTX",
             n_regs="cuobjdump -res-usage REG: registers a thread at launch (= maxnreg)",
-            stack="cuobjdump -res-usage STACK: bytes of local memory per thread",
-            spill_stores="STL instructions in the SASS (cuobjdump -sass)",
-            spill_loads="LDL instructions in the SASS",
             utcmma="UTC*MMA instructions (tcgen05.mma) in the SASS"),
     )
 
 
-# ------------------------------------------------------------------------------ regenerate
 def main(argv=None):
-    import argparse
-    p = argparse.ArgumentParser(description="Compile Chapter 7's Gluon kernel for sm_100a and store what it needs (no GPU needed).")
-    p.add_argument("--out", default=str(COMPILED_PATH))
-    args = p.parse_args(argv)
-    write_compiled_table(args.out, "flashbook.chapters.ch7.planner", argv, TABLE_CONFIGS, compile_entry, _provenance)
+    TABLE.main(argv, "flashbook.chapters.ch7.planner", "Compile Chapter 7's Gluon kernel for "
+               "sm_100a and store what it needs (no GPU needed).", TABLE_CONFIGS, compile_entry,
+               _provenance)
+
+
+# ------------------------------------------------------------------------------ Exercise 5
+# Splits of warps and registers other than the kernel's (192 / 104 / 24, 4 correction warps):
+# the CuTe example's requests (192 and 32: its correction gets 96), a softmax that asks for 184
+# (the correction gets 120; both compiled the same way by Triton), and a correction warpgroup
+# per Q tile (8 warps: 20 warps, 640 threads, 96 registers at launch, 48 a correction thread)
+WHAT_IFS = (dict(SINGLE_WARP_REGS=32), dict(CORRECTION_WARPS=8), dict(SOFTMAX_REGS=184),
+            dict(CORRECTION_WARPS=8, SOFTMAX_REGS=160, SINGLE_WARP_REGS=32))
+
+
+def resource_cases(hidden: bool = False) -> list[Config]:
+    """Visible: the compiled table's configs (the student's figures are compared with the
+    compiled kernel's) and two what-ifs of the split, compared with this planner. Hidden: more
+    configs and every what-if on several shapes (the planner is byte-exact with the compiled
+    kernel wherever both exist)."""
+    stored = [Config(BLOCK_N=bn, STAGES=st, CAUSAL=ca).for_inputs(d, dt)
+              for d, dt, bn, st, ca in TABLE_CONFIGS]
+    visible = stored + [Config(**WHAT_IFS[0]).for_inputs(128, "float16"),
+                        Config(CAUSAL=True, **WHAT_IFS[1]).for_inputs(64, "bfloat16")]
+    if not hidden:
+        return visible
+    more = [Config(BLOCK_N=bn, STAGES=st, CAUSAL=ca).for_inputs(d, dt)
+            for d in (64, 128) for dt in ("float16",) for bn in (64, 128) for st in (1, 2, 3, 4)
+            for ca in (False, True)]
+    more += [Config(BLOCK_N=bn, STAGES=st, **split).for_inputs(d, "bfloat16")
+             for split in WHAT_IFS for d, bn, st in ((64, 64, 3), (128, 128, 1))]
+    return visible + [c for c in more if c not in visible]
+
+
+def _truth(config: Config) -> tuple[dict, str]:
+    """What the kernel really needs: the compiled table's entry where there is one, else this
+    planner (checked byte-exact against every entry; for a what-if of the split of warps and
+    registers it is the only answer)."""
+    e = compiled_entry(config)
+    budget = register_budget(config)
+    if e is not None:
+        prov = compiled_table()["provenance"]
+        return (dict(shared=e["shared"], tmem=e["tmem_size"], threads=e["reqntid"],
+                     launch=e["maxnreg"], budgets=set(e["setmaxnreg"])),
+                f"the compiled kernel (triton {prov['triton']}, sm_100a, data/ch7_compiled.json)")
+    return (dict(shared=shared_memory(config), tmem=tmem_columns(config),
+                 threads=threads(config), launch=budget["launch"],
+                 budgets={budget["correction"], budget["softmax"], budget["single_warp"]}),
+            "the planner (byte-exact with the compiled kernel)" if config.is_the_kernels_split()
+            else "the planner, for this split of warps and registers")
+
+
+def _smem_hint(config: Config, sizes: list[int]) -> str:
+    want = Counter(b for _, b, _ in smem_buffers(config))
+    got = Counter(sizes)
+    missing, extra = want - got, got - want
+    q, k = tile_bytes(config, "q"), tile_bytes(config, "k")
+    tiles = [b for b in want if b >= 1024]
+    if extra and all(b // 2 in tiles or b // 2 in want for b in extra) and \
+            any(b >= 2048 for b in extra):
+        return " The tiles look counted in 4-byte elements: fp16 and bf16 are 2 bytes."
+    if missing[2 * q] and extra[q]:
+        return (f" You counted one Q tile ({q:,} B), but the CTA has two (Q0 and Q1, BLOCK_M "
+                f"rows each), one per softmax warpgroup: 2 x BLOCK_M x d x 2 bytes.")
+    if config.STAGES > 1 and missing[config.STAGES * k] and extra[k]:
+        return (f" You counted one K (or V) tile, but each ring has STAGES={config.STAGES} "
+                f"slots: STAGES x BLOCK_N x d x 2 bytes for K, the same for V.")
+    barriers = sum(n for b, n in got.items() if b < 1024)
+    want_b = sum(n for b, n in want.items() if b < 1024)
+    if barriers != want_b:
+        return (f" The kernel has {want_b} mbarrier arrays (8 bytes a barrier): "
+                f"{', '.join(PER_TILE_BARRIERS)} (one per Q tile: 16 bytes each) and "
+                f"{', '.join(PER_SLOT_BARRIERS)} (one per slot: 8 x STAGES bytes each); yours "
+                f"lists {barriers} buffers under 1 KB.")
+    return (" The kernel's buffers (bytes): "
+            + ", ".join(f"{n} {b:,}" for n, b, _ in smem_buffers(config)) + ".")
+
+
+def _check_case(resources, config: Config):
+    what = f"kernel_resources, {config.describe()}"
+    got = resources(config)
+    if not isinstance(got, dict):
+        raise CheckFailure(f"{what}: returned {type(got).__name__}; it should return a dict "
+                           "with smem_buffers, tmem_columns, threads, launch_registers and "
+                           "correction_registers.")
+    missing = [k for k in ("smem_buffers", "tmem_columns", "threads", "launch_registers",
+                           "correction_registers") if k not in got]
+    if missing:
+        raise CheckFailure(f"{what}: the dict has no {', '.join(missing)}.")
+    truth, source = _truth(config)
+    try:
+        bufs = [(str(n), as_int(b, f"{what}: the size of smem buffer {n!r}"))
+                for n, b in got["smem_buffers"]]
+    except (TypeError, ValueError):
+        raise CheckFailure(f"{what}: smem_buffers should be a list of (name, bytes) pairs, got "
+                           f"{got['smem_buffers']!r:.200}.") from None
+    align = [(n, b, TILE_ALIGN if b >= 1024 else BARRIER_ALIGN) for n, b in bufs]
+    placed = place(align + warp_specialize_buffers(config))
+    smem = max((o + b for _, o, b in placed), default=0)
+    if smem != truth["shared"]:
+        raise CheckFailure(
+            f"{what}: your buffers, placed as Triton places them (planner.place, with "
+            f"warp_specialize's own {sum(b for _, b, _ in warp_specialize_buffers(config))} "
+            f"bytes), need {smem:,} bytes of shared memory, but the kernel needs "
+            f"{truth['shared']:,} ({source}).{_smem_hint(config, [b for _, b in bufs])}")
+    cols = as_int(got["tmem_columns"], f"{what}: tmem_columns")
+    if cols != truth["tmem"]:
+        used = tmem_columns_used(config)
+        hint = (f" S0 and S1 take BLOCK_N = {config.BLOCK_N} fp32 columns each, O0 and O1 d = "
+                f"{config.HEAD_DIM} each: {used} columns")
+        if cols == used:
+            hint += (f"; but tcgen05.alloc takes a power of two of at least 32 columns, so "
+                     f"Triton allocates {truth['tmem']}.")
+        elif cols > truth["tmem"]:
+            hint += (". P, alpha and the row statistics take no columns of their own: they live "
+                     "in S's columns (P in 16 bits, two values a column).")
+        else:
+            hint += ", rounded up to a power of two (at least 32)."
+        raise CheckFailure(f"{what}: tmem_columns = {cols}, but the kernel allocates "
+                           f"{truth['tmem']} ({source}).{hint}")
+    _check_registers(got, config, what, truth, source)
+    return smem, cols
+
+
+def _check_registers(got: dict, config: Config, what: str, truth: dict, source: str):
+    """threads, launch_registers and correction_registers, each named when it is wrong."""
+    parts = partition_warps(config)
+    n_warps = sum(w for _, w in parts)
+
+    def where(field: str) -> str:                  # the PTX field, for the compiled kernel
+        return f"{source}: {field}" if source.startswith("the compiled") else source
+    n_threads = as_int(got["threads"], f"{what}: threads")
+    if n_threads != truth["threads"]:
+        raise CheckFailure(
+            f"{what}: threads = {n_threads}, but the CTA has {truth['threads']} "
+            f"({where('.reqntid')}). The partitions have " + " + ".join(str(w) for _, w in parts)
+            + f" = {n_warps} warps (CORRECTION_WARPS = {config.CORRECTION_WARPS} for the "
+            f"correction, 4 for each softmax warpgroup, 1 each for the MMA, load and epilogue "
+            f"warps); setmaxnreg works per warpgroup, so Triton pads them to whole warpgroups "
+            f"(the example does the same with its idle 16th warp): {truth['threads'] // 32} "
+            f"warps of 32 threads.")
+    launch = as_int(got["launch_registers"], f"{what}: launch_registers")
+    if launch != truth["launch"]:
+        hint = (f" Registers are allocated 8 at a time, and {launch} is not a multiple of 8."
+                if launch == REGISTERS_PER_SM // n_threads and launch % 8 else "")
+        raise CheckFailure(
+            f"{what}: launch_registers = {launch}, but every thread starts with "
+            f"{truth['launch']} ({where('.maxnreg')}): the SM's {REGISTERS_PER_SM:,} registers "
+            f"shared by the CTA's {truth['threads']} threads, rounded down to a multiple of 8."
+            + hint)
+    corr = as_int(got["correction_registers"], f"{what}: correction_registers")
+    budget = register_budget(config)
+    want = budget["correction"]
+    if corr != want or corr not in truth["budgets"]:
+        sm, one = config.SOFTMAX_REGS, config.SINGLE_WARP_REGS
+        n_corr = 32 * config.CORRECTION_WARPS
+        msg = (f"{what}: correction_registers = {corr}, but setmaxnreg gives the correction "
+               f"{want} ({source}: the setmaxnreg values are {sorted(truth['budgets'])}): what "
+               f"the two softmax warpgroups (SOFTMAX_REGS = {sm} a thread) and the warpgroup of "
+               f"the single-warp roles (SINGLE_WARP_REGS = {one}) leave of "
+               f"{REGISTERS_PER_SM:,}, shared by the correction's {n_corr} threads "
+               f"(CORRECTION_WARPS = {config.CORRECTION_WARPS}), rounded down to a multiple "
+               f"of 8.")
+        total = 128 * (2 * sm + one) + n_corr * corr
+        if total > REGISTERS_PER_SM:
+            msg += (f" With {corr}: 128 x (2 x {sm} + {one}) + {n_corr} x {corr} = "
+                    f"{total:,}, too many.")
+        elif corr % 8:
+            msg += f" setmaxnreg takes a multiple of 8, and {corr} is not."
+        raise CheckFailure(msg)
+
+
+def check_resources(kernel_resources, hidden: bool = False):
+    """Exercise 5: the shared memory (byte-exact once placed by Triton's rule), tensor-memory
+    columns, threads and register budgets of the chapter's kernel, against the kernel compiled
+    ahead of time for sm_100a (the stored table) and, for more configs, the planner."""
+    require_implemented(kernel_resources, "kernel_resources")
+    cases = resource_cases(hidden)
+    first = None
+    for config in cases:
+        smem, cols = _check_case(kernel_resources, config)
+        first = first or (config, smem, cols)
+    config, smem, cols = first
+    report("kernel resources against the compiled kernel", len(cases), hidden=hidden,
+           extra=f" ({config.describe()}: {smem:,} bytes of shared memory, {cols} TMEM columns)")
+
+
+def resources(config: Config) -> dict:
+    """The planner's answer to Exercise 5, in the exercise's form (for the demo's table)."""
+    budget = register_budget(config)
+    return dict(smem_buffers=[(n, b) for n, b, _ in smem_buffers(config)],
+                tmem_columns=tmem_columns(config), threads=threads(config),
+                launch_registers=budget["launch"], correction_registers=budget["correction"])
 
 
 if __name__ == "__main__":

@@ -1,15 +1,62 @@
-"""Chapter 7's resource model of its Gluon Blackwell kernel (``planner`` explains it and
-re-exports every name): the configuration (``Config``) and the GPU, what a config costs in shared
-memory, tensor memory and registers, whether it fits (``feasible``), the best candidate, and the
-stored compile table (``data/ch7_compiled.json``: ``compiled_table``, ``compiled_entry``). Pure
-Python: no GPU, no Triton, and no import of the kernel (``gluon_fa4``), which imports it.
+"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``), a configuration
+of the toolkit's kit (``flashbook.planning``); ``planner`` re-exports it with Exercise 5's check
+and the compiled table's regeneration. The kernel imports this module, not ``planner``, whose
+command compiles the kernel.
+
+What a configuration of the kernel costs in shared memory, tensor memory and registers, and
+whether one CTA fits on an sm_100 SM (B200). Pure Python: no GPU, no Triton. Every figure is
+compared with the kernel compiled ahead of time for sm_100a on a CPU machine: the stored table
+``data/ch7_compiled.json`` (``compiled_table``; regenerate it with ``python -m
+flashbook.chapters.ch7.planner --out src/flashbook/data/ch7_compiled.json``, about a minute) and,
+in a slow test, a fresh compile.
+
+A config fixes the head dim d (64 or 128), the 16-bit dtype, ``BLOCK_M = 128`` query rows per Q
+tile (two tiles a CTA), ``BLOCK_N`` keys per K/V tile, ``STAGES`` slots of the K ring and of the V
+ring, and whether the kernel masks causally (it changes what the worker warps capture).
+
+**Shared memory** (``shared_memory``, byte-exact against ``metadata.shared``; placed as
+``flashbook.planning.place`` says): the tiles Q ``2 * BLOCK_M * d * 2`` (reused for O at the
+end), K and V ``STAGES * BLOCK_N * d * 2`` each; one mbarrier array per name: eight per-tile
+arrays of 2 (``q_full``, ``s_ready``, ``p_ready``, ``stats``, ``o_done``, ``o_ready``,
+``l_ready``, ``epi_ready``) and four per-slot arrays of ``STAGES`` (``k_full``, ``k_free``,
+``v_full``, ``v_free``); what ``gl.warp_specialize`` keeps for the worker partitions
+(``warp_specialize_buffers``): their captured arguments (320 bytes, 324 when the kernel is
+causal and the workers also need N_Q) and one state byte per worker warp (12).
+
+So d = 128, 2 stages: 196,608 bytes of tiles + 320 + 12 x 16 + 12 = 197,132 bytes, of the
+232,448 a block may use.
+
+**Tensor memory** (``tmem_columns``): 512 columns of 128 lanes x 32 bits per SM. The kernel
+allocates S0 and S1 (``BLOCK_N`` fp32 columns each) and O0 and O1 (d each); P (16-bit, two to a
+column), alpha and the final row max and sum live inside S's columns (``tmem_map``). Triton
+allocates the sum rounded up to a power of two (at least 32): ``metadata.tmem_size``, the
+operand of the PTX ``tcgen05.alloc``. d = 128: 2 x 128 + 2 x 128 = 512; d = 64: 384 -> 512.
+
+**Registers** (``register_budget``): the partitions have ``CORRECTION_WARPS`` (4: the
+correction, the default partition), 4, 4 (the softmax warpgroups), 1, 1 and 1 warps (MMA, load,
+epilogue): 15, padded to whole warpgroups, 16 warps = 512 threads (``.reqntid 512``). The launch
+gives each thread 65,536 / 512 = 128 registers, rounded down to a multiple of 8 (``.maxnreg
+128``, what cuobjdump reports as REG); then ``setmaxnreg`` moves them: the softmax warpgroups
+ask for ``SOFTMAX_REGS`` (192), the single-warp roles for ``SINGLE_WARP_REGS`` (24; their
+warpgroup shares one budget), and the correction gets the rest, ``(65,536 - 128 x (2 x 192 +
+24)) / 128`` rounded down to a multiple of 8 = 104. A softmax thread holds a whole row of S
+(``BLOCK_N`` fp32 registers) — the reason for its 192; the correction moves O through registers
+in 32-column chunks, so 104 are enough. The two requests are constexprs of the kernel
+(``gluon_fa4.kernel_args``), and Triton's split follows the same rule for other values (192 and
+32 give the correction 96, 184 and 24 give it 120). ``CORRECTION_WARPS = 8`` (a correction
+warpgroup per Q tile) is a what-if this planner answers and the kernel does not build: 20 warps,
+640 threads, 96 registers at launch, 48 for a correction thread.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass
 
-from flashbook.aot import read_compiled_table
+from flashbook.planning import (B200, BARRIER_ALIGN, CAPTURE_ALIGN, GPU, MBARRIER_BYTES,
+                                REGISTERS_PER_SM, SETMAXNREG_MAX, SETMAXNREG_MIN, STATE_ALIGN,
+                                SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, TILE_ALIGN, TMEM_COLUMNS,
+                                CompiledTable, Tunables, Verdict, capture_bytes, end,
+                                input_reasons, is_setmaxnreg, launch_registers, place,
+                                rest_registers, verdict)
 
 __all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES",
            "TMEM_COLUMNS", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
@@ -19,22 +66,15 @@ __all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED
            "candidates", "best", "COMPILED_PATH", "compiled_table", "compiled_entry",
            "TMEM_MIN_ALLOC", "SETMAXNREG_MIN", "SETMAXNREG_MAX", "MBARRIER_BYTES", "TILE_ALIGN",
            "BARRIER_ALIGN", "CAPTURE_ALIGN", "STATE_ALIGN", "PER_TILE_BARRIERS",
-           "PER_SLOT_BARRIERS", "CORRECTION_CHUNK", "TABLE_CONFIGS"]
+           "PER_SLOT_BARRIERS", "CORRECTION_CHUNK", "TABLE", "TABLE_CONFIGS"]
 
-SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_DTYPES = ("float16", "bfloat16")
-TMEM_COLUMNS = 512                  # per SM: 512 columns x 128 lanes x 32 bits = 256 KB
 TMEM_MIN_ALLOC = 32
-REGISTERS_PER_SM = 65536
-SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
 SOFTMAX_REGS = 192                  # what the kernel asks setmaxnreg for, per softmax thread
 SINGLE_WARP_REGS = 24               # ... and for the MMA, load and epilogue warps
 # (role, warps) of the chapter's kernel: the default partition first, as gl.warp_specialize
 # lists them (``partition_warps`` gives a config's)
 PARTITION_WARPS = (("correction", 4), ("softmax 0", 4), ("softmax 1", 4), ("mma", 1),
                    ("load", 1), ("epilogue", 1))
-MBARRIER_BYTES = 8
-TILE_ALIGN, BARRIER_ALIGN, CAPTURE_ALIGN, STATE_ALIGN = 1024, 16, 8, 4
 PER_TILE_BARRIERS = ("q_full", "s_ready", "p_ready", "stats", "o_done", "o_ready", "l_ready",
                      "epi_ready")
 PER_SLOT_BARRIERS = ("k_full", "k_free", "v_full", "v_free")
@@ -42,7 +82,7 @@ CORRECTION_CHUNK = 32               # columns of O the correction holds in regis
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(Tunables):
     """The kernel's tunables. ``HEAD_DIM`` and ``DTYPE`` may stay None until the inputs fill
     them in (``for_inputs``); the planner needs them set."""
     BLOCK_M: int = 128         # query rows per Q tile (tcgen05's M; two tiles a CTA)
@@ -55,14 +95,6 @@ class Config:
     SINGLE_WARP_REGS: int = SINGLE_WARP_REGS  # ... of the MMA, load and epilogue warps
     CORRECTION_WARPS: int = 4                 # the correction partition (the default one)
 
-    def for_inputs(self, head_dim: int, dtype: str) -> "Config":
-        return replace(self, HEAD_DIM=head_dim, DTYPE=dtype)
-
-    def _need(self) -> tuple[int, int]:
-        if self.HEAD_DIM is None or self.DTYPE is None:
-            raise ValueError(f"planner: {self} needs HEAD_DIM and DTYPE (Config.for_inputs).")
-        return self.HEAD_DIM, 2
-
     def is_the_kernels_split(self) -> bool:
         """True when the warps and register requests are the chapter kernel's defaults."""
         return (self.SOFTMAX_REGS, self.SINGLE_WARP_REGS, self.CORRECTION_WARPS) == \
@@ -74,20 +106,6 @@ class Config:
                  if getattr(self, name) != getattr(Config, name)]
         return (f"d={self.HEAD_DIM} {self.DTYPE}, BLOCK_N={self.BLOCK_N}, STAGES={self.STAGES}"
                 + (", causal" if self.CAUSAL else "") + "".join(f", {e}" for e in extra))
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    sms: int
-    smem_per_block: int            # the most dynamic shared memory one block may use
-    tmem_columns: int = TMEM_COLUMNS
-    regs_per_sm: int = REGISTERS_PER_SM
-    max_threads: int = 1024
-
-
-# compute capability 10.0: 228 KB of shared memory per SM, at most 227 KB per block
-B200 = GPU("B200", sms=148, smem_per_block=232448)
 
 
 # ------------------------------------------------------------------------------ shared memory
@@ -112,11 +130,11 @@ def smem_buffers(config: Config) -> list[tuple[str, int, int]]:
 
 
 def _capture_bytes(config: Config) -> int:
-    """The worker partitions' captured arguments, packed: 2 tensor-memory descriptors (S, O;
-    8 each), 3 shared-memory tile views of rank 4 (8 + 4*4 each), 12 barrier arrays of rank 2
-    (8 + 2*4 each), 4 tensor descriptors (8 each), N_K and qk_scale (4 each), and N_Q (4) when
-    the workers mask causally."""
-    return 2 * 8 + 3 * 24 + 12 * 16 + 4 * 8 + 2 * 4 + (4 if config.CAUSAL else 0)
+    """The worker partitions' captured arguments, packed: 2 tensor-memory descriptors (S, O),
+    3 shared-memory tile views of rank 4, 12 barrier arrays of rank 2, 4 tensor descriptors,
+    N_K and qk_scale, and N_Q when the workers mask causally."""
+    return capture_bytes(descriptors=2 + 4, views=(4,) * 3 + (2,) * 12,
+                         scalars=2 + bool(config.CAUSAL))
 
 
 def partition_warps(config: Config | None = None) -> tuple:
@@ -143,18 +161,6 @@ def warp_specialize_buffers(config: Config) -> list[tuple[str, int, int]]:
             ("warp_states", warps(config) - partition_warps(config)[0][1], STATE_ALIGN)]
 
 
-def place(buffers: list) -> list[tuple[str, int, int]]:
-    """Triton's placement of buffers that are all live at once: sorted by size, largest first
-    (ties keep their order), each at the next multiple of its alignment. ``buffers``:
-    ``(name, bytes, alignment)``. Returns ``(name, offset, bytes)``."""
-    placed, end = [], 0
-    for name, size, align in sorted(buffers, key=lambda b: -b[1]):
-        offset = -(-end // align) * align
-        placed.append((name, offset, size))
-        end = offset + size
-    return placed
-
-
 def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
     """``(name, offset, bytes)`` of every buffer, as Triton's allocator places them."""
     return place(smem_buffers(config) + warp_specialize_buffers(config))
@@ -162,7 +168,7 @@ def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
 
 def shared_memory(config: Config) -> int:
     """Bytes of dynamic shared memory the compiled kernel needs (its ``metadata.shared``)."""
-    return max(offset + size for _, offset, size in shared_memory_layout(config))
+    return end(shared_memory_layout(config))
 
 
 # ------------------------------------------------------------------------------ tensor memory
@@ -208,68 +214,44 @@ def register_budget(config: Config | None = None) -> dict:
     the single-warp roles' warpgroup's are the config's requests, the correction's is what they
     leave, shared by its ``CORRECTION_WARPS`` warps."""
     config = config or Config()
-    launch = REGISTERS_PER_SM // threads(config) // 8 * 8
     one_warp_groups = (warps(config) - config.CORRECTION_WARPS - 8) // 4
     softmax, single = config.SOFTMAX_REGS, config.SINGLE_WARP_REGS
-    rest = REGISTERS_PER_SM - 128 * (2 * softmax + one_warp_groups * single)
-    correction = min(SETMAXNREG_MAX, rest // (32 * config.CORRECTION_WARPS) // 8 * 8)
-    return dict(launch=launch, softmax=softmax, correction=correction, single_warp=single,
-                total=128 * (2 * softmax + one_warp_groups * single)
-                + 32 * config.CORRECTION_WARPS * correction)
+    taken = 128 * (2 * softmax + one_warp_groups * single)
+    correction = rest_registers(taken, 32 * config.CORRECTION_WARPS)
+    return dict(launch=launch_registers(threads(config)), softmax=softmax, correction=correction,
+                single_warp=single, total=taken + 32 * config.CORRECTION_WARPS * correction)
 
 
 # ------------------------------------------------------------------------------ feasibility
-@dataclass(frozen=True)
-class Verdict:
-    ok: bool
-    reasons: tuple = field(default_factory=tuple)
-
-    def __bool__(self):
-        return self.ok
-
-
 def feasible(config: Config, gpu: GPU = B200) -> Verdict:
     """Can one CTA of ``config`` run on ``gpu``? Shape rules, shared memory per block, tensor
     memory, registers; ``reasons`` says what fails."""
-    d, _ = config._need()
-    why = []
-    if d not in SUPPORTED_HEAD_DIMS:
-        why.append(f"head dim {d} not in {SUPPORTED_HEAD_DIMS}")
-    if config.DTYPE not in SUPPORTED_DTYPES:
-        why.append(f"dtype {config.DTYPE} not in {SUPPORTED_DTYPES}")
-    if config.BLOCK_M != 128:
-        why.append(f"BLOCK_M={config.BLOCK_M}: the kernel's Q tiles are tcgen05's 128 rows")
-    if config.BLOCK_N not in (64, 128):
-        why.append(f"BLOCK_N={config.BLOCK_N}: 64 or 128 keys a tile")
-    if config.STAGES < 1:
-        why.append(f"STAGES={config.STAGES}: the rings need at least one slot")
-    if config.CORRECTION_WARPS < 4 or config.CORRECTION_WARPS % 4:
-        why.append(f"CORRECTION_WARPS={config.CORRECTION_WARPS}: setmaxnreg works per "
-                   "warpgroup, so the correction takes whole warpgroups")
-    for name in ("SOFTMAX_REGS", "SINGLE_WARP_REGS"):
-        regs = getattr(config, name)
-        if regs % 8 or not SETMAXNREG_MIN <= regs <= SETMAXNREG_MAX:
-            why.append(f"{name}={regs}: setmaxnreg takes a multiple of 8 from "
-                       f"{SETMAXNREG_MIN} to {SETMAXNREG_MAX}")
-    if threads(config) > gpu.max_threads:
-        why.append(f"{threads(config)} threads > {gpu.max_threads}")
-    cols = tmem_columns_used(config)
-    if cols > gpu.tmem_columns:
-        why.append(f"tensor memory: 2 x {config.BLOCK_N} (S) + 2 x {d} (O) = {cols} columns > "
-                   f"{gpu.tmem_columns}")
-    smem = shared_memory(config)
-    if smem > gpu.smem_per_block:
-        why.append(f"shared memory {smem:,} B > {gpu.smem_per_block:,} B per block on {gpu.name}")
-    budget = register_budget(config)
-    if budget["total"] > gpu.regs_per_sm:
-        why.append(f"registers {budget['total']} > {gpu.regs_per_sm} per SM")
-    if budget["correction"] < SETMAXNREG_MIN:
-        why.append(f"the correction's threads are left {budget['correction']} registers, "
-                   f"fewer than setmaxnreg's {SETMAXNREG_MIN}")
-    if config.BLOCK_N + 32 > config.SOFTMAX_REGS:
-        why.append(f"a softmax thread holds a row of {config.BLOCK_N} fp32 scores plus ~32 "
-                   f"registers of bookkeeping: more than its {config.SOFTMAX_REGS}")
-    return Verdict(not why, tuple(why))
+    c, inputs = config, input_reasons(config)
+    d, n = c.HEAD_DIM, threads(c)
+    cols, smem, budget = tmem_columns_used(c), shared_memory(c), register_budget(c)
+    return verdict(inputs + [
+        (c.BLOCK_M != 128, f"BLOCK_M={c.BLOCK_M}: the kernel's Q tiles are tcgen05's 128 rows"),
+        (c.BLOCK_N not in (64, 128), f"BLOCK_N={c.BLOCK_N}: 64 or 128 keys a tile"),
+        (c.STAGES < 1, f"STAGES={c.STAGES}: the rings need at least one slot"),
+        (c.CORRECTION_WARPS < 4 or c.CORRECTION_WARPS % 4,
+         f"CORRECTION_WARPS={c.CORRECTION_WARPS}: setmaxnreg works per warpgroup, so the "
+         "correction takes whole warpgroups")] + [
+        (not is_setmaxnreg(getattr(c, name)),
+         f"{name}={getattr(c, name)}: setmaxnreg takes a multiple of 8 from {SETMAXNREG_MIN} "
+         f"to {SETMAXNREG_MAX}") for name in ("SOFTMAX_REGS", "SINGLE_WARP_REGS")] + [
+        (n > gpu.max_threads, f"{n} threads > {gpu.max_threads}"),
+        (cols > gpu.tmem_columns, f"tensor memory: 2 x {c.BLOCK_N} (S) + 2 x {d} (O) = {cols} "
+                                  f"columns > {gpu.tmem_columns}"),
+        (smem > gpu.smem_per_block,
+         f"shared memory {smem:,} B > {gpu.smem_per_block:,} B per block on {gpu.name}"),
+        (budget["total"] > gpu.regs_per_sm,
+         f"registers {budget['total']} > {gpu.regs_per_sm} per SM"),
+        (budget["correction"] < SETMAXNREG_MIN,
+         f"the correction's threads are left {budget['correction']} registers, fewer than "
+         f"setmaxnreg's {SETMAXNREG_MIN}"),
+        (c.BLOCK_N + 32 > c.SOFTMAX_REGS,
+         f"a softmax thread holds a row of {c.BLOCK_N} fp32 scores plus ~32 registers of "
+         f"bookkeeping: more than its {c.SOFTMAX_REGS}")])
 
 
 def candidates(head_dim: int, dtype: str = "float16", causal: bool = False) -> list[Config]:
@@ -289,7 +271,8 @@ def best(head_dim: int, dtype: str = "float16", causal: bool = False) -> Config:
 
 
 # ------------------------------------------------------------------------------ the compiled table
-COMPILED_PATH = Path(__file__).resolve().parents[2] / "data" / "ch7_compiled.json"
+TABLE = CompiledTable("ch7_compiled.json", ("d", "dtype", "BLOCK_N", "STAGES", "causal"))
+COMPILED_PATH = TABLE.path
 # (d, dtype, BLOCK_N, STAGES, causal): the chapter's config, a 1-slot ring, causal, d = 64
 # (tensor memory rounded up), the deepest ring that fits at d = 64
 TABLE_CONFIGS = [(128, "float16", 128, 2, False), (128, "bfloat16", 128, 1, True),
@@ -297,22 +280,15 @@ TABLE_CONFIGS = [(128, "float16", 128, 2, False), (128, "bfloat16", 128, 1, True
                  (64, "float16", 64, 6, False)]
 
 
-def compiled_table(path: Path | str = COMPILED_PATH) -> dict:
+def compiled_table(path=None) -> dict:
     """``{"provenance": {...}, "configs": [entry, ...]}`` (see ``provenance.fields``)."""
-    return read_compiled_table(path)
+    return TABLE.read(path)
 
 
-def _key(d, dtype, bn, stages, causal) -> tuple:
-    return (int(d), str(dtype), int(bn), int(stages), bool(causal))
-
-
-def compiled_entry(config: Config, path: Path | str = COMPILED_PATH) -> dict | None:
+def compiled_entry(config: Config, path=None) -> dict | None:
     """The stored compile of ``config``, or None (the table holds the kernel's own split of
     warps and registers only)."""
     if not config.is_the_kernels_split():
         return None
-    key = _key(config.HEAD_DIM, config.DTYPE, config.BLOCK_N, config.STAGES, config.CAUSAL)
-    for e in compiled_table(path)["configs"]:
-        if _key(e["d"], e["dtype"], e["BLOCK_N"], e["STAGES"], e["causal"]) == key:
-            return e
-    return None
+    return TABLE.entry((int(config.HEAD_DIM), str(config.DTYPE), int(config.BLOCK_N),
+                        int(config.STAGES), bool(config.CAUSAL)), path)
