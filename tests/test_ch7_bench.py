@@ -49,10 +49,12 @@ def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
     recorded summary sets the two side by side."""
     from flashbook import sources
     from flashbook.chapters.ch7 import recorded
-    monkeypatch.setattr(bench, "measure_attention",
-                        lambda name, role, fn, graph, **kw: bench.Row(
-                            name, role, kw["B"], kw["H"], kw["H"], kw["N_q"], kw["N_k"], kw["d"],
-                            "float16", False, 2.0, 100.0, None, None))
+    def measure(name, role, setup, note="", **kw):       # 2 ms, 100 TFLOP/s: made up
+        _, checked = setup()
+        return bench.Row(name, role, kw["B"], kw["H_q"], kw["H_q"], kw["N_q"], kw["N_q"],
+                         kw["d"], "float16", False, 2.0, 100.0, None, None,
+                         note=f"{note}; {checked}")
+    monkeypatch.setattr(bench, "measure", measure)
     import flashbook.bench as fbench
     calls = []
     monkeypatch.setattr(fbench, "time_ms", lambda fn, graph=False: calls.append(fn()) or 2.5)
@@ -60,7 +62,7 @@ def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 32, generator=g).half() for _ in range(3))
     want = bench.head0_reference(q, k, v)
-    kw = dict(B=1, H=2, N_q=64, N_k=64, d=32, dtype=torch.float16)
+    kw = bench.columns(1, 2, 64, 32, torch.float16)
     rows = bench.lazy_rows(attention_lazy, q, k, v, want, None, **kw)
     assert [(r.kernel, r.role) for r in rows] == [("ch7_attention_lazy", "reference"),
                                                    ("ch7_attention_lazy", "public")]
