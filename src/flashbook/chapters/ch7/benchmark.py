@@ -8,8 +8,8 @@ Two kernels carry the tricks:
   ``ch3.benchmark`` rebinds the step for its ablation): lazy rescaling is the solution's
   ``lazy_update`` of Exercise 2 with ``TAU`` (exponentials may grow to 2^TAU = 256 before O is
   rescaled), the polynomial is the solution's ``exp2_poly_tl`` of Exercise 3b.
-* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with its ``exp2`` and ``rescale_tau``
-  experiment switches (``gluon_fa3.EXP2_MODES``), the planner's config.
+* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with the tricks as hooks of its softmax
+  (``gluon_tricks``: the same cubic and threshold), the Chapter 6 planner's config.
 
 Suffixes: ``_lazy`` (lazy rescaling), ``_poly`` (every exponential of P by the cubic),
 ``_lazy_poly`` (both), ``_poly_half`` (Triton only: the cubic on every second column, the rest on
@@ -218,6 +218,8 @@ def lazy_rows(attention_lazy, q, k, v, want, cap, **kw) -> list[Row]:
 
 def run(case_list=None) -> list[Row]:
     from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, pick_config as gluon_config
+
+    from .gluon_tricks import hooks                 # Gluon, imported when the run needs it
     cap = torch.cuda.get_device_capability(0)
     namespaces = {suffix: triton_namespace(*trick) for suffix, trick in TRICKS.items()}
     attention_lazy = sources.solution_namespace("ch7")["attention_lazy"]
@@ -243,8 +245,8 @@ def run(case_list=None) -> list[Row]:
             note = (f"exp2={exp2} tau={tau}; BLOCK_M={gcfg.BLOCK_M} BLOCK_N={gcfg.BLOCK_N} "
                     f"STAGES={gcfg.STAGES}")
             rows.append(_row(f"ch6_gluon_fa3{suffix}",
-                             lambda: attention_fa3(q, k, v, config=gcfg, exp2=exp2,
-                                                   rescale_tau=tau)[0], want, note, **kw))
+                             lambda: attention_fa3(q, k, v, config=gcfg,
+                                                   hooks=hooks(exp2, tau))[0], want, note, **kw))
         rows.append(measure("sdpa_cudnn", "baseline", sdpa_setup(
             "sdpa_cudnn", q, k, v, False, gqa=False, check=lambda o: f"err={error(o, want):.1e}"),
             note="baseline", **kw))
