@@ -68,3 +68,31 @@ def test_arithmetic_of_the_decode_rows():
     assert bs.err_note("cuDNN", torch.ones(3))(torch.ones(3) * 1.5) == "max|O-cuDNN|=5.0e-01"
     assert bs.err_note("cuDNN", None)(torch.ones(3)) == ""
     assert bs.max_err(torch.ones(2), torch.ones(3)) != bs.max_err(torch.ones(2), torch.ones(3))
+
+
+@pytest.mark.parametrize("error, says", [
+    (RuntimeError("refused: cuDNN needs d <= 256\nsecond line"), "RuntimeError: refused: cuDNN"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40 GiB"), "out of memory"),
+    (ModuleNotFoundError("No module named 'jax'"), "ModuleNotFoundError: No module named 'jax'"),
+])
+def test_a_failure_is_one_line_of_the_rows_note(error, says):
+    failed = bs.measure("k", "variant", bs.refused_setup(error), flops=1.0, nbytes=1.0, B=1,
+                        H_q=1, N_q=1, d=64, dtype=torch.float16, causal=False, note="cfg")
+    assert failed.note.startswith("cfg; not measured: " + says) and "second" not in failed.note
+
+
+def test_a_failure_without_a_message_says_where_it_was_raised():
+    def setup():
+        raise AssertionError            # what a bare assert raises (no message)
+    failed = bs.measure("k", "variant", setup, flops=1.0, nbytes=1.0, B=1, H_q=1, N_q=1, d=64,
+                        dtype=torch.float16, causal=False)
+    assert failed.note.startswith("not measured: AssertionError at test_bench_setups.py:")
+    assert failed.note.endswith("(raise AssertionError            # what a bare assert raises "
+                                "(no message))")
+
+
+def test_the_check_flags_an_error_past_its_tolerance():
+    note = bs.err_note("cuDNN", torch.zeros(3), tolerance=0.1)
+    assert note(torch.zeros(3) + 0.05) == "max|O-cuDNN|=5.0e-02"
+    assert note(torch.ones(3)) == "max|O-cuDNN|=1.0e+00 WRONG (> 0.1)"
+    assert note(torch.full((3,), float("nan"))).endswith("WRONG (> 0.1)")

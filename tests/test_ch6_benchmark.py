@@ -6,6 +6,7 @@ The rows of ``fixture_rows`` are TEST FIXTURES with made-up numbers: they are no
 and must never be written to ``src/flashbook/data/bench``. The real data comes only from
 ``flashbook bench ch6`` on a GPU.
 """
+import functools
 import math
 import sys
 import types
@@ -14,7 +15,7 @@ import matplotlib
 import pytest
 import torch
 
-from flashbook import results
+from flashbook import bench_setups, results
 from flashbook.bench import Peak
 from flashbook.chapters.ch6 import benchmark as b, benchmark_jax as bj
 from flashbook.chapters.ch6 import recorded
@@ -36,25 +37,24 @@ def test_cases_are_fp16_everywhere_and_bf16_at_the_headline_shape():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flops_and_bytes_of_a_case(causal):
-    c = b.Case(1, 16, 16384, 128, torch.float16, causal)
+    cols = b.Case(1, 16, 16384, 128, torch.float16, causal).columns()
     pairs = 16384 * 16384 / (2 if causal else 1)
-    assert c.flops == 4 * 16 * pairs * 128                    # QK^T and PV, 2 FLOPs a MAC
-    assert c.nbytes == 2 * 4 * 16 * 16384 * 128               # read Q, K, V, write O in fp16
-    assert b.Case(4, 16, 4096, 64, torch.bfloat16, causal).flops == \
+    assert cols["flops"] == 4 * 16 * pairs * 128                # QK^T and PV, 2 FLOPs a MAC
+    assert cols["nbytes"] == 2 * 4 * 16 * 16384 * 128           # read Q, K, V, write O in fp16
+    assert b.Case(4, 16, 4096, 64, torch.bfloat16, causal).columns()["flops"] == \
         4 * 4 * 16 * 4096 * 4096 * 64 / (2 if causal else 1)
 
 
-def test_make_row_derives_the_rates():
+def test_a_row_of_a_case_has_its_columns_and_rates(monkeypatch):
+    monkeypatch.setattr(bench_setups, "timed_ms", lambda fn: (4.0, ""))
+    monkeypatch.setattr(bench_setups, "gpu_peak", lambda: H200)
     c = b.Case(1, 16, 16384, 128, torch.float16, False)
-    r = b.make_row("ch6_gluon_fa3", "reference", c, 4.0, "cfg", peak=H200)
+    r = b.measure("ch6_gluon_fa3", "reference", c, lambda: ((lambda: None), "cfg"))
     assert (r.B, r.H_q, r.H_kv, r.N_q, r.N_k, r.d, r.dtype, r.causal) == \
         (1, 16, 16, 16384, 16384, 128, "float16", False)
-    assert r.tflops == pytest.approx(c.flops / 4e-3 / 1e12)
-    assert r.gbps == pytest.approx(c.nbytes / 4e-3 / 1e9)
+    assert r.tflops == pytest.approx(c.columns()["flops"] / 4e-3 / 1e12)
     assert r.pct_peak == pytest.approx(100 * r.tflops / 989.0)
     assert r.note == "cfg" and r.peak_mib is None
-    none = b.make_row("sdpa_flash", "baseline", c, None, "not measured: x")
-    assert none.ms is None and none.tflops is None and none.gbps is None and none.pct_peak is None
 
 
 # ------------------------------------------------------------------------------ the guard
@@ -63,56 +63,24 @@ def _case(causal=False, dtype=torch.float16):
     return b.Case(1, 2, 256, 64, dtype, causal)
 
 
-@pytest.mark.parametrize("error, says", [
-    (RuntimeError("refused: cuDNN needs d <= 256\nsecond line"), "RuntimeError: refused: cuDNN"),
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40 GiB"), "out of memory"),
-    (ModuleNotFoundError("No module named 'jax'"), "ModuleNotFoundError: No module named 'jax'"),
-    (ValueError("exceeds available shared memory"), "ValueError: exceeds available shared"),
-])
-def test_guard_turns_any_failure_into_a_noted_row(error, says):
-    def setup():
-        raise error
-    r = b.measure("jax_pallas_fa3", "baseline", _case(), setup, note="block_q=64")
-    assert r.ms is None and r.tflops is None
-    assert r.note.startswith("block_q=64; not measured: ")
-    assert says in r.note and "second line" not in r.note
-
-
-def test_guard_names_where_a_bare_assert_failed():
+def test_a_failing_setup_is_a_row_saying_where_a_bare_assert_failed():
     def setup():
         raise AssertionError        # what a bare ``assert x is not None`` raises (no message)
-    r = b.measure("jax_pallas_fa3", "baseline", _case(), setup)
-    assert r.note.startswith("not measured: AssertionError at test_ch6_benchmark.py:")
+    r = b.measure("jax_pallas_fa3", "baseline", _case(), setup, note="block_q=64")
+    assert r.ms is None and r.tflops is None
+    assert r.note.startswith("block_q=64; not measured: AssertionError at test_ch6_benchmark.py:")
     assert "(raise AssertionError" in r.note
 
 
-def test_guard_keeps_a_measured_row_and_joins_the_notes():
-    r = b.measure("sdpa_flash", "baseline", _case(), lambda: (0.5, "max|O-sdpa_cudnn|=1e-4"),
-                  note="first", peak=H200)
-    assert r.ms == 0.5 and r.tflops == pytest.approx(_case().flops / 0.5e-3 / 1e12)
-    assert r.note == "first; max|O-sdpa_cudnn|=1e-4"
-
-
-def test_graph_timed_setup_times_the_prepared_call(monkeypatch):
-    calls = []
-    monkeypatch.setattr(b, "timed_ms", lambda fn: (fn() or 2.0, "timed without CUDA graph"))
-    setup = b.graph_timed(lambda: ((lambda: calls.append(1)), "cfg"))
-    assert setup() == (2.0, "cfg; timed without CUDA graph") and calls == [1]
-
-
-def test_err_note_flags_a_wrong_output():
+def test_the_check_flags_a_wrong_output():
     want = torch.zeros(1, 2, 4, 8)
-    assert b.err_note("sdpa_cudnn", want, want + 1e-3) == "max|O-sdpa_cudnn|=1.0e-03"
-    assert "WRONG" in b.err_note("sdpa_cudnn", want, want + 1.0)
-    assert "WRONG" in b.err_note("sdpa_cudnn", want, torch.full_like(want, math.nan))
-    assert "WRONG" in b.err_note("sdpa_cudnn", want, torch.zeros(1, 2, 4, 4))     # bad shape
-    assert b.err_note("", None, want) == ""
-    assert b.wrong(b.make_row("x", "variant", _case(), 1.0, b.err_note("c", want, want + 1)))
-
-
-def test_refused_setup_becomes_a_row():
-    r = b.measure("ch3_two_tiles", "variant", _case(), b.refused("fp16 only"))
-    assert r.ms is None and r.note == "not measured: RuntimeError: fp16 only"
+    x = b.Inputs(*(want,) * 6, want={False: ("sdpa_cudnn", want)})
+    check = x.check(False)
+    assert check(want + 1e-3) == "max|O-sdpa_cudnn|=1.0e-03"
+    assert check(want + 1.0).endswith(f" WRONG (> {b.TOLERANCE:g})")
+    assert "WRONG" in check(torch.full_like(want, math.nan))
+    assert "WRONG" in check(torch.zeros(1, 2, 4, 4))                      # bad shape
+    assert x.check(True)(want) == ""                                      # no reference
 
 
 # ------------------------------------------------------------------------------ JAX helpers
@@ -144,7 +112,7 @@ def test_jax_time_takes_the_cupti_median_else_the_blocking_call(monkeypatch, cup
         return lambda *args: (f(*args), [3.0, 1.0, 2.0][:iterations])
     monkeypatch.setattr(profiler, "measure", measure)
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.5)[1])
-    ms, note = bj.jax_time(lambda x: x + 1, [1.0])
+    ms, note = bj.jax_time(functools.partial(lambda x: x + 1, 1.0))
     if cupti_works:
         assert ms == 2.0 and note.startswith("timed: CUPTI kernel time, median of 3 calls; ")
         assert "do_bench(block_until_ready) 1.5 ms" in note
@@ -156,7 +124,7 @@ def test_jax_time_takes_the_cupti_median_else_the_blocking_call(monkeypatch, cup
 def test_missing_pallas_module_is_a_row_saying_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashbook.chapters.ch6.fa3_pallas", None)
     case = _case()
-    r = b.measure("ch6_pallas_fa3", "variant", case, bj.pallas_setup(case, None, {}))
+    r = b.measure("ch6_pallas_fa3", "variant", case, bj.pallas_setup(case, None, dict))
     assert r.ms is None and "fa3_pallas" in r.note and "not measured" in r.note
 
 
@@ -164,7 +132,7 @@ def test_pallas_module_without_its_functions_is_a_row_saying_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashbook.chapters.ch6.fa3_pallas",
                         types.ModuleType("flashbook.chapters.ch6.fa3_pallas"))
     case = _case()
-    r = b.measure("ch6_pallas_fa3", "variant", case, bj.pallas_setup(case, None, {}))
+    r = b.measure("ch6_pallas_fa3", "variant", case, bj.pallas_setup(case, None, dict))
     assert "fa3_pallas has no run_fa3, fa3_kernel, default_config" in r.note
 
 
@@ -176,8 +144,7 @@ def test_a_solution_that_does_not_load_is_a_row_saying_so(monkeypatch):
     monkeypatch.setattr(sources, "solution_namespace", broken)
     namespaces = b.solutions({"ch3_two_tiles"})
     case = _case()
-    r = b.measure("ch3_two_tiles", "variant", case,
-                  b.graph_timed(b.ch3_prepare(case, None, namespaces)))
+    r = b.measure("ch3_two_tiles", "variant", case, b.ch3_setup(case, None, namespaces))
     assert r.note == ("not measured: RuntimeError: the ch3 solution did not load: SyntaxError: "
                       "invalid syntax (<cell ch3_attn_tile>, line 3)")
 
@@ -200,7 +167,7 @@ def test_find_consumer_picks_the_function_fa3_kernel_can_call():
 
 def test_sort_rows_follows_cases_then_kernels():
     cs = [_case(False), _case(True)]
-    rows = [b.make_row(k, "baseline", c, None) for c in reversed(cs)
+    rows = [fixture_row(k, "baseline", c, None) for c in reversed(cs)
             for k in ("sdpa_flash", "jax_pallas_fa3", "ch6_gluon_fa3")]
     got = [(r.causal, r.kernel) for r in b.sort_rows(rows, cs)]
     assert got == [(False, "ch6_gluon_fa3"), (False, "jax_pallas_fa3"), (False, "sdpa_flash"),
@@ -228,6 +195,18 @@ def test_run_on_cpu_never_crashes_and_gives_a_row_per_kernel_and_case(monkeypatc
 SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64)]
 
 
+def fixture_row(kernel, role, case, ms, note=""):
+    """TEST FIXTURE: a row of ``case`` taking ``ms`` (None: not measured) on an H200."""
+    if ms is None:
+        return results.Row(kernel, role, *case.shape[:2], case.H, case.N, case.N, case.d,
+                           str(case.dtype)[6:], case.causal, None, None, None, None, note=note)
+    tflops = case.columns()["flops"] / (ms * 1e-3) / 1e12
+    return results.Row(kernel, role, *case.shape[:2], case.H, case.N, case.N, case.d,
+                       str(case.dtype)[6:], case.causal, ms, tflops,
+                       case.columns()["nbytes"] / (ms * 1e-3) / 1e9, 100 * tflops / 989.0,
+                       note=note)
+
+
 def fixture_rows():
     """TEST FIXTURE: made-up TFLOP/s (not measurements), shaped like a run's rows."""
     made_up = {"ch6_gluon_fa3": 600.0, "ch6_pallas_fa3": 400.0, "jax_pallas_fa3": 500.0,
@@ -241,13 +220,13 @@ def fixture_rows():
                 continue
             tflops = made_up[kernel] * (0.8 if case.causal else 1.0) * (
                 0.5 if case.d == 64 else 1.0)
-            ms = case.flops / (tflops * 1e12) * 1e3
+            ms = case.columns()["flops"] / (tflops * 1e12) * 1e3
             note = "max|O-sdpa_cudnn|=1.2e-04"
             if kernel == "jax_pallas_fa3" and case.dtype == torch.bfloat16:
                 ms, note = None, "not measured: ValueError: bf16 unsupported (fixture)"
             if kernel == "jax_pallas_fa3" and case.shape == SHAPES[2] and case.causal:
                 note = "max|O-sdpa_cudnn|=3.0e+00 WRONG (> 0.02)"
-            rows.append(b.make_row(kernel, role, case, ms, note, peak=H200))
+            rows.append(fixture_row(kernel, role, case, ms, note))
     return rows
 
 
@@ -267,8 +246,8 @@ def test_recorded_quotes_move_with_the_data_and_survive_the_csv(tmp_path):
     back = results.read(path)
     assert recorded.quoted_figures(back) == recorded.quoted_figures(rows)
     faster = [r if r.kernel != "sdpa_cudnn" else
-              b.make_row(r.kernel, r.role, b.Case(r.B, r.H_q, r.N_q, r.d, torch.float16,
-                                                  r.causal), r.ms / 2, peak=H200)
+              fixture_row(r.kernel, r.role, b.Case(r.B, r.H_q, r.N_q, r.d, torch.float16,
+                                                   r.causal), r.ms / 2)
               for r in rows if r.dtype == "float16"]
     assert recorded.quoted_figures(faster)[0].endswith("0.55x cuDNN (1100)")
 

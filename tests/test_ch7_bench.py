@@ -15,8 +15,17 @@ from aot_compile import compile_script
 
 
 def test_gluon_cubic_is_the_chapter_fit():
-    from flashbook.chapters.ch6.gluon_fa3 import EXP2_CUBIC
+    from flashbook.chapters.ch7.gluon_tricks import EXP2_CUBIC
     assert EXP2_CUBIC == pytest.approx(fit_exp2(3), rel=1e-7)
+
+
+def test_gluon_hooks_of_each_setting():
+    from flashbook.chapters.ch7 import gluon_tricks as gt
+    assert gt.hooks() == {} and gt.hooks("poly") == {"EXP2": gt.exp2_poly}
+    assert gt.TAU == bench.TAU and set(gt.hooks("hw", bench.TAU)) == {"MOVE_MAX", "RESCALE"}
+    for bad in (dict(exp2="cubic"), dict(rescale_tau=4.0)):
+        with pytest.raises(ValueError):
+            gt.hooks(**bad)
 
 
 def test_head0_reference_is_float64_attention():
@@ -49,10 +58,12 @@ def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
     recorded summary sets the two side by side."""
     from flashbook import sources
     from flashbook.chapters.ch7 import recorded
-    monkeypatch.setattr(bench, "measure_attention",
-                        lambda name, role, fn, graph, **kw: bench.Row(
-                            name, role, kw["B"], kw["H"], kw["H"], kw["N_q"], kw["N_k"], kw["d"],
-                            "float16", False, 2.0, 100.0, None, None))
+    def measure(name, role, setup, note="", **kw):       # 2 ms, 100 TFLOP/s: made up
+        _, checked = setup()
+        return bench.Row(name, role, kw["B"], kw["H_q"], kw["H_q"], kw["N_q"], kw["N_q"],
+                         kw["d"], "float16", False, 2.0, 100.0, None, None,
+                         note=f"{note}; {checked}")
+    monkeypatch.setattr(bench, "measure", measure)
     import flashbook.bench as fbench
     calls = []
     monkeypatch.setattr(fbench, "time_ms", lambda fn, graph=False: calls.append(fn()) or 2.5)
@@ -60,7 +71,7 @@ def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 32, generator=g).half() for _ in range(3))
     want = bench.head0_reference(q, k, v)
-    kw = dict(B=1, H=2, N_q=64, N_k=64, d=32, dtype=torch.float16)
+    kw = bench.columns(1, 2, 64, 32, torch.float16)
     rows = bench.lazy_rows(attention_lazy, q, k, v, want, None, **kw)
     assert [(r.kernel, r.role) for r in rows] == [("ch7_attention_lazy", "reference"),
                                                    ("ch7_attention_lazy", "public")]
@@ -77,6 +88,7 @@ def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
 AOT = r'''
 from flashbook.chapters.ch7 import benchmark as bench
 from flashbook.chapters.ch6 import gluon_fa3, planner
+from flashbook.chapters.ch7.gluon_tricks import hooks
 from flashbook.tiles import pick_config
 GLUON = ("", "_lazy_poly", "_exp_x2")     # the Gluon code paths: as shipped, both tricks, a probe
 res = []
@@ -95,7 +107,7 @@ for suffix, (exp2, tau) in bench.TRICKS.items():
                         shared=c.metadata.shared))
     if suffix in GLUON:
         c = gluon_fa3.compile_for_sm90(planner.best(128).for_inputs(128, "float16"), False,
-                                       exp2, tau)
+                                       hooks(exp2, tau))
         res.append(dict(kernel="gluon" + suffix, dtype="fp16",
                         ex2=c.asm["ptx"].count("ex2.approx"), shared=c.metadata.shared))
 print("RESULT" + json.dumps(res))

@@ -12,6 +12,8 @@ trends at small sizes only, and a cell that needs a GPU says so instead of print
 from __future__ import annotations
 
 import dataclasses
+import os
+import traceback
 from typing import Callable
 
 import torch
@@ -199,10 +201,19 @@ def sdpa_supports(backend: str, q, k, v, causal=False) -> bool:
 # ------------------------------------------------------------ what every chapter benchmark shares
 
 def why_failed(e: BaseException) -> str:
-    """One line for a row's note: why a kernel or baseline was not measured."""
+    """One line for a row's note: why a kernel or baseline was not measured (an exception
+    without a message, e.g. a bare assert: where it was raised)."""
     if isinstance(e, torch.OutOfMemoryError):
         return "out of memory"
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
+    first = (str(e).strip().splitlines() or [""])[0][:160]
+    if first:
+        return f"{type(e).__name__}: {first}"
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return f"{type(e).__name__}:"
+    last = frames[-1]
+    return f"{type(e).__name__} at {os.path.basename(last.filename)}:{last.lineno} " \
+           f"({last.line or ''})"
 
 
 def free_cuda_cache() -> None:

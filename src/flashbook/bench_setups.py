@@ -1,4 +1,4 @@
-"""What the chapters' benchmarks share (Chapters 4, 5, 6, 8 and 9): one measurer of a guarded
+"""What the chapters' benchmarks share (Chapters 4 to 9): one measurer of a guarded
 setup, and the setups it takes.
 
 A *setup* is a function of no arguments returning ``(fn, note)``: ``fn()`` is one call to time
@@ -47,9 +47,16 @@ def max_err(a, b) -> float:
         return float("nan")
 
 
-def err_note(name, want):
-    """A check: ``max|O-name|`` of an O laid out as ``want``; no note without ``want``."""
-    return lambda o: f"max|O-{name}|={max_err(o, want):.1e}" if want is not None else ""
+def err_note(name, want, tolerance=None):
+    """A check: ``max|O-name|`` of an O laid out as ``want``; no note without ``want``. With
+    ``tolerance``, an error above it (or NaN) is flagged ``WRONG``."""
+    def note(o):
+        if want is None:
+            return ""
+        err = max_err(o, want)
+        wrong = tolerance is not None and not err <= tolerance
+        return f"max|O-{name}|={err:.1e}" + (f" WRONG (> {tolerance:g})" if wrong else "")
+    return note
 
 
 def expanded_note(k, group: int) -> str:
@@ -62,16 +69,17 @@ def expanded_note(k, group: int) -> str:
 # ------------------------------------------------------------------------------ the measurer
 
 def measure(kernel, role, setup, *, B, H_q, N_q, d, dtype, causal, flops, nbytes,
-            H_kv=None, N_k=None, hbm=False, note="") -> Row:
+            H_kv=None, N_k=None, hbm=False, note="", timer=None) -> Row:
     """One row: ``setup()`` returns (fn, note) with fn() the call to time (from a CUDA graph
-    where it can be captured, ``bench.timed_ms``); it and the timing run under one guard.
+    where it can be captured, ``bench.timed_ms``; or by ``timer(fn) -> (ms, note)``, e.g.
+    JAX's profiler for a JAX call); it and the timing run under one guard.
     ``gbps`` = ``nbytes`` / time; ``flops`` 0: no TFLOP/s; ``pct_peak``: of the datasheet
     tensor TFLOP/s, or with ``hbm`` of its HBM bandwidth."""
     row = dict(kernel=kernel, role=role, B=B, H_q=H_q, H_kv=H_kv or H_q, N_q=N_q,
                N_k=N_k or N_q, d=d, dtype=str(dtype).replace("torch.", ""), causal=causal)
     try:
         fn, extra = setup()
-        ms, how = timed_ms(fn)
+        ms, how = (timer or timed_ms)(fn)
     except Exception as e:  # noqa: BLE001 - one failing baseline never stops the run
         free_cuda_cache()
         return Row(**row, ms=None, tflops=None, gbps=None, pct_peak=None,
@@ -137,32 +145,33 @@ def refusal(e: BaseException, caught) -> str:
     return "refused: " + (why or [(str(e).strip().splitlines() or [""])[0]])[0][:140]
 
 
-def sdpa_setup(backend, q, k, v, causal, expand=False):
-    """A setup: SDPA on one backend with ``enable_gqa`` (``expand``: on K/V expanded to the
-    query heads first, not timed); a refusal raises with torch's reason."""
+def sdpa_setup(backend, q, k, v, causal, expand=False, gqa=True, check=None):
+    """A setup: SDPA on one backend with ``enable_gqa`` (``gqa=False``: without it, as for
+    inputs with as many K/V heads as query heads; ``expand``: on K/V expanded to the query
+    heads first, not timed); a refusal raises with torch's reason. ``check(O) -> note``."""
     def setup():
         kk, vv = k, v
         if expand:
             g = q.shape[1] // k.shape[1]
             kk, vv = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        f = sdpa_backend(backend, causal, gqa=not expand)
+        f = sdpa_backend(backend, causal, gqa=gqa and not expand)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                f(q, kk, vv)
+                o = f(q, kk, vv)
             except RuntimeError as e:
                 raise RuntimeError(refusal(e, caught)) from None
-        return (lambda: f(q, kk, vv)), ""
+        return (lambda: f(q, kk, vv)), check(o) if check else ""
     return setup
 
 
-def expect(q, k, v, causal, backends):
+def expect(q, k, v, causal, backends, gqa=True):
     """(name, O) of the first SDPA backend that accepts these inputs (the check), or ("", None)."""
     for name in backends:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return name, sdpa_backend(name, causal, gqa=True)(q, k, v)
+                return name, sdpa_backend(name, causal, gqa=gqa)(q, k, v)
         except Exception:  # noqa: BLE001 - refused or out of memory: try the next
             free_cuda_cache()
     return "", None
@@ -185,9 +194,10 @@ def causal_mod(b, h, q_idx, kv_idx):
 
 
 def refused_setup(why):
-    """A setup for a baseline that is not run (``why`` becomes its row's note)."""
+    """A setup for a baseline that is not run (``why``, a message or the exception itself,
+    becomes its row's note)."""
     def setup():
-        raise RuntimeError(why)
+        raise why if isinstance(why, BaseException) else RuntimeError(why)
     return setup
 
 

@@ -25,16 +25,16 @@ shows whether bf16 differs; ``run(bf16_shapes=SHAPES)`` measures every shape). I
   ``ch4_two_tiles`` (variant): Chapter 4's ``attention_varlen``, the same two-tile kernel with
   its mask, on the batch packed as (B*N, H, d), timed without its host-side argument checks
   (``bench_setups.ours``). Both take fp16 only: their bf16 rows are refusals.
-* ``sdpa_cudnn``, ``sdpa_flash`` (baselines): torch SDPA on one backend.
+* ``sdpa_cudnn``, ``sdpa_flash`` (baselines): torch SDPA on one backend
+  (``bench_setups.sdpa_setup``, without ``enable_gqa``).
 
 Every row's note gives ``max|O-sdpa_cudnn|`` (cuDNN's O on the same inputs; ``sdpa_flash``'s
 where cuDNN refuses) and flags an O further than ``TOLERANCE`` from it as WRONG. A row that fails
 (refused input, out of memory, missing module, compile error) has ``ms`` empty and a note
 saying why; the run goes on.
 
-Timing. Torch and Triton/Gluon rows: replayed from a CUDA graph (``bench.time_ms(fn,
-graph=True)`` through ``bench.timed_ms``; launched from Python where a call cannot be
-captured, the note saying so), the protocol ``results.GRAPH_TIMER`` that the provenance
+Timing. Torch and Triton/Gluon rows: replayed from a CUDA graph (``bench.timed_ms``;
+launched from Python where a call cannot be captured, the note saying so), the protocol ``results.GRAPH_TIMER`` that the provenance
 records. JAX rows cannot be captured into a torch CUDA graph (JAX launches on its own stream,
 through XLA), and torch's CUDA events cannot be recorded on that stream. They are timed with
 JAX's own method, the one its FA3 benchmark uses: ``jax.experimental.mosaic.gpu.profiler
@@ -57,30 +57,79 @@ of the GPU's memory beside torch's. The rows are returned in case order.
 FLOPs: ``reference.attention_flops`` (4 B H N^2 d, halved causal); GB/s: compulsory traffic
 (``bench.attention_bytes``); ``pct_peak``: of the datasheet tensor peak.
 
-What both phases share (the kernels, ``Case``, ``Inputs``, ``measure`` and the rows' notes) is in
-``benchmark_rows``; this module re-exports it.
+Every row is measured by the toolkit's ``bench_setups.measure`` (the JAX rows with the CUPTI
+timer of ``benchmark_jax`` in place of ``bench.timed_ms``).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-import warnings
-from typing import Callable
 
 import torch
 
-from flashbook.bench import free_cuda_cache, join_notes, public_row, sdpa, timed_ms
-from flashbook.bench_setups import cu_seqlens, ours, refusal
+from flashbook import bench_setups
+from flashbook.bench import attention_bytes, free_cuda_cache, join_notes, public_row, why_failed
+from flashbook.bench_setups import cu_seqlens, expect, ours, refused_setup, sdpa_setup
+from flashbook.reference import attention_flops
 from flashbook.results import Row
-
-from .benchmark_rows import (CH3, CH4, JAX_FA3, KERNELS, ORDER, OURS, PALLAS, TOLERANCE, Case,
-                             Inputs, err_note, make_row, measure, namespace, refused, sort_rows,
-                             why, wrong)
 
 GRAPH_TIMER = True
 SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64)]
 BF16_SHAPES = [(1, 16, 16384, 128)]
 CAUSAL = (False, True)
 REFERENCES = ("sdpa_cudnn", "sdpa_flash")
+TOLERANCE = 2e-2                  # max|O - cuDNN| above this: the row's O is flagged WRONG
+
+OURS, PALLAS, JAX_FA3 = "ch6_gluon_fa3", "ch6_pallas_fa3", "jax_pallas_fa3"
+CH3, CH4 = "ch3_two_tiles", "ch4_two_tiles"
+# (kernel, role, phase): phase 1 torch-timed, phase 2 JAX. Rows come out in this order per case.
+KERNELS = [(OURS, "reference", 1), (PALLAS, "variant", 2), (JAX_FA3, "baseline", 2),
+           (CH3, "variant", 1), (CH4, "variant", 1),
+           ("sdpa_cudnn", "baseline", 1), ("sdpa_flash", "baseline", 1)]
+ORDER = {name: i for i, (name, _, _) in enumerate(KERNELS)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One problem: q, k, v (B, H, N, d) of ``dtype``, N_q = N_k = N."""
+    B: int
+    H: int
+    N: int
+    d: int
+    dtype: torch.dtype
+    causal: bool
+
+    @property
+    def shape(self) -> tuple:
+        return (self.B, self.H, self.N, self.d)
+
+    def columns(self) -> dict:
+        """``bench_setups.measure``'s keywords for this case: its shape columns, the two
+        matmuls' FLOPs (4 B H N^2 d, halved causal) and the compulsory traffic (read Q, K, V,
+        write O once)."""
+        B, H, N, d = self.shape
+        return dict(B=B, H_q=H, N_q=N, d=d, dtype=self.dtype, causal=self.causal,
+                    flops=attention_flops(B, H, N, N, d, self.causal),
+                    nbytes=attention_bytes(B, H, N, N, d, self.dtype.itemsize))
+
+
+@dataclasses.dataclass
+class Inputs:
+    """One shape and dtype's tensors, shared by its causal and non-causal cases."""
+    q: torch.Tensor            # (B, H, N, d) contiguous
+    k: torch.Tensor
+    v: torch.Tensor
+    q_bnhd: torch.Tensor       # (B, N, H, d) contiguous copies: JAX's layout, and viewed as
+    k_bnhd: torch.Tensor       # (B*N, H, d) Chapter 4's packed one
+    v_bnhd: torch.Tensor
+    want: dict = dataclasses.field(default_factory=dict)   # causal -> (name, O (B, H, N, d))
+    extra: dict = dataclasses.field(default_factory=dict)  # e.g. the pre-scaled q for JAX
+
+    def check(self, causal: bool):
+        """The rows' check: ``max|O-<reference>|`` of an O (B, H, N, d), flagged ``WRONG``
+        past ``TOLERANCE``; no note without a reference."""
+        name, want = self.want.get(causal, ("", None))
+        return bench_setups.err_note(name, want, TOLERANCE)
 
 
 # ------------------------------------------------------------------ helpers (CPU-testable)
@@ -92,17 +141,36 @@ def cases(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL) -> list[Case]:
             for s in group for c in causal]
 
 
-def graph_timed(prepare: Callable[[], tuple]):
-    """A setup for ``measure`` from ``prepare() -> (fn, note)`` (fn: one forward): timed from a
-    CUDA graph, else launched (``bench.timed_ms``)."""
-    def setup():
-        fn, note = prepare()
-        ms, how = timed_ms(fn)
-        return ms, join_notes(note, how)
-    return setup
+def measure(kernel: str, role: str, case: Case, setup, **kw) -> Row:
+    """``bench_setups.measure`` of one row of ``case``."""
+    return bench_setups.measure(kernel, role, setup, **case.columns(), **kw)
 
 
-# ------------------------------------------------------------------ inputs and references
+def sort_rows(rows: list[Row], order: list[Case]) -> list[Row]:
+    """Rows in case order (``order``), then in ``KERNELS`` order within a case."""
+    index = {(*c.shape, str(c.dtype).replace("torch.", ""), c.causal): i
+             for i, c in enumerate(order)}
+
+    def key(r):
+        return (index.get((r.B, r.H_q, r.N_q, r.d, r.dtype, r.causal), len(index)),
+                ORDER.get(r.kernel, len(ORDER)))
+    return sorted(rows, key=key)
+
+
+def namespace(namespaces: dict, chapter: str) -> dict:
+    """A chapter's solution namespace, loaded once into ``namespaces``; a RuntimeError saying
+    why where it does not load."""
+    if chapter not in namespaces and f"{chapter} error" not in namespaces:
+        try:
+            from flashbook import sources
+            namespaces[chapter] = sources.solution_namespace(chapter)
+        except Exception as e:  # noqa: BLE001 - its rows say why
+            namespaces[f"{chapter} error"] = f"the {chapter} solution did not load: " \
+                                             f"{why_failed(e)}"
+    if chapter not in namespaces:
+        raise RuntimeError(namespaces[f"{chapter} error"])
+    return namespaces[chapter]
+
 
 def make_inputs(B, H, N, d, dtype, device="cuda", seed=0) -> Inputs:
     g = torch.Generator(device=device).manual_seed(seed)
@@ -111,23 +179,11 @@ def make_inputs(B, H, N, d, dtype, device="cuda", seed=0) -> Inputs:
     return Inputs(q, k, v, *(t.transpose(1, 2).contiguous() for t in (q, k, v)))
 
 
-def reference(q, k, v, causal, backends=REFERENCES) -> tuple[str, torch.Tensor | None]:
-    """(name, O) of the first SDPA backend that accepts these inputs: the rows' check."""
-    for name in backends:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return name, sdpa(name)(q, k, v, causal)
-        except Exception:  # noqa: BLE001 - refused or out of memory: try the next
-            free_cuda_cache()
-    return "", None
+# ------------------------------------------------------------------ phase 1: torch-timed setups
 
-
-# ------------------------------------------------------------------ phase 1: torch-timed rows
-
-def gluon_prepare(case: Case, x: Inputs):
+def gluon_setup(case: Case, x: Inputs):
     """``attention_fa3`` with the planner's config for this problem, checked once."""
-    def prepare():
+    def setup():
         from flashbook.bench import compiled, registers
         from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, fa3_kernel, pick_config
         B, H, N, d = case.shape
@@ -135,58 +191,39 @@ def gluon_prepare(case: Case, x: Inputs):
         before = compiled(fa3_kernel)
         o, _ = attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)
         new = {key: c for key, c in compiled(fa3_kernel).items() if key not in before}
-        name, want = x.want.get(case.causal, ("", None))
         note = join_notes(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} STAGES={cfg.STAGES} "
-                         f"OVERLAP={cfg.OVERLAP}", registers(new) if new else "",
-                         err_note(name, want, o))
+                          f"OVERLAP={cfg.OVERLAP}", registers(new) if new else "",
+                          x.check(case.causal)(o))
         return (lambda: attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)), note
-    return prepare
+    return setup
 
 
-def ch3_prepare(case: Case, x: Inputs, namespaces: dict):
+def ch3_setup(case: Case, x: Inputs, namespaces: dict):
     """Chapter 3's two-tile kernel (non-causal only), as ``ch3.benchmark`` calls it."""
-    def prepare():
-        from flashbook.tiles import pick_config
+    def setup():
         from flashbook.device import current
+        from flashbook.tiles import pick_config
         attention = namespace(namespaces, "ch3")["attention_two_tiles"]
         o, _ = attention(x.q, x.k, x.v)
         cfg = pick_config(case.d, case.dtype, current().capability, two_tiles=True)
-        name, want = x.want.get(case.causal, ("", None))
         note = join_notes(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} warps={cfg.num_warps} "
-                         f"stages={cfg.num_stages}", err_note(name, want, o))
+                          f"stages={cfg.num_stages}", x.check(case.causal)(o))
         return (lambda: attention(x.q, x.k, x.v)), note
-    return prepare
+    return setup
 
 
-def ch4_prepare(case: Case, x: Inputs, namespaces: dict):
+def ch4_setup(case: Case, x: Inputs, namespaces: dict):
     """Chapter 4's two-tile ``attention_varlen`` (causal) on the packed batch, timed without
     its argument checks (``bench_setups.ours``)."""
     B, H, N, d = case.shape
-    name, want = x.want.get(case.causal, ("", None))
     packed = [t.view(B * N, H, d) for t in (x.q_bnhd, x.k_bnhd, x.v_bnhd)]
+    check = x.check(case.causal)
 
-    def prepare():
+    def setup():
         cu = cu_seqlens([N] * B, x.q.device)
         return ours(namespace(namespaces, "ch4"), "attention_varlen", (*packed, cu, cu, N, N),
-                    lambda o: err_note(name, want, o.view(B, N, H, d).transpose(1, 2)),
-                    causal=case.causal)()
-    return prepare
-
-
-def sdpa_prepare(backend: str, case: Case, x: Inputs):
-    """SDPA on one backend; a refusal raises with torch's reason (``bench_setups.refusal``)."""
-    def prepare():
-        f = sdpa(backend)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                o = f(x.q, x.k, x.v, case.causal)
-            except RuntimeError as e:
-                raise RuntimeError(refusal(e, caught)) from None
-        name, want = x.want.get(case.causal, ("", None))
-        note = err_note(name, want, o) if name != backend else ""
-        return (lambda: f(x.q, x.k, x.v, case.causal)), note
-    return prepare
+                    lambda o: check(o.view(B, N, H, d).transpose(1, 2)), causal=case.causal)()
+    return setup
 
 
 def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
@@ -195,22 +232,38 @@ def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
         if phase != 1 or kernel not in kernels:
             continue
         if kernel == OURS:
-            setup = graph_timed(gluon_prepare(case, x))
+            setup = gluon_setup(case, x)
         elif kernel == CH3:
             if case.causal:
                 continue                       # no causal mask in Chapter 3: see ch4_two_tiles
-            setup = graph_timed(ch3_prepare(case, x, namespaces))
+            setup = ch3_setup(case, x, namespaces)
         elif kernel == CH4:
             if not case.causal:
                 continue                       # non-causal: ch3_two_tiles is the same kernel
-            setup = graph_timed(ch4_prepare(case, x, namespaces))
-        else:
-            setup = graph_timed(sdpa_prepare(kernel, case, x))
+            setup = ch4_setup(case, x, namespaces)
+        else:                                  # SDPA: its own reference's row has no check
+            name = x.want.get(case.causal, ("", None))[0]
+            setup = sdpa_setup(kernel, x.q, x.k, x.v, case.causal, gqa=False,
+                               check=x.check(case.causal) if name != kernel else None)
         rows.append(measure(kernel, role, case, setup))
         if kernel == OURS:              # the call as a reader makes it: no config, launched
             from flashbook.chapters.ch6.gluon_fa3 import attention_fa3
             rows.append(public_row(rows[-1], functools.partial(
                 attention_fa3, x.q, x.k, x.v, case.causal), "attention_fa3(q, k, v, causal)"))
+        free_cuda_cache()
+    return rows
+
+
+def jax_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
+    """Phase 2: the rows JAX times (``benchmark_jax``, loaded when it runs)."""
+    from . import benchmark_jax as bj
+    rows = []
+    for kernel, role, phase in KERNELS:
+        if phase != 2 or kernel not in kernels:
+            continue
+        setup = bj.pallas_setup(case, x, lambda: namespace(namespaces, "ch6")) \
+            if kernel == PALLAS else bj.jax_fa3_setup(case, x)
+        rows.append(measure(kernel, role, case, setup, timer=bj.jax_time))
         free_cuda_cache()
     return rows
 
@@ -248,18 +301,18 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
                                           seed=len(inputs))
             except Exception as e:  # noqa: BLE001 - e.g. out of memory: every row says so
                 free_cuda_cache()
-                inputs[key] = f"not measured: inputs: {why(e)}"
+                inputs[key] = e
         x = inputs[key]
-        if isinstance(x, str):
-            rows += [make_row(k, role, case, None, x) for k, role, _ in KERNELS if k in kernels]
+        if isinstance(x, Exception):
+            rows += [measure(k, role, case, refused_setup(x), note="inputs")
+                     for k, role, _ in KERNELS if k in kernels]
             continue
-        x.want[case.causal] = reference(x.q, x.k, x.v, case.causal)
+        x.want[case.causal] = expect(x.q, x.k, x.v, case.causal, REFERENCES, gqa=False)
         rows += torch_rows(case, x, namespaces, kernels)
     if any(phase == 2 and k in kernels for k, _, phase in KERNELS):
-        from .benchmark_jax import jax_rows                 # phase 2, loaded when it runs
         for case in order:                                # phase 2: JAX
             x = inputs[(case.shape, case.dtype)]
-            if not isinstance(x, str):
+            if not isinstance(x, Exception):
                 rows += jax_rows(case, x, namespaces, kernels)
     inputs.clear()
     free_cuda_cache()

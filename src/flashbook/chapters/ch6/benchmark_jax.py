@@ -1,6 +1,7 @@
-"""Chapter 6 benchmark, phase 2: the rows JAX times (``benchmark`` describes the run). The
-students' Pallas Mosaic GPU kernel at full size and JAX's shipped FA3 kernel, compiled for the
-GPU, on the torch inputs shared through DLPack, timed with JAX's own CUPTI profiler."""
+"""Chapter 6 benchmark, phase 2: the setups of the rows JAX times (``benchmark`` describes the
+run and measures them). The students' Pallas Mosaic GPU kernel at full size and JAX's shipped
+FA3 kernel, compiled for the GPU, on the torch inputs shared through DLPack (a ``benchmark.Case``
+and its ``Inputs``), timed with JAX's own CUPTI profiler (``jax_time``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,13 +14,11 @@ import time
 
 import torch
 
-from flashbook.bench import free_cuda_cache, join_notes
-from flashbook.results import GPU_TIMER, Row
-
-from .benchmark_rows import KERNELS, PALLAS, Case, Inputs, err_note, measure, namespace, why
+from flashbook.bench import join_notes, why_failed
+from flashbook.results import GPU_TIMER
 
 __all__ = ["jax_calls", "jax_block_kv", "jax_module", "to_jax", "to_torch", "jax_time",
-           "jax_fa3_setup", "pallas_module", "find_consumer", "pallas_setup", "jax_rows"]
+           "jax_fa3_setup", "pallas_module", "find_consumer", "pallas_setup"]
 
 # JAX's FA3 kernel, tuned as its own benchmark (attention_mgpu.main) tunes it
 JAX_BLOCK_Q, JAX_BLOCK_KV, JAX_STEPS = 64, (256, 128, 64), 2
@@ -41,7 +40,6 @@ def jax_block_kv(N: int, candidates=JAX_BLOCK_KV) -> list[int]:
     """The block_kv values JAX's FA3 kernel can take for N keys (N % block_kv == 0), in the
     order its benchmark tries them."""
     return [b for b in candidates if N % b == 0]
-
 
 
 # ------------------------------------------------------------------ phase 2: JAX rows
@@ -78,11 +76,13 @@ def to_torch(o) -> torch.Tensor:
     return torch.from_dlpack(o)
 
 
-def jax_time(f, args) -> tuple[float, str]:
-    """(ms, note) of the jitted ``f(*args)`` (compiled already): CUPTI kernel time, median of n
-    calls (``jax.experimental.mosaic.gpu.profiler.measure``), and do_bench of the blocking call
-    as a cross-check; where CUPTI fails, the blocking call's time."""
+def jax_time(call: functools.partial) -> tuple[float, str]:
+    """(ms, note) of ``call``, the jitted f (compiled already) with its arguments: CUPTI kernel
+    time, median of n calls (``jax.experimental.mosaic.gpu.profiler.measure``), and do_bench of
+    the blocking call as a cross-check; where CUPTI fails, the blocking call's time. The timer
+    of the JAX rows' ``bench_setups.measure``."""
     import triton.testing
+    f, args = call.func, call.args
     jax = jax_module()
     t0 = time.perf_counter()
     jax.block_until_ready(f(*args))
@@ -99,12 +99,12 @@ def jax_time(f, args) -> tuple[float, str]:
         return (float(statistics.median(times)),
                 f"timed: CUPTI kernel time, median of {len(times)} calls; {wall_note}")
     except Exception as e:  # noqa: BLE001 - fall back to the blocking call's time
-        cupti = why(e)[:100]
+        cupti = why_failed(e)[:100]
     return wall, (f"timed: do_bench(block_until_ready), incl. JAX dispatch and host sync "
                   f"(CUPTI failed: {cupti}); jax {jax.__version__}")
 
 
-def jax_fa3_setup(case: Case, x: Inputs, block_kv=JAX_BLOCK_KV):
+def jax_fa3_setup(case, x, block_kv=JAX_BLOCK_KV):
     """JAX's shipped FA3 kernel on (B, N, H, d) copies, q pre-scaled by 1/sqrt(d)."""
     def setup():
         jax = jax_module()
@@ -132,15 +132,13 @@ def jax_fa3_setup(case: Case, x: Inputs, block_kv=JAX_BLOCK_KV):
             break
         else:
             raise RuntimeError("; ".join(tried) or f"no block_kv of {block_kv} divides N={case.N}")
-        name, want = x.want.get(case.causal, ("", None))
-        check = err_note(name, want, to_torch(o).transpose(1, 2))
+        check = x.check(case.causal)(to_torch(o).transpose(1, 2))
         del o
-        ms, how = jax_time(f, args)
-        return ms, join_notes(
+        return functools.partial(f, *args), join_notes(
             f"block_q={JAX_BLOCK_Q} block_kv={bkv} max_concurrent_steps={JAX_STEPS} (JAX's "
             "first fit)", "; ".join(tried), "(B, N, H, d) via DLPack, "
             + ("zero-copy" if all(s for _, s in conv) else "COPIED"),
-            "q pre-scaled by 1/sqrt(d)", check, how)
+            "q pre-scaled by 1/sqrt(d)", check)
     return setup
 
 
@@ -158,9 +156,9 @@ def pallas_module():
         if e.name == name:
             raise RuntimeError("src/flashbook/chapters/ch6/fa3_pallas.py does not exist (yet)") \
                 from None
-        raise RuntimeError(f"fa3_pallas did not import: {why(e)}") from None
+        raise RuntimeError(f"fa3_pallas did not import: {why_failed(e)}") from None
     except Exception as e:  # noqa: BLE001 - its own import failed
-        raise RuntimeError(f"fa3_pallas did not import: {why(e)}") from None
+        raise RuntimeError(f"fa3_pallas did not import: {why_failed(e)}") from None
     missing = [f for f in ("run_fa3", "fa3_kernel", "default_config")
                if not callable(getattr(mod, f, None))]
     if missing:
@@ -188,14 +186,14 @@ def find_consumer(*namespaces: dict):
     return None
 
 
-def pallas_setup(case: Case, x: Inputs, namespaces: dict):
+def pallas_setup(case, x, solution):
     """The students' kernel at full size, compiled for the GPU: ``fa3_pallas.fa3_kernel`` with
     the ch6 solution's consumer and ``fa3_pallas.default_config``, as ``fa3_pallas.run_fa3``
     builds it; run_fa3 itself is not timed (it transposes K and copies O and the LSE to the
     host inside the call). K^T (B, H, d, N), which the kernel takes, is made once, not timed."""
     def setup():
         mod = pallas_module()
-        consumer = find_consumer(namespace(namespaces, "ch6"), vars(mod))
+        consumer = find_consumer(solution(), vars(mod))
         if consumer is None:
             raise RuntimeError("no Exercise 4 consumer (a function taking "
                                f"{', '.join(sorted(CONSUMER_KEYWORDS))}) in the ch6 solution "
@@ -213,26 +211,10 @@ def pallas_setup(case: Case, x: Inputs, namespaces: dict):
         conv = [to_jax(t) for t in (x.q, x.extra["kT"], x.v)]
         args = [a for a, _ in conv]
         o = to_torch(jax.block_until_ready(f(*args)))            # compiles: once per case
-        name, want = x.want.get(case.causal, ("", None))
-        check = err_note(name, want, o)
+        check = x.check(case.causal)(o)
         del o
-        ms, how = jax_time(f, args)
-        return ms, join_notes(
+        return functools.partial(f, *args), join_notes(
             f"block_kv={block_kv} stages={stages} (fa3_pallas.default_config); consumer "
             f"{consumer.__name__}", "(B, H, N, d) and K^T via DLPack, "
-            + ("zero-copy" if all(s for _, s in conv) else "COPIED"), check, how)
+            + ("zero-copy" if all(s for _, s in conv) else "COPIED"), check)
     return setup
-
-
-def jax_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
-    rows = []
-    for kernel, role, phase in KERNELS:
-        if phase != 2 or kernel not in kernels:
-            continue
-        setup = pallas_setup(case, x, namespaces) if kernel == PALLAS else \
-            jax_fa3_setup(case, x)
-        rows.append(measure(kernel, role, case, setup))
-        free_cuda_cache()
-    return rows
-
-

@@ -29,8 +29,8 @@ mask when ``N_q == N_k``); a row that sees no key gets O = 0 and LSE = -inf. Any
 the TMA descriptors are 3-D ``(B*H, N, d)``, so tiles past the end of a head read zeros and
 stores past it are clipped.
 
-The kernel itself (``fa3_kernel``, its roles and Chapter 7's ``EXP2_MODES``) is device code
-in ``fa3_kernel``; this module is its host side and re-exports those names.
+The kernel itself is device code: its entry ``fa3_kernel`` (in ``fa3_kernel``) runs the
+toolkit's roles (``flashbook.fa3_roles``); this module is its host side and re-exports it.
 
 Gluon has no CPU interpreter: the kernel runs only on an sm_90 GPU. ``tests/test_ch6.py``
 compiles it ahead of time for sm_90a on a CPU machine and checks the PTX and the shared memory
@@ -48,17 +48,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import cdiv
+from flashbook.fa3_roles import exp2_mufu, fa3_hooked_kernel, move_max, rescale_o
 from flashbook.gluon_kit import head_descriptors, rebased, tma_load, tma_store, \
     validate_dense_qkv
 from flashbook.plans import Launch, Plans, key
 
 from . import planner
-from .fa3_kernel import EXP2_CUBIC, EXP2_MODES, fa3_kernel   # the device code
+from .fa3_kernel import fa3_kernel                     # the device code
 from .planner import Config
 
 __all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args", "tile_layout",
            "TRITON_VERSION", "tma_load", "tma_store", "DTYPES", "HEAD_DIMS",
-           "compile_for_sm90", "EXP2_MODES", "EXP2_CUBIC"]
+           "compile_for_sm90"]
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
@@ -70,6 +71,7 @@ LOG2E = 1.4426950408889634          # log2(e): the kernel's exponentials are exp
 LN2 = 0.6931471805599453            # ln(2): LSE back to natural log (written out in the kernel)
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 HEAD_DIMS = (64, 128)
+HOOKS = dict(EXP2=exp2_mufu, MOVE_MAX=move_max, RESCALE=rescale_o)   # FlashAttention-3's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,18 +91,15 @@ def pick_config(head_dim: int, dtype: torch.dtype = torch.float16, causal: bool 
 
 
 @functools.lru_cache(maxsize=256)
-def kernel_args(config: Config, exp2: str = "hw", rescale_tau: float | None = None) -> dict:
+def kernel_args(config: Config) -> dict:
     """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
-    the ahead-of-time tests build the same kernel from this). ``exp2`` and ``rescale_tau``
-    are Chapter 7's experiments (``EXP2_MODES``; None: rescale on every tile). Cached by its
-    arguments: callers unpack it and must not change it."""
+    the ahead-of-time tests build the same kernel from this). Cached by its argument: callers
+    unpack it and must not change it."""
     budget = planner.register_budget(config)
     return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
                                 OVERLAP=config.OVERLAP, CONSUMER_REGS=budget["consumer"],
-                                PRODUCER_REGS=budget["producer"], EXP2_MODE=EXP2_MODES[exp2],
-                                LAZY=rescale_tau is not None,
-                                TAU=float(rescale_tau or 0.0)),
+                                PRODUCER_REGS=budget["producer"]),
                 options=dict(num_warps=4, maxnreg=budget["launch"]))
 
 
@@ -173,22 +172,23 @@ _FA3_PLANS = Plans()
 
 
 def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = None,
-                  config: Config | None = None, exp2: str = "hw",
-                  rescale_tau: float | None = None):
+                  config: Config | None = None, hooks: dict | None = None):
     """softmax(scale * Q K^T [+ causal mask]) V with the Gluon FA3 kernel on an H100/H200.
 
     q ``(B, H, N_q, d)``, k and v ``(B, H, N_k, d)``, contiguous, fp16 or bf16, d in {64, 128}.
     ``causal`` aligns bottom-right (key j visible to query i when j <= i + N_k - N_q).
     ``softmax_scale`` defaults to 1/sqrt(d). ``config``: a ``Config`` (None: ``pick_config``).
     Returns O (like q) and the LSE ``(B, H, N_q)`` float32 in natural log (-inf, with O = 0,
-    for a row that sees no key). ``exp2`` and ``rescale_tau`` select Chapter 7's experiments
-    (see ``EXP2_MODES``; "removed" computes a wrong O on purpose). The checks, the config, the
+    for a row that sees no key). ``hooks``: other softmax hooks of the same roles
+    (``flashbook.fa3_roles``: ``EXP2``, ``MOVE_MAX``, ``RESCALE``), launched through the
+    toolkit's ``fa3_hooked_kernel`` (Chapter 7's benchmark times its tricks so). The checks, the config, the
     grid and the TMA descriptors' shapes are remembered by the inputs' metadata (``plans``)."""
-    plan_key = key(q, k, v, causal, softmax_scale, config, exp2, rescale_tau)
+    hooks = tuple(sorted((hooks or {}).items()))
+    plan_key = key(q, k, v, causal, softmax_scale, config, hooks)
     plan = _FA3_PLANS.get(plan_key)
     if plan is None:
         plan = _FA3_PLANS.remember(plan_key, _fa3_plan(q, k, v, causal, softmax_scale, config,
-                                                       exp2, rescale_tau))
+                                                       hooks))
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if plan is _NO_ROWS:
@@ -208,14 +208,12 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
 _NO_ROWS, _NO_KEYS = object(), object()     # plans that launch nothing
 
 
-def _fa3_plan(q, k, v, causal, softmax_scale, config, exp2, rescale_tau):
+def _fa3_plan(q, k, v, causal, softmax_scale, config, hooks):
     """attention_fa3's checks, config and grid: (the ``Launch``, the four TMA descriptors of q,
     k, v and o, as templates for ``rebased``), or ``_NO_ROWS``/``_NO_KEYS``."""
-    if exp2 not in EXP2_MODES:
-        raise ValueError(f"attention_fa3: exp2 must be one of {sorted(EXP2_MODES)}, got {exp2!r}.")
-    if rescale_tau is not None and not (0.0 <= float(rescale_tau) <= 64.0):
-        raise ValueError("attention_fa3: rescale_tau (base 2) must be in [0, 64] or None, got "
-                         f"{rescale_tau}.")
+    if {name for name, _ in hooks} - set(HOOKS):
+        raise ValueError(f"attention_fa3: hooks are {', '.join(HOOKS)}, got "
+                         f"{', '.join(name for name, _ in hooks)}.")
     config, scale = _validate(q, k, v, causal, softmax_scale, config)
     B, H, N_q, d = q.shape
     N_k = k.shape[2]
@@ -228,20 +226,29 @@ def _fa3_plan(q, k, v, causal, softmax_scale, config, exp2, rescale_tau):
                                    tile_layout(bm, d, q.dtype), tile_layout(bn, d, q.dtype))
     for descriptor in descriptors:      # templates: the plan must not keep these tensors alive
         descriptor.base = None
-    args = kernel_args(config, exp2, rescale_tau)
-    launch = Launch(fa3_kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),
-                    dict(CAUSAL=bool(causal), **args["constexprs"], **args["options"]))
+    args = kernel_args(config)
+    kernel, hooks = _entry(hooks)
+    launch = Launch(kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),
+                    dict(CAUSAL=bool(causal), **args["constexprs"], **hooks, **args["options"]))
     return launch, descriptors
 
 
 # ---------------------------------------------------------------------------------------------
 # Ahead of time: compile for sm_90a on any machine (no GPU needed)
 # ---------------------------------------------------------------------------------------------
-def compile_for_sm90(config: Config, causal: bool = False, exp2: str = "hw",
-                     rescale_tau: float | None = None):
+def _entry(hooks) -> tuple:
+    """(the kernel entry, its hooks' constexprs): ``fa3_kernel``, or the toolkit's
+    ``fa3_hooked_kernel`` with every hook FlashAttention-3's unless ``hooks`` names it."""
+    if not hooks:
+        return fa3_kernel, {}
+    return fa3_hooked_kernel, {**HOOKS, **dict(hooks)}
+
+
+def compile_for_sm90(config: Config, causal: bool = False, hooks: dict | None = None):
     """Compile ``fa3_kernel`` for sm_90a (``GPUTarget("cuda", 90, 32)``) with a resolved
     ``config`` (``Config.for_inputs``); returns Triton's compiled kernel (``.asm["ptx"]``,
-    ``.asm["cubin"]``, ``.metadata.shared``). Works without a GPU."""
+    ``.asm["cubin"]``, ``.metadata.shared``). Works without a GPU. ``hooks`` as in
+    ``attention_fa3``."""
     from triton.backends.compiler import GPUTarget
     if config.HEAD_DIM is None or config.DTYPE is None:
         raise ValueError("compile_for_sm90: resolve the config first (Config.for_inputs).")
@@ -252,11 +259,12 @@ def compile_for_sm90(config: Config, causal: bool = False, exp2: str = "hw",
     def desc(rows):
         return f"tensordesc<{short}[1,{rows},{d}],{tile_layout(rows, d, dtype)!r}>"
 
-    args = kernel_args(config, exp2, rescale_tau)
-    constexprs = dict(args["constexprs"], CAUSAL=bool(causal))
+    args = kernel_args(config)
+    kernel, hooks = _entry(tuple(sorted((hooks or {}).items())))
+    constexprs = dict(args["constexprs"], CAUSAL=bool(causal), **hooks)
     signature = dict(q_desc=desc(config.BLOCK_M), k_desc=desc(config.BLOCK_N),
                      v_desc=desc(config.BLOCK_N), o_desc=desc(config.BLOCK_M), LSE="*fp32",
                      N_Q="i32", N_K="i32", qk_scale="fp32")
     signature.update({n: "constexpr" for n in constexprs})
-    source = gluon_ast_source()(fn=fa3_kernel, signature=signature, constexprs=constexprs)
+    source = gluon_ast_source()(fn=kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=args["options"])

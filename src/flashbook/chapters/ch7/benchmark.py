@@ -8,8 +8,8 @@ Two kernels carry the tricks:
   ``ch3.benchmark`` rebinds the step for its ablation): lazy rescaling is the solution's
   ``lazy_update`` of Exercise 2 with ``TAU`` (exponentials may grow to 2^TAU = 256 before O is
   rescaled), the polynomial is the solution's ``exp2_poly_tl`` of Exercise 3b.
-* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with its ``exp2`` and ``rescale_tau``
-  experiment switches (``gluon_fa3.EXP2_MODES``), the planner's config.
+* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with the tricks as hooks of its softmax
+  (``gluon_tricks``: the same cubic and threshold), the Chapter 6 planner's config.
 
 Suffixes: ``_lazy`` (lazy rescaling), ``_poly`` (every exponential of P by the cubic),
 ``_lazy_poly`` (both), ``_poly_half`` (Triton only: the cubic on every second column, the rest on
@@ -32,7 +32,9 @@ as a reader calls it (no config, checks on, launched; ``bench.public_row``).
 
 Every row's note gives the config and ``err``: max |O - O_ref| on head (0, 0) against float64
 attention computed on the GPU (so the error change of a trick is read beside its speed change).
-Timing: replayed from a CUDA graph (``bench.measure_attention(graph=True)``).
+Every row is measured by ``bench_setups.measure``: replayed from a CUDA graph (launched where a
+call cannot be captured, the note saying so); a row that fails has ``ms`` empty and a note
+saying why.
 """
 from __future__ import annotations
 
@@ -42,8 +44,10 @@ import torch
 import triton
 
 from flashbook import sources
-from flashbook.bench import FORWARD_SHAPES as SHAPES, measure_attention, public_row, sdpa, \
-    sdpa_supports
+from flashbook.bench import FORWARD_SHAPES as SHAPES, attention_bytes, free_cuda_cache, \
+    public_row
+from flashbook.bench_setups import measure, sdpa_setup
+from flashbook.reference import attention_flops
 from flashbook.results import Row
 from flashbook.tiles import LOG2E, pick_config
 
@@ -180,23 +184,20 @@ def cases():
     return [(s, torch.float16) for s in SHAPES] + [(s, torch.bfloat16) for s in BF16_SHAPES]
 
 
+def columns(B, H, N, d, dtype) -> dict:
+    """``bench_setups.measure``'s keywords for one non-causal case."""
+    return dict(B=B, H_q=H, N_q=N, d=d, dtype=dtype, causal=False,
+                flops=attention_flops(B, H, N, N, d, False),
+                nbytes=attention_bytes(B, H, N, N, d, dtype.itemsize))
+
+
 def _row(name, fn, want, note, **kw) -> Row:
+    """One row of ``fn()`` (O of one forward), its error on head (0, 0) in the note."""
+    def setup():
+        probe = "a timing probe, not attention" if name.endswith(PROBES) else ""
+        return fn, f"err={error(fn(), want):.1e}" + (f"; {probe}" if probe else "")
     role = "reference" if name in REFERENCES else "variant"
-    try:
-        err = f"err={error(fn(), want):.1e}"
-    except Exception as e:                      # a variant that does not compile: say why
-        return Row(kernel=name, role=role, **_columns(kw), ms=None, tflops=None, gbps=None,
-                   pct_peak=None, peak_mib=None, note=f"{note}; failed: {type(e).__name__}: "
-                   f"{str(e).splitlines()[0][:160] if str(e) else ''}")
-    r = measure_attention(name, role, fn, graph=True, **kw)
-    r.note = f"{note}; {err}" + ("; a timing probe, not attention" if name.endswith(PROBES)
-                                 else "")
-    return r
-
-
-def _columns(kw) -> dict:
-    return dict(B=kw["B"], H_q=kw["H"], H_kv=kw["H"], N_q=kw["N_q"], N_k=kw["N_k"], d=kw["d"],
-                dtype=str(kw["dtype"]).replace("torch.", ""), causal=False)
+    return measure(name, role, setup, note=note, **kw)
 
 
 def lazy_rows(attention_lazy, q, k, v, want, cap, **kw) -> list[Row]:
@@ -217,6 +218,8 @@ def lazy_rows(attention_lazy, q, k, v, want, cap, **kw) -> list[Row]:
 
 def run(case_list=None) -> list[Row]:
     from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, pick_config as gluon_config
+
+    from .gluon_tricks import hooks                 # Gluon, imported when the run needs it
     cap = torch.cuda.get_device_capability(0)
     namespaces = {suffix: triton_namespace(*trick) for suffix, trick in TRICKS.items()}
     attention_lazy = sources.solution_namespace("ch7")["attention_lazy"]
@@ -226,7 +229,7 @@ def run(case_list=None) -> list[Row]:
         q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype, generator=g)
                    for _ in range(3))
         want = head0_reference(q, k, v)
-        kw = dict(B=B, H=H, N_q=N, N_k=N, d=d, dtype=dtype)
+        kw = columns(B, H, N, d, dtype)
         cfg = pick_config(d, dtype, cap, two_tiles=True)
         for suffix, (exp2, tau) in TRICKS.items():
             kernel = namespaces[suffix]["attn_fwd_two_tiles"]
@@ -242,12 +245,11 @@ def run(case_list=None) -> list[Row]:
             note = (f"exp2={exp2} tau={tau}; BLOCK_M={gcfg.BLOCK_M} BLOCK_N={gcfg.BLOCK_N} "
                     f"STAGES={gcfg.STAGES}")
             rows.append(_row(f"ch6_gluon_fa3{suffix}",
-                             lambda: attention_fa3(q, k, v, config=gcfg, exp2=exp2,
-                                                   rescale_tau=tau)[0], want, note, **kw))
-        if sdpa_supports("sdpa_cudnn", q, k, v):
-            f = sdpa("sdpa_cudnn")
-            rows.append(_row("sdpa_cudnn", lambda: f(q, k, v), want, "baseline", **kw))
-            rows[-1].role = "baseline"
+                             lambda: attention_fa3(q, k, v, config=gcfg,
+                                                   hooks=hooks(exp2, tau))[0], want, note, **kw))
+        rows.append(measure("sdpa_cudnn", "baseline", sdpa_setup(
+            "sdpa_cudnn", q, k, v, False, gqa=False, check=lambda o: f"err={error(o, want):.1e}"),
+            note="baseline", **kw))
         del q, k, v
-        torch.cuda.empty_cache()
+        free_cuda_cache()
     return rows

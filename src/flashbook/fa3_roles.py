@@ -1,0 +1,346 @@
+"""The Hopper FlashAttention-3 kernel's roles in Triton Gluon, which Chapter 6's kernel
+(``chapters/ch6/fa3_kernel``) runs as it is and Chapter 7's benchmark runs with its tricks: the
+producer, the two consumers and their ping-pong token, the tile bookkeeping they share, and the
+body a kernel entry runs (``fa3_forward``: allocate, initialise the barriers, fork the roles).
+``chapters/ch6/gluon_fa3`` describes the kernel.
+
+The consumers' online softmax takes three hooks, ``@gluon.jit`` functions passed as constexprs:
+the exponential of P, where the row maxima move, and how O is rescaled; ``exp2_mufu``,
+``move_max`` and ``rescale_o`` are FlashAttention-3's. Gluon resolves a jit function's globals
+in the module that defines it, so every helper a role reads is defined or imported here.
+Importing this module needs Triton's Gluon dialect, not a GPU.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+
+from flashbook.gluon_kit import m_block as _m_block, smem_tile as _tile_2d, tma_load, tma_store
+
+__all__ = ["fa3_forward", "fa3_hooked_kernel", "exp2_mufu", "move_max", "rescale_o", "producer", "consumer", "tile",
+           "kv_tiles", "cta_tiles", "token_acquire", "token_release"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile bookkeeping shared by the three roles (they must agree on every count, or a barrier
+# waits forever).
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def kv_tiles(row0, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """For the query rows [row0, row0 + BLOCK_M): (tiles, full) — the K/V tiles they read, and
+    how many of the first ones need no mask (every key visible to every row, none past N_K)."""
+    if CAUSAL:
+        off = N_K - N_Q                                  # bottom-right alignment
+        hi = gl.minimum(row0 + BLOCK_M + off, N_K)       # keys < hi are visible to the last row
+        hi = gl.maximum(hi, 0)
+        lo = gl.minimum(row0 + off + 1, N_K)             # keys < lo are visible to the first row
+        lo = gl.maximum(lo, 0)
+        tiles = gl.cdiv(hi, BLOCK_N)
+        full = lo // BLOCK_N
+    else:
+        tiles = gl.cdiv(N_K, BLOCK_N)
+        full = N_K // BLOCK_N
+    return tiles, full
+
+
+@gluon.jit
+def cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr):
+    """The K/V tiles the producer streams for the CTA: the most either consumer reads."""
+    t0, f0 = kv_tiles(m_block * 2 * BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    t1, f1 = kv_tiles(m_block * 2 * BLOCK_M + BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    return gl.maximum(t0, t1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The producer: one warp that only issues TMA copies.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full,
+              v_empty, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    m_block = _m_block()
+    bh = gl.program_id(1)
+    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+
+    # Q: one tile per consumer, one barrier each (phase 0 completes once, when the bytes land)
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+        tma_load(q_desc, [bh, m_block * 2 * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
+                 q_smem.index(w))
+
+    # K/V ring. Use u of slot s (u = j // STAGES) waits for the empty barrier to have completed
+    # phase u - 1 (both consumers released tile j - STAGES); a fresh barrier passes the first
+    # wait because waiting for parity 1 on a barrier still in phase 0 returns at once.
+    for j in range(n_tiles):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        mbarrier.wait(k_empty.index(s), ph ^ 1)
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)   # BLOCK_N*d*2 bytes, always
+        tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), ph ^ 1)
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+
+
+# ---------------------------------------------------------------------------------------------
+# The softmax's hooks (constexpr arguments of the consumers), and the ones FlashAttention-3 uses:
+#   EXP2(x)                               2^x of every score of P (x <= 0)
+#   MOVE_MAX(m_i, m_new, rescaled)        where the row maxima P is taken against go, given the
+#                                         old ones and the new tile's: (m_new, rescaled), with
+#                                         ``rescaled`` a flag carried from tile to tile
+#   RESCALE(o, alpha, rescaled, o_rows)   O rescaled by alpha (its rows in layout o_rows)
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def exp2_mufu(x):
+    """2^x on the special-function unit (MUFU.EX2)."""
+    return gl.exp2(x)
+
+
+@gluon.jit
+def move_max(m_i, m_new, rescaled):
+    """The maxima move with every tile (the flag is not used)."""
+    return m_new, rescaled
+
+
+@gluon.jit
+def rescale_o(o, alpha, rescaled, o_rows: gl.constexpr):
+    """O * alpha per row, every tile."""
+    return o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The consumers: the tensor-core token (ping-pong) and one K/V tile of work.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def token_acquire(sched, t, WG: gl.constexpr):
+    """Wait for my t-th turn at the tensor cores. Warpgroup 0's turn t needs warpgroup 1's
+    (t-1)-th release on sched[0] (t = 0 passes: parity 1 on a fresh barrier); warpgroup 1's turn
+    t needs warpgroup 0's t-th release on sched[1]. A barrier is never more than one phase
+    ahead of its waiter, so parities cannot alias."""
+    if WG == 0:
+        mbarrier.wait(sched.index(0), (t & 1) ^ 1)
+    else:
+        mbarrier.wait(sched.index(1), t & 1)
+
+
+@gluon.jit
+def token_release(sched, WG: gl.constexpr):
+    mbarrier.arrive(sched.index(1 - WG))
+
+
+@gluon.jit
+def tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
+          alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG: gl.constexpr,
+          FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+          OVERLAP: gl.constexpr, EXP2: gl.constexpr, MOVE_MAX: gl.constexpr,
+          RESCALE: gl.constexpr):
+    """Tile j of one consumer. In one turn at the tensor cores: issue S = Q K_j^T, rescale O by
+    tile j-1's alpha, issue O += P_{j-1} V_{j-1}. Then the online softmax of tile j.
+
+    In: o = sum over tiles < j-1 of P V, relative to the maxima m_{j-2}; m_i, l_i, p, alpha of
+    tile j-1. Out: o = sum over tiles < j (relative to m_{j-1}), and m_i, l_i, p, alpha of tile j.
+    O is rescaled before its PV is issued, so nothing touches o or P between the two waits
+    (FlashAttention-3's order)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    s = j % STAGES
+    ph = (j // STAGES) & 1
+    jp = gl.maximum(j - 1, 0)                  # the previous tile (unused when FIRST)
+    sp = jp % STAGES
+    php = (jp // STAGES) & 1
+
+    # data first, then the turn: never hold the token while waiting for a TMA
+    mbarrier.wait(k_full.index(s), ph)
+    if not FIRST:
+        mbarrier.wait(v_full.index(sp), php)
+    token_acquire(sched, j, WG)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    k_t = _tile_2d(k_smem, s, BLOCK_N, HEAD_DIM).permute((1, 0))   # (d, BLOCK_N) view of K
+    s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
+    if not FIRST:
+        o = RESCALE(o, alpha, rescaled, o_rows)
+        o_tok = warpgroup_mma(p, _tile_2d(v_smem, sp, BLOCK_N, HEAD_DIM), o, is_async=True)
+    token_release(sched, WG)
+    if FIRST:
+        s_acc = warpgroup_mma_wait(0, deps=(s_tok, ))
+    elif OVERLAP:
+        s_acc = warpgroup_mma_wait(1, deps=(s_tok, ))        # S is in; PV may still run
+    else:
+        s_acc, o, p = warpgroup_mma_wait(0, deps=(s_tok, o_tok, p))
+        mbarrier.arrive(v_empty.index(sp))
+    mbarrier.arrive(k_empty.index(s))          # K of tile j is free as soon as S is in registers
+
+    # ---- online softmax of tile j, in log2 units: m is max(S) * scale * log2(e) ----
+    if j >= n_full:                            # the diagonal / the tail: mask (uniform branch)
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=s_cols)
+        keep = gl.expand_dims(cols < N_K, 0)
+        if CAUSAL:
+            rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows) + (N_K - N_Q)
+            keep = keep & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
+        s_acc = gl.where(keep, s_acc, -float("inf"))
+    m_new = gl.maximum(m_i, gl.max(s_acc, axis=1) * qk_scale)
+    m_new, rescaled = MOVE_MAX(m_i, m_new, rescaled)
+    m_use = gl.where(m_new == -float("inf"), 0.0, m_new)      # a row with no key yet: no NaN
+    alpha = gl.exp2(m_i - m_use)
+    p_f32 = EXP2(s_acc * qk_scale - gl.expand_dims(m_use, 1))  # FMA + exp2 each
+    l_i = l_i * alpha + gl.sum(p_f32, axis=1)
+    if OVERLAP:
+        if not FIRST:
+            o, p = warpgroup_mma_wait(0, deps=(o_tok, p))         # PV of tile j-1 done
+            mbarrier.arrive(v_empty.index(sp))
+    # P to 16 bits after that wait: the PV of tile j-1 reads the old P until then (ptxas gives
+    # the new P the same registers)
+    p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)      # registers only
+    return o, m_new, l_i, p, alpha, rescaled
+
+
+@gluon.jit
+def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched, o_desc,
+              LSE, N_Q, N_K, qk_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, EXP2: gl.constexpr,
+              MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    m_block = _m_block()
+    bh = gl.program_id(1)
+    row0 = m_block * 2 * BLOCK_M + WG * BLOCK_M
+    n_tiles, n_full = kv_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    n_cta = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+
+    q_view = q_smem.index(WG)                                    # (1, BLOCK_M, d): TMA's box
+    q_tile = q_view.reshape([BLOCK_M, HEAD_DIM])                 # (BLOCK_M, d): wgmma's A
+
+    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, s_rows)
+    l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
+    alpha = gl.zeros([BLOCK_M], gl.float32, s_rows)
+    p = gl.zeros([BLOCK_M, BLOCK_N], q_tile.dtype, p_layout)
+    rescaled = gl.max(l_i, axis=0) == 0.0          # a scalar flag (True) for the hooks
+
+    mbarrier.wait(q_bars.index(WG), 0)
+    if n_tiles > 0:
+        o, m_i, l_i, p, alpha, rescaled = tile(
+            0, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
+            alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, True, BLOCK_M, BLOCK_N,
+            HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
+    for j in range(1, n_tiles):
+        o, m_i, l_i, p, alpha, rescaled = tile(
+            j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
+            alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, False, BLOCK_M, BLOCK_N,
+            HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
+
+    # the last PV, in turn n_tiles (taken even with no tile, so both consumers take as many turns)
+    jl = gl.maximum(n_tiles - 1, 0)
+    sl = jl % STAGES
+    mbarrier.wait(v_full.index(sl), (jl // STAGES) & 1, pred=n_tiles > 0)
+    token_acquire(sched, n_tiles, WG)
+    if n_tiles > 0:
+        o = RESCALE(o, alpha, rescaled, o_rows)
+        o_tok = warpgroup_mma(p, _tile_2d(v_smem, sl, BLOCK_N, HEAD_DIM), o, is_async=True)
+        token_release(sched, WG)
+        o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(sl))
+    else:
+        token_release(sched, WG)
+
+    # flush: tiles the other consumer reads but this one does not (causal, BLOCK_N < 2*BLOCK_M):
+    # release them in order (waiting for each to land keeps the empty barriers' phases exact)
+    # and take the matching turns.
+    for j in range(n_tiles, n_cta):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        mbarrier.wait(k_full.index(s), ph)
+        mbarrier.wait(v_full.index(s), ph)
+        mbarrier.arrive(k_empty.index(s))
+        mbarrier.arrive(v_empty.index(s))
+        token_acquire(sched, j + 1, WG)
+        token_release(sched, WG)
+
+    # ---- epilogue: O = acc / l through this consumer's Q tile (free now), LSE in natural log ----
+    l_o = gl.convert_layout(l_i, o_rows)
+    inv = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
+    o = o * gl.expand_dims(inv, 1)
+    q_tile.store(o.to(q_tile.dtype))
+    fence_async_shared()                       # generic-proxy writes -> the TMA store's reads
+    tma_store(o_desc, [bh, row0, 0], q_view)
+    rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows)
+    lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, -float("inf"))
+    gl.store(LSE + bh * N_Q + rows, lse, mask=rows < N_Q)
+    tma.store_wait(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel's body: allocate, initialise the barriers, fork the three roles.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EXP2: gl.constexpr,
+                MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr):
+    """What a kernel entry runs: O and the LSE of its (2*BLOCK_M rows, batch*head) block, the
+    softmax's hooks ``EXP2``, ``MOVE_MAX`` and ``RESCALE`` (above) passed to the consumers."""
+    dtype: gl.constexpr = q_desc.dtype
+    # shared memory: two Q tiles (reused for O), STAGES K tiles and STAGES V tiles, 128-byte
+    # swizzled (NVMMA layouts, what TMA writes and wgmma reads), then 8-byte mbarriers
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    sched = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)      # the producer's expect-tx arrival
+        mbarrier.init(sched.index(i), count=1)       # the other consumer's release
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(i), count=1)
+        mbarrier.init(v_full.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)     # both consumers
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()                             # the inits, before any TMA completes on them
+
+    gl.warp_specialize([
+        (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
+                     o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                     CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
+        (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
+                     o_desc, LSE, N_Q, N_K, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                     CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
+        (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
+                     v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+@gluon.jit(do_not_specialize=["N_Q", "N_K"])     # one binary for every length
+def fa3_hooked_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                      EXP2: gl.constexpr, MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr):
+    """A kernel entry of these roles with the softmax's hooks as its constexprs (a chapter's
+    own entry fixes them: Chapter 6's ``fa3_kernel``)."""
+    fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N,
+                HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_REGS, PRODUCER_REGS, EXP2, MOVE_MAX,
+                RESCALE)
