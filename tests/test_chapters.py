@@ -217,18 +217,19 @@ def test_prose_quotes_the_recorded_figures(ch):
         assert quote in text, f"{ch.id}: the prose should say {quote!r} (the recorded data)"
 
 
-def _perturbed(rows):
-    """The rows with each one's timings scaled by its own factor and every integer in its note
-    moved by one (not -1, which marks "none"): data every figure computed from it must follow."""
+def _perturbed(rows, notes: bool):
+    """The rows with each one's timings scaled by its own factor and, with ``notes``, every
+    integer in its note moved by one (not -1, which marks "none"): data that every figure
+    computed from it must follow."""
     def bump(note):
         return re.sub(r"(?<![-\d])\d+", lambda m: str(int(m.group()) + 1), note or "")
     out = []
     for i, r in enumerate(rows):
         f = 1 + (i + 1) / 64
         out.append(dataclasses.replace(
-            r, note=bump(r.note), **{k: getattr(r, k) * g for k, g in
-                                     (("ms", f), ("tflops", 1 / f), ("gbps", 1 / f),
-                                      ("pct_peak", 1 / f)) if getattr(r, k) is not None}))
+            r, note=bump(r.note) if notes else r.note,
+            **{k: getattr(r, k) * g for k, g in (("ms", f), ("tflops", 1 / f), ("gbps", 1 / f),
+                                                  ("pct_peak", 1 / f)) if getattr(r, k) is not None}))
     return out
 
 
@@ -249,14 +250,24 @@ def test_prose_pastes_the_recorded_figures(ch, monkeypatch):
     assert len(glue_cells) == 1, f"{ch.id}: one code cell must call quoted.glue({ch.id}.CHAPTER)"
     assert "remove-cell" in glue_cells[0].metadata.get("tags", []), \
         f"{ch.id}: the glue cell must be tagged remove-cell (the book hides it)"
-    recorded = results.recorded
-    monkeypatch.setattr(results, "recorded", lambda *a, **k: (lambda found: found and
-                        found._replace(rows=_perturbed(found.rows)))(recorded(*a, **k)))
-    moved = quoted.values(ch)
+    recorded, moved = results.recorded, set()
+
+    def perturbed_reader(notes):            # every record the chapter reads, perturbed
+        def read(*args, **kwargs):
+            found = recorded(*args, **kwargs)
+            return found and found._replace(rows=_perturbed(found.rows, notes))
+        return read
+    for notes in (False, True):
+        monkeypatch.setattr(results, "recorded", perturbed_reader(notes))
+        try:
+            after = quoted.values(ch)
+        except (KeyError, ValueError, AttributeError, StopIteration) if notes else ():
+            continue             # a lookup keyed by a number in a note (a page size) missed
+        moved |= {k for k in figures if after[k] != figures[k]}
     # a problem size (a recorded row's B or N) stays: the perturbation keeps them, so that the
     # chapter's lookups still find their rows
     sizes = {x for r in recorded(ch.id, "h200").rows for x in (r.B, r.N_q, r.N_k)}
-    stuck = sorted(k for k in figures if moved[k] == figures[k] and figures[k] not in sizes)
+    stuck = sorted(k for k in figures if k not in moved and figures[k] not in sizes)
     assert not stuck, f"{ch.id}: figures that do not follow the recorded data: {stuck}"
 
 
