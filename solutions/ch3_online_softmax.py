@@ -732,6 +732,12 @@ if recorded:
 else:
     print("No recorded H200 benchmark found.")
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch3.CHAPTER)
+
 # %% [markdown]
 # ## What was measured, and further reading
 #
@@ -740,22 +746,32 @@ else:
 # so the 0.05 ms forwards at N = 1024 measure the GPU rather than Python's launch overhead;
 # beside the two-tile kernel, the run times `attention_two_tiles(q, k, v)` as you call it (its
 # checks on, its config chosen, launched), and the figures for it that follow are that call's.
-# It reaches 0.91x cuDNN at `(1, 16, 16384, 128)` (535 against 589 TFLOP/s),
-# 0.91x at `(4, 16, 4096, 128)`, 0.96x at `(4, 16, 4096, 64)` and 0.85x at `(4, 16, 1024, 64)`,
-# and beats torch's FlashAttention-2 backend at every shape, by 1.20x to 1.55x. The call costs
+# It reaches {glue:text}`ch3_vs_cudnn_1_16384_128:.2f`x cuDNN at `(1, 16, 16384, 128)`
+# ({glue:text}`ch3_tflops:.0f` against {glue:text}`ch3_cudnn_tflops:.0f` TFLOP/s),
+# {glue:text}`ch3_vs_cudnn_4_4096_128:.2f`x at `(4, 16, 4096, 128)`,
+# {glue:text}`ch3_vs_cudnn_4_4096_64:.2f`x at `(4, 16, 4096, 64)` and
+# {glue:text}`ch3_vs_cudnn_4_1024_64:.2f`x at `(4, 16, 1024, 64)`,
+# and beats torch's FlashAttention-2 backend at every shape, by
+# {glue:text}`ch3_vs_fa2_min:.2f`x to {glue:text}`ch3_vs_fa2_max:.2f`x. The call costs
 # nothing measurable where the kernel runs for a millisecond or more; at N = 1024 it takes
-# 0.052 ms where its kernel replayed from a graph takes 0.045 ms: what is left is the
+# {glue:text}`ch3_called_ms_1024:.3f` ms where its kernel replayed from a graph takes
+# {glue:text}`ch3_graph_ms_1024:.3f` ms: what is left is the
 # launch itself, which a CUDA graph of the whole model step removes. Where does its gain over the
 # one-tile kernel come from? The benchmark also runs the ablation of Section 6: the same
 # two-tile program (same tiles, same warps) with its step ordered A then B, as two `attn_tile`
-# calls would order it. The interleaved order is faster than
-# A-then-B by 1.04x and 1.04x at d = 128 and by 1.09x and 1.09x at d = 64; the larger
-# program alone (A-then-B against the one-tile kernel)
-# gives 1.04x and 1.05x at d = 128, and at d = 64, where both kernels have 128
-# rows per program, 0.95x and 0.96x. So the reordering is worth 3 % to 8 %, far from the 1.9x
+# calls would order it. The interleaved order is faster than A-then-B by
+# {glue:text}`ch3_interleaved_vs_ab_d128_lo:.2f`x and {glue:text}`ch3_interleaved_vs_ab_d128_hi:.2f`x
+# at d = 128 and by {glue:text}`ch3_interleaved_vs_ab_d64_lo:.2f`x and
+# {glue:text}`ch3_interleaved_vs_ab_d64_hi:.2f`x at d = 64; the larger
+# program alone (A-then-B against the one-tile kernel) gives
+# {glue:text}`ch3_ab_vs_one_tile_d128_lo:.2f`x and {glue:text}`ch3_ab_vs_one_tile_d128_hi:.2f`x
+# at d = 128, and at d = 64, where both kernels have 128 rows per program,
+# {glue:text}`ch3_ab_vs_one_tile_d64_lo:.2f`x and {glue:text}`ch3_ab_vs_one_tile_d64_hi:.2f`x.
+# So the reordering is worth 3 % to 8 %, far from the 1.9x
 # that the cost model's headroom allows. The compiled kernels say why: at d = 128 the two-tile
-# kernel uses 255 registers per thread and spills 2 (the A-then-B order 255 with no spills, the
-# one-tile kernel 180). 255 is the most a thread may have; the two fp32 accumulators alone take
+# kernel uses {glue:text}`ch3_regs` registers per thread and spills {glue:text}`ch3_spills`
+# (the A-then-B order {glue:text}`ch3_regs_a_then_b` with no spills, the
+# one-tile kernel {glue:text}`ch3_regs_one_tile`). 255 is the most a thread may have; the two fp32 accumulators alone take
 # 2 x 128 x 128 / 256 threads = 128 of them and the two score tiles 64 more, so the compiler
 # cannot keep everything a softmax needs live while the other tile's matmul is in flight, and
 # part of the overlap the order allows is lost to waits. The rest of cuDNN's lead comes from

@@ -773,6 +773,12 @@ if recorded:
 else:
     print("No recorded H200 benchmark found.")
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch4.CHAPTER)
+
 # %% [markdown]
 # ## What was measured, and further reading
 #
@@ -783,24 +789,38 @@ else:
 # figures quoted for the two-tile kernel against the baselines are that call's, and its
 # ablations (schedules, the uniform batch) compare the kernels as launched from the graph. The
 # call is within 2 % of its kernel at every shape here. **Causal.** The two-tile kernel reaches
-# 0.93x cuDNN at `(1, 16, 16384, 128)` (500 against 539 TFLOP/s) and is ahead of
-# FlexAttention with a causal `BlockMask` by 1.26x and 1.15x and of FlashAttention-2 by 1.58x and
-# 1.39x at the two shapes; at `(4, 16, 4096, 128)`, where a program's band of partial tiles is a
-# larger share of its work, it reaches 0.84x cuDNN. **Schedule.** The ablation of Section 4 ran
-# the same kernel with one (sequence, head) pair per section (L2 locality alone) and with all of
-# them in one (pure longest-first): at `(1, 16, 16384, 128)` causal they reach 459 and 484
-# TFLOP/s against 493 for two pairs per section, and on the packed batch the pure longest-first
-# order loses most (462 against 505 TFLOP/s, non-causal). **Packed batches.** On 65536 tokens
-# in 29 sequences of a long-tailed mix (the longest 16384, padding ratio 7.2), the packed kernel
-# runs at 1.00x (non-causal) and 0.94x (causal) the throughput of the same kernel on four
-# sequences of 16384, counted on real pairs; FlexAttention with a document mask reaches 405 and
-# 378 TFLOP/s, SDPA on jagged nested tensors 349, and cuDNN on the batch padded to the longest
-# sequence 40 and 58 on real pairs, because it computes 11.5 times as many pairs as there are:
-# against that padded batch (padding ratio 7.2) the
-# packed kernel is 12.8x faster non-causal and 8.1x causal. **Windows.** At N = 65536, a
-# causal window of 2048, 4096 and 8192 keys
-# takes 2.95, 4.99 and 8.82 ms against 33.98 ms without one: the time follows the window, not
-# N: a window of 4096 keys costs 0.15 of the causal attention over all 65536 keys.
+# {glue:text}`ch4_vs_cudnn_big:.2f`x cuDNN at `(1, 16, 16384, 128)` ({glue:text}`ch4_tflops:.0f`
+# against {glue:text}`ch4_cudnn_tflops:.0f` TFLOP/s) and is ahead of FlexAttention with a causal
+# `BlockMask` by {glue:text}`ch4_vs_flex_attention_big:.2f`x and
+# {glue:text}`ch4_vs_flex_attention_small:.2f`x and of FlashAttention-2 by
+# {glue:text}`ch4_vs_flash_big:.2f`x and {glue:text}`ch4_vs_flash_small:.2f`x at the two shapes;
+# at `(4, 16, 4096, 128)`, where a program's band of partial tiles is a larger share of its work,
+# it reaches {glue:text}`ch4_vs_cudnn_small:.2f`x cuDNN. **Schedule.** The ablation of Section 4
+# ran the same kernel with one (sequence, head) pair per section (L2 locality alone) and with all
+# of them in one (pure longest-first): at `(1, 16, 16384, 128)` causal they reach
+# {glue:text}`ch4_tiles_first_tflops:.0f` and {glue:text}`ch4_heads_first_tflops:.0f` TFLOP/s
+# against {glue:text}`ch4_sections_tflops:.0f` for {glue:text}`ch4_sections` pairs per section,
+# and on the packed batch the pure longest-first order loses most
+# ({glue:text}`ch4_varlen_heads_first_tflops:.0f` against {glue:text}`ch4_varlen_tflops:.0f`
+# TFLOP/s, non-causal). **Packed batches.** On 65536 tokens in
+# {glue:text}`ch4_varlen_sequences` sequences of a long-tailed mix (the longest
+# {glue:text}`ch4_varlen_longest`, padding ratio {glue:text}`ch4_padding_ratio:.1f`), the packed
+# kernel runs at {glue:text}`ch4_varlen_vs_uniform_noncausal:.2f`x (non-causal) and
+# {glue:text}`ch4_varlen_vs_uniform_causal:.2f`x (causal) the throughput of the same kernel on
+# four sequences of 16384, counted on real pairs; FlexAttention with a document mask reaches
+# {glue:text}`ch4_flex_varlen_tflops_noncausal:.0f` and
+# {glue:text}`ch4_flex_varlen_tflops_causal:.0f` TFLOP/s, SDPA on jagged nested tensors
+# {glue:text}`ch4_jagged_tflops:.0f`, and cuDNN on the batch padded to the longest sequence
+# {glue:text}`ch4_padded_tflops_noncausal:.0f` and {glue:text}`ch4_padded_tflops_causal:.0f` on
+# real pairs, because it computes {glue:text}`ch4_padded_pairs_ratio:.1f` times as many pairs as
+# there are: against that padded batch (padding ratio {glue:text}`ch4_padding_ratio:.1f`) the
+# packed kernel is {glue:text}`ch4_vs_padded_noncausal:.1f`x faster non-causal and
+# {glue:text}`ch4_vs_padded_causal:.1f`x causal. **Windows.** At N = 65536, a causal window of
+# {glue:text}`ch4_window_0`, {glue:text}`ch4_window_1` and {glue:text}`ch4_window_2` keys takes
+# {glue:text}`ch4_window_0_ms:.2f`, {glue:text}`ch4_window_1_ms:.2f` and
+# {glue:text}`ch4_window_2_ms:.2f` ms against {glue:text}`ch4_causal_ms:.2f` ms without one: the
+# time follows the window, not N: a window of {glue:text}`ch4_window_1` keys costs
+# {glue:text}`ch4_window_1_share:.2f` of the causal attention over all 65536 keys.
 #
 # **Further reading**
 # * FlashAttention-2 {cite}`dao2023flashattention2`: the varlen interface and the causal

@@ -663,6 +663,12 @@ if recorded:
 else:
     print("No recorded H200 benchmark found.")
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch5.CHAPTER)
+
 # %% [markdown]
 # ## What was measured, and what is left
 #
@@ -671,30 +677,35 @@ else:
 # each of the chapter's functions, `attention_gqa_two_tiles` and `decode`, a row times the call
 # as you make it (its checks on, no config, launched), and the figures quoted for them are those
 # calls'. **Decode** is where GQA pays: `decode(q, k_cache, v_cache, cache_seqlens)`
-# reads K and V at 4296 GB/s, 0.94x cuDNN (4579)
-# for 32 sequences of 8192 keys,
-# 89 % of the H200's 4.8 TB/s datasheet figure (its kernel alone, replayed from a CUDA graph, 4505 GB/s).
+# reads K and V at {glue:text}`ch5_decode_gbps:.0f` GB/s, {glue:text}`ch5_decode_vs_cudnn:.2f`x
+# cuDNN ({glue:text}`ch5_cudnn_gbps:.0f`) for 32 sequences of 8192 keys,
+# {glue:text}`ch5_decode_pct_datasheet:.0f` % of the H200's 4.8 TB/s datasheet figure (its kernel
+# alone, replayed from a CUDA graph, {glue:text}`ch5_decode_kernel_gbps:.0f` GB/s).
 # The step is a quarter of a millisecond, and the difference is the launch, not the checks:
 # launched without them (`python -m flashbook.overhead`) the kernel takes as long as the call.
 # A CUDA graph of the model's whole decode step removes it. For comparison,
-# `x.sum()` over 4 GiB reaches 4269 GB/s
+# `x.sum()` over 4 GiB reaches {glue:text}`ch5_hbm_read_gbps:.0f` GB/s
 # in the same run, so a reduction is not the ceiling it was meant to be: an attention decode
 # that streams K and V through shared memory reads faster. Paged caches with
-# pages of 256 and 64 keys read at 4501 and 4463 GB/s, 1.00x and 0.99x
+# pages of 256 and 64 keys read at {glue:text}`ch5_paged_256_gbps:.0f` and
+# {glue:text}`ch5_paged_64_gbps:.0f` GB/s, {glue:text}`ch5_paged_256_vs_contiguous:.2f`x and
+# {glue:text}`ch5_paged_64_vs_contiguous:.2f`x
 # the contiguous cache: with a page lookup per key and 128-key tiles, paging costs almost
-# nothing. **Prefill**:
-# `attention_gqa_two_tiles` reaches 516 TFLOP/s causal and 544 non-causal, 0.93x and 0.92x the fastest baseline
-# (cuDNN, on K/V expanded to 32 heads, a little ahead of cuDNN with `enable_gqa`), well ahead of
-# the FlashAttention-2 backend (333 causal) and FlexAttention (408);
-# the one-tile kernel of Exercise 1 reaches 471 and 475.
+# nothing. **Prefill**: `attention_gqa_two_tiles` reaches {glue:text}`ch5_tflops_causal:.0f`
+# TFLOP/s causal and {glue:text}`ch5_tflops_noncausal:.0f` non-causal,
+# {glue:text}`ch5_vs_best_causal:.2f`x and {glue:text}`ch5_vs_best_noncausal:.2f`x the fastest
+# baseline (cuDNN, on K/V expanded to 32 heads, a little ahead of cuDNN with `enable_gqa`), well
+# ahead of the FlashAttention-2 backend ({glue:text}`ch5_flash_tflops:.0f` causal) and
+# FlexAttention ({glue:text}`ch5_flex_tflops:.0f`); the one-tile kernel of Exercise 1 reaches
+# {glue:text}`ch5_mfold_tflops_causal:.0f` and {glue:text}`ch5_mfold_tflops_noncausal:.0f`.
 # Against that one-tile kernel on K/V repeated per query head, the M-fold's saving in prefill
 # time is modest, because prefill is bound by the tensor cores, not by memory: the repeated
 # heads are read G times, but neighbouring programs read the same copy, mostly from L2, and
-# materialising the repeated K/V costs 1.06x
+# materialising the repeated K/V costs {glue:text}`ch5_repeat_cost:.2f`x
 # in time here, and G times the memory. In decode, where memory is the bound, the M-fold is
 # the whole game. **Batch 1**: one program per (sequence, K/V head) is 8 programs for a single
-# sequence, and
-# one sequence of 131072 keys reads at 295 GB/s, where cuDNN reaches 4357
+# sequence, and one sequence of 131072 keys reads at {glue:text}`ch5_b1_gbps:.0f` GB/s, where
+# cuDNN reaches {glue:text}`ch5_b1_cudnn_gbps:.0f`
 # by splitting the keys across programs: Chapter 8's split-KV.
 #
 # **Further reading**

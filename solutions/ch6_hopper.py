@@ -867,6 +867,13 @@ if backend.capability is not None and tuple(backend.capability) >= (9, 0) and \
 else:
     print(f"The Gluon kernel needs an sm_90 GPU (H100, H200); this runtime: {backend}.")
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+from flashbook.chapters import ch6
+quoted.glue(ch6.CHAPTER)
+
 # %% [markdown]
 # ## Measured on an H200
 #
@@ -878,13 +885,27 @@ else:
 # `attention_fa3(q, k, v, causal)` as you call it (no config: the planner's choice, remembered
 # per shape; checks on; launched), and the Gluon figures quoted here are that call's, within
 # 2 % of the kernel at every shape. In fp16 `attention_fa3` reaches
-# 607 TFLOP/s non-causal at `(1, 16, 16384, 128)`, 1.03x cuDNN (590), and
-# 593 TFLOP/s causal at `(1, 16, 16384, 128)`, 1.10x cuDNN (540).
+# {glue:text}`ch6_ours_1_16384_128_noncausal:.0f` TFLOP/s non-causal at `(1, 16, 16384, 128)`,
+# {glue:text}`ch6_vs_cudnn_noncausal:.2f`x cuDNN ({glue:text}`ch6_cudnn_noncausal:.0f`), and
+# {glue:text}`ch6_ours_1_16384_128_causal:.0f` TFLOP/s causal at `(1, 16, 16384, 128)`,
+# {glue:text}`ch6_vs_cudnn_causal:.2f`x cuDNN ({glue:text}`ch6_cudnn_causal:.0f`).
 # Against JAX's FA3 kernel, the Pallas version of the same design:
 #
-# * against JAX's FA3 at `(1, 16, 16384, 128)`: 1.03x non-causal (607 against 590), 1.08x causal (593 against 551)
-# * against JAX's FA3 at `(4, 16, 4096, 128)`: 1.00x non-causal (586 against 587), 1.01x causal (510 against 507)
-# * against JAX's FA3 at `(4, 16, 4096, 64)`: 0.94x non-causal (430 against 455), 0.98x causal (371 against 378)
+# * against JAX's FA3 at `(1, 16, 16384, 128)`:
+#   {glue:text}`ch6_vs_jax_1_16384_128_noncausal:.2f`x non-causal
+#   ({glue:text}`ch6_ours_1_16384_128_noncausal:.0f` against {glue:text}`ch6_jax_1_16384_128_noncausal:.0f`),
+#   {glue:text}`ch6_vs_jax_1_16384_128_causal:.2f`x causal
+#   ({glue:text}`ch6_ours_1_16384_128_causal:.0f` against {glue:text}`ch6_jax_1_16384_128_causal:.0f`)
+# * against JAX's FA3 at `(4, 16, 4096, 128)`:
+#   {glue:text}`ch6_vs_jax_4_4096_128_noncausal:.2f`x non-causal
+#   ({glue:text}`ch6_ours_4_4096_128_noncausal:.0f` against {glue:text}`ch6_jax_4_4096_128_noncausal:.0f`),
+#   {glue:text}`ch6_vs_jax_4_4096_128_causal:.2f`x causal
+#   ({glue:text}`ch6_ours_4_4096_128_causal:.0f` against {glue:text}`ch6_jax_4_4096_128_causal:.0f`)
+# * against JAX's FA3 at `(4, 16, 4096, 64)`:
+#   {glue:text}`ch6_vs_jax_4_4096_64_noncausal:.2f`x non-causal
+#   ({glue:text}`ch6_ours_4_4096_64_noncausal:.0f` against {glue:text}`ch6_jax_4_4096_64_noncausal:.0f`),
+#   {glue:text}`ch6_vs_jax_4_4096_64_causal:.2f`x causal
+#   ({glue:text}`ch6_ours_4_4096_64_causal:.0f` against {glue:text}`ch6_jax_4_4096_64_causal:.0f`)
 #
 # Where it falls short, and why. At d = 64 each K/V tile carries half the matmul work, so the
 # per-tile costs that do not shrink with d (the barrier waits, the token hand-over, the row

@@ -1005,6 +1005,12 @@ else:
     print("The Gluon Blackwell kernel needs an sm_100 GPU (B200, GB200); this runtime has "
           + (torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU") + ".")
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch7.CHAPTER)
+
 # %% [markdown]
 # ## 9. The two tricks on a Hopper GPU, measured
 #
@@ -1019,13 +1025,17 @@ else:
 #
 # On an H200 at `(1, 16, 16384, 128)` in fp16, against the same kernel without the trick:
 #
-# * `ch3_two_tiles`: lazy rescaling 0.79x, the polynomial on every exponential 0.68x;
-# * `ch6_gluon_fa3`: lazy rescaling 0.97x, the polynomial on every exponential 0.72x;
+# * `ch3_two_tiles`: lazy rescaling {glue:text}`ch7_ch3_two_tiles_lazy:.2f`x, the polynomial on every exponential
+#   {glue:text}`ch7_ch3_two_tiles_poly:.2f`x;
+# * `ch6_gluon_fa3`: lazy rescaling {glue:text}`ch7_ch6_gluon_fa3_lazy:.2f`x, the polynomial on every exponential
+#   {glue:text}`ch7_ch6_gluon_fa3_poly:.2f`x;
 #
 # and the probes:
 #
-# * `ch3_two_tiles`: exponentials doubled 0.79x, removed 1.01x;
-# * `ch6_gluon_fa3`: exponentials doubled 0.77x, removed 0.99x.
+# * `ch3_two_tiles`: exponentials doubled {glue:text}`ch7_ch3_two_tiles_exp_x2:.2f`x, removed
+#   {glue:text}`ch7_ch3_two_tiles_no_exp:.2f`x;
+# * `ch6_gluon_fa3`: exponentials doubled {glue:text}`ch7_ch6_gluon_fa3_exp_x2:.2f`x, removed
+#   {glue:text}`ch7_ch6_gluon_fa3_no_exp:.2f`x.
 #
 # **Neither trick pays on Hopper at these shapes, and the probes say why.** Removing every
 # exponential buys nothing (within a few percent at d = 64, where the matmuls per score halve):

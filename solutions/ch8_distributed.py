@@ -604,6 +604,12 @@ for N in (32768, 131072, 262144, 1048576):
           f"MiB sent per step, {c['flops_per_byte']:8.0f} FLOPs per byte sent")
 fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch8.CHAPTER)
+
 # %% [markdown]
 # ## 7. Benchmark
 #
@@ -623,8 +629,11 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 # timed replayed from a CUDA graph; beside them, `decode_split_kv(q, k_cache, v_cache,
 # cache_seqlens)` is timed as you call it (checks on, split count chosen, launched), and the
 # first figure is that call's. At batch 1 and
-# context 131072, split-KV reads 3860 GB/s, 0.89x cuDNN (4350) and 90 % of `hbm_read` (4276);
-# replayed from a CUDA graph its kernels read 4249 GB/s, 0.98x cuDNN, as fast as a plain copy.
+# context 131072, split-KV reads {glue:text}`ch8_split_gbps:.0f` GB/s,
+# {glue:text}`ch8_split_vs_cudnn:.2f`x cuDNN ({glue:text}`ch8_cudnn_gbps:.0f`) and
+# {glue:text}`ch8_split_pct_hbm_read:.0f` % of `hbm_read` ({glue:text}`ch8_hbm_read_gbps:.0f`);
+# replayed from a CUDA graph its kernels read {glue:text}`ch8_split_kernels_gbps:.0f` GB/s,
+# {glue:text}`ch8_split_kernels_vs_cudnn:.2f`x cuDNN, as fast as a plain copy.
 # The step takes an eighth of a millisecond, and launching its two kernels, rather than
 # replaying them, is a tenth of it (launched without the checks, `python -m flashbook.overhead`,
 # they take as long as the call): a serving engine captures its whole decode step in a CUDA
@@ -632,14 +641,16 @@ fig = ch8.plot_cp_costs(P=8, peak_tflops=989.0, link_gbps=450.0)
 # low bar of the figure: at batch 1 with one query token its kernel is not built for decode,
 # and it reads the cache at a small fraction of the others' rate. Chapter 5's decode kernel is
 # the contrast:
-# without splits the same cache reads at 292 GB/s, with 8 programs (one per K/V head) for 132
+# without splits the same cache reads at {glue:text}`ch8_no_split_gbps:.0f` GB/s, with 8 programs (one per K/V head) for 132
 # SMs. The split count matters as much as the kernel: 8 splits give half the bandwidth of 32.
 #
 # On two H200s joined by NVLink,
-# at N = 131072 causal the ring takes 70.5 ms on two GPUs against 134.8 ms on one: 95.6 % scaling efficiency.
+# at N = 131072 causal the ring takes {glue:text}`ch8_ring_ms:.1f` ms on two GPUs against
+# {glue:text}`ch8_one_gpu_ms:.1f` ms on one: {glue:text}`ch8_ring_efficiency:.1f` % scaling efficiency.
 # Each K/V hop (1.8 ms alone) is hidden behind a
 # step of attention twenty times longer, so the exposed wait per step is a few microseconds
-# (the timeline on the right). PyTorch's `context_parallel` takes 63.0 ms at the same size: it
+# (the timeline on the right). PyTorch's `context_parallel` takes
+# {glue:text}`ch8_context_parallel_ms:.1f` ms at the same size: it
 # runs cuDNN's attention kernel on the K and V it all-gathers (its default), not in a ring, and
 # on one GPU cuDNN's kernel leads ours by a
 # similar margin (Chapter 5). At N = 32768 the steps shrink to a few milliseconds and the fixed costs of a step

@@ -572,6 +572,12 @@ if ours:
           f"{max(abs(a - b) for a, b in zip(ours, sdpa)):.2e}")
     ch9.plot_losses(ours, sdpa)
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch9.CHAPTER)
+
 # %% [markdown]
 # ## 7. Performance
 #
@@ -590,10 +596,17 @@ if ours:
 #
 # The record below (`python -m flashbook.chapters.ch9.tune`, which checks the gradients at full
 # size against cuDNN's, can sweep the tile configs, then runs `flashbook bench ch9`) puts your
-# two-kernel backward at 347 TFLOP/s non-causal: 0.65x cuDNN (535) and 1.13x FlashAttention-2 (307),
-# and at 334 TFLOP/s causal: 0.64x cuDNN (521) and 1.07x FlashAttention-2 (312). On the CS336
+# two-kernel backward at {glue:text}`ch9_bwd_tflops_noncausal:.0f` TFLOP/s non-causal:
+# {glue:text}`ch9_bwd_vs_cudnn_noncausal:.2f`x cuDNN ({glue:text}`ch9_cudnn_tflops_noncausal:.0f`)
+# and {glue:text}`ch9_bwd_vs_fa2_noncausal:.2f`x FlashAttention-2
+# ({glue:text}`ch9_fa2_tflops_noncausal:.0f`), and at {glue:text}`ch9_bwd_tflops_causal:.0f`
+# TFLOP/s causal: {glue:text}`ch9_bwd_vs_cudnn_causal:.2f`x cuDNN
+# ({glue:text}`ch9_cudnn_tflops_causal:.0f`) and {glue:text}`ch9_bwd_vs_fa2_causal:.2f`x
+# FlashAttention-2 ({glue:text}`ch9_fa2_tflops_causal:.0f`). On the CS336
 # configuration, forward + backward as you write the training step (`flash_attention(q, k, v,
-# causal)`, then `torch.autograd.grad`: checks and autograd included, launched) takes 5.97 ms (cuDNN 4.46 ms, FlashAttention-2 6.96 ms) on
+# causal)`, then `torch.autograd.grad`: checks and autograd included, launched) takes
+# {glue:text}`ch9_fwdbwd_ms:.2f` ms (cuDNN {glue:text}`ch9_cudnn_fwdbwd_ms:.2f` ms,
+# FlashAttention-2 {glue:text}`ch9_fa2_fwdbwd_ms:.2f` ms) on
 # the H200; the leaderboard's best, 5.364 ms, was measured on an H100, whose HBM3 moves 3.35
 # TB/s against the H200's 4.8 (the tensor cores are the same): not a like-for-like race.
 #
@@ -602,7 +615,8 @@ if ours:
 # equal efficiency per GEMM it cannot pass 5/7 of its kernels' raw speed: closing the gap to
 # cuDNN needs the five-GEMM design. The one-kernel variants say what that design costs in
 # Triton:
-# 38.0 ms with scalar atomics, 16.3 ms with TMA reduces, 15.8 ms for the two kernels.
+# {glue:text}`ch9_atomic_ms:.1f` ms with scalar atomics, {glue:text}`ch9_fused_ms:.1f` ms with TMA
+# reduces, {glue:text}`ch9_two_kernels_ms:.1f` ms for the two kernels.
 # Scalar atomics issue a read-modify-write per element (8192 per 64 x 128 tile); the TMA
 # reduce moves the whole 32 KB tile into L2 in one instruction and is more than twice as fast,
 # yet only draws level with the split. Its PTX shows the reduce overlapping the next tile's
@@ -622,12 +636,17 @@ if ours:
 # shared memory was slower), and $dQ^T = K^T dS^T$ (the transposed product lets a
 # step take 32 query rows, where wgmma's rows are 64 a warpgroup; 64-row steps spilled
 # registers). It reaches
-# 379 TFLOP/s non-causal and 374 causal: 0.71x and 0.72x cuDNN,
+# {glue:text}`ch9_gluon_tflops_noncausal:.0f` TFLOP/s non-causal and
+# {glue:text}`ch9_gluon_tflops_causal:.0f` causal: {glue:text}`ch9_gluon_vs_cudnn_noncausal:.2f`x
+# and {glue:text}`ch9_gluon_vs_cudnn_causal:.2f`x cuDNN,
 # the fastest backward of the chapter, still far from cuDNN. Nsight Compute says why
 # (`src/flashbook/data/profiles/ch9_gluon_bwd_h200_ncu.txt`, at the headline shape; its header
 # gives the command): it finds
-# the tensor cores busy 40% of the time, the shared memory 57%, and no warp
-# ready to issue in 72% of the schedulers' cycles (2 warps each, 255 registers a thread).
+# the tensor cores busy {glue:text}`ch9_profile_tensor:.0f`% of the time, the shared memory
+# {glue:text}`ch9_profile_shared:.0f`%, and no warp ready to issue in
+# {glue:text}`ch9_profile_no_eligible:.0f`% of the schedulers' cycles
+# ({glue:text}`ch9_profile_warps:.0f` warps each, {glue:text}`ch9_profile_registers:.0f`
+# registers a thread).
 # Neither the tensor cores nor the shared memory is the limit: waiting is. The eight warps run
 # one chain of dependent steps (two GEMMs, the exponentials, $dV$'s GEMM, $dS^T$, a barrier,
 # two GEMMs, $dQ$ out through shared memory) and meet at a CTA barrier four times a step, so

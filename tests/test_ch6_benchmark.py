@@ -230,32 +230,34 @@ def fixture_rows():
     return rows
 
 
-def test_recorded_quotes_the_comparisons():
-    quotes = recorded.quoted_figures(fixture_rows())
-    assert quotes[0] == "600 TFLOP/s non-causal at `(1, 16, 16384, 128)`, 1.09x cuDNN (550)"
-    assert quotes[1] == "480 TFLOP/s causal at `(1, 16, 16384, 128)`, 1.09x cuDNN (440)"
-    assert quotes[2] == ("against JAX's FA3 at `(1, 16, 16384, 128)`: 1.20x non-causal (600 "
-                         "against 500), 1.20x causal (480 against 400)")
-    assert len(quotes) == 2 + len(SHAPES)
-    assert quotes[-1].endswith("1.20x non-causal (300 against 250), causal: JAX's output wrong")
+def test_recorded_figures_are_the_comparisons():
+    got = recorded.figures(fixture_rows())
+    assert got["ch6_ours_1_16384_128_noncausal"] == pytest.approx(600)
+    assert got["ch6_cudnn_noncausal"] == pytest.approx(550)
+    assert got["ch6_vs_cudnn_causal"] == pytest.approx(480 / 440)
+    assert got["ch6_vs_jax_1_16384_128_causal"] == pytest.approx(1.2)
+    assert got["ch6_jax_4_4096_64_noncausal"] == pytest.approx(250)
+    # JAX's output was wrong there: no speed of it is quoted
+    assert "ch6_jax_4_4096_64_causal" not in got and "ch6_vs_jax_4_4096_64_causal" not in got
+    assert len([k for k in got if k.startswith("ch6_vs_jax_")]) == 2 * len(SHAPES) - 1
 
 
-def test_recorded_quotes_move_with_the_data_and_survive_the_csv(tmp_path):
+def test_recorded_figures_move_with_the_data_and_survive_the_csv(tmp_path):
     rows = fixture_rows()
     path = results.write(rows, tmp_path, "fixture", {"note": "test fixture, not data"})
     back = results.read(path)
-    assert recorded.quoted_figures(back) == recorded.quoted_figures(rows)
+    assert recorded.figures(back) == pytest.approx(recorded.figures(rows))
     faster = [r if r.kernel != "sdpa_cudnn" else
               fixture_row(r.kernel, r.role, b.Case(r.B, r.H_q, r.N_q, r.d, torch.float16,
                                                    r.causal), r.ms / 2)
               for r in rows if r.dtype == "float16"]
-    assert recorded.quoted_figures(faster)[0].endswith("0.55x cuDNN (1100)")
+    assert recorded.figures(faster)["ch6_vs_cudnn_noncausal"] == pytest.approx(600 / 1100)
 
 
 def test_recorded_refuses_to_quote_without_the_headline_rows():
     rows = [r for r in fixture_rows() if r.kernel != "ch6_gluon_fa3"]
     with pytest.raises(ValueError, match="no measured ch6_gluon_fa3"):
-        recorded.quoted_figures(rows)
+        recorded.figures(rows)
 
 
 def test_recorded_summary_lists_ratios_and_failures():

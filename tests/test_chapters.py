@@ -16,6 +16,7 @@ Adding a chapter adds a contract, not test code.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import itertools
 import linecache
@@ -26,7 +27,7 @@ import nbformat
 import pytest
 import yaml
 
-from flashbook import chapters, results, sources
+from flashbook import chapters, quoted, results, sources
 from flashbook.check import CheckFailure
 from flashbook.grade import cellmeta
 
@@ -214,6 +215,62 @@ def test_prose_quotes_the_recorded_figures(ch):
     text = sources.source(ch.id, ROOT).path.read_text()
     for quote in ch.quotes(found.rows):
         assert quote in text, f"{ch.id}: the prose should say {quote!r} (the recorded data)"
+
+
+def _perturbed(rows, notes: bool):
+    """The rows with each one's timings scaled by its own factor and, with ``notes``, every
+    integer in its note moved by one (not -1, which marks "none"): data that every figure
+    computed from it must follow."""
+    def bump(note):
+        return re.sub(r"(?<![-\d])\d+", lambda m: str(int(m.group()) + 1), note or "")
+    out = []
+    for i, r in enumerate(rows):
+        f = 1 + (i + 1) / 64
+        out.append(dataclasses.replace(
+            r, note=bump(r.note) if notes else r.note,
+            **{k: getattr(r, k) * g for k, g in (("ms", f), ("tflops", 1 / f), ("gbps", 1 / f),
+                                                  ("pct_peak", 1 / f)) if getattr(r, k) is not None}))
+    return out
+
+
+@pytest.mark.parametrize("ch", [c for c in CONTRACTS if c.figures], ids=lambda c: c.id)
+def test_prose_pastes_the_recorded_figures(ch, monkeypatch):
+    """Every {glue:text} role of the prose names a figure the chapter glues, in a hidden cell,
+    from its recorded data; every glued figure is pasted; each role's format applies to its
+    value as the book formats it; and every value moves when the recorded data moves."""
+    nb = _source_nb(ch.id)
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    figures = quoted.values(ch)
+    used = {key for key, _ in quoted.roles(prose)}
+    assert used - set(figures) == set(), f"{ch.id}: the prose pastes figures nobody glues"
+    assert set(figures) - used == set(), f"{ch.id}: glued figures the prose never pastes"
+    assert "{glue" not in quoted.render(prose, figures), f"{ch.id}: a glue role quoted.ROLE missed"
+    glue_cells = [c for c in nb.cells if c.cell_type == "code"
+                  and f"quoted.glue({ch.id}.CHAPTER)" in c.source]
+    assert len(glue_cells) == 1, f"{ch.id}: one code cell must call quoted.glue({ch.id}.CHAPTER)"
+    assert "remove-cell" in glue_cells[0].metadata.get("tags", []), \
+        f"{ch.id}: the glue cell must be tagged remove-cell (the book hides it)"
+    recorded, moved = results.recorded, set()
+
+    def perturbed_reader(notes):            # every record the chapter reads, perturbed
+        def read(*args, **kwargs):
+            found = recorded(*args, **kwargs)
+            return found and found._replace(rows=_perturbed(found.rows, notes))
+        return read
+    for notes in (False, True):
+        monkeypatch.setattr(results, "recorded", perturbed_reader(notes))
+        try:
+            after = quoted.values(ch)
+        except (KeyError, ValueError, AttributeError, StopIteration) if notes else ():
+            continue             # a lookup keyed by a number in a note (a page size) missed
+        moved |= {k for k in figures if after[k] != figures[k]}
+    # a problem size (a recorded row's B or N) stays: the perturbation keeps them, so that the
+    # chapter's lookups still find their rows; a figure of a stored profile (key chN_profile_*,
+    # not benchmark rows) is the chapter's own test's to follow
+    sizes = {x for r in recorded(ch.id, "h200").rows for x in (r.B, r.N_q, r.N_k)}
+    stuck = sorted(k for k in figures if k not in moved and figures[k] not in sizes
+                   and not k.startswith(f"{ch.id}_profile_"))
+    assert not stuck, f"{ch.id}: figures that do not follow the recorded data: {stuck}"
 
 
 def test_chapter_registry_matches_the_sources():

@@ -15,6 +15,7 @@ Toolkit modules (one job each; they know no chapter):
     race       SIMT race checker for Numba CUDA kernels in the simulator
     bench      measuring on a GPU: timing, peak memory, TFLOP/s, % of peak, SDPA baselines
     results    benchmark rows (Row): record with provenance, read back, one plot, one table
+    quoted     the measured figures a chapter's prose pastes in with myst-nb's glue
     viz        figures that are not benchmark rows: roofline
     sources    the chapter sources (solutions/chN_*.py) and running their cells
     contract   Exercise, Variant, Chapter: what a chapter declares about itself

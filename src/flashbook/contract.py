@@ -62,6 +62,9 @@ class Chapter:
     graph_timer: bool = False                     # the benchmark times rows from CUDA graphs
     quotes: Callable[[list], list[str]] | None = None   # exact text the prose must contain,
                                                         # computed from the recorded H200 rows
+    # the figures the prose pastes in with {glue:text}`key:fmt` roles: recorded H200 rows ->
+    # {key: value}, glued by the notebook's hidden cell (``flashbook.quoted``)
+    figures: Callable[[list], dict] | None = None
 
     def exercise(self, grade_id: str) -> Exercise:
         for ex in self.exercises:

@@ -27,42 +27,40 @@ __all__ = ["CHAPTER", "Config", "pick_config", "softmax_rows", "copy_tiles", "at
            "SHARED_MEMORY_PER_BLOCK"]
 
 
-def quoted_figures(rows) -> list[str]:
-    """The sentences of the chapter's closing section that quote the recorded H200 data."""
+def figures(rows) -> dict:
+    """The figures the chapter's closing section quotes (``flashbook.quoted``), by glue key."""
     # the kernels' ablations compare reference rows (all timed one way); the speed a reader
     # gets, against cuDNN and FA2, is attention_two_tiles as called where that was recorded
     by = {(r.kernel, r.B, r.N_q, r.d): r for r in rows if r.role != "public"}
     tf = {key: r.tflops for key, r in by.items()}
     called = {(r.kernel, r.B, r.N_q, r.d): r.tflops for r in results.as_called(rows)}
-    ref, cudnn = called[("ch3_two_tiles", 1, 16384, 128)], tf[("sdpa_cudnn", 1, 16384, 128)]
     shapes = sorted({(b, n, d) for _, b, n, d in tf})
     vs_fa2 = sorted(called[("ch3_two_tiles", *s)] / tf[("sdpa_flash", *s)] for s in shapes)
-
-    def ratios(top: str, bottom: str, d: int) -> str:
-        both = sorted(tf[(top, *s)] / tf[(bottom, *s)] for s in shapes if s[2] == d)
-        return f"{both[0]:.2f}x and {both[1]:.2f}x at d = {d}"
-
-    def regs(kernel: str) -> str:
-        return by[(kernel, 1, 16384, 128)].note.split("; ")[1]      # "regs=R spills=S"
-    def vs_cudnn(b, n, d):
-        return f"{called[('ch3_two_tiles', b, n, d)] / tf[('sdpa_cudnn', b, n, d)]:.2f}x"
+    out = {"ch3_tflops": called[("ch3_two_tiles", 1, 16384, 128)],
+           "ch3_cudnn_tflops": tf[("sdpa_cudnn", 1, 16384, 128)],
+           "ch3_vs_fa2_min": vs_fa2[0], "ch3_vs_fa2_max": vs_fa2[-1]}
+    for b, n, d in ((1, 16384, 128), (4, 4096, 128), (4, 4096, 64), (4, 1024, 64)):
+        out[f"ch3_vs_cudnn_{b}_{n}_{d}"] = called[("ch3_two_tiles", b, n, d)] / \
+            tf[("sdpa_cudnn", b, n, d)]
     ms = {(r.role, r.N_q): r.ms for r in rows if r.kernel == "ch3_two_tiles" and r.B == 4
           and r.d == 64}
-    return [f"{ref / cudnn:.2f}x cuDNN at `(1, 16, 16384, 128)` ({ref:.0f} against {cudnn:.0f}",
-            f"{vs_cudnn(4, 4096, 128)} at `(4, 16, 4096, 128)`, {vs_cudnn(4, 4096, 64)} at "
-            f"`(4, 16, 4096, 64)` and {vs_cudnn(4, 1024, 64)} at `(4, 16, 1024, 64)`",
-            f"by {vs_fa2[0]:.2f}x to {vs_fa2[-1]:.2f}x",
-            f"{ms[('public', 1024)]:.3f} ms where its kernel replayed from a graph takes "
-            f"{ms[('reference', 1024)]:.3f} ms",
-            "A-then-B by " + ratios("ch3_two_tiles", "ch3_two_tiles_a_then_b", 128),
-            "by " + ratios("ch3_two_tiles", "ch3_two_tiles_a_then_b", 64),
-            "gives " + ratios("ch3_two_tiles_a_then_b", "ch3_one_tile", 128),
-            "rows per program, " + ratios("ch3_two_tiles_a_then_b", "ch3_one_tile", 64)[:-len(" at d = 64")],
-            "uses {} registers per thread and spills {}".format(
-                *(x.split("=")[1] for x in regs("ch3_two_tiles").split())),
-            "(the A-then-B order {} with no spills, the\n# one-tile kernel {})".format(
-                regs("ch3_two_tiles_a_then_b").split()[0].split("=")[1],
-                regs("ch3_one_tile").split()[0].split("=")[1])]
+    out["ch3_called_ms_1024"], out["ch3_graph_ms_1024"] = ms[("public", 1024)], \
+        ms[("reference", 1024)]
+    # the ablations: each pair of ratios (two shapes per head dimension), smaller first
+    for name, top, bottom in (("interleaved_vs_ab", "ch3_two_tiles", "ch3_two_tiles_a_then_b"),
+                              ("ab_vs_one_tile", "ch3_two_tiles_a_then_b", "ch3_one_tile")):
+        for d in (128, 64):
+            both = sorted(tf[(top, *s)] / tf[(bottom, *s)] for s in shapes if s[2] == d)
+            out[f"ch3_{name}_d{d}_lo"], out[f"ch3_{name}_d{d}_hi"] = both
+
+    def note(kernel: str, field: str) -> int:        # the note holds "...; regs=R spills=S"
+        regs = by[(kernel, 1, 16384, 128)].note.split("; ")[1]
+        return int(dict(x.split("=") for x in regs.split())[field])
+    out["ch3_regs"], out["ch3_spills"] = note("ch3_two_tiles", "regs"), \
+        note("ch3_two_tiles", "spills")
+    out["ch3_regs_a_then_b"] = note("ch3_two_tiles_a_then_b", "regs")
+    out["ch3_regs_one_tile"] = note("ch3_one_tile", "regs")
+    return out
 
 
 CHAPTER = Chapter(
@@ -84,5 +82,5 @@ CHAPTER = Chapter(
     ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
-    quotes=quoted_figures,
+    figures=figures,
 )

@@ -1,5 +1,6 @@
 """Chapter 4's recorded H200 benchmark, read back: the rows of each section (dense causal, varlen,
-sliding window), the comparisons the chapter states, and one figure of all three.
+sliding window), the comparisons the chapter states, the figures its prose quotes, and one
+figure of all three.
 
 Rows come from ``flashbook bench ch4`` (``benchmark.py`` documents them): varlen rows have a
 note starting ``varlen`` (or ``uniform`` for the equal-length batch of the same tokens), window
@@ -140,56 +141,51 @@ def _sections(row) -> int:
     return int(re.search(r"sections=(\d+)", row.note).group(1))
 
 
-def quoted_figures(rows) -> list[str]:
-    """The fragments of the chapter's closing section that quote the recorded H200 data."""
+def figures(rows) -> dict:
+    """The figures the chapter's closing section quotes (``flashbook.quoted``), by glue key."""
     # what a reader's call gets (attention_varlen as called, results.as_called) against the
     # baselines; the kernel's ablations (schedules, the uniform batch) as the benchmark times them
     kernels, rows = rows, results.as_called(rows)
     big, small = (1, 16384), (4, 4096)
     tf = {(k, B, N): dense(rows, k, B, N).tflops for k in DENSE_KERNELS for B, N in (big, small)}
-    ours, cudnn = tf[("ch4_two_tiles", *big)], tf[("sdpa_cudnn", *big)]
-    vs = {k: [tf[("ch4_two_tiles", *s)] / tf[(k, *s)] for s in (big, small)]
-          for k in ("flex_attention", "sdpa_flash")}
+    out = {"ch4_tflops": tf[("ch4_two_tiles", *big)], "ch4_cudnn_tflops": tf[("sdpa_cudnn", *big)]}
+    for name, (B, N) in (("big", big), ("small", small)):
+        for k in ("sdpa_cudnn", "flex_attention", "sdpa_flash"):
+            out[f"ch4_vs_{k.removeprefix('sdpa_')}_{name}"] = tf[("ch4_two_tiles", B, N)] / \
+                tf[(k, B, N)]
     ref = dense(kernels, "ch4_two_tiles", *big)
-    sched = [dense(kernels, f"ch4_two_tiles_{o}_first", *big).tflops for o in ("tiles", "heads")]
-    words = {1: "one", 2: "two", 3: "three", 4: "four", 8: "eight"}
+    out["ch4_tiles_first_tflops"], out["ch4_heads_first_tflops"] = (
+        dense(kernels, f"ch4_two_tiles_{o}_first", *big).tflops for o in ("tiles", "heads"))
+    out["ch4_sections_tflops"] = ref.tflops
+    out["ch4_sections"] = {1: "one", 2: "two", 3: "three", 4: "four", 8: "eight"}.get(
+        _sections(ref), str(_sections(ref)))
     nc = varlen(kernels, "ch4_two_tiles", False)
-    nc_heads = next(r for r in kernels if section(r) == "varlen" and not r.causal
-                    and r.kernel == "ch4_two_tiles_heads_first")
-    flex = [next(r for r in rows if section(r) == "varlen" and r.causal == c
-                 and r.kernel == "flex_attention").tflops for c in (False, True)]
-    jagged = next(r for r in rows if r.kernel == "sdpa_jagged").tflops
-    padded = [next(r for r in rows if section(r) == "varlen" and r.causal == c
-                   and r.role == "baseline" and r.kernel.startswith("sdpa_")
-                   and r.kernel != "sdpa_jagged") for c in (False, True)]
-    computed, real = (float(x) for x in re.search(r"([\d.e+]+) pairs computed for ([\d.e+]+) real",
-                                                  padded[0].note).groups())
-    ratio = [varlen(kernels, "ch4_two_tiles", c).tflops /
-             varlen(kernels, "ch4_two_tiles", c, True).tflops
-             for c in (False, True)]
+    out["ch4_varlen_heads_first_tflops"] = next(
+        r for r in kernels if section(r) == "varlen" and not r.causal
+        and r.kernel == "ch4_two_tiles_heads_first").tflops
+    out["ch4_varlen_tflops"] = nc.tflops
+    out["ch4_varlen_sequences"], out["ch4_varlen_longest"] = nc.B, longest(rows)
+    out["ch4_padding_ratio"] = padding_ratio(rows)
+    for c, label in ((False, "noncausal"), (True, "causal")):
+        out[f"ch4_varlen_vs_uniform_{label}"] = varlen(kernels, "ch4_two_tiles", c).tflops / \
+            varlen(kernels, "ch4_two_tiles", c, True).tflops
+        out[f"ch4_flex_varlen_tflops_{label}"] = next(
+            r for r in rows if section(r) == "varlen" and r.causal == c
+            and r.kernel == "flex_attention").tflops
+        padded = next(r for r in rows if section(r) == "varlen" and r.causal == c
+                      and r.role == "baseline" and r.kernel.startswith("sdpa_")
+                      and r.kernel != "sdpa_jagged")
+        out[f"ch4_padded_tflops_{label}"] = padded.tflops
+        out[f"ch4_vs_padded_{label}"] = padded.ms / varlen(rows, "ch4_two_tiles", c).ms
+        if not c:
+            computed, real = (float(x) for x in re.search(
+                r"([\d.e+]+) pairs computed for ([\d.e+]+) real", padded.note).groups())
+            out["ch4_padded_pairs_ratio"] = computed / real
+    out["ch4_jagged_tflops"] = next(r for r in rows if r.kernel == "sdpa_jagged").tflops
     win = windows(rows)
     lefts = sorted(w for w in win if w is not None)
-    return [
-        f"{ours / cudnn:.2f}x cuDNN at `(1, 16, 16384, 128)` ({ours:.0f} against {cudnn:.0f} TFLOP/s)",
-        "FlexAttention with a causal `BlockMask` by {:.2f}x and {:.2f}x".format(*vs["flex_attention"]),
-        "FlashAttention-2 by {:.2f}x and".format(vs["sdpa_flash"][0]),
-        "{:.2f}x at the two shapes".format(vs["sdpa_flash"][1]),
-        f"it reaches {tf[('ch4_two_tiles', *small)] / tf[('sdpa_cudnn', *small)]:.2f}x cuDNN",
-        "causal they reach {:.0f} and {:.0f}".format(*sched),
-        f"against {ref.tflops:.0f} for {words[_sections(ref)]} pairs per section",
-        f"({nc_heads.tflops:.0f} against {nc.tflops:.0f} TFLOP/s, non-causal)",
-        f"in {nc.B} sequences of a long-tailed mix (the longest {longest(rows)}, "
-        f"padding ratio {padding_ratio(rows):.1f})",
-        "runs at {:.2f}x (non-causal) and {:.2f}x (causal)".format(*ratio),
-        f"document mask reaches {flex[0]:.0f} and",
-        f"{flex[1]:.0f} TFLOP/s, SDPA on jagged nested tensors {jagged:.0f}",
-        "sequence {:.0f} and {:.0f} on real pairs, because it computes {:.1f} times".format(
-            padded[0].tflops, padded[1].tflops, computed / real),
-        "window of {}, {} and {} keys".format(*lefts),
-        "takes {:.2f}, {:.2f} and {:.2f} ms against {:.2f} ms without one".format(
-            *(win[w].ms for w in lefts), win[None].ms),
-        f"a window of {lefts[1]} keys costs {win[lefts[1]].ms / win[None].ms:.2f} of the causal",
-        "packed kernel is {:.1f}x faster non-causal and {:.1f}x causal".format(
-            *(padded[c].ms / varlen(rows, "ch4_two_tiles", c).ms for c in (0, 1))),
-        f"against that padded batch (padding ratio {padding_ratio(rows):.1f})",
-    ]
+    for i, w in enumerate(lefts):
+        out[f"ch4_window_{i}"], out[f"ch4_window_{i}_ms"] = w, win[w].ms
+    out["ch4_causal_ms"] = win[None].ms
+    out["ch4_window_1_share"] = win[lefts[1]].ms / win[None].ms
+    return out

@@ -1,6 +1,5 @@
 """Chapter 6's recorded H200 benchmark, read back: TFLOP/s of every kernel at every shape, causal
-and not, the chapter's comparisons in a few lines, one figure, and the sentences of the chapter
-that quote them.
+and not, the chapter's comparisons in a few lines, one figure, and the figures the chapter quotes.
 
 Rows come from ``flashbook bench ch6`` (``benchmark.py`` documents them). A row whose O was
 flagged far from cuDNN's (``WRONG`` in its note) is never quoted as a speed. Use with
@@ -121,36 +120,30 @@ def plot_recorded(rows):
     return fig
 
 
-def _ratio_fragment(rows, s, causal) -> str:
-    ours, jax = find(rows, OURS, s, causal), find(rows, JAX_FA3, s, causal)
-    label = "causal" if causal else "non-causal"
-    if not measured(ours):
-        return f"{label}: ours not measured"
-    if jax is None or jax.tflops is None:
-        return f"{label}: JAX's not measured"
-    if not measured(jax):
-        return f"{label}: JAX's output wrong"
-    return f"{ours.tflops / jax.tflops:.2f}x {label} ({ours.tflops:.0f} against {jax.tflops:.0f})"
+def _key(s: tuple, causal: bool) -> str:
+    return "_".join(map(str, (s[0], s[2], s[3]))) + ("_causal" if causal else "_noncausal")
 
 
-def quoted_figures(rows) -> list[str]:
-    """The fragments of the chapter's closing section that quote the recorded H200 data (fp16):
-    our kernel against cuDNN at ``HEADLINE``, non-causal and causal, and against JAX's FA3 at
-    every shape, ``attention_fa3`` as a reader calls it where that was recorded
+def figures(rows) -> dict:
+    """The figures the chapter's closing section quotes (fp16; ``flashbook.quoted``), by glue
+    key: our kernel against cuDNN at ``HEADLINE`` and against JAX's FA3 at every shape where
+    both were measured, ``attention_fa3`` as a reader calls it where that was recorded
     (``results.as_called``). Raises ValueError when the headline rows are missing or wrong."""
     rows = results.as_called(rows)
-    out = []
+    out = {}
     for causal in (False, True):
         ours, cudnn = find(rows, OURS, HEADLINE, causal), find(rows, "sdpa_cudnn", HEADLINE, causal)
         if not (measured(ours) and measured(cudnn)):
             raise ValueError(f"ch6: no measured {OURS} and sdpa_cudnn rows at {HEADLINE}, "
                              f"causal={causal}, to quote")
-        out.append(f"{ours.tflops:.0f} TFLOP/s {'causal' if causal else 'non-causal'} at "
-                   f"`(1, 16, 16384, 128)`, {ours.tflops / cudnn.tflops:.2f}x cuDNN "
-                   f"({cudnn.tflops:.0f})")
-    for s in shapes(rows):
-        if find(rows, OURS, s, False) is None and find(rows, OURS, s, True) is None:
-            continue
-        out.append(f"against JAX's FA3 at `({', '.join(map(str, s))})`: "
-                   + ", ".join(_ratio_fragment(rows, s, c) for c in (False, True)))
+        label = _key(HEADLINE, causal).split("_")[-1]
+        out[f"ch6_cudnn_{label}"] = cudnn.tflops
+        out[f"ch6_vs_cudnn_{label}"] = ours.tflops / cudnn.tflops
+        for s in shapes(rows):
+            ours, jax = find(rows, OURS, s, causal), find(rows, JAX_FA3, s, causal)
+            if measured(ours):
+                out[f"ch6_ours_{_key(s, causal)}"] = ours.tflops
+            if measured(ours) and measured(jax):
+                out[f"ch6_jax_{_key(s, causal)}"] = jax.tflops
+                out[f"ch6_vs_jax_{_key(s, causal)}"] = ours.tflops / jax.tflops
     return out

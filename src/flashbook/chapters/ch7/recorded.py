@@ -1,6 +1,6 @@
 """Chapter 7's recorded H200 benchmark, read back: each trick's speed change and error change
 against the same kernel without it, the exponentials' share from the two timing probes, a
-figure, and the fragments of prose that quote them (``CHAPTER.quotes``).
+figure, and the figures the chapter quotes (``CHAPTER.figures``).
 
 Rows come from ``flashbook bench ch7`` (``benchmark.py`` documents them). Use with
 ``results.recorded("ch7")``, which is None until the data exists.
@@ -109,16 +109,14 @@ def plot_recorded(rows):
     return fig
 
 
-def quoted_figures(rows) -> list[str]:
-    """The fragments of Section 9 that quote the data: at ``HEADLINE``, each kernel's speed
-    change with each trick and with each probe."""
-    out = []
+def figures(rows) -> dict:
+    """The figures Section 9 quotes (``flashbook.quoted``), by glue key: at ``HEADLINE``, each
+    kernel's speed change with each trick and with each probe."""
+    out = {}
     for kernel in KERNELS:
-        ratios = {s: change(rows, kernel, s, HEADLINE) for s in TRICKS if s}
-        if any(ratios[s] is None for s in ("_lazy", "_poly", "_exp_x2", "_no_exp")):
-            raise ValueError(f"ch7: no measured {kernel} rows at {HEADLINE} to quote")
-        out.append(f"`{kernel}`: lazy rescaling {ratios['_lazy']:.2f}x, the polynomial on every "
-                   f"exponential {ratios['_poly']:.2f}x")
-        out.append(f"`{kernel}`: exponentials doubled {ratios['_exp_x2']:.2f}x, removed "
-                   f"{ratios['_no_exp']:.2f}x")
+        for trick in ("_lazy", "_poly", "_exp_x2", "_no_exp"):
+            ratio = change(rows, kernel, trick, HEADLINE)
+            if ratio is None:
+                raise ValueError(f"ch7: no measured {kernel} rows at {HEADLINE} to quote")
+            out[f"ch7_{kernel}{trick}"] = ratio
     return out

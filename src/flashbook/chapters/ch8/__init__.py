@@ -50,5 +50,5 @@ CHAPTER = Chapter(
     ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
-    quotes=recorded.quoted_figures,
+    figures=recorded.figures,
 )

@@ -1,7 +1,7 @@
 """Chapter 8's recorded GPU data, read back: the one-GPU decode benchmark (``h200.csv``, from
 ``flashbook bench ch8``) and the ring on several GPUs (``h200x<P>.csv`` and its ``.json``, whose
 ``timeline`` holds rank 0's compute and exposed wait per ring step, from ``ring_bench``); their
-summaries, figures, and the fragments of prose that quote them (``CHAPTER.quotes``).
+summaries, figures, and the figures the chapter quotes (``CHAPTER.figures``).
 """
 from __future__ import annotations
 
@@ -136,28 +136,28 @@ def _hop_ms(rows) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def quoted_figures(decode_rows_) -> list[str]:
-    """The fragments of Section 7 that quote the data (the contract passes the one-GPU rows;
-    the ring's are read here): split-KV against cuDNN, the read ceiling and the no-split
-    kernel; the ring's efficiency and its 1-GPU and context_parallel times at N = 131072."""
+def figures(decode_rows_) -> dict:
+    """The figures Section 7 quotes (``flashbook.quoted``), by glue key (the contract passes
+    the one-GPU rows; the ring's are read here): split-KV against cuDNN, the read ceiling and
+    the no-split kernel; the ring's efficiency and its 1-GPU and context_parallel times at
+    N = ``HEADLINE_N``."""
     g = decode_rows(results.as_called(decode_rows_))     # decode_split_kv as called
     kernels = decode_rows(decode_rows_)                  # its kernels, from a CUDA graph
     need = (SPLIT, "sdpa_cudnn", "hbm_read", NO_SPLIT)
     if any(k not in g for k in need):
         raise ValueError(f"ch8: the decode data lacks one of {need}")
-    out = [f"split-KV reads {g[SPLIT]:.0f} GB/s, {g[SPLIT] / g['sdpa_cudnn']:.2f}x cuDNN "
-           f"({g['sdpa_cudnn']:.0f}) and {100 * g[SPLIT] / g['hbm_read']:.0f} % of `hbm_read` "
-           f"({g['hbm_read']:.0f})",
-           f"replayed from a CUDA graph its kernels read {kernels[SPLIT]:.0f} GB/s, "
-           f"{kernels[SPLIT] / g['sdpa_cudnn']:.2f}x cuDNN",
-           f"without splits the same cache reads at {g[NO_SPLIT]:.0f} GB/s"]
+    out = {"ch8_split_gbps": g[SPLIT], "ch8_cudnn_gbps": g["sdpa_cudnn"],
+           "ch8_hbm_read_gbps": g["hbm_read"], "ch8_split_vs_cudnn": g[SPLIT] / g["sdpa_cudnn"],
+           "ch8_split_pct_hbm_read": 100 * g[SPLIT] / g["hbm_read"],
+           "ch8_split_kernels_gbps": kernels[SPLIT],
+           "ch8_split_kernels_vs_cudnn": kernels[SPLIT] / g["sdpa_cudnn"],
+           "ch8_no_split_gbps": g[NO_SPLIT]}
     ring = results.recorded("ch8", "h200x2")
     if ring is None:
         raise ValueError("ch8: no recorded two-GPU ring data (h200x2)")
     r = find(ring.rows, RING, HEADLINE_N, True)
     one, cp = find(ring.rows, ONE_GPU, HEADLINE_N, True), find(ring.rows, CP, HEADLINE_N, True)
-    out.append(f"at N = {HEADLINE_N} causal the ring takes {r.ms:.1f} ms on two GPUs against "
-               f"{one.ms:.1f} ms on one: {efficiency(r):.1f} % scaling efficiency")
+    out.update(ch8_ring_ms=r.ms, ch8_one_gpu_ms=one.ms, ch8_ring_efficiency=efficiency(r))
     if cp is not None and cp.ms:
-        out.append(f"PyTorch's `context_parallel` takes {cp.ms:.1f} ms")
+        out["ch8_context_parallel_ms"] = cp.ms
     return out

@@ -52,7 +52,7 @@ CHAPTER = Chapter(
     ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
-    quotes=recorded.quoted_figures,
+    figures=recorded.figures,
 )
 
 # what ``tune`` records through (the same contract; kept for its callers)

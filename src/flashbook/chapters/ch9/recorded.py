@@ -1,6 +1,6 @@
 """Chapter 9's recorded H200 benchmark, read back: the backward and forward + backward of each
-kernel against cuDNN's and FlashAttention-2's, one figure, and the fragments of prose that
-quote them (``CHAPTER.quotes``).
+kernel against cuDNN's and FlashAttention-2's, one figure, and the figures the chapter
+quotes (``CHAPTER.figures``).
 
 Rows come from ``flashbook bench ch9`` (``benchmark.py`` documents them: ``ch9_bwd``,
 ``ch9_fwdbwd``, the variants ``ch9_bwd_atomic``, ``ch9_bwd_fused`` and ``ch9_bwd_gluon``, and SDPA's
@@ -114,42 +114,33 @@ def profile_metrics(path=PROFILE) -> dict:
     return out
 
 
-def profile_quotes(m: dict) -> list[str]:
-    """The two fragments of Section 7 that quote ``profile_metrics``."""
-    return [f"the tensor cores busy {m['tensor']:.0f}% of the time, the shared memory "
-            f"{m['shared']:.0f}%, and no warp",
-            f"ready to issue in {m['no_eligible']:.0f}% of the schedulers' cycles "
-            f"({m['warps']:.0f} warps each, {m['registers']:.0f} registers a thread)"]
-
-
-def quoted_figures(rows) -> list[str]:
-    """The fragments of Section 7 that quote the record: the backward against cuDNN's and
-    FlashAttention-2's at the headline shape, causal and not; the one-kernel variants; the
-    Gluon backward against cuDNN, and its profile (``PROFILE``); the CS336 configuration's
-    forward + backward in ms, the training step as a reader writes it where that was recorded
-    (``results.as_called``). Raises ValueError when a row is missing."""
+def figures(rows) -> dict:
+    """The figures Section 7 quotes (``flashbook.quoted``), by glue key: the backward against
+    cuDNN's and FlashAttention-2's at the headline shape, causal and not; the one-kernel
+    variants; the Gluon backward against cuDNN, and its profile (``PROFILE``: the keys
+    ``ch9_profile_*``); the CS336 configuration's forward + backward in ms, the training step
+    as a reader writes it where that was recorded (``results.as_called``). Raises ValueError
+    when a row is missing."""
     rows = results.as_called(rows)
-    out = []
+    out = {}
     for causal in (False, True):
+        label = "causal" if causal else "noncausal"
         ours = _need(rows, "ch9_bwd", HEADLINE, causal)
         cudnn = _need(rows, "sdpa_cudnn_bwd", HEADLINE, causal)
         fa2 = _need(rows, "sdpa_flash_bwd", HEADLINE, causal)
-        out.append(f"{ours.tflops:.0f} TFLOP/s {'causal' if causal else 'non-causal'}: "
-                   f"{ours.tflops / cudnn.tflops:.2f}x cuDNN ({cudnn.tflops:.0f}) and "
-                   f"{ours.tflops / fa2.tflops:.2f}x FlashAttention-2 ({fa2.tflops:.0f})")
-    two = _need(rows, "ch9_bwd", HEADLINE, False)
-    fused = _need(rows, "ch9_bwd_fused", HEADLINE, False)
-    atomic = _need(rows, "ch9_bwd_atomic", HEADLINE, False)
-    out.append(f"{atomic.ms:.1f} ms with scalar atomics, {fused.ms:.1f} ms with TMA reduces, "
-               f"{two.ms:.1f} ms for the two kernels")
-    gluon = [_need(rows, "ch9_bwd_gluon", HEADLINE, c) for c in (False, True)]
-    cudnn = [_need(rows, "sdpa_cudnn_bwd", HEADLINE, c) for c in (False, True)]
-    out.append(f"{gluon[0].tflops:.0f} TFLOP/s non-causal and {gluon[1].tflops:.0f} causal: "
-               f"{gluon[0].tflops / cudnn[0].tflops:.2f}x and "
-               f"{gluon[1].tflops / cudnn[1].tflops:.2f}x cuDNN")
-    out += profile_quotes(profile_metrics())
-    ours = _need(rows, "ch9_fwdbwd", CS336, True)
-    cudnn = _need(rows, "sdpa_cudnn_fwdbwd", CS336, True)
-    fa2 = _need(rows, "sdpa_flash_fwdbwd", CS336, True)
-    out.append(f"{ours.ms:.2f} ms (cuDNN {cudnn.ms:.2f} ms, FlashAttention-2 {fa2.ms:.2f} ms)")
+        gluon = _need(rows, "ch9_bwd_gluon", HEADLINE, causal)
+        out.update({f"ch9_bwd_tflops_{label}": ours.tflops,
+                    f"ch9_cudnn_tflops_{label}": cudnn.tflops,
+                    f"ch9_fa2_tflops_{label}": fa2.tflops,
+                    f"ch9_bwd_vs_cudnn_{label}": ours.tflops / cudnn.tflops,
+                    f"ch9_bwd_vs_fa2_{label}": ours.tflops / fa2.tflops,
+                    f"ch9_gluon_tflops_{label}": gluon.tflops,
+                    f"ch9_gluon_vs_cudnn_{label}": gluon.tflops / cudnn.tflops})
+    for kernel, key in (("ch9_bwd_atomic", "atomic"), ("ch9_bwd_fused", "fused"),
+                        ("ch9_bwd", "two_kernels")):
+        out[f"ch9_{key}_ms"] = _need(rows, kernel, HEADLINE, False).ms
+    out.update({f"ch9_profile_{k}": v for k, v in profile_metrics().items()})
+    for kernel, key in (("ch9_fwdbwd", "fwdbwd"), ("sdpa_cudnn_fwdbwd", "cudnn_fwdbwd"),
+                        ("sdpa_flash_fwdbwd", "fa2_fwdbwd")):
+        out[f"ch9_{key}_ms"] = _need(rows, kernel, CS336, True).ms
     return out
