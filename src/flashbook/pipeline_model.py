@@ -28,13 +28,15 @@ class BasePipeline:
     names: tuple | None = None     # the programs' names, if fixed
     consumers = 0
 
-    def __init__(self, stages: int, n_steps: int, timing, max_actions: int = 20000):
+    timing_type = Timing           # the durations' type, made with its defaults if none is given
+
+    def __init__(self, stages: int, n_steps: int, timing=None, max_actions: int = 20000):
         if not (isinstance(stages, int) and stages >= 1):
             raise ValueError(f"stages must be a positive int, got {stages!r}")
         if not (isinstance(n_steps, int) and n_steps >= 0):
             raise ValueError(f"n_steps must be a non-negative int, got {n_steps!r}")
         self.stages, self.n_steps = stages, n_steps
-        self.timing = timing
+        self.timing = timing or self.timing_type()
         self.max_actions = max_actions
         self._barriers: list[Barrier] = []
         self._created: list[Action] = []
@@ -109,7 +111,7 @@ class Pipeline(BasePipeline):
 
     def __init__(self, stages: int, n_steps: int, consumers: int = 2,
                  timing: Timing | None = None, max_actions: int = 20000):
-        super().__init__(stages, n_steps, timing or Timing(), max_actions)
+        super().__init__(stages, n_steps, timing, max_actions)
         if consumers not in (1, 2):
             raise ValueError(f"consumers must be 1 or 2, got {consumers!r}")
         self.consumers = consumers

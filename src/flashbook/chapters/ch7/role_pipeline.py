@@ -76,10 +76,7 @@ class RolePipeline(BasePipeline):
                   "and commits, softmax t works on tile t, the correction rescales and "
                   "finishes, the epilogue warp stores)")
     units = {"exp unit": "the exponential unit"}
-
-    def __init__(self, stages: int, n_steps: int, timing: Timing | None = None,
-                 max_actions: int = 20000):
-        super().__init__(stages, n_steps, timing or Timing(), max_actions)
+    timing_type = Timing
 
     # ------------------------------------------------------------------ load warp
     def load_q(self, tile: int, bar: Barrier):

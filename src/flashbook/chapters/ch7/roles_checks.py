@@ -61,11 +61,6 @@ def utilisation_cases(hidden: bool = False) -> list[Timing]:
     return cases
 
 
-def _implemented(mma, correction):
-    require_implemented(mma, "mma")
-    require_implemented(correction, "correction")
-
-
 def _ring_fits(stages) -> None:
     from . import planner                          # pure Python: no Triton needed
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
@@ -148,7 +143,7 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
     """Exercise 4: the five-role schedule is hazard-free and deadlock-free for every ring size,
     length and timing, and with ``KV_STAGES`` slots keeps the tensor core busy as the model
     says it can."""
-    _implemented(mma, correction)
+    require_implemented(mma, "mma"), require_implemented(correction, "correction")
     _ring_fits(KV_STAGES)
     n = 0
     for stages, n_steps, timing in protocol_cases(hidden):
