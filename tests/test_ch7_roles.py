@@ -1,5 +1,5 @@
-"""Chapter 7, Exercise 4: the five-role simulator (``flashbook.chapters.ch7.roles``, built on
-Chapter 6's engine), its graded check and its Gantt chart (``roles_checks``). CPU only, seconds.
+"""Chapter 7, Exercise 4: the five-role simulator (``flashbook.chapters.ch7.roles``, a
+configuration of the toolkit's pipeline engine that Chapter 6 teaches), its graded check and its Gantt chart (``roles_checks``). CPU only, seconds.
 
 The reference schedule is the exercise's solution cell: the chapter notebook's cell
 ``ch7_roles_schedule`` when the notebook has it, else the copy below (the text the cell was
@@ -18,6 +18,7 @@ from flashbook import sources  # noqa: E402
 from flashbook.check import CheckFailure  # noqa: E402
 from flashbook.chapters.ch6 import pipeline as ch6_pipeline  # noqa: E402
 from flashbook.chapters.ch7 import roles  # noqa: E402
+from flashbook.pipeline_model import BasePipeline  # noqa: E402
 from flashbook.chapters.ch7.roles import RolePipeline, Timing, fa4_model, serial_model, \
     simulate  # noqa: E402
 from flashbook.chapters.ch7.roles_checks import check_roles_schedule, plot_schedule, \
@@ -196,10 +197,10 @@ def run_roles(n_steps=2, stages=2, timing=None, **replace):
 def test_the_engine_is_chapter_6s():
     run = run_roles()
     assert run.error is None
-    assert isinstance(run.core, ch6_pipeline.Run)
+    assert isinstance(run, ch6_pipeline.Run)
     assert all(isinstance(b, ch6_pipeline.Barrier) for b in run.barriers)
-    assert run.utilisation() == run.core.utilisation()
     assert roles.Hazard is ch6_pipeline.Hazard
+    assert isinstance(roles.RolePipeline(2, 2), BasePipeline)
 
 
 def test_softmax_that_skips_its_wait_reads_s_before_the_qk_finished():
@@ -233,7 +234,7 @@ def test_commit_arrives_when_the_mmas_before_it_finish():
     once. The tensor core runs MMAs in issue order, one at a time."""
     run = run_roles(n_steps=3)
     assert run.error is None
-    mmas = run.mma_spans()
+    mmas = run.gemm_spans()
     assert all(a.end <= b.start + 1e-9 for a, b in zip(mmas, mmas[1:]))
     order = [(s.kind, s.lane, s.step) for s in mmas]
     assert order[:4] == [("QK", 0, 0), ("QK", 1, 0), ("PV", 0, 0), ("QK", 0, 1)]

@@ -1,9 +1,11 @@
-"""The engine of the pipeline model of warp roles and barriers that Chapter 6 teaches
-(``chapters.ch6.pipeline``) and Chapter 7 extends to five roles: the event loop in simulated time,
-the barriers' phases and waits, the tensor cores shared by the GEMMs in flight, the vector clocks
-that order every read and write of a slot, and the hazard reports (overwrite, read before ready,
-phase overrun, deadlock, dataflow, protocol, runaway). ``Pipeline.run`` is its entry; Chapter 7's
-five-role simulator runs its own roles on it (``resume`` and ``deadlock_report`` plugged in)."""
+"""The engine of the pipeline model of programs (warp roles), barriers and shared units: the
+event loop in simulated time, the barriers' phases and waits, the tensor cores shared by the
+GEMMs in flight, the vector clocks that order every read and write of a slot, and the hazard
+reports (overwrite, read before ready, phase overrun, deadlock, dataflow, protocol, runaway).
+``Pipeline.run`` is its entry. It knows no chapter: a configuration is a pipeline
+(``pipeline_model``) whose ``actions`` it runs, whose ``who``, ``noun``, ``action_help`` and
+``deadlock_report`` word its messages, and whose ops (``Op``, run by ``pipeline_ops``) add
+units and buffers with contents."""
 from __future__ import annotations
 
 import heapq
@@ -11,21 +13,13 @@ import inspect
 import itertools
 from typing import Callable
 
-from .pipeline_types import (PARTS, Action, Arrive, Barrier, Gemm, Hazard, Load, Read, Run,
-                             Softmax, Span, Wait, Write)
+from .pipeline_ops import Ops
+from .pipeline_types import (PARTS, Action, Arrive, Barrier, Gemm, Hazard, Load, Op, Read, Run,
+                             Softmax, Span, Wait, Write, join_clocks)
 
 __all__ = ["Engine", "join_clocks", "deadlock_text"]
 
 _EPS = 1e-9
-
-
-def join_clocks(a: dict, b: dict) -> dict:
-    """The elementwise maximum of two vector clocks ({program: step})."""
-    out = dict(a)
-    for k, v in b.items():
-        if out.get(k, 0) < v:
-            out[k] = v
-    return out
 
 
 def deadlock_text(kind: str, stuck, who: Callable[[str], str], finished: dict,
@@ -94,6 +88,8 @@ class Engine:
         self.tc_jobs: list = []                 # [prog, remaining, action, start]
         self.tc_last = 0.0
         self.tc_version = 0
+        self.done: dict = {}                    # what the ops did: {Spec.done: (start, end)}
+        self.ops = Ops(self)
 
     # ------------------------------------------------------------------ event loop
     def at(self, time: float, fn: Callable, *args):
@@ -123,12 +119,12 @@ class Engine:
         return Run(self.pipe.stages, self.pipe.n_steps, self.pipe.consumers, self.t,
                    pingpong=False, spans=self.spans, reads=self.reads, writes=self.writes,
                    barriers=list(self.pipe._barriers), finished=dict(self.finished),
-                   end=self.now, error=error)
+                   end=self.now, error=error, done=dict(self.done))
 
     def check_end(self):
         stuck = [p for p in self.progs.values() if p.state != "done"]
         if stuck:
-            raise Hazard("deadlock", self.now, self.deadlock_report(stuck))
+            raise Hazard("deadlock", self.now, self.pipe.deadlock_report(stuck, self.finished))
         for a in self.pipe._created:
             if not a.yielded:
                 raise Hazard("protocol", self.now,
@@ -136,21 +132,16 @@ class Engine:
                              f"yielded it, so it did nothing: write `yield pipe."
                              f"{str(a).split('(')[0]}(...)`.")
 
-    def deadlock_report(self, stuck) -> str:
-        return deadlock_text(
-            "warpgroup", stuck, _who, self.finished,
-            ": count the arrivals each barrier gets against the phases waited for; with "
-            "ping-pong, both warpgroups take and pass the same number of turns.")
-
     def resume(self, p: _Prog):
         """Run ``p`` until it blocks, starts a timed action or finishes."""
+        pipe = self.pipe
         p.state = "ready"
         while True:
             self.n_actions += 1
             p.n_actions += 1
-            if self.n_actions > self.pipe.max_actions:
-                raise Hazard("runaway", self.now, f"more than {self.pipe.max_actions} actions: "
-                             f"a program loops without end? ({_who(p.name)} was running)")
+            if self.n_actions > pipe.max_actions:
+                raise Hazard("runaway", self.now, f"more than {pipe.max_actions} actions: a "
+                             f"{pipe.noun} loops without end? ({pipe.who(p.name)} was running)")
             self.pipe._current = p.name
             try:
                 a = next(p.gen)
@@ -160,11 +151,13 @@ class Engine:
                 return
             finally:
                 self.pipe._current = None
-            if not isinstance(a, Action) or a.pipe is not self.pipe:
-                raise Hazard("protocol", self.now, f"{self.who(p)} yielded {a!r}, not an action "
-                             "of its pipeline (yield pipe.wait(...), pipe.arrive(...), "
-                             "pipe.load(...), pipe.qk(...), pipe.pv(...) or pipe.softmax(...)).")
+            if not isinstance(a, Action) or a.pipe is not pipe:
+                raise Hazard("protocol", self.now, f"{_cap(pipe.who(p.name))} yielded {a!r}, "
+                             f"not an action of its pipeline {pipe.action_help}")
             a.yielded = True
+            if not isinstance(a, pipe.actions):
+                raise Hazard("protocol", self.now, f"{_cap(pipe.who(p.name))} yielded {a}, "
+                             f"{pipe.foreign_help}")
             if isinstance(a, Wait):
                 if not self.do_wait(p, a):
                     return
@@ -180,6 +173,8 @@ class Engine:
             elif isinstance(a, Softmax):
                 self.do_softmax(p, a)
                 return
+            elif not self.ops.perform(p, a):
+                return
 
     @staticmethod
     def who(p: _Prog) -> str:
@@ -187,8 +182,9 @@ class Engine:
 
     def check_barrier(self, p, bar, a):
         if not isinstance(bar, Barrier) or bar not in self.pipe._barriers:
-            raise Hazard("protocol", self.now, f"{self.who(p)}: {type(a).__name__[1:].lower()} "
-                         f"needs a barrier made by pipe.barrier(...), got {bar!r}.")
+            verb = a.name if isinstance(a, Op) else type(a).__name__[1:].lower()
+            raise Hazard("protocol", self.now, f"{self.who(p)}: {verb} needs a barrier made by "
+                         f"pipe.barrier(...), got {bar!r}.")
 
     # ------------------------------------------------------------------ barriers
     def do_wait(self, p: _Prog, a: Wait) -> bool:

@@ -1,14 +1,14 @@
-"""The pieces of the pipeline model (Chapter 6's ``pipeline`` teaches it) that its engine
-(``pipeline_engine``) runs: the timing, the ``Hazard`` a run stops at, the ``Barrier``, the actions a warpgroup program
-yields, and the trace of a run (``Span``, ``Read``, ``Write``, ``Run``). ``pipeline`` re-exports
-them; Chapter 7's five-role simulator extends the actions.
+"""The pieces of the pipeline model that its engine (``pipeline_engine``) runs: the timing, the
+``Hazard`` a run stops at, the ``Barrier``, the actions a program yields (the warpgroups' own:
+``Wait``, ``Arrive``, ``Load``, ``Gemm``, ``Softmax``; and ``Op``, an action a configuration
+defines by its ``Spec``), and the trace of a run (``Span``, ``Read``, ``Write``, ``Run``).
 """
 from __future__ import annotations
 
 import dataclasses
 
 __all__ = ["PARTS", "Timing", "Hazard", "Barrier", "Action", "Wait", "Arrive", "Load", "Gemm",
-           "Softmax", "Span", "Read", "Write", "Run"]
+           "Softmax", "Op", "Spec", "Span", "Read", "Write", "Run", "join_clocks"]
 
 PARTS = ("K", "V")
 
@@ -112,6 +112,53 @@ class Softmax(Action):
         return f"softmax({self.step})"
 
 
+@dataclasses.dataclass(eq=False)
+class Op(Action):
+    """An action of a configuration (``Pipeline.op``), shown as ``name(args, bar)``; what it
+    does is the ``Spec`` the pipeline's ``spec`` gives it."""
+    name: str
+    args: tuple
+    bar: Barrier | None = None
+
+    def __str__(self):
+        shown = self.args + ((self.bar.name,) if self.bar is not None else ())
+        return f"{self.name}({', '.join(map(str, shown))})"
+
+
+@dataclasses.dataclass
+class Spec:
+    """What an ``Op`` does. ``how``: "copy" (asynchronous, like a TMA: the issuer goes on, the
+    copy arrives on the op's barrier when it lands), "issue" (queued on the in-order ``unit``,
+    which runs its ops one at a time in issue order; the issuer goes on), "commit" (one arrival
+    on the op's barrier once every op issued to ``unit`` so far has finished) or "work" (the
+    issuer runs it; with a ``unit``, that unit is one resource the programs queue for, first
+    come first served). ``accesses``: (buffer, mode "r"/"w"/"rw", the contents a read expects,
+    the contents a write leaves, the labels of the readers those contents await), checked
+    when the op starts (``pipeline_buffers``); ``require``: (buffer, contents, text(found)),
+    the contents a buffer must still hold when the op starts."""
+    how: str
+    unit: str = ""
+    duration: float = 0.0
+    who: str = ""                  # the accessor, as hazard messages name it
+    label: str = ""                # its name in the buffers' lists of awaited readers
+    accesses: tuple = ()
+    kind: str = ""                 # its bars' kind (row: the unit's, and the issuer's for work)
+    step: int | None = None
+    note: str = ""
+    lane: int = 0
+    done: tuple | None = None      # its key in ``Run.done``
+    require: tuple | None = None
+
+
+def join_clocks(a: dict, b: dict) -> dict:
+    """The elementwise maximum of two vector clocks ({program: step})."""
+    out = dict(a)
+    for k, v in b.items():
+        if out.get(k, 0) < v:
+            out[k] = v
+    return out
+
+
 # -------------------------------------------------------------------------------- the trace
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +201,8 @@ class Write:
 
 @dataclasses.dataclass
 class Run:
-    """What one simulation did: the trace, and ``error`` (a Hazard) if it stopped early."""
+    """What one simulation did: the trace, ``error`` (a Hazard) if it stopped early, and what
+    the ops of a configuration did (``done``: {``Spec.done``: (start, end)})."""
     stages: int
     n_steps: int
     consumers: int
@@ -167,6 +215,7 @@ class Run:
     finished: dict         # program -> time it finished
     end: float
     error: Hazard | None = None
+    done: dict = dataclasses.field(default_factory=dict)
 
     def gemm_spans(self) -> list:
         return sorted((s for s in self.spans if s.row == "tensor core" and s.kind in ("QK", "PV")),
@@ -197,11 +246,15 @@ class Run:
         """The intervals in which two or more GEMMs shared the tensor cores."""
         return [s for s in self.spans if s.kind == "shared"]
 
-    def blocked_time(self, row: str, barrier_prefix: str = "") -> float:
-        """Time ``row`` spent waiting on barriers (whose names start with ``barrier_prefix``)."""
-        return sum(s.end - s.start for s in self.spans
+    def blocked_time(self, row: str, barrier_prefix: str = "", t0: float = 0.0,
+                     t1: float = float("inf")) -> float:
+        """Time ``row`` spent waiting in [t0, t1] on barriers (whose names start with
+        ``barrier_prefix``)."""
+        return sum(max(0.0, min(s.end, t1) - max(s.start, t0)) for s in self.spans
                    if s.row == row and s.kind == "wait" and s.note.startswith(barrier_prefix))
 
-    def starts(self, row: str, kind: str) -> dict:
-        """{step: start time} of ``row``'s actions of ``kind`` (QK, PV, softmax)."""
-        return {s.step: s.start for s in self.spans if s.row == row and s.kind == kind}
+    def starts(self, row: str, kind: str, lane: int | None = None) -> dict:
+        """{step: start time} of ``row``'s actions of ``kind`` (QK, PV, softmax), of one
+        ``lane`` if given."""
+        return {s.step: s.start for s in self.spans
+                if s.row == row and s.kind == kind and lane in (None, s.lane)}

@@ -20,15 +20,11 @@ that talk only through mbarriers:
   MMAs (``rescale``) and, after the last one, normalises O_t into shared memory (``finish``);
 * the **epilogue warp** TMA-stores each normalised O tile (``store``).
 
-The model is built on Chapter 6's engine (``flashbook.chapters.ch6.pipeline``), by composition: a
-``RolePipeline`` owns a Chapter 6 ``Pipeline`` for its barriers and a Chapter 6 engine for the
-event loop, the mbarrier semantics (parity waits, phase overrun, vector clocks through arrivals
-and waits), deadlock detection and the protocol errors. Three modules add the five roles'
-actions (``role_actions``), the tensor core as an in-order queue with commits (``role_engine``),
-and **buffers with contents** (``role_actions``, checked by ``role_engine``):
-shared memory (Q, the K and V slots, the O staging tiles) and tensor memory (S/P, O, the row
-statistics). Every access says what it expects to find; a hazard ends the run with a message
-that names the time, the roles and the buffer:
+The model is a configuration (``role_pipeline``) of the toolkit's pipeline engine, which Chapter
+6 teaches: its mbarriers, deadlock and protocol checks, an in-order unit with commits, a unit the
+roles queue for, and **buffers with contents** in shared memory (Q, the K and V slots, the O
+staging tiles) and tensor memory (S/P, O, the row statistics). Every access says what it expects to find; a hazard ends the run
+with a message that names the time, the roles and the buffer:
 
 * *read before ready*: a read finds old contents (P read by a PV MMA before softmax wrote it),
   or the writer's write is not ordered before it by any barrier the reader waited on;
@@ -45,15 +41,11 @@ from __future__ import annotations
 
 import types
 
-from flashbook import pipeline_types
-from flashbook.pipeline_model import Pipeline
-from flashbook.pipeline_types import Barrier, Hazard, Span
+from flashbook.pipeline_types import Barrier, Hazard, Run, Span
 
-from .role_actions import ROLE_NAMES, TILES, Commit, MmaIssue, TmaCopy, Work
-from .role_engine import RoleEngine
-from .role_run import RoleRun, Timing
+from .role_pipeline import ROLE_NAMES, TILES, RolePipeline, Timing
 
-__all__ = ["Timing", "RolePipeline", "RoleRun", "Hazard", "Barrier", "Span", "ROLE_NAMES",
+__all__ = ["Timing", "RolePipeline", "Run", "Hazard", "Barrier", "Span", "ROLE_NAMES",
            "fa4_model", "serial_model", "make_barriers", "load", "softmax", "epilogue",
            "simulate"]
 
@@ -76,115 +68,6 @@ def serial_model(t: Timing) -> float:
     """One Q tile at a time (no second tile to fill the softmax): g / (g + rowmax + max(exp,
     rescale))."""
     return t.g / (t.g + t.rowmax + max(t.exp, t.rescale))
-
-
-# ------------------------------------------------------------------------------- the pipeline
-
-class RolePipeline:
-    """What the role programs are given: the configuration (``stages``, ``n_steps``,
-    ``timing``), ``barrier`` to make barriers, ``slot``/``phase`` of a key step, and the actions
-    to ``yield`` (each role may yield only its own)."""
-
-    def __init__(self, stages: int, n_steps: int, timing: Timing | None = None,
-                 max_actions: int = 20000):
-        self.timing = timing or Timing()
-        t = self.timing
-        # the pipeline of Chapter 6's model holds the barriers, the made actions, the configuration
-        self.core = Pipeline(stages, n_steps, consumers=2,
-                             timing=pipeline_types.Timing(tma=t.tma, qk=t.qk, pv=t.pv,
-                                                          softmax=t.rowmax + t.exp),
-                             max_actions=max_actions)
-        self.stages, self.n_steps = stages, n_steps
-
-    # ------------------------------------------------------------ for every role
-    def barrier(self, name: str, arrivals: int = 1) -> Barrier:
-        """A new mbarrier whose phases complete after ``arrivals`` arrivals each."""
-        return self.core.barrier(name, arrivals)
-
-    def wait(self, bar: Barrier, parity: int):
-        """Block until the most recent phase of ``bar`` with this parity has completed (on a
-        fresh barrier parity 1 passes at once)."""
-        return self.core.wait(bar, parity)
-
-    def arrive(self, bar: Barrier):
-        """One arrival on ``bar``, now (never blocks)."""
-        return self.core.arrive(bar)
-
-    def slot(self, step: int) -> int:
-        """The slot of the K ring (and of the V ring) that holds key step ``step``."""
-        return self.core.slot(step)
-
-    def phase(self, step: int) -> int:
-        """The parity of the phase of the slot's barriers that belongs to ``step``:
-        ``(step // stages) % 2``."""
-        return self.core.phase(step)
-
-    # ------------------------------------------------------------------ load warp
-    def load_q(self, tile: int, bar: Barrier):
-        """TMA: Q tile ``tile`` into its shared-memory buffer; arrives on ``bar`` when it lands."""
-        return self.core._make(TmaCopy("Q", tile, bar))
-
-    def load_k(self, step: int, bar: Barrier):
-        """TMA: K of ``step`` into K slot ``slot(step)``; arrives on ``bar`` when it lands."""
-        return self.core._make(TmaCopy("K", step, bar))
-
-    def load_v(self, step: int, bar: Barrier):
-        """TMA: V of ``step`` into V slot ``slot(step)``; arrives on ``bar`` when it lands."""
-        return self.core._make(TmaCopy("V", step, bar))
-
-    # ------------------------------------------------------------------ MMA warp
-    def qk(self, tile: int, step: int):
-        """Issue ``S_tile = Q_tile K_step^T`` (reads Q and the K slot, writes S_tile in TMEM).
-        Returns at once; the tensor core runs it after every MMA issued before it."""
-        return self.core._make(MmaIssue("QK", tile, step))
-
-    def pv(self, tile: int, step: int):
-        """Issue ``O_tile (+)= P_tile V_step`` (reads P from S_tile's TMEM columns and the V slot;
-        step 0 overwrites O_tile, later steps accumulate into it). Returns at once."""
-        return self.core._make(MmaIssue("PV", tile, step))
-
-    def commit(self, bar: Barrier):
-        """``tcgen05.commit``: one arrival on ``bar`` once every MMA issued so far has finished
-        (at once if none is pending). Never blocks."""
-        return self.core._make(Commit(bar))
-
-    # ------------------------------------------------------------------ softmax t
-    def rowmax(self, tile: int, step: int):
-        """Read S_tile (scores of ``step``) from TMEM, compute the new row max and publish it
-        for the correction (``timing.rowmax``)."""
-        return self.core._make(Work("rowmax", tile, step))
-
-    def exp(self, tile: int, step: int):
-        """``P = exp2(S - m)`` in 16 bits, stored in place of S_tile (``timing.exp``)."""
-        return self.core._make(Work("exp", tile, step))
-
-    def rowsum(self, tile: int):
-        """After the last step: publish the row sum l for the correction's final division."""
-        return self.core._make(Work("rowsum", tile))
-
-    # ------------------------------------------------------------------ correction
-    def rescale(self, tile: int, step: int):
-        """``O_tile *= exp2(m_{step-1} - m_step)`` in TMEM (reads the row max softmax ``tile``
-        published for ``step``; O through registers, ``timing.rescale``). Steps 1, 2, ..."""
-        return self.core._make(Work("rescale", tile, step))
-
-    def finish(self, tile: int):
-        """After the last PV: ``O_tile / l`` to the O staging tile in shared memory."""
-        return self.core._make(Work("finish", tile))
-
-    # ------------------------------------------------------------------ epilogue warp
-    def store(self, tile: int):
-        """TMA store of the normalised O tile ``tile`` (waits until it is done)."""
-        return self.core._make(Work("store", tile))
-
-    # ------------------------------------------------------------------ running
-    def run(self, programs: dict) -> "RoleRun":
-        """Run ``{role: generator}`` (names from ``ROLE_NAMES``) to the end or to the first hazard.
-        Never raises a Hazard: it is ``RoleRun.error``."""
-        if self.core._ran:
-            raise RuntimeError("a RolePipeline runs once; make a new one")
-        self.core._ran = True
-        return RoleEngine(self, programs).run()
 
 
 # ------------------------------------------------------------------ the chapter's given roles
@@ -252,10 +135,10 @@ def epilogue(pipe: RolePipeline, bars):
 
 
 def simulate(mma, correction, *, stages: int, n_steps: int, timing: Timing | None = None,
-             max_actions: int = 20000, roles: dict | None = None) -> RoleRun:
+             max_actions: int = 20000, roles: dict | None = None) -> Run:
     """Run the five roles: the chapter's load warp, softmax warpgroups and epilogue warp (or
     ``roles``' replacements, keyed by role name) with ``mma(pipe, bars)`` and
-    ``correction(pipe, bars)``. Returns the RoleRun; a hazard is ``run.error``, never raised."""
+    ``correction(pipe, bars)``. Returns the Run; a hazard is ``run.error``, never raised."""
     pipe = RolePipeline(stages, n_steps, timing, max_actions)
     given = {"load warp": lambda: load(pipe, bars),
              "MMA warp": lambda: mma(pipe, bars),
@@ -270,4 +153,4 @@ def simulate(mma, correction, *, stages: int, n_steps: int, timing: Timing | Non
         programs = {name: make() for name, make in given.items()}
         return pipe.run(programs)
     except Hazard as h:
-        return RoleRun(stages, n_steps, pipe.timing, [], [], {}, 0.0, h, {}, None)
+        return Run(stages, n_steps, 0, pipe.timing, False, [], [], [], [], {}, 0.0, h)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from flashbook.check import CheckFailure, report, require_implemented
 
-from .roles import RoleRun, Timing, fa4_model, serial_model, simulate
+from .roles import Run, Timing, fa4_model, serial_model, simulate
 
 __all__ = ["check_roles_schedule", "protocol_cases", "utilisation_cases", "steady_window",
            "steady_utilisation", "plot_schedule", "TOLERANCE", "SMEM_LIMIT"]
@@ -61,11 +61,6 @@ def utilisation_cases(hidden: bool = False) -> list[Timing]:
     return cases
 
 
-def _implemented(mma, correction):
-    require_implemented(mma, "mma")
-    require_implemented(correction, "correction")
-
-
 def _ring_fits(stages) -> None:
     from . import planner                          # pure Python: no Triton needed
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
@@ -83,7 +78,7 @@ def _ring_fits(stages) -> None:
             f"fewest that keep the tensor core busy.")
 
 
-def _complete(run: RoleRun, what: str):
+def _complete(run: Run, what: str):
     """Every load, MMA, softmax step, rescale, finish and store of the run happened once."""
     n = run.n_steps
     want = [("load_q", t) for t in (0, 1)]
@@ -101,7 +96,7 @@ def _complete(run: RoleRun, what: str):
                            f"steps 1..n-1 and finishes both tiles.")
 
 
-def _diagnose_slow(run: RoleRun, t0: float, t1: float, stages: int) -> str:
+def _diagnose_slow(run: Run, t0: float, t1: float, stages: int) -> str:
     """Why the tensor core idled: what the MMA warp waited on most in the steady state."""
     waits = {}
     for s in run.spans:
@@ -129,10 +124,10 @@ def _diagnose_slow(run: RoleRun, t0: float, t1: float, stages: int) -> str:
     return text
 
 
-def steady_window(run: RoleRun, skip: int = 3) -> tuple[float, float]:
+def steady_window(run: Run, skip: int = 3) -> tuple[float, float]:
     """From the tensor core's QK0(skip) to its QK0(n_steps - skip): whole periods of the steady
     state, the fill and the drain left out."""
-    starts = run.starts("QK", 0)
+    starts = run.starts("tensor core", "QK", lane=0)
     a, b = skip, run.n_steps - skip
     if a not in starts or b not in starts or b <= a:
         raise CheckFailure(f"the run has no QK0 MMAs of steps {a} and {b} to measure the steady "
@@ -140,7 +135,7 @@ def steady_window(run: RoleRun, skip: int = 3) -> tuple[float, float]:
     return starts[a], starts[b]
 
 
-def steady_utilisation(run: RoleRun, skip: int = 3) -> float:
+def steady_utilisation(run: Run, skip: int = 3) -> float:
     return run.utilisation(*steady_window(run, skip))
 
 
@@ -148,7 +143,7 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
     """Exercise 4: the five-role schedule is hazard-free and deadlock-free for every ring size,
     length and timing, and with ``KV_STAGES`` slots keeps the tensor core busy as the model
     says it can."""
-    _implemented(mma, correction)
+    require_implemented(mma, "mma"), require_implemented(correction, "correction")
     _ring_fits(KV_STAGES)
     n = 0
     for stages, n_steps, timing in protocol_cases(hidden):
@@ -198,7 +193,7 @@ _ROWS = ("load warp", "TMA", "MMA warp", "tensor core", "exp unit", "softmax 0",
          "correction", "epilogue warp")
 
 
-def plot_schedule(*runs: RoleRun, titles=None, t_max: float | None = None):
+def plot_schedule(*runs: Run, titles=None, t_max: float | None = None):
     """One panel per run: a row per role, the TMA unit (lanes: Q, K, V), the tensor core and
     the SM's exponential unit (lanes: tile 0, tile 1; both run one tile's work at a time). The MMA warp's row shows its waits; ▲ marks each MMA it issues.
     A run stopped by a hazard is marked where it stopped. Returns the figure."""
@@ -206,7 +201,7 @@ def plot_schedule(*runs: RoleRun, titles=None, t_max: float | None = None):
     from matplotlib.patches import Patch
 
     if not runs:
-        raise ValueError("plot_schedule needs at least one RoleRun")
+        raise ValueError("plot_schedule needs at least one Run")
     titles = list(titles) if titles is not None else [None] * len(runs)
     end = t_max if t_max is not None else max(r.end for r in runs) or 1.0
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 4.3 * len(runs) + 0.6), sharex=True,
