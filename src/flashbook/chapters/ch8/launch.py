@@ -51,10 +51,12 @@ def choose_num_splits(batch: int, h_kv: int, max_len: int, sms: int | None, bloc
     split sweep, every batch x context of the book's decode sweep):
 
     * **fill the GPU**: when the ``batch x h_kv`` programs are fewer than a third of the SMs,
-      enough splits to give every SM one program (at batch 1, 8 K/V heads and 132 SMs: 17
-      splits). From a third of the SMs on, one program per (sequence, K/V head) with three
-      stages of loads in flight already reads as fast as the split launch, whose partials cost
-      a write, a read and a second kernel;
+      as many splits as give every SM one program, and no more (at batch 1, 8 K/V heads and
+      132 SMs: 16 splits, 128 programs): with three stages of K and V tiles a program takes
+      most of an SM's shared memory, so a 133rd program would wait for a second wave. From a
+      third of the SMs on, one program per (sequence, K/V head) with three stages of loads in
+      flight already reads as fast as the split launch, whose partials cost a write, a read
+      and a second kernel;
     * **keep each range short**: at most ``max_keys_per_split`` keys a range (16384), so that a
       long context is read by more programs than the waves of ``batch x h_kv`` alone give
       (batch 32, 131072 keys: 8 splits, not 1).
@@ -67,7 +69,7 @@ def choose_num_splits(batch: int, h_kv: int, max_len: int, sms: int | None, bloc
         want = -(-tiles // 4)
     else:
         programs = max(1, batch * h_kv)
-        fill = 1 if 3 * programs >= sms else -(-sms // programs)
+        fill = 1 if 3 * programs >= sms else sms // programs
         want = max(fill, -(-max_len // max_keys_per_split))
     want = max(1, min(want, tiles, max_splits))
     tiles_per_split = -(-tiles // want)
