@@ -16,6 +16,7 @@ import io
 import linecache
 import marshal
 import pickle
+import sys
 import types
 
 import cloudpickle
@@ -47,8 +48,13 @@ def dumps(functions: dict) -> bytes:
     """{name: function} as bytes for ``loads``, with the in-memory sources in ``linecache``
     (no file behind them: notebook cells)."""
     cells = {k: v for k, v in linecache.cache.items() if len(v) == 4 and v[1] is None}
+    # a module made in memory (``sources.fresh_module``) cannot be imported by name
+    made = {m for m in (sys.modules.get(getattr(f, "__module__", "")) for f in functions.values())
+            if m is not None and m.__name__ != "__main__" and m.__spec__ is None}
     buffer = io.BytesIO()
     try:
+        for m in made:
+            cloudpickle.register_pickle_by_value(m)
         _Pickler(buffer).dump(functions)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         from flashbook.compare import CheckFailure
@@ -56,6 +62,9 @@ def dumps(functions: dict) -> bytes:
                            f"in a separate process, and something it uses cannot be sent there "
                            f"({type(e).__name__}: {e}). Pass such objects in as arguments, or "
                            f"create them inside the function.") from None
+    finally:
+        for m in made:
+            cloudpickle.unregister_pickle_by_value(m)
     return pickle.dumps((cells, buffer.getvalue()))
 
 
