@@ -48,9 +48,10 @@ def dumps(functions: dict) -> bytes:
     """{name: function} as bytes for ``loads``, with the in-memory sources in ``linecache``
     (no file behind them: notebook cells)."""
     cells = {k: v for k, v in linecache.cache.items() if len(v) == 4 and v[1] is None}
-    # a module made in memory (``sources.fresh_module``) cannot be imported by name
+    # by value whatever module they come from: one made in memory (``sources.fresh_module``)
+    # or a test's cannot be imported by name there
     made = {m for m in (sys.modules.get(getattr(f, "__module__", "")) for f in functions.values())
-            if m is not None and m.__name__ != "__main__" and m.__spec__ is None}
+            if m is not None and m.__name__ != "__main__"}
     buffer = io.BytesIO()
     try:
         for m in made:
