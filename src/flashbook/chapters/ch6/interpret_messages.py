@@ -127,7 +127,7 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
                 f"{result.error.get('message', '')}\nInstall it: {INSTALL}")
     if result.status == "source-error":
         e = result.error
-        return (f"your `{e.get('name')}` could not be rebuilt from its source in the check's "
+        return (f"your `{e.get('name')}` could not be rebuilt in the check's "
                 f"process: {e.get('type')}: {e.get('message')}")
     parts = []
     races = [r for c in result.calls for r in c["races"] if r.get("first")]
