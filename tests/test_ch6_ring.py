@@ -1,6 +1,6 @@
 """Chapter 6, Exercise 1: the K/V ring's producer in Pallas Mosaic GPU interpret mode, and the
-harness that runs it (``flashbook.chapters.ch6.interpret``): a fresh process with a time limit
-and a deadlock detector, the race detector on.
+harness that runs it (``flashbook.chapters.ch6.interpret``): a fresh process from the fork
+server, with a time limit and a deadlock detector, the race detector on.
 
 The solution passing and each known-wrong producer losing points are the chapter contract's
 tests (tests/test_chapters.py); these test the harness: a race report names both lines, a
@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import linecache
+from multiprocessing import forkserver
 
 import numpy as np
 import pytest
@@ -115,19 +116,15 @@ def test_a_hang_fails_within_the_time_limit_without_the_deadlock_detector():
     assert "did not finish within the time limit" in message, message
     assert f"waits at line {line_of('plgpu.barrier_wait(consumed.at[slot])')} of your " \
         "`kv_producer`: `plgpu.barrier_wait(consumed.at[slot])`" in message, message
-    # the job ran forked from the warm parent (``zygote``), which serves the next job after
-    # the hung one was killed
-    parent = interpret._zygote
-    assert parent is not None and parent.alive()
+    # the fork server that forked the hung job (killed) forks the next one
+    server = forkserver._forkserver._forkserver_pid
+    assert server is not None
     ring_checks.check_kv_ring(define(SOLUTION))
-    assert interpret._zygote is parent
+    assert forkserver._forkserver._forkserver_pid == server
 
 
 @needs_jax
-@pytest.mark.parametrize("fresh", ["0", "1"], ids=["forked", "fresh process"])
-def test_an_error_in_the_students_code_names_its_line(fresh, monkeypatch):
-    """Alike in a job forked from the warm parent and in a fresh process (the fallback)."""
-    monkeypatch.setenv("FLASHBOOK_INTERPRET_FRESH", fresh)
+def test_an_error_in_the_students_code_names_its_line():
     producer = define(variant("slot = lax.rem(step, stages)", "slot = lax.rem(step, n_slots)"))
     with pytest.raises(CheckFailure,
                        match=rf"line {line_of('slot = lax.rem(step, stages)')} of your "
@@ -144,23 +141,17 @@ def test_without_jax_the_check_says_how_to_install_it(monkeypatch):
     assert "jax is not installed" in str(e.value) and interpret.INSTALL in str(e.value)
 
 
-def test_shipping_takes_modules_constants_and_helpers():
-    import numpy as numpy_alias
-    helper = define("def tile_rows(i, block):\n    return i * BLOCK_SCALE * block\n",
-                    "tile_rows", BLOCK_SCALE=1)
-    fn = define("def producer(x):\n"
-                "    return np_(tile_rows(x, 2)) + CONST + len(ARRAY) + OBJECT\n", "producer",
-                np_=numpy_alias.asarray, tile_rows=helper, CONST=(1, 2), ARRAY=np.zeros(3),
-                OBJECT=object())
-    s = interpret.ship(fn, "kv_producer")
-    assert s.name == "kv_producer" and s.defines == "producer"
-    assert "CONST = (1, 2)" in s.prelude
-    assert "from numpy import asarray as np_" in s.prelude
-    assert [h.defines for h in s.helpers] == ["tile_rows"]
-    assert "BLOCK_SCALE = 1" in s.helpers[0].prelude
-    assert "ARRAY = __import__('numpy').asarray([0.0, 0.0, 0.0], dtype='float64')" in s.prelude
-    assert not any("OBJECT" in p for p in s.prelude)         # not shippable: left out
-    assert s.line(s.firstlineno + 1).startswith("return np_(")
+def test_the_messages_quote_the_function_and_the_helpers_it_calls():
+    helper = define("def tile_rows(i, block):\n    return i * block\n", "tile_rows")
+    fn = define("def producer(x):\n    return np_(tile_rows(x, 2)) + CONST\n", "producer",
+                np_=np.asarray, tile_rows=helper, CONST=1)
+    sources = interpret.sources({"kv_producer": fn})
+    assert [(s.name, s.defines) for s in sources] == [("kv_producer", "producer"),
+                                                      ("tile_rows", "tile_rows")]
+    first = sources[0]
+    assert first.line(first.firstlineno + 1) == "return np_(tile_rows(x, 2)) + CONST"
+    assert interpret.where(dict(file=first.filename, line=2), sources) == \
+        "line 2 of your `producer`: `return np_(tile_rows(x, 2)) + CONST`"
 
 
 def test_reference_is_the_weighted_sum():

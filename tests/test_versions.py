@@ -40,7 +40,8 @@ def _readme_versions() -> tuple[dict, dict]:
 def _lower_bounds() -> dict[str, str]:
     project = _pyproject()["project"]
     reqs = project["dependencies"] + project["optional-dependencies"]["hopper"]
-    return {m[1]: m[2] for m in (re.fullmatch(r"([\w-]+)>=([\d.]+)", r) for r in reqs) if m}
+    return {m[1]: m[2] for m in (re.fullmatch(r"([\w-]+)(?:>=|==)([\d.]+)", r) for r in reqs)
+            if m}
 
 
 def test_readme_ci_versions_are_the_pins_ci_installs():
@@ -73,6 +74,18 @@ def test_pyproject_lower_bounds_are_proven_versions():
     assert {n: bounds[n] for n in versions.MINIMUM} == versions.MINIMUM
     assert interpret.JAX_VERSION == bounds["jax"] == bounds["jaxlib"] == _pins()["jax"]
     assert f"jax=={interpret.JAX_VERSION}" in interpret.JAX_REQUIREMENTS
+
+
+def test_jax_is_pinned_to_the_version_the_interpret_instruments_wrap():
+    """Chapter 6's checks wrap JAX's private interpret-mode modules (``interpret_child``,
+    ``fa3_pallas``): every install pins the JAX they are written for, and it is this one."""
+    import importlib.metadata
+    hopper = _pyproject()["project"]["optional-dependencies"]["hopper"]
+    for name in ("jax", "jaxlib"):
+        assert f"{name}=={interpret.JAX_VERSION}" in hopper
+        assert _pins()[name] == interpret.JAX_VERSION
+    if interpret.jax_problem() is None:
+        assert importlib.metadata.version("jax") == interpret.JAX_VERSION
 
 
 def _setup_needs(source: str) -> tuple:

@@ -19,7 +19,7 @@ Toolkit modules (one job each; they know no chapter):
     viz        figures that are not benchmark rows: roofline
     sources    the chapter sources (solutions/chN_*.py) and running their cells
     contract   Exercise, Variant, Chapter: what a chapter declares about itself
-    shipping   a student's function sent to a child process as source text, and rebuilt there
+    shipping   a student's functions sent to a child process by value (cloudpickle), cell sources too
     aot        ahead-of-time compiles of Gluon kernels (no GPU needed) and their stored tables
     overhead, sweep, conformance, graded_variants
                GPU records: host time per call, the sweep of shapes, what each public

@@ -2,8 +2,8 @@
 
 Some checks need the Triton interpreter: the out-of-bounds guard counts the tiles a kernel
 loads (Chapter 4's skipping of masked tiles, Chapter 5's one load per K/V head), which a GPU
-cannot tell. On a GPU runtime those checks run here: the student's functions are shipped as
-source (``flashbook.shipping``, their ``@triton.jit`` helpers included) to a child process that
+cannot tell. On a GPU runtime those checks run here: the student's functions are sent by
+value (``flashbook.shipping``, their ``@triton.jit`` helpers included) to a child process that
 starts in CPU mode (``FLASHBOOK_FORCE_CPU``), which calls the check's function on them and
 reports what it returned, or the ``CheckFailure`` it raised, which the parent raises again.
 So grading on a GPU drops no check.
@@ -32,12 +32,12 @@ def on_cpu(target: str, functions: dict, *, hidden: bool, timeout: float = TIMEO
     hidden=hidden)`` with the functions rebuilt from their source; returns its string, raises
     its CheckFailure here (or a CheckFailure saying why the child gave no answer)."""
     from flashbook.compare import CheckFailure
-    from flashbook.shipping import ship, to_json
-    shipped = [to_json(ship(fn, name)) for name, fn in functions.items()]
+    from flashbook import shipping
     job = Path(tempfile.mkdtemp(prefix="flashbook-cpu-"))
     try:
-        (job / "job.json").write_text(json.dumps(dict(target=target, shipped=shipped,
-                                                      names=list(functions), hidden=hidden)))
+        (job / "functions.pkl").write_bytes(shipping.dumps(functions))
+        (job / "job.json").write_text(json.dumps(dict(target=target, names=list(functions),
+                                                      hidden=hidden)))
         src = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ, FLASHBOOK_FORCE_CPU="1", TRITON_INTERPRET="1",
                    CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
@@ -67,10 +67,10 @@ def _child(job: Path) -> None:
     import importlib
     import flashbook
     from flashbook.compare import CheckFailure
-    from flashbook.shipping import from_json, rebuild
+    from flashbook import shipping
     spec = json.loads((job / "job.json").read_text())
     flashbook.setup(verbose=False)
-    functions = rebuild([from_json(d) for d in spec["shipped"]])
+    functions = shipping.loads((job / "functions.pkl").read_bytes())
     module, name = spec["target"].split(":")
     check = getattr(importlib.import_module(module), name)
     try:

@@ -1,204 +1,76 @@
-"""Functions sent to another process as source text.
+"""A student's functions sent to another process: ``cloudpickle``, by value (a notebook's
+function cannot be imported by name in another process), with the notebook's cell sources.
 
-A notebook's function cannot be pickled by reference (its module is ``__main__``), and a check
-that runs it in a child process (Chapter 6's Pallas interpreter harness, Chapter 8's ring of
-gloo workers) must still report errors at the student's own lines. So the parent ships
-(``ship``) the function's source, the file and line it starts at, and what it uses from its
-globals: modules as import statements, constants by value, importable callables by name, helper
-functions by their own source. The child rebuilds them (``rebuild``) in one fresh module, with
-the source in ``linecache`` so tracebacks quote it.
-
-Only the standard library is imported here: children import this module without torch and
-without the package's ``__init__``.
+Chapter 6's interpret-mode jobs, Chapter 8's ring of gloo workers and ``cpu_child`` run the
+student's code in a child process, and must still name the student's own lines: the child's
+tracebacks, ``inspect.getsource`` (Triton compiles a kernel from it) and the messages read them
+from ``linecache``, where IPython (and the tests) keep a cell's source under its file name. So
+``dumps`` sends those in-memory entries along, and ``loads`` puts them back before it rebuilds
+the functions. A ``@triton.jit`` function is sent as the Python function it wraps and jitted
+again in the child (its compile caches and locks do not pickle), so it is compiled, or
+interpreted in CPU mode, as the child's Triton decides.
 """
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
+import io
 import linecache
-import math
+import marshal
+import pickle
 import sys
-import textwrap
 import types
-from typing import Callable, Iterable, Sequence
 
-__all__ = ["Shipped", "ship", "to_json", "from_json", "all_shipped", "student_globals", "load",
-           "rebuild", "STUDENT_MODULE"]
+import cloudpickle
 
-STUDENT_MODULE = "__flashbook_student__"      # the module the child rebuilds functions in
+__all__ = ["dumps", "loads"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Shipped:
-    """One function as the child rebuilds it: its source, where it came from (so that line
-    numbers in reports are the student's), and what it needs from its globals."""
-    name: str            # the name the receiver gets it as
-    defines: str         # the name its ``def`` binds
-    source: str
-    filename: str
-    firstlineno: int
-    prelude: tuple[str, ...]   # import statements and constants, run before it
-    helpers: tuple["Shipped", ...] = ()
-
-    def line(self, lineno: int) -> str | None:
-        i = lineno - self.firstlineno
-        lines = self.source.splitlines()
-        return lines[i].strip() if 0 <= i < len(lines) else None
+_JIT_OPTIONS = ("do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline")
 
 
-def _fail(message: str):
-    from flashbook.compare import CheckFailure     # the parent only: it imports torch
-    raise CheckFailure(message)
+def _jit(fn, options: dict):
+    import triton
+    return triton.jit(fn, **options)
 
 
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj):
+        if type(obj).__name__ in ("JITFunction", "InterpretedFunction") and \
+                callable(getattr(obj, "fn", None)):
+            options = {k: getattr(obj, k) for k in _JIT_OPTIONS if getattr(obj, k, None)}
+            return _jit, (obj.fn, options)
+        if isinstance(obj, types.CodeType):
+            # cloudpickle (3.1) names every code object's file "<dynamic-code>"; marshal keeps
+            # the student's file and lines (the child runs this same Python)
+            return marshal.loads, (marshal.dumps(obj),)
+        return super().reducer_override(obj)
 
 
-def _value_source(value) -> str | None:
-    """An expression that rebuilds ``value`` in another process: Python literals, non-finite
-    floats, NumPy scalars and (small) arrays; None for anything else."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"float({str(value)!r})"
-    if type(value).__module__ == "numpy":
-        import numpy
-        if isinstance(value, numpy.generic):
-            return f"__import__('numpy').{value.dtype.name}({value.item()!r})"
-        if isinstance(value, numpy.ndarray) and value.size <= 65536 and value.dtype.kind in "biuf":
-            return f"__import__('numpy').asarray({value.tolist()!r}, dtype={str(value.dtype)!r})"
-        return None
+def dumps(functions: dict) -> bytes:
+    """{name: function} as bytes for ``loads``, with the in-memory sources in ``linecache``
+    (no file behind them: notebook cells)."""
+    cells = {k: v for k, v in linecache.cache.items() if len(v) == 4 and v[1] is None}
+    # by value whatever module they come from: one made in memory (``sources.fresh_module``)
+    # or a test's cannot be imported by name there
+    made = {m for m in (sys.modules.get(getattr(f, "__module__", "")) for f in functions.values())
+            if m is not None and m.__name__ != "__main__"}
+    buffer = io.BytesIO()
     try:
-        text = repr(value)
-        return text if ast.literal_eval(text) == value else None
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
+        for m in made:
+            cloudpickle.register_pickle_by_value(m)
+        _Pickler(buffer).dump(functions)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        from flashbook.compare import CheckFailure
+        raise CheckFailure(f"{', '.join(f'`{n}`' for n in functions)}: the check runs your code "
+                           f"in a separate process, and something it uses cannot be sent there "
+                           f"({type(e).__name__}: {e}). Pass such objects in as arguments, or "
+                           f"create them inside the function.") from None
+    finally:
+        for m in made:
+            cloudpickle.unregister_pickle_by_value(m)
+    return pickle.dumps((cells, buffer.getvalue()))
 
 
-def _importable(obj) -> str | None:
-    """'from mod import qualname' when ``obj`` can be imported by name in another process."""
-    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
-    if not mod or "<" in qual or mod == "__main__":
-        return None
-    m = sys.modules.get(mod)
-    if m is None or getattr(m, "__spec__", None) is None or mod.startswith(STUDENT_MODULE):
-        return None
-    if "." in qual or getattr(m, qual, None) is not obj:
-        return None
-    return f"from {mod} import {qual}"
-
-
-def _is_jit(obj) -> bool:
-    """A ``@triton.jit`` function, compiled or interpreted (told by its type's name: this
-    module imports no triton)."""
-    return type(obj).__name__ in ("JITFunction", "InterpretedFunction") and \
-        callable(getattr(obj, "fn", None))
-
-
-def ship(fn: Callable, name: str, _seen: set | None = None) -> Shipped:
-    """The source of ``fn`` and what it uses from its globals, for the child to rebuild.
-    A ``@triton.jit`` function ships with its decorator (the child imports triton for it) and
-    its jit helpers. Raises CheckFailure when there is no source text to ship."""
-    _seen = set() if _seen is None else _seen
-    jit = _is_jit(fn)
-    if jit:
-        _seen.add(id(fn))
-        fn = fn.fn                                    # the Python function it compiles
-    fn = inspect.unwrap(fn)
-    code = getattr(fn, "__code__", None)
-    if code is None or fn.__name__ == "<lambda>":
-        _fail(f"`{name}` must be a function defined with `def` (the check runs it from its "
-              f"source text in a separate process), got {type(fn).__name__}.")
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError):
-        _fail(f"`{name}`: its source text cannot be read (inspect.getsource failed). Define it "
-              "in a notebook cell or a .py file: the check runs it from its source in a "
-              "separate process.")
-    globs = dict(fn.__globals__)
-    if fn.__closure__:
-        for var, cell in zip(code.co_freevars, fn.__closure__):
-            try:
-                globs[var] = cell.cell_contents
-            except ValueError:
-                pass
-    prelude, helpers = (["import triton"] if jit else []), []
-    _seen.add(id(fn))
-    for g in sorted(_code_names(code) | set(code.co_freevars)):
-        if g not in globs or g == fn.__name__:
-            continue
-        value = globs[g]
-        if isinstance(value, types.ModuleType):
-            prelude.append(f"import {value.__name__} as {g}")
-        elif (expr := _value_source(value)) is not None:
-            prelude.append(f"{g} = {expr}")
-        elif callable(value) and (imp := _importable(value)):
-            prelude.append(f"{imp} as {g}")
-        elif (isinstance(value, types.FunctionType) or _is_jit(value)) and \
-                id(value) not in _seen:
-            helpers.append(ship(value, g, _seen))
-        # anything else (other objects): not shipped; using it fails in the child with a
-        # NameError, which the caller's report explains
-    return Shipped(name=name, defines=fn.__name__, source=source, filename=code.co_filename,
-                   firstlineno=code.co_firstlineno, prelude=tuple(prelude),
-                   helpers=tuple(helpers))
-
-
-def to_json(s: Shipped) -> dict:
-    d = dataclasses.asdict(s)
-    d["helpers"] = [to_json(h) for h in s.helpers]
-    return d
-
-
-def from_json(d: dict) -> Shipped:
-    return Shipped(**{**d, "prelude": tuple(d["prelude"]),
-                      "helpers": tuple(from_json(h) for h in d["helpers"])})
-
-
-def all_shipped(shipped: Sequence[Shipped]):
-    """Every shipped function, helpers included (depth first)."""
-    for s in shipped:
-        yield s
-        yield from all_shipped(s.helpers)
-
-
-# ------------------------------------------------------------------------- the child side
-
-def student_globals(defaults: Iterable[str] = ()) -> dict:
-    """The globals of a fresh ``STUDENT_MODULE`` (registered in ``sys.modules``, so pickling
-    and ``inspect`` find it), after running the statements ``defaults``."""
-    module = types.ModuleType(STUDENT_MODULE)
-    sys.modules[STUDENT_MODULE] = module
-    g = module.__dict__
-    for stmt in defaults:
-        exec(stmt, g)
-    return g
-
-
-def load(s: Shipped, g: dict):
-    """Define ``s`` in the globals ``g`` (its helpers and prelude first) at its own file and
-    line numbers; returns the function."""
-    for h in s.helpers:
-        load(h, g)
-    for stmt in s.prelude:
-        exec(stmt, g)
-    # one file (a notebook cell) may hold several shipped functions: each fills in its own
-    # lines of the cached text (Triton reads a kernel's source lazily, at its first compile)
-    lines = list(linecache.cache.get(s.filename, (0, None, [], s.filename))[2])
-    body = s.source.splitlines(True)
-    lines += ["\n"] * max(0, s.firstlineno - 1 + len(body) - len(lines))
-    lines[s.firstlineno - 1:s.firstlineno - 1 + len(body)] = body
-    linecache.cache[s.filename] = (0, None, lines, s.filename)
-    exec(compile("\n" * (s.firstlineno - 1) + s.source, s.filename, "exec"), g)
-    g[s.name] = g[s.defines]          # a helper may be known by another name
-    return g[s.defines]
-
-
-def rebuild(shipped: Sequence[Shipped], defaults: Iterable[str] = ()) -> dict:
-    """{name: function} of every shipped function, rebuilt in one fresh module."""
-    g = student_globals(defaults)
-    return {s.name: load(s, g) for s in shipped}
+def loads(data: bytes) -> dict:
+    """The functions ``dumps`` sent, their sources in this process's ``linecache`` first."""
+    cells, functions = pickle.loads(data)
+    linecache.cache.update(cells)
+    return pickle.loads(functions)

@@ -10,50 +10,47 @@ where hardware is silent (a barrier must not complete twice before someone waits
 warpgroup that waits on a barrier must wait for all its phases before the kernel ends), and when
 it finds a misuse it raises in one thread while the others wait forever: the process hangs.
 
-So a student's kernel never runs in the notebook's process. ``run`` ships the student's
-functions *as source text* (``inspect.getsource``, plus the globals they use: modules as import
-statements, constants by value, helper functions by their own source) to a child process
-``python interpret.py JOBDIR``, which rebuilds them, calls a chapter's kernel builder (the
-*target*, ``"flashbook.chapters.ch6.ring:run_ring"``) on NumPy inputs and writes NumPy outputs.
-The child is forked from a warm parent that has imported JAX once (``zygote``; a fresh
-``python interpret.py JOBDIR`` where that cannot start), still one process per job.
-Inside the child (``interpret_child``), a watchdog notices when the process stops using CPU (every warpgroup blocked:
-a deadlock, or the rest of the kernel after a barrier error) and reports the barrier waits that
-are pending, naming the barriers and the source lines; a hard time limit backs it up, and the
-parent kills the child's process group if even that fails. Then ``failure`` writes one message:
-barrier misuse, data races (both accesses, with source lines), a deadlock, a crash in the
-student's code, or a time-out. The parent never imports JAX: without it, ``require_jax`` says how
-to install it. (What the parent and the child share, ``Call``, ``Run`` and the job's files, is in
-``interpret_job``; the messages and the JAX versions they quote are in ``interpret_messages``.
-This module re-exports both.)
+So a student's kernel never runs in the notebook's process. ``run`` sends the student's
+functions by value (``flashbook.shipping``: cloudpickle, with the notebook's cell sources) to a
+child process, which calls a chapter's kernel builder (the *target*,
+``"flashbook.chapters.ch6.ring:run_ring"``) on NumPy inputs and writes NumPy outputs. Each job is
+one fresh process from ``multiprocessing``'s fork server, which imports JAX and the child's
+modules once (``set_forkserver_preload``) and lives as long as the notebook's kernel: a job pays
+neither JAX's start-up nor the state a previous job left. Inside the child (``interpret_child``),
+a watchdog notices when the process stops using CPU (every warpgroup blocked: a deadlock, or the
+rest of the kernel after a barrier error) and reports the barrier waits that are pending, naming
+the barriers and the source lines; a hard time limit backs it up, and the parent kills the child
+if even that fails. Then ``failure`` writes one message: barrier misuse, data races (both
+accesses, with source lines), a deadlock, a crash in the student's code, or a time-out. The
+parent never imports JAX: without it, ``require_jax`` says how to install it. (What the parent
+and the child share, ``Call``, ``Run`` and the job's files, is in ``interpret_job``; the
+messages and the JAX versions they quote are in ``interpret_messages``. This module re-exports
+both.)
 
-Works wherever the student's function has source text: a notebook cell (IPython keeps cell
-sources in ``linecache``; so do nbgrader's and nbclient's kernels), a ``.py`` file, or code the
-test-suite runs with a ``linecache`` entry. Not: a lambda or a function typed at a plain
-``python`` prompt. The student's code may use ``jax``, ``jnp``, ``lax``, ``pl``, ``plgpu``,
-``np``, ``math`` and ``functools`` without importing them (the child provides them), so the
-notebook defines it even where JAX is missing and the check can say how to install it.
+The messages quote the student's lines where the function has source text: a notebook cell
+(IPython keeps cell sources in ``linecache``; so do nbgrader's and nbclient's kernels), a
+``.py`` file, or code the test-suite runs with a ``linecache`` entry. The student's code may
+use ``jax``, ``jnp``, ``lax``, ``pl``, ``plgpu``, ``np``, ``math`` and ``functools`` without
+importing them (the child provides them), so the notebook defines it even where JAX is missing
+and the check can say how to install it.
 
 Writing a target (Exercise 1's is ``ring.run_ring``): a function in a ``flashbook.chapters``
 module, called in the child as ``target(**functions, **arrays, **params, detect_races=...)``,
 returning a dict of NumPy arrays. It imports JAX inside (its module must import without it),
 builds its kernel with ``interpret=params(num_threads, detect_races)`` (one CTA), and runs it.
-The child imports the module through bare packages (``_bare_packages``: no ``flashbook``
-``__init__``, so no torch), so it may import sibling modules but not use the package's
-top-level names. Each ``Call`` names the warpgroups, the barriers and the SMEM scratch buffers
-in allocation order, for the messages.
+Each ``Call`` names the warpgroups, the barriers and the SMEM scratch buffers in allocation
+order, for the messages.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
-import os
+import multiprocessing
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import types
@@ -62,25 +59,22 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ... import shipping
+from ...compare import CheckFailure
+from .interpret_job import EVENTS, STDERR, STDOUT, Call, Run, Source
+from .interpret_messages import (INSTALL, JAX_GPU_VERSION, JAX_REQUIREMENTS, JAX_VERSION,
+                                 JAX_VERSIONS, failure, where)
+
 __all__ = ["JAX_VERSION", "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL",
            "jax_problem", "require_jax", "params", "Call", "Run", "run", "failure", "run_checked",
-           "where"]
+           "where", "sources"]
 
 TIMEOUT_S = 120                 # a whole job (every call) may take this long
 STALL_S = 10.0                  # no CPU used for this long (s): the process is stuck
-_PACKAGE = Path(__file__).resolve().parents[2]          # .../flashbook
-
-
-if __name__ == "__main__" or getattr(sys.modules.get("flashbook"), "_bare", False):
-    CheckFailure = AssertionError       # the child process: it raises none, and has no torch
-else:
-    from ...compare import CheckFailure
-if __name__ != "__main__":     # run as a script, the file only starts the child (at the end)
-    from ...shipping import Shipped, all_shipped, ship, to_json
-    from .interpret_job import (DEADLOCK_S, DEFAULT_IMPORTS, EVENTS, GRACE_S, STDERR, STDOUT,
-                                Call, Run)
-    from .interpret_messages import (INSTALL, JAX_GPU_VERSION, JAX_REQUIREMENTS, JAX_VERSION,
-                                     JAX_VERSIONS, failure, where)
+# What the fork server imports once, so that each job's process starts with it (an import that
+# fails, JAX missing, is skipped: the job then reports it).
+PRELOAD = ["jax", "jax.experimental.pallas.mosaic_gpu", f"{__package__}.interpret_child",
+           f"{__package__}.ring", f"{__package__}.fa3_pallas"]
 
 
 def _fail(message: str):
@@ -138,11 +132,11 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
     """Run ``calls`` of ``target`` ("package.module:function", a module of flashbook) with the
     student's ``functions`` ({parameter name: function}) in a fresh process. Returns what came
     back; raises nothing for the kernel's own failures (see ``failure``)."""
-    shipped = [ship(fn, name) for name, fn in functions.items()]
     job_dir = Path(tempfile.mkdtemp(prefix="flashbook-interpret-"))
     try:
-        job = {"target": target, "functions": [to_json(s) for s in shipped],
-               "detect_races": detect_races, "timeout": timeout, "stall": stall,
+        (job_dir / "functions.pkl").write_bytes(shipping.dumps(functions))
+        job = {"target": target, "names": list(functions), "detect_races": detect_races, "timeout": timeout,
+               "stall": stall,
                "calls": [{"label": c.label, "params": c.params,
                           "barrier_names": list(c.barrier_names),
                           "smem_names": list(c.smem_names)} for c in calls]}
@@ -150,57 +144,64 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
         np.savez(job_dir / "inputs.npz", **{f"{i}:{k}": np.asarray(v)
                                            for i, c in enumerate(calls)
                                            for k, v in c.arrays.items()})
-        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-                   TF_CPP_MIN_LOG_LEVEL="3", JAX_ENABLE_X64="0")
-        env.pop("PYTHONSTARTUP", None)
         start = time.monotonic()
-        with open(job_dir / STDOUT, "wb") as out, open(job_dir / STDERR, "wb") as err:
-            proc = _start(job_dir, env, out, err)
-            killed = False
-            try:
-                proc.wait(timeout=timeout + 30)       # the child enforces ``timeout`` itself
-            except subprocess.TimeoutExpired:
-                killed = True
-            finally:
-                if proc.poll() is None:               # also on KeyboardInterrupt
-                    _kill(proc)
-        return _collect(job_dir, calls, shipped, killed, time.monotonic() - start, timeout)
+        proc = _start(job_dir)
+        try:
+            proc.join(timeout + 30)                   # the child enforces ``timeout`` itself
+            killed = proc.exitcode is None
+        finally:
+            if proc.exitcode is None:                 # also on KeyboardInterrupt
+                proc.kill()
+                proc.join()
+        return _collect(job_dir, calls, sources(functions), killed, time.monotonic() - start,
+                        timeout)
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
-_zygote = None           # the warm parent of this process's jobs (``zygote``), once started
+def _start(job_dir: Path):
+    """The job's process, forked by the fork server (started with the first job)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    # looked up in sys.modules, where pickle finds it by name: the grader's kernel loads the
+    # checks' modules afresh, outside sys.modules
+    entry = importlib.import_module(f"{__package__}.interpret_child").run_job
+    proc = context.Process(target=entry, args=(str(job_dir),), daemon=True)
+    proc.start()
+    return proc
 
 
-def _start(job_dir: Path, env: dict, out, err):
-    """The job's process: forked by the warm zygote (started on first use, restarted if it died
-    or the environment changed), else a fresh ``python interpret.py JOBDIR``.
-    ``FLASHBOOK_INTERPRET_FRESH=1`` always starts a fresh process."""
-    global _zygote
-    if os.environ.get("FLASHBOOK_INTERPRET_FRESH") != "1":
+def sources(functions: dict) -> list[Source]:
+    """The student's functions and the helpers they call from their own module, as the
+    messages quote them (those without source text are left out)."""
+    out, seen = [], set()
+    todo = [(name, fn, getattr(inspect.unwrap(getattr(fn, "fn", fn)), "__module__", None))
+            for name, fn in functions.items()]
+    while todo:
+        name, fn, module = todo.pop(0)
+        fn = inspect.unwrap(getattr(fn, "fn", fn))             # a @triton.jit: its function
+        if not isinstance(fn, types.FunctionType) or id(fn) in seen or fn.__module__ != module:
+            continue
+        seen.add(id(fn))
         try:
-            from . import zygote
-            if _zygote is None or not _zygote.alive() or _zygote.env != env:
-                if _zygote is not None:
-                    _zygote.close()
-                _zygote = zygote.Zygote(env)
-            return _zygote.start(job_dir)
-        except (OSError, RuntimeError, ImportError):
-            _zygote = None
-    return subprocess.Popen([sys.executable, "-u", str(Path(__file__).resolve()), str(job_dir)],
-                            stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                            cwd=job_dir, start_new_session=True)
+            lines, first = inspect.getsourcelines(fn)
+        except (OSError, TypeError):
+            continue
+        out.append(Source(name, fn.__name__, "".join(lines), fn.__code__.co_filename, first))
+        todo += [(g, fn.__globals__[g], module) for g in sorted(_code_names(fn.__code__))
+                 if g in fn.__globals__]
+    return out
 
 
-def _kill(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)           # the child's own session: only its tree
-    except (ProcessLookupError, PermissionError, AttributeError):
-        proc.kill()
-    proc.wait()
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
 
 
-def _collect(job_dir: Path, calls, shipped, killed: bool, wall: float, limit: float) -> Run:
+def _collect(job_dir: Path, calls, shipped: list[Source], killed: bool, wall: float, limit: float) -> Run:
     events = []
     path = job_dir / EVENTS
     if path.exists():
@@ -248,8 +249,7 @@ def _collect(job_dir: Path, calls, shipped, killed: bool, wall: float, limit: fl
         status = "failed"
     return Run(status=status, calls=results, problems=problems, pending=pending, error=error,
                failed_call=current if status != "ok" else None, wall_s=wall, limit_s=limit,
-               log=log,
-               shipped=list(all_shipped(shipped)))
+               log=log, shipped=shipped)
 
 
 # ----------------------------------------------------------------------- the check
@@ -273,31 +273,3 @@ def run_checked(target: str, functions: dict, calls: Sequence[Call], *, title: s
             for c in result.calls]
 
 
-
-def _bare_packages():
-    """Make ``flashbook.chapters.ch6.<module>`` importable without running the packages'
-    ``__init__`` (which imports torch): the child needs numpy and JAX only."""
-    root = _PACKAGE
-    for name, path in (("flashbook", root), ("flashbook.chapters", root / "chapters"),
-                       ("flashbook.chapters.ch6", Path(__file__).resolve().parent)):
-        if name not in sys.modules:
-            m = types.ModuleType(name)
-            m.__path__ = [str(path)]
-            m._bare = True
-            sys.modules[name] = m
-
-
-if __name__ == "__main__":
-    sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
-    _bare_packages()
-    if sys.argv[1] == "--zygote":            # the warm parent of later jobs (``zygote``)
-        importlib.import_module("flashbook.chapters.ch6.zygote").serve()
-        os._exit(0)
-    _child = importlib.import_module("flashbook.chapters.ch6.interpret_child").Child(
-        Path(sys.argv[1]))
-    try:
-        _child.main()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)

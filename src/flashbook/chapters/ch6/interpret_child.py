@@ -1,5 +1,5 @@
-"""The child process of Chapter 6's interpret-mode checks (``interpret``): it rebuilds the
-student's functions from their source, instruments JAX's interpret mode (every barrier wait and
+"""The process of one Chapter 6 interpret-mode job (``interpret``; ``run_job``, forked by
+``multiprocessing``'s fork server): it loads the student's functions, instruments JAX's interpret mode (every barrier wait and
 arrival, the race detector's reports), runs the target's calls and writes one event a line to
 ``EVENTS``; a watchdog reports a stall (every warpgroup blocked) with the pending barrier waits.
 Each call's ``done`` event carries its *order log*: every warpgroup's barrier waits and arrivals
@@ -7,30 +7,43 @@ and wgmma issues in program order, for checks of the schedule itself (``ORDER_DO
 through JAX's public API by ``order_log``, so on every JAX the chapter runs on).
 ``unfenced_reads`` finds, in a traced kernel, SMEM that registers wrote and that the TMA or a
 wgmma reads with no ``commit_smem`` between.
-Imported through bare packages (no torch): ``python interpret.py JOBDIR`` or the zygote.
+
+The instruments read and wrap JAX's private interpret-mode modules (``jax._src``): JAX has no
+public hook for barrier errors, pending waits or race reports. They are written for the JAX that
+``interpret_messages.JAX_VERSION`` names, which every install of the chapter pins
+(tests/test_versions.py checks the pins and the installed JAX); another JAX runs the same, with
+plainer reports, as each instrument checks what it wraps and steps aside.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import itertools
 import json
 import os
 import re
-import signal
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 
-from ...shipping import from_json, load, student_globals
+from ... import shipping
 from . import order_log
-from .interpret_job import DEADLOCK_S, DEFAULT_IMPORTS, EVENTS, GRACE_S
+from .interpret_job import EVENTS, STDERR, STDOUT
 
-__all__ = ["Child", "die_with_parent", "unfenced_reads", "ORDER_DOC"]
+__all__ = ["Child", "run_job", "unfenced_reads", "ORDER_DOC"]
+
+DEADLOCK_S = 2.0               # no CPU used while warpgroups wait on barriers: a deadlock
+GRACE_S = 1.0                  # after a barrier error: the rest of the kernel hangs, soon
+# Names a kernel's source may use without importing them (the child provides them).
+DEFAULT_IMPORTS = {"jax": "import jax", "jnp": "import jax.numpy as jnp",
+                   "lax": "from jax import lax", "pl": "import jax.experimental.pallas as pl",
+                   "plgpu": "import jax.experimental.pallas.mosaic_gpu as plgpu",
+                   "np": "import numpy as np", "math": "import math",
+                   "functools": "import functools"}
 
 ORDER_DOC = """An order log: one dict per action, in the order the interpreter ran them: ``thread``
 (the warpgroup), ``op`` ("wait": a barrier wait returned; "arrive": an arrival, a TMA copy's
@@ -274,25 +287,38 @@ class Child:
 
     # ----------------------------------------------------------------------- main
     def rebuild(self) -> dict:
-        g = student_globals(DEFAULT_IMPORTS.values())
-        out = {}
-        for d in self.job["functions"]:
-            s = from_json(d)
-            try:
-                out[s.name] = load(s, g)
-            except Exception as e:  # noqa: BLE001 - reported, not raised
-                self.emit(event="source-error", name=s.name, type=type(e).__name__,
-                          message=str(e))
-                raise SystemExit(0)
-        return out
+        """The student's functions, with ``DEFAULT_IMPORTS`` in the globals of each (and of
+        the helpers it calls) where the notebook had no such name."""
+        try:
+            functions = shipping.loads((self.dir / "functions.pkl").read_bytes())
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            self.emit(event="source-error", name="`, `".join(self.job["names"]),
+                      type=type(e).__name__, message=str(e))
+            raise SystemExit(0)
+        defaults: dict = {}
+        for stmt in DEFAULT_IMPORTS.values():
+            exec(stmt, defaults)
+        todo, seen = list(functions.values()), set()
+        while todo:
+            fn = todo.pop()
+            fn = getattr(fn, "fn", fn)                   # a @triton.jit: its function
+            if not isinstance(fn, types.FunctionType) or id(fn.__globals__) in seen:
+                continue
+            seen.add(id(fn.__globals__))
+            for name, value in defaults.items():
+                if name != "__builtins__":
+                    fn.__globals__.setdefault(name, value)
+            todo += [v for v in fn.__globals__.values() if isinstance(v, types.FunctionType)]
+        return functions
 
     def main(self):
-        parent = os.getppid()
-        die_with_parent()
+        parent = os.getppid()           # the fork server: it ends with the notebook's kernel
         threading.Thread(target=self.watchdog, args=(parent,), daemon=True).start()
         try:
+            os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
             import jax
             jax.config.update("jax_platforms", "cpu")
+            jax.config.update("jax_enable_x64", False)
             import jax.experimental.pallas.mosaic_gpu  # noqa: F401  (needs absl)
             importlib.import_module("jax._src.pallas.mosaic_gpu.interpret.params")
         except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
@@ -352,6 +378,23 @@ class Child:
                   frames=frames, text=text[-4000:])
 
 
+def run_job(job_dir: str):
+    """The job's process (``interpret._start``): the job's files as stdio, then the job."""
+    job_dir = Path(job_dir)
+    try:
+        os.chdir(job_dir)
+        for fd, name in ((1, STDOUT), (2, STDERR)):
+            f = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(f, fd)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        Child(job_dir).main()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 # --------------------------------------------------------------- the proxy fence, statically
 
 def unfenced_reads(closed_jaxpr) -> list[dict]:
@@ -406,13 +449,3 @@ def _bind(outer, inner, root) -> dict:
         return {}
     return {v: o for v, o in zip(inner.invars, outer[len(outer) - len(inner.invars):])
             if o is not None}
-
-
-def die_with_parent():
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass                         # not Linux: the watchdog's parent check still applies
-
-

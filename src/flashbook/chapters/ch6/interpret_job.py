@@ -1,23 +1,15 @@
 """What the two sides of a Chapter 6 interpret-mode job share: ``interpret`` (the parent) and
-``interpret_child`` and ``zygote`` (the child's side). The job directory's files, the names a
-kernel's source may use without importing them, the child's watchdog limits, and the records of
-a job's calls (``Call``) and of what came back (``Run``). Standard library only: the child imports
-it through bare packages (no torch). ``interpret`` re-exports these names.
+``interpret_child`` (the job's process). The job directory's files, and the records of a job's
+calls (``Call``), of the student's functions as the messages quote them (``Source``) and of what
+came back (``Run``). ``interpret`` re-exports these names.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Sequence
 
-__all__ = ["DEADLOCK_S", "GRACE_S", "DEFAULT_IMPORTS", "EVENTS", "STDOUT", "STDERR", "Call", "Run"]
+__all__ = ["EVENTS", "STDOUT", "STDERR", "Call", "Source", "Run"]
 
-DEADLOCK_S = 2.0               # no CPU used while warpgroups wait on barriers: a deadlock
-GRACE_S = 1.0                  # after a barrier error: the rest of the kernel hangs, soon
-# Names a kernel's source may use without importing them (the child provides them).
-DEFAULT_IMPORTS = {"jax": "import jax", "jnp": "import jax.numpy as jnp", "lax": "from jax import lax",
-             "pl": "import jax.experimental.pallas as pl",
-             "plgpu": "import jax.experimental.pallas.mosaic_gpu as plgpu",
-             "np": "import numpy as np", "math": "import math", "functools": "import functools"}
 EVENTS, STDOUT, STDERR = "events.jsonl", "stdout.txt", "stderr.txt"
 
 
@@ -30,6 +22,21 @@ class Call:
     thread_names: dict | None = None      # warpgroup id -> "the producer warpgroup"
     barrier_names: Sequence[str] = ()     # in allocation order: "full[0]", ...
     smem_names: Sequence[str] = ()        # SMEM scratch buffers in allocation order
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A student's function as the messages quote it: its source and where it came from."""
+    name: str            # the name the check knows it by
+    defines: str         # the name its ``def`` binds
+    source: str
+    filename: str
+    firstlineno: int
+
+    def line(self, lineno: int) -> str | None:
+        i = lineno - self.firstlineno
+        lines = self.source.splitlines()
+        return lines[i].strip() if 0 <= i < len(lines) else None
 
 
 @dataclasses.dataclass
@@ -45,4 +52,4 @@ class Run:
     wall_s: float
     limit_s: float           # the time limit it ran under
     log: str                 # the tail of the child's stdout and stderr
-    shipped: list
+    shipped: list            # the student's functions, ``Source``s

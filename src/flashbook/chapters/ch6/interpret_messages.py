@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ...shipping import Shipped
-from .interpret_job import Call, Run
+from .interpret_job import Call, Run, Source
 
 __all__ = ["JAX_VERSION", "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL",
            "failure", "where"]
@@ -27,7 +26,7 @@ INSTALL = "pip install " + " ".join(f'"{r}"' for r in JAX_REQUIREMENTS)
 _PACKAGE = Path(__file__).resolve().parents[2]          # .../flashbook
 
 
-def _where(site: dict | None, shipped: Sequence[Shipped]) -> str:
+def _where(site: dict | None, shipped: Sequence[Source]) -> str:
     """'line 7 of your `kv_producer`: `plgpu.barrier_wait(...)`' or 'ring.py line 80: `...`'."""
     if not site:
         return "an unknown line"
@@ -128,7 +127,7 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
                 f"{result.error.get('message', '')}\nInstall it: {INSTALL}")
     if result.status == "source-error":
         e = result.error
-        return (f"your `{e.get('name')}` could not be rebuilt from its source in the check's "
+        return (f"your `{e.get('name')}` could not be rebuilt in the check's "
                 f"process: {e.get('type')}: {e.get('message')}")
     parts = []
     races = [r for c in result.calls for r in c["races"] if r.get("first")]
@@ -157,10 +156,10 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
         if e.get("type") == "NameError":
             name = re.search(r"'(\w+)'", short)
             parts.append(f"the kernel failed{at}: NameError: {short}. The check runs your "
-                         "function from its source in a separate process: it can use modules "
-                         "and plain constants from the notebook, but other objects"
+                         "function in a separate process, with the modules and values it uses "
+                         "from the notebook: a name"
                          + (f" such as `{name.group(1)}`" if name else "")
-                         + " must be passed in or defined inside the function.")
+                         + " must be defined in the notebook or inside the function.")
         elif e.get("type") == "NotImplementedError" and not at:
             parts.append("not implemented yet (the stub still raises NotImplementedError).")
         else:
@@ -184,7 +183,7 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
     return text + (f"\n  Hint: {hint}" if hint else "")
 
 
-def where(site: dict | None, shipped: Sequence[Shipped]) -> str:
+def where(site: dict | None, shipped: Sequence[Source]) -> str:
     """A source line as the messages name it: 'line 7 of your `kv_producer`: `...`'."""
     return _where(site, shipped)
 

@@ -2,8 +2,8 @@
 (``torch.distributed``), started as ``torchrun`` starts them (one fresh Python per rank), every one torn down
 whatever the student's code does.
 
-The parent ships the student's function *as source text* (``flashbook.shipping``: a
-notebook's function cannot be imported by another process) to P spawned workers. Each worker
+The parent sends the student's function by value (``flashbook.shipping``: a notebook's
+function cannot be imported by another process) to P spawned workers. Each worker
 joins a gloo process group (a file store in a scratch directory, so no port can clash), rebuilds
 the function, and runs every case of the job in one go (a process start costs seconds: one per
 world size per check). For each case every worker builds the same seeded full problem, takes its
@@ -105,11 +105,11 @@ def run_ring(functions: dict, cases: list, world_size: int, timeout: float = TIM
     as a script, one process per rank, as ``torchrun`` starts them), then tear them down."""
     import json
     import subprocess
-    from flashbook.shipping import ship, to_json
-    shipped = [to_json(ship(fn, name)) for name, fn in functions.items()]
+    from flashbook import shipping
     job = Path(tempfile.mkdtemp(prefix="flashbook-ring-"))
+    (job / "functions.pkl").write_bytes(shipping.dumps(functions))
     (job / "job.json").write_text(json.dumps(dict(
-        shipped=shipped, entry=entry, cases=[dataclasses.asdict(c) for c in cases],
+        entry=entry, cases=[dataclasses.asdict(c) for c in cases],
         timeout=timeout, world_size=world_size)))
     src = str(Path(__file__).resolve().parents[3])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -230,18 +230,18 @@ def _count_traffic(dist, counter: dict):
 
 def _worker(job_dir: Path, rank: int):
     import json
-    from flashbook.shipping import from_json, rebuild
+    from flashbook import shipping
     _die_with_parent()
     torch.set_num_threads(1)
     import torch.distributed as dist
     spec = json.loads((job_dir / "job.json").read_text())
     world_size, timeout, cases = spec["world_size"], spec["timeout"], spec["cases"]
-    shipped, entry = spec["shipped"], spec["entry"]
+    entry = spec["entry"]
     try:
         dist.init_process_group("gloo", init_method=f"file://{job_dir / 'store'}", rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        fn = rebuild([from_json(d) for d in shipped])[entry]
+        fn = shipping.loads((job_dir / "functions.pkl").read_bytes())[entry]
         for i, c in enumerate(cases):
             case = RingCase(**c)
             q, k, v = case.inputs()
