@@ -32,15 +32,26 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     """O (total_q, h_q, d) and LSE (h_q, total_q) float32 of packed q (total_q, h_q, d), k, v
     (total_k, h_kv, d). ``validate`` runs Chapter 5's argument checks (host syncs: benchmarks
     replayed from CUDA graphs turn them off)."""
-    dtypes = _dtypes(q.dtype)
-    window = window_bounds((-1, -1), causal, max_seqlen_q, max_seqlen_k)
+    settings = (q.dtype, causal, max_seqlen_q, max_seqlen_k, softmax_scale, validate)
+    try:
+        kw = _settings(*settings)
+    except TypeError:           # an unhashable argument: worked out afresh (and refused there)
+        kw = _settings.__wrapped__(*settings)
     args = (_kernel(), q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    kw = dict(window=window, scale=softmax_scale, two_tiles=True, dtypes=dtypes,
-              validate=_validate if validate else None)
     if current().gpu:
         return launch_gqa(*args, **kw)
     with np.errstate(divide="ignore"):          # the interpreter's log(0) = -inf: no key seen
         return launch_gqa(*args, **kw)
+
+
+@functools.lru_cache(maxsize=256)
+def _settings(dtype, causal, max_seqlen_q, max_seqlen_k, softmax_scale, validate) -> dict:
+    """``launch_gqa``'s keyword arguments for these Python arguments, worked out once (a
+    training step calls the forward with the same ones every time). A refusal (bf16 without
+    sm_80, a malformed length) raises and is not remembered."""
+    return dict(window=window_bounds((-1, -1), causal, max_seqlen_q, max_seqlen_k),
+                scale=softmax_scale, two_tiles=True, dtypes=_dtypes(dtype),
+                validate=_validate if validate else None)
 
 
 def _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
