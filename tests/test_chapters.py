@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import importlib
 import itertools
 import linecache
 import re
@@ -42,8 +43,56 @@ def _source_nb(chapter_id: str):
     return sources.read(sources.source(chapter_id, ROOT).path)
 
 
-def _name(check) -> str:
-    return (check.func if isinstance(check, functools.partial) else check).__name__
+def _function(check):
+    return check.func if isinstance(check, functools.partial) else check
+
+
+def _bindings(nb, ch) -> dict:
+    """The names the notebook binds to its chapter's package or to names from it:
+    ``from flashbook.chapters import chN`` and ``from flashbook.chapters.chN import x [as y]``."""
+    package = importlib.import_module(f"flashbook.chapters.{ch.id}")
+    names = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.ImportFrom) and node.module == "flashbook.chapters":
+                names.update({a.asname or a.name: package for a in node.names if a.name == ch.id})
+            elif isinstance(node, ast.ImportFrom) and node.module == package.__name__:
+                names.update({a.asname or a.name: _member(package, a.name) for a in node.names})
+    return names
+
+
+def _member(package, name: str):
+    """``from package import name``: an attribute, else a submodule."""
+    try:
+        return getattr(package, name)
+    except AttributeError:
+        return importlib.import_module(f"{package.__name__}.{name}")
+
+
+def _resolve(expr, names):
+    """What a call's function (a name, or attributes of one) is, or None."""
+    if isinstance(expr, ast.Name):
+        return names.get(expr.id)
+    if isinstance(expr, ast.Attribute):
+        return getattr(_resolve(expr.value, names), expr.attr, None)
+    return None
+
+
+def check_calls(source: str, names: dict, check) -> tuple[int, int]:
+    """(visible, hidden): how many calls in a graded test cell's code are calls of ``check``
+    itself (its function resolved through the notebook's imports, not its name matched in the
+    text), outside and inside the hidden-tests region."""
+    lines = source.splitlines()
+    begin = next((i + 1 for i, l in enumerate(lines) if "### BEGIN HIDDEN TESTS" in l), None)
+    end = next((i + 1 for i, l in enumerate(lines) if "### END HIDDEN TESTS" in l), None)
+    visible = hidden = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and _resolve(node.func, names) is _function(check):
+            inside = begin is not None and begin < node.lineno < (end or len(lines) + 1)
+            hidden, visible = hidden + inside, visible + (not inside)
+    return visible, hidden
 
 
 # ------------------------------------------------------------------- the contract itself
@@ -56,17 +105,30 @@ def test_contract_agrees_with_the_notebook(ch):
     assert {cellmeta.grade_id(c) for c in tests} == {ex.grade_id for ex in ch.exercises}, \
         f"{ch.id}: the graded test cells and the contract's exercises differ"
     order = {cellmeta.grade_id(c): i for i, c in enumerate(nb.cells) if cellmeta.grade_id(c)}
+    names = _bindings(nb, ch)
     for ex in ch.exercises:
         cell = nb.cells[order[ex.grade_id]]
-        visible, _, rest = cell.source.partition("### BEGIN HIDDEN TESTS")
-        hidden = rest.partition("### END HIDDEN TESTS")[0]
-        assert _name(ex.check) in visible and _name(ex.check) in hidden, \
-            f"{ex.grade_id} does not call {_name(ex.check)} visibly and in its hidden tests"
+        visible, hidden = check_calls(cell.source, names, ex.check)
+        assert visible and hidden, (f"{ex.grade_id} does not call {_function(ex.check).__name__} "
+                                    f"visibly and in its hidden tests")
         assert cellmeta.points(cell) > 0, ex.grade_id
         for gid in ex.cells:
             assert gid in solutions and order[gid] < order[ex.grade_id], (ex.grade_id, gid)
     assert all(gid.startswith(ch.id + "_") for gid in order), f"{ch.id}: grade ids need the prefix"
     assert len(order) == len([c for c in nb.cells if cellmeta.grade_id(c)]), "duplicate grade_id"
+
+
+def test_a_check_call_counts_only_when_it_calls_the_check():
+    """A name in a comment or a string, another function whose name contains the check's, or
+    a call before the hidden region do not count as the hidden tests' call."""
+    from flashbook.chapters import ch1
+    names = {"ch1": ch1, "softmax_check": ch1.check_softmax}
+    cell = ("ch1.check_softmax_cases(f)  # ch1.check_softmax(f)\nprint('ch1.check_softmax(f)')\n"
+            "### BEGIN HIDDEN TESTS\nch1.check_traffic(f, hidden=True)\n### END HIDDEN TESTS\n")
+    assert check_calls(cell, names, ch1.check_softmax) == (0, 0)
+    cell = ("softmax_check(f)\n### BEGIN HIDDEN TESTS\nif True:\n"
+            "    ch1.check_softmax(f, hidden=True)\n### END HIDDEN TESTS\nch1.check_softmax(f)\n")
+    assert check_calls(cell, names, functools.partial(ch1.check_softmax, x=1)) == (2, 1)
 
 
 @pytest.mark.parametrize("ch", CONTRACTS, ids=IDS)
@@ -210,8 +272,9 @@ def test_known_wrong_variant_loses_points_to_its_bug(ch, v):
 
 @pytest.mark.parametrize("ch", [c for c in CONTRACTS if c.quotes], ids=lambda c: c.id)
 def test_prose_quotes_the_recorded_figures(ch):
-    found = results.recorded(ch.id, "h200")
-    assert found, f"{ch.id} quotes figures but has no recorded H200 data"
+    gpu = results.book_gpu(ch.id)
+    found = gpu and results.recorded(ch.id, gpu)
+    assert found, f"{ch.id} quotes figures but has no recorded single-GPU data"
     text = sources.source(ch.id, ROOT).path.read_text()
     for quote in ch.quotes(found.rows):
         assert quote in text, f"{ch.id}: the prose should say {quote!r} (the recorded data)"
@@ -267,7 +330,7 @@ def test_prose_pastes_the_recorded_figures(ch, monkeypatch):
     # a problem size (a recorded row's B or N) stays: the perturbation keeps them, so that the
     # chapter's lookups still find their rows; a figure of a stored profile (key chN_profile_*,
     # not benchmark rows) is the chapter's own test's to follow
-    sizes = {x for r in recorded(ch.id, "h200").rows for x in (r.B, r.N_q, r.N_k)}
+    sizes = {x for r in recorded(ch.id, results.book_gpu(ch.id)).rows for x in (r.B, r.N_q, r.N_k)}
     stuck = sorted(k for k in figures if k not in moved and figures[k] not in sizes
                    and not k.startswith(f"{ch.id}_profile_"))
     assert not stuck, f"{ch.id}: figures that do not follow the recorded data: {stuck}"
@@ -277,8 +340,26 @@ def test_chapter_registry_matches_the_sources():
     assert IDS == [s.id for s in sources.sources(ROOT)]
 
 
+# A chapter's own files that CONTRIBUTING's table marks required ("yes"), as it writes them.
+REQUIRED = ("solutions/chN_slug.py", "src/flashbook/chapters/chN/__init__.py",
+            "solutions/variants/chN.py", "src/flashbook/chapters/chN/benchmark.py",
+            "src/flashbook/data/bench/chN/<gpu>.csv", "src/flashbook/data/bench/chN/<gpu>.json",
+            "notebooks/chN_slug.ipynb", "tests/test_chN.py")
+
+
+def _files(path: str, chapter_id: str, root: Path = ROOT) -> list[Path]:
+    return list(root.glob(path.replace("chN", chapter_id).replace("slug", "*")
+                          .replace("<gpu>", "*")))
+
+
+def missing_files(chapter_id: str, root: Path = ROOT) -> list[str]:
+    """The required files of a chapter that ``root`` lacks, as the table writes them."""
+    return [path for path in REQUIRED if not _files(path, chapter_id, root)]
+
+
 @pytest.mark.parametrize("ch", CONTRACTS, ids=IDS)
 def test_every_file_a_chapter_touches_exists(ch):
+    assert not missing_files(ch.id), f"{ch.id} lacks {missing_files(ch.id)} (CONTRIBUTING.md)"
     src = sources.source(ch.id, ROOT)
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     pages = [c["file"] for part in toc["parts"] for c in part["chapters"]]
@@ -287,16 +368,35 @@ def test_every_file_a_chapter_touches_exists(ch):
     readme = (ROOT / "README.md").read_text()
     assert re.search(rf"^\| {ch.id[2:]}\. {re.escape(ch.title)} \| \w+", readme, re.M), \
         f"README's chapter table has no row '| {ch.id[2:]}. {ch.title} | <status> |'"
-    assert (ROOT / "tests" / f"test_{ch.id}.py").exists(), f"tests/test_{ch.id}.py is missing"
     title = nbformat.reads(nbformat.writes(_source_nb(ch.id)), as_version=4).cells[0].source
     assert title.startswith(f"# Chapter {ch.id[2:]}: "), f"{ch.id}: the first cell is the title"
-    if ch.benchmark is not None:
-        assert results.recorded(ch.id, "h200"), f"{ch.id} has a benchmark but no recorded data"
-    contributing = (ROOT / "CONTRIBUTING.md").read_text()
-    assert (ROOT / "solutions" / "variants" / f"{ch.id}.py").exists(), \
-        f"solutions/variants/{ch.id}.py (the chapter's known-wrong answers) is missing"
-    for path in ("solutions/chN_", "src/flashbook/chapters/chN/__init__.py",
-                 "solutions/variants/chN.py",
-                 "benchmark.py", "tests/test_chN.py", "_toc.yml", "README.md", "IDS",
-                 "notebooks/chN_", "src/flashbook/data/bench/chN/"):
-        assert path in contributing, f"CONTRIBUTING.md does not list {path}"
+    assert ch.benchmark is not None and \
+        ch.benchmark.__module__ == f"flashbook.chapters.{ch.id}.benchmark", \
+        f"{ch.id}: CHAPTER.benchmark is not its benchmark.py's"
+    assert results.book_gpu(ch.id), f"{ch.id} has a benchmark but no recorded single-GPU data"
+    for ex in ch.exercises:
+        assert _function(ex.check).__module__.startswith(f"flashbook.chapters.{ch.id}."), \
+            f"{ex.grade_id}: its check is not in {ch.id}'s package"
+
+
+def test_a_chapter_missing_a_required_file_fails(tmp_path):
+    """A chapter nobody wrote lacks every required file; a copy of Chapter 1's files lacks
+    exactly the one taken away."""
+    assert missing_files("ch99") == list(REQUIRED)
+    for path in REQUIRED:
+        for found in _files(path, "ch1"):
+            (tmp_path / found.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / found.relative_to(ROOT)).write_bytes(found.read_bytes())
+    assert missing_files("ch1", tmp_path) == []
+    (tmp_path / "src/flashbook/chapters/ch1/benchmark.py").unlink()
+    assert missing_files("ch1", tmp_path) == ["src/flashbook/chapters/chN/benchmark.py"]
+
+
+def test_contributing_lists_the_required_files():
+    """CONTRIBUTING's files table says "yes" (required) for exactly the chapter files that
+    REQUIRED checks; the shared files it lists are the ones the test above checks."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    rows = dict(re.findall(r"^\| `([^`]+)` \| (yes|when [^|]+?) \|", text, re.M))
+    own = {path for path, need in rows.items() if "chN" in path and need == "yes"}
+    assert own == set(REQUIRED), f"CONTRIBUTING.md's required files differ: {own ^ set(REQUIRED)}"
+    assert {"_toc.yml", "README.md", "src/flashbook/chapters/__init__.py"} <= set(rows)

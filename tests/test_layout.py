@@ -134,3 +134,78 @@ def test_notebooks_import_chapters_through_their_init_beyond_the_shrinking_list(
                      "__init__): " + ", ".join(f"{a}: {b}" for a, b in new))
     assert not gone, "no longer imported, remove from NOTEBOOK_SUBMODULES: " + \
         ", ".join(f"{a}: {b}" for a, b in gone)
+
+
+# A chapter's problems are the toolkit's case types (``cases.AttnCase``, ``cases.DecodeCase``,
+# ``sharding.ShardedCase``): no module of a chapter defines a class whose name ends in "Case".
+# The ones still to be moved onto them, which only shrink: Chapter 6's benchmark shapes
+# (AttnCase and a ``columns`` in bench_setups would do), and its two interpret-mode jobs,
+# a K/V ring of slots and the FA3 consumers' tiles, whose ``describe`` is in the checks'
+# messages (a toolkit type for them must keep that text).
+CHAPTER_CASE_TYPES = {"ch6.benchmark.Case", "ch6.fa3_checks.Fa3Case", "ch6.ring_checks.RingCase"}
+
+
+def chapter_case_types(modules) -> set[str]:
+    """Every class named *Case that a chapter module defines, as chN.module.Class."""
+    found = set()
+    for name, (path, _) in modules.items():
+        if _chapter(name) is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Case"):
+                found.add(f"{name.removeprefix('flashbook.chapters.')}.{node.name}")
+    return found
+
+
+def test_chapters_define_no_case_type_beyond_the_shrinking_list():
+    found = chapter_case_types(_modules())
+    new, gone = sorted(found - CHAPTER_CASE_TYPES), sorted(CHAPTER_CASE_TYPES - found)
+    assert not new, ("a chapter defines its own case type (use or extend the toolkit's: "
+                     "cases.AttnCase, cases.DecodeCase, sharding.ShardedCase): " + ", ".join(new))
+    assert not gone, "no longer defined, remove from CHAPTER_CASE_TYPES: " + ", ".join(gone)
+
+
+def test_a_case_type_in_a_chapter_is_found(tmp_path):
+    module = tmp_path / "probe.py"
+    module.write_text("import dataclasses\n\n@dataclasses.dataclass\nclass ProbeCase:\n    n: int\n")
+    assert chapter_case_types({"flashbook.chapters.ch99.probe": (module, False)}) == \
+        {"ch99.probe.ProbeCase"}
+
+
+# The layers, bottom up (CONTRIBUTING): ``grade`` (nbgrader, not attention) imports nothing of
+# flashbook outside itself; the toolkit imports no chapter and, of ``grade``, only the leaf
+# ``grade.cellmeta`` (the nbgrader metadata of the chapter sources: ``sources``, ``given``);
+# the chapters import the toolkit, never a command; the commands tie them together.
+COMMANDS = {"book", "cli", "conformance", "graded_variants", "grading_commands", "notebooks",
+            "overhead", "selftest", "sweep"}
+LEAF = "flashbook.grade.cellmeta"
+
+
+def _layer(module) -> int:
+    parts = module.split(".")
+    if parts[1:2] == ["grade"]:
+        return 0
+    if parts[1:2] == ["chapters"]:
+        return 2
+    return 3 if parts[-1] in COMMANDS and len(parts) == 2 else 1
+
+
+def layer_violations(graph) -> list[str]:
+    """Imports that run up a layer, or into ``grade`` past its leaf from below the commands."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if _layer(b) > _layer(a) or
+                  (_layer(b) == 0 and b != LEAF and 0 < _layer(a) < 3))
+
+
+def test_no_import_runs_up_the_layers():
+    modules = _modules()
+    graph = {name: _edges(name, path, is_pkg, modules) for name, (path, is_pkg) in modules.items()}
+    bad = layer_violations(graph)
+    assert not bad, "imports against the layers (CONTRIBUTING):\n" + "\n".join(bad)
+    assert layer_violations({"flashbook.sources": {"flashbook.grade.layout"},
+                             "flashbook.cases": {"flashbook.chapters.ch1"},
+                             "flashbook.chapters.ch1.checks": {"flashbook.selftest"},
+                             "flashbook.grade.scan": {"flashbook.sources"}}) == [
+        "flashbook.cases -> flashbook.chapters.ch1",
+        "flashbook.chapters.ch1.checks -> flashbook.selftest",
+        "flashbook.grade.scan -> flashbook.sources", "flashbook.sources -> flashbook.grade.layout"]

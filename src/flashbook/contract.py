@@ -57,12 +57,12 @@ class Chapter:
     id: str                                       # "ch3": the notebook's prefix and grade-id prefix
     title: str                                    # as in _toc.yml and the README table
     exercises: Sequence[Exercise]
-    min_cc: tuple[int, int] | None = None         # GPU kernels need this compute capability
     benchmark: Callable[[], list] | None = None   # ``flashbook bench <id>``: rows to record
     graph_timer: bool = False                     # the benchmark times rows from CUDA graphs
     quotes: Callable[[list], list[str]] | None = None   # exact text the prose must contain,
-                                                        # computed from the recorded H200 rows
-    # the figures the prose pastes in with {glue:text}`key:fmt` roles: recorded H200 rows ->
+                                                        # computed from the recorded rows
+    # the figures the prose pastes in with {glue:text}`key:fmt` roles: recorded rows (of
+    # ``results.book_gpu``) ->
     # {key: value}, glued by the notebook's hidden cell (``flashbook.quoted``)
     figures: Callable[[list], dict] | None = None
 
@@ -71,7 +71,3 @@ class Chapter:
             if ex.grade_id == grade_id:
                 return ex
         raise KeyError(f"{self.id} has no exercise {grade_id!r}")
-
-    def supported(self, capability: tuple | None) -> bool:
-        """Whether a GPU of this compute capability runs the chapter's kernels natively."""
-        return self.min_cc is None or (capability is not None and tuple(capability) >= self.min_cc)

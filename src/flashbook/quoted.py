@@ -7,8 +7,8 @@ glues every key from the recorded data::
     from flashbook import quoted
     quoted.glue(ch6.CHAPTER)
 
-``Chapter.figures`` computes the values from the recorded H200 rows, so the data is the one
-source of each figure. The book renders each role as its value formatted; a notebook opened
+``Chapter.figures`` computes the values from the chapter's one single-GPU record
+(``results.book_gpu``: the H200's today), so the data is the one source of each figure. The book renders each role as its value formatted; a notebook opened
 outside the book (Colab) shows the role as written, and there gluing does nothing.
 ``tests/test_chapters.py`` checks that every key the prose pastes is glued and that the values
 follow the data.
@@ -24,11 +24,12 @@ ROLE = re.compile(r"\{glue:text\}`([^`:]+)(?::([^`]*))?`")
 
 
 def values(chapter) -> dict[str, float | int | str]:
-    """Key -> value of every figure ``chapter`` quotes, from its recorded H200 rows; plain
+    """Key -> value of every figure ``chapter`` quotes, from its recorded GPU rows; plain
     Python numbers, so the text the book pastes is their repr (not ``np.float64(...)``)."""
-    found = results.recorded(chapter.id, "h200")
+    gpu = results.book_gpu(chapter.id)
+    found = gpu and results.recorded(chapter.id, gpu)
     if not found:
-        raise ValueError(f"{chapter.id} quotes figures but has no recorded H200 data")
+        raise ValueError(f"{chapter.id} quotes figures but has no recorded GPU data")
     out = {}
     for key, v in chapter.figures(found.rows).items():
         if not key.startswith(chapter.id + "_"):

@@ -260,6 +260,24 @@ def recorded(chapter: str, gpu: str = "h200") -> Recorded | None:
     return Recorded(read(csv_path), meta)
 
 
+def gpus(chapter: str) -> list[str]:
+    """The slugs of the records ``chapter`` has (``<slug>.csv``, e.g. ``h200``; a run on P GPUs
+    of one host is ``<slug>x<P>``, its provenance saying ``world_size``), sorted."""
+    return sorted(p.stem for p in (DATA_DIR / chapter).glob("*.csv"))
+
+
+def book_gpu(chapter: str) -> str | None:
+    """The slug of the one single-GPU record of ``chapter``, the rows its prose quotes; None if
+    it has none. The book quotes one GPU: a second single-GPU record is an error."""
+    def world_size(slug):
+        meta = DATA_DIR / chapter / f"{slug}.json"
+        return json.loads(meta.read_text()).get("world_size", 1) if meta.exists() else 1
+    single = [g for g in gpus(chapter) if world_size(g) == 1]
+    if len(single) > 1:
+        raise ValueError(f"{chapter}: records of several GPUs {single}; the prose quotes one")
+    return single[0] if single else None
+
+
 def describe(provenance: dict) -> str:
     """One line of provenance for a caption: 'gpu NVIDIA H200, driver ..., torch ..., date ...'."""
     keys = ("gpu", "driver", "cuda", "torch", "triton", "date")

@@ -13,6 +13,7 @@ from flashbook.cases import decode_sweep, seeded
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
 from flashbook.device import current
+from flashbook.sharding import ShardedCase
 
 from . import mesh, ring
 from .launch import launch_combine, launch_split_kv, split_config
@@ -365,13 +366,13 @@ def check_zigzag(zigzag_chunks, hidden: bool = False):
 
 def ring_cases(hidden: bool = False):
     """(world size, cases): 2 processes visibly, 4 in the hidden tests."""
-    cases = [ring.RingCase("non-causal", 16, seed=1),
-             ring.RingCase("causal, GQA (G=2)", 32, H_q=4, H_kv=2, causal=True,
-                           layout="zigzag", seed=2),
-             ring.RingCase("causal, float32", 16, d=16, dtype="float32", causal=True,
-                           layout="zigzag", seed=3)]
+    cases = [ShardedCase("non-causal", 16, seed=1),
+             ShardedCase("causal, GQA (G=2)", 32, H_q=4, H_kv=2, causal=True,
+                         layout="zigzag", seed=2),
+             ShardedCase("causal, float32", 16, d=16, dtype="float32", causal=True,
+                         layout="zigzag", seed=3)]
     if hidden:
-        cases.append(ring.RingCase("causal, contiguous shards", 24, causal=True, seed=4))
+        cases.append(ShardedCase("causal, contiguous shards", 24, causal=True, seed=4))
     return (4 if hidden else 2), cases
 
 

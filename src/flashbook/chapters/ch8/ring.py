@@ -31,60 +31,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["zigzag_positions", "contiguous_positions", "RingCase", "RingRun", "run_ring",
+from flashbook.sharding import ShardedCase, causal_work, contiguous_positions, zigzag_positions
+
+__all__ = ["zigzag_positions", "contiguous_positions", "ShardedCase", "RingRun", "run_ring",
            "causal_work"]
 
 TIMEOUT_S = 60.0             # one job (every case of one world size), process start included
-
-
-def zigzag_positions(n: int, world_size: int, rank: int) -> torch.Tensor:
-    """Positions rank ``rank`` holds under the zig-zag layout: the sequence cut into
-    2 * world_size chunks, rank r taking chunks r and 2 * world_size - 1 - r (n divisible by
-    2 * world_size)."""
-    c = n // (2 * world_size)
-    a, b = rank, 2 * world_size - 1 - rank
-    return torch.cat([torch.arange(a * c, (a + 1) * c), torch.arange(b * c, (b + 1) * c)])
-
-
-def contiguous_positions(n: int, world_size: int, rank: int) -> torch.Tensor:
-    c = n // world_size
-    return torch.arange(rank * c, (rank + 1) * c)
-
-
-def causal_work(positions: torch.Tensor) -> int:
-    """(query, key) pairs a rank holding these query positions computes under a causal mask."""
-    return int((positions + 1).sum())
-
-
-@dataclasses.dataclass(frozen=True)
-class RingCase:
-    name: str
-    n: int                   # the whole sequence
-    B: int = 1
-    H_q: int = 2
-    H_kv: int = 2
-    d: int = 8
-    dtype: str = "float64"
-    causal: bool = False
-    layout: str = "contiguous"   # or "zigzag"
-    seed: int = 0
-
-    def positions(self, world_size: int, rank: int) -> torch.Tensor:
-        f = zigzag_positions if self.layout == "zigzag" else contiguous_positions
-        return f(self.n, world_size, rank)
-
-    def inputs(self):
-        g = torch.Generator().manual_seed(self.seed)
-        dt = getattr(torch, self.dtype)
-        q = torch.randn(self.B, self.H_q, self.n, self.d, generator=g, dtype=torch.float64)
-        k = torch.randn(self.B, self.H_kv, self.n, self.d, generator=g, dtype=torch.float64)
-        v = torch.randn(self.B, self.H_kv, self.n, self.d, generator=g, dtype=torch.float64)
-        return q.to(dt), k.to(dt), v.to(dt)
-
-    def describe(self, world_size: int) -> str:
-        return (f"'{self.name}' ({world_size} processes, n={self.n}, H_q={self.H_q}, "
-                f"H_kv={self.H_kv}, d={self.d}, {self.dtype}, "
-                f"{'causal, ' if self.causal else ''}{self.layout} shards)")
 
 
 @dataclasses.dataclass
@@ -243,7 +195,7 @@ def _worker(job_dir: Path, rank: int):
                                 timeout=datetime.timedelta(seconds=timeout))
         fn = shipping.loads((job_dir / "functions.pkl").read_bytes())[entry]
         for i, c in enumerate(cases):
-            case = RingCase(**c)
+            case = ShardedCase(**c)
             q, k, v = case.inputs()
             pos = case.positions(world_size, rank)
             counter = {"msgs": 0, "bytes": 0, "collectives": set()}
