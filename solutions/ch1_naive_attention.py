@@ -342,16 +342,24 @@ if recorded is not None:
     except NotImplementedError:
         print("Finish Exercise 3 to compare your traffic model with the measurement.")
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch1.CHAPTER)
+
 # %% [markdown]
 # The model gets the growth right: from $N = 1024$ to $N = 32768$ the bytes grow by a factor of
-# 1024 ($N^2$) and the measured time by a factor of 823. It is too optimistic everywhere:
-# the measurement is 2.2x to 3.7x the three-kernel prediction,
-# and still 1.5x to 2.6x the prediction with the scale pass counted.
-# A bandwidth model is a lower bound, and this one leaves out:
+# 1024 ($N^2$) and the measured time by a factor of {glue:text}`ch1_growth:.0f`. It is too
+# optimistic everywhere: the measurement is {glue:text}`ch1_vs_model_min:.1f`x to
+# {glue:text}`ch1_vs_model_max:.1f`x the three-kernel prediction, and still
+# {glue:text}`ch1_vs_scaled_min:.1f`x to {glue:text}`ch1_vs_scaled_max:.1f`x the prediction with
+# the scale pass counted. A bandwidth model is a lower bound, and this one leaves out:
 #
-# - **kernel launches**: at $N = 512$ the model predicts 8 microseconds, less than the fixed cost
-#   of launching four kernels from Python one after the other, a few microseconds each (this
-#   chapter's benchmark times each call as Python makes it, launches included);
+# - **kernel launches**: at $N = 512$ the model predicts {glue:text}`ch1_model_us_512:.0f`
+#   microseconds, less than the fixed cost of launching four kernels from Python one after the
+#   other, a few microseconds each (this chapter's benchmark times each call as Python makes
+#   it, launches included);
 # - **the bandwidth a kernel really reaches**: 4.8 TB/s is the datasheet's peak; streaming
 #   kernels get a fraction of it, and a kernel that moves its bytes in several short passes
 #   gets less;

@@ -18,8 +18,9 @@
 # one by one, fix them, and restructure the kernel the way FlashAttention-2
 # {cite}`dao2023flashattention2` does. At the end you climb a performance ladder, measured on an
 # H200, against PyTorch's fp32 attention (its memory-efficient backend): from a kernel
-# 2068x (N = 1024) and 3491x (N = 4096) slower than it to one that is
-# 3.8x slower at N = 1024 and 2.3x at N = 4096.
+# {glue:text}`ch2_fa1_vs_sdpa_1024:.0f`x (N = 1024) and {glue:text}`ch2_fa1_vs_sdpa_4096:.0f`x
+# (N = 4096) slower than it to one that is {glue:text}`ch2_tiled_vs_sdpa_1024:.1f`x slower at
+# N = 1024 and {glue:text}`ch2_tiled_vs_sdpa_4096:.1f`x at N = 4096.
 #
 # **What you will learn**
 # - the FlashAttention-1 algorithm: Q, K and V tiles in shared memory, one thread per query row,
@@ -1058,6 +1059,12 @@ if measured:
 else:
     print("no measured data for this chapter yet (run `flashbook bench ch2` on a GPU)")
 
+# %% tags=["remove-cell"]
+# The figures the prose quotes, from the recorded H200 data: the book pastes each into its
+# glue:text role (myst-nb's glue); elsewhere this does nothing.
+from flashbook import quoted
+quoted.glue(ch2.CHAPTER)
+
 # %% [markdown]
 # **Reading the ladder.**
 # - *fa1_literal → fa1_bounded*: the guards make the kernel slower, by about a fifth, because the
@@ -1077,8 +1084,9 @@ else:
 #   (Section 8) of 2/64 on most SMs. At N = 4096 it is smaller: the row kernel's broadcast loads are
 #   already cheap, and the tiled kernel pays for four barriers and a row-max reduction per K/V
 #   tile. Both kernels use scalar fp32 FMAs only, with no tensor cores.
-# - *fa2_tiled → sdpa_efficient*: our best kernel is
-#   3.8x slower at N = 1024 and 2.3x at N = 4096 than PyTorch's. PyTorch's memory-efficient
+# - *fa2_tiled → sdpa_efficient*: our best kernel is {glue:text}`ch2_tiled_vs_sdpa_1024:.1f`x
+#   slower at N = 1024 and {glue:text}`ch2_tiled_vs_sdpa_4096:.1f`x at N = 4096 than PyTorch's.
+#   PyTorch's memory-efficient
 #   backend is built from the CUTLASS kernels of xFormers {cite}`xformers2022`, and on GPUs of
 #   compute capability 8.0 and later (the H200 is 9.0) they do **not** run fp32 on the CUDA cores:
 #   they compute fp32 matrix products on the **tensor cores**, splitting each fp32 operand into a
@@ -1089,7 +1097,7 @@ else:
 #   and software pipelining of the tile loads). For the same reason its "% peak" in the benchmark
 #   appendix, which is taken against the fp32 FMA peak like every fp32 row, is not a fraction of
 #   a ceiling it is bound by; the appendix marks it. Our kernels' figure is: fa2_tiled runs at
-#   19.5 % of the FMA peak at N = 4096. The gap is wider at N = 1024, where fa2_tiled's grid is
+#   {glue:text}`ch2_tiled_pct_peak:.1f` % of the FMA peak at N = 4096. The gap is wider at N = 1024, where fa2_tiled's grid is
 #   small (16 × 8 = 128 blocks for 132 SMs) and cannot hide its latencies. Chapter 3 gets tensor
 #   cores from Triton, in fp16.
 #
@@ -1103,16 +1111,20 @@ if measured:
 
 # %% [markdown]
 # No kernel here is limited by HBM bandwidth, and the ratio says what limits each one instead:
-# - **FA1** (fa1_literal at N = 4096: 0.69 ms predicted against 3934 ms measured, more than 5000x
+# - **FA1** (fa1_literal at N = 4096: {glue:text}`ch2_model_fa1_ms:.2f` ms predicted against
+#   {glue:text}`ch2_fa1_ms:.0f` ms measured, more than {glue:text}`ch2_fa1_vs_model_thousands`x
 #   at both N). It moves its 3.3 GB at under 1 GB/s. Eight blocks of one warp leave 124 of the
 #   132 SMs idle, each thread walks its rows through a serial chain of dependent loads and stores
 #   of O, m and l (Section 8), and its shared-memory accesses are 32-way bank conflicts. Its time
 #   is latency, not bytes: halving its traffic would change almost nothing, raising its
 #   parallelism (FA2) changes everything.
-# - **FA2** (fa2_rows at N = 4096: 0.23 ms predicted against 3.18 ms measured;
-#   12x to 52x for the two FA2 kernels). Its re-reads of K and V mostly hit L2 (Section 8), so even the predicted
+# - **FA2** (fa2_rows at N = 4096: {glue:text}`ch2_model_fa2_rows_ms:.2f` ms predicted against
+#   {glue:text}`ch2_fa2_rows_ms:.2f` ms measured; {glue:text}`ch2_fa2_vs_model_min:.0f`x to
+#   {glue:text}`ch2_fa2_vs_model_max:.0f`x for the two FA2 kernels). Its re-reads of K and V
+#   mostly hit L2 (Section 8), so even the predicted
 #   time is pessimistic, and the kernels are bound by their scalar FMAs and shared-memory loads:
-#   fa2_tiled runs at 19.5 % of the FMA peak (the `pct_peak` column), and the ratio is largest at
+#   fa2_tiled runs at {glue:text}`ch2_tiled_pct_peak:.1f` % of the FMA peak (the `pct_peak`
+#   column), and the ratio is largest at
 #   N = 1024, where the grid is too small to fill the GPU.
 # - **sdpa_efficient** is counted with the compulsory traffic only (read Q, K, V, write O once):
 #   at this size attention does $4 N^2 d$ FLOPs per head for $16 N d$ bytes, far more arithmetic
@@ -1140,10 +1152,13 @@ if measured:
 # `src/flashbook/data/bench/ch2/h200.json`), at B = 1, H = 8, d = 64 in fp32, every output checked
 # against the float64 reference (max abs error at most 1e-5). The four Numba kernels are this
 # chapter's solutions, timed from the solution source itself. From fa1_literal to fa2_tiled the
-# kernels get about 540x (N = 1024) and 1500x (N = 4096) faster, and the best one ends 3.8x slower
-# at N = 1024 and 2.3x at N = 4096 than PyTorch's memory-efficient backend, which runs fp32 on the
-# tensor cores (3xTF32) where our kernels use the FMA units only. The traffic model of Section 8
-# predicts times 12x to more than 6000x below the measured ones: it explains why the FA2 order
+# kernels get about {glue:text}`ch2_climb_1024:.0f`x (N = 1024) and
+# {glue:text}`ch2_climb_4096:.0f`x (N = 4096) faster, and the best one ends
+# {glue:text}`ch2_tiled_vs_sdpa_1024:.1f`x slower at N = 1024 and
+# {glue:text}`ch2_tiled_vs_sdpa_4096:.1f`x at N = 4096 than PyTorch's memory-efficient backend,
+# which runs fp32 on the tensor cores (3xTF32) where our kernels use the FMA units only. The
+# traffic model of Section 8 predicts times {glue:text}`ch2_vs_model_min:.0f`x to more than
+# {glue:text}`ch2_vs_model_max_thousands`x below the measured ones: it explains why the FA2 order
 # moves fewer bytes, not how long either order takes. The chapters that follow take the kernel
 # further: Triton and tensor cores (Chapter 3), masks (Chapter 4), grouped-query attention
 # (Chapter 5), Hopper (Chapter 6), Blackwell (Chapter 7), merging partial results across devices

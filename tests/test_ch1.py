@@ -221,13 +221,16 @@ def test_time_and_memory_figure_draws_the_recorded_h200_data():
 
 def test_traffic_model_is_a_lower_bound_on_the_recorded_h200_times():
     """Section 5 sets the model's bytes / 4.8 TB/s beside the measured naive_torch times: the
-    model must stay below every measurement, and the scale pass only adds bytes."""
-    table = ch1.traffic_vs_measured(results.recorded("ch1", "h200").rows)
+    model must stay below every measurement, and the scale pass only adds bytes. The prose
+    pastes the model's time at N = 512 (ch1_model_us_512, in microseconds)."""
+    rows = results.recorded("ch1", "h200").rows
+    table = ch1.traffic_vs_measured(rows)
     assert [n for n, *_ in table] == [512, 1024, 2048, 4096, 8192, 16384, 32768]
     for n, predicted, with_scale, measured in table:
         assert predicted < with_scale < measured, n
     n, predicted, _, _ = table[0]
     assert predicted == pytest.approx(2 * 16 * (4 * n * 64 + 4 * n * n) / 4.8e12 * 1e3)
+    assert ch1.figures(rows)["ch1_model_us_512"] == pytest.approx(predicted * 1e3)
 
 
 def test_cpu_memory_panel_keeps_zero_points_on_a_linear_axis():

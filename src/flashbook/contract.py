@@ -3,7 +3,7 @@
 The test suite checks every chapter through its contract (``tests/test_chapters.py``): the
 solution passes the visible and the hidden check of every exercise, the student version fails
 exactly at its stubs, every known-wrong variant loses points to its bug, and the figures the
-prose quotes are the recorded ones. Adding a chapter adds a contract, not test code.
+prose pastes follow the recorded data. Adding a chapter adds a contract, not test code.
 
 The known-wrong variants (``Variant``) are course material, not package material: each chapter's
 live in ``solutions/variants/chN.py`` beside its solution, outside the wheel (they quote the
@@ -59,8 +59,6 @@ class Chapter:
     exercises: Sequence[Exercise]
     benchmark: Callable[[], list] | None = None   # ``flashbook bench <id>``: rows to record
     graph_timer: bool = False                     # the benchmark times rows from CUDA graphs
-    quotes: Callable[[list], list[str]] | None = None   # exact text the prose must contain,
-                                                        # computed from the recorded rows
     # the figures the prose pastes in with {glue:text}`key:fmt` roles: recorded rows (of
     # ``results.book_gpu``) ->
     # {key: value}, glued by the notebook's hidden cell (``flashbook.quoted``)
