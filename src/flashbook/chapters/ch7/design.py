@@ -17,7 +17,6 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 REGISTERS_PER_SM = 65536
-THREADS_PER_WARP = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +60,9 @@ def warp_roles() -> dict[int, str]:
 
 def register_split() -> list[tuple[str, int, int]]:
     """[(warpgroup, threads, registers per thread)]: the four warpgroups' setmaxnreg counts."""
-    groups = [("softmax0 (warps 0-3)", 128, 192), ("softmax1 (warps 4-7)", 128, 192),
-              ("correction (warps 8-11)", 128, 96),
-              ("mma, load, epilogue, empty (warps 12-15)", 128, 32)]
-    return groups
+    return [("softmax0 (warps 0-3)", 128, 192), ("softmax1 (warps 4-7)", 128, 192),
+            ("correction (warps 8-11)", 128, 96),
+            ("mma, load, epilogue, empty (warps 12-15)", 128, 32)]
 
 
 def registers_used() -> int:

@@ -1,18 +1,13 @@
-"""Chapter 7, Exercise 2: lazy (conditional) rescaling, FlashAttention-4's first numerical trick,
-in Chapter 3's Triton kernel: its launcher, check, the rule replayed, and the picture.
+"""Chapter 7, Exercise 2: lazy rescaling, FlashAttention-4's first numerical trick, in Chapter 3's
+Triton kernel: its launcher, check, the rule replayed, and the picture.
 
-The kernel, ``attn_fwd_lazy``, and ``hw_exp2`` come from ``flashbook.lazy_kernels``, which
-``flashbook release`` generates from the chapter's cell that shows them: Chapter 3's forward
-kernel (one query tile per program, unmasked full key tiles, one masked tail tile, deferred
-normalisation) with its loop body handed in as ``UPDATE``, the student's ``lazy_update``, and
-its exponential as ``EXP2`` (``hw_exp2``, the special-function unit's, or Exercise 3's
-polynomial). ``UPDATE`` returns, besides the state, whether it moved the reference max (and so
-rescaled); the kernel counts those per program and stores the count in an int32 tensor, so the
-check can count the rescales the threshold avoided.
-
-The rule: a step rescales only when some row of the tile would see its exponentials grow past
-``2**tau`` (``tau`` in base-2 units, ``m`` kept in base 2 as in Chapter 3): then every row moves
-its reference to its new max. ``simulate_rescales`` replays that rule in float64.
+The kernel, ``attn_fwd_lazy`` (generated into ``flashbook.lazy_kernels`` from the chapter's
+cell), is Chapter 3's forward with its loop body handed in as ``UPDATE`` (the student's
+``lazy_update``, which also returns whether it moved the reference max) and its exponential as
+``EXP2``; it stores each program's rescale count (int32), so the check counts the rescales the
+threshold avoided. The rule: a step rescales only when some row of the tile would see its
+exponentials grow past ``2**tau`` (base 2, as Chapter 3 keeps m); then every row moves its
+reference to its new max. ``simulate_rescales`` replays it in float64.
 """
 from __future__ import annotations
 
@@ -47,11 +42,9 @@ _LAZY_PLANS = Plans()
 
 def launch_lazy(update, q, k, v, *, tau: float, scale: float | None = None, exp2=None,
                 config: Config | None = None):
-    """Run ``attn_fwd_lazy`` with ``UPDATE=update`` on q (B, H, N_q, d), k and v (B, H, N_k, d).
-    ``tau``: the threshold in base-2 units (exponentials may grow to 2**tau before a rescale).
-    Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the rescale counts
-    (B, H, cdiv(N_q, BLOCK_M)) int32, one per program (each program writes its own). The checks,
-    config and grid are remembered by the inputs' metadata (``plans``)."""
+    """Run ``attn_fwd_lazy`` with ``UPDATE=update`` on q (B, H, N_q, d), k and v (B, H, N_k, d),
+    ``tau`` in base 2. Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the int32
+    rescale counts (B, H, cdiv(N_q, BLOCK_M)), one a program. Planned once per metadata."""
     plan_key = key(update, q, k, v, tau, scale, exp2, config, current().capability)
     plan = _LAZY_PLANS.get(plan_key)
     if plan is None:
@@ -142,27 +135,22 @@ def lazy_cases(hidden: bool = False):
     """(name, q, k, v, max_growth)"""
     bn = pick_config(16, torch.float32, current().capability).BLOCK_N
     dev = current().device
+    f32, f16 = torch.float32, torch.float16
     cases = [
-        ("random logits", *(seeded((1, 2, 40, 16), 7 + i, device="cpu") for i in range(3)),
-         256.0),
-        ("logits growing 3 (base 2) per key tile", *_growing(1, 2, 96, 16, 3.0, bn, 11,
-                                                             torch.float32), 256.0),
-        ("a huge logit late in the row (key 70 of 77)", *_spike(1, 2, 33, 16, 70, 21,
-                                                                torch.float32, 77), 256.0),
-        ("a huge logit first, then normal ones", *_spike(1, 1, 32, 16, 0, 31, torch.float32),
-         256.0),
-        ("max_growth 16: logits growing 1.5 per tile", *_growing(1, 2, 64, 16, 1.5, bn, 61,
-                                                                 torch.float32), 16.0),
-    ]
+        ("random logits", *(seeded((1, 2, 40, 16), 7 + i, device="cpu") for i in range(3)), 256.),
+        ("logits growing 3 (base 2) per key tile", *_growing(1, 2, 96, 16, 3., bn, 11, f32), 256.),
+        ("a huge logit late in the row (key 70 of 77)", *_spike(1, 2, 33, 16, 70, 21, f32, 77),
+         256.),
+        ("a huge logit first, then normal ones", *_spike(1, 1, 32, 16, 0, 31, f32), 256.),
+        ("max_growth 16: logits growing 1.5 per tile", *_growing(1, 2, 64, 16, 1.5, bn, 61, f32),
+         16.)]
     if hidden:
         cases += [
-            ("float16, logits growing 5 per key tile", *_growing(2, 1, 64, 32, 5.0, bn, 41,
-                                                                 torch.float16), 256.0),
-            ("float16, a huge logit in the middle", *_spike(1, 2, 48, 32, 40, 51,
-                                                            torch.float16), 256.0),
-            ("max_growth 4096, growing 5 per tile", *_growing(1, 1, 80, 64, 5.0, bn, 71,
-                                                              torch.float32), 4096.0),
-        ]
+            ("float16, logits growing 5 per key tile", *_growing(2, 1, 64, 32, 5., bn, 41, f16),
+             256.),
+            ("float16, a huge logit in the middle", *_spike(1, 2, 48, 32, 40, 51, f16), 256.),
+            ("max_growth 4096, growing 5 per tile", *_growing(1, 1, 80, 64, 5., bn, 71, f32),
+             4096.)]
     return [(name, q.to(dev), k.to(dev), v.to(dev), g) for name, q, k, v, g in cases]
 
 

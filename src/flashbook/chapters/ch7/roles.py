@@ -1,41 +1,22 @@
-"""The Blackwell design's five roles, simulated (Chapter 7, Exercise 4).
+"""The Blackwell design's five roles, simulated (Chapter 7, Exercise 4). They talk only through
+mbarriers:
 
-FlashAttention-4 (and the chapter's seed, a CuTe DSL kernel for sm_100) splits a CTA into roles
-that talk only through mbarriers:
+* the **load warp**: TMA copies of the two Q tiles, then K and V of step j into slot
+  ``j % stages`` of the K ring and of the V ring;
+* the **MMA warp** (one thread) issues every ``tcgen05`` MMA, ``S_t = Q_t K_j^T`` into tensor
+  memory (TMEM) and ``O_t (+)= P_t V_j`` with P from TMEM, without waiting: the tensor core runs
+  them **in issue order**, and ``commit(bar)`` arrives once every MMA issued before has finished;
+* two **softmax** warpgroups, one per Q tile: S_t from TMEM, the row max (``rowmax``), ``P_t =
+  exp2(S_t - m)`` **in place of S_t** (``exp``), at the end the row sum (``rowsum``). Both share
+  the SM's exponential unit (MUFU), one tile's ``exp`` at a time (the Gantt's "exp wait");
+* the **correction** warpgroup rescales O_t in TMEM between two PV MMAs (``rescale``), then
+  normalises O_t into shared memory (``finish``); the **epilogue warp** stores it (``store``).
 
-* the **load warp** issues TMA copies: the CTA's two Q tiles once, then K and V of key step
-  0, 1, 2, ... into two rings of ``stages`` shared-memory slots (step ``j`` goes to slot
-  ``j % stages`` of the K ring and of the V ring);
-* the **MMA warp** (one thread) issues every ``tcgen05`` MMA: ``S_t = Q_t K_j^T`` into tensor
-  memory (TMEM) and ``O_t (+)= P_t V_j`` with P read from TMEM. Issuing does not wait: the
-  tensor core runs the MMAs one after the other, **in issue order**, and ``commit(bar)`` arrives
-  on ``bar`` once every MMA issued before it has finished (``tcgen05.commit``);
-* two **softmax** warpgroups, one per Q tile ``t``: read S_t from TMEM, publish the row max
-  (``rowmax``), then write ``P_t = exp2(S_t - m)`` **in place of S_t** (``exp``; P aliases S's
-  columns), and at the end the row sum (``rowsum``). The exponentials run on the SM's
-  special-function unit (MUFU), which both warpgroups share: it computes one tile's ``exp`` at
-  a time, so an exp that finds it working for the other tile waits (first come, first served;
-  the Gantt chart's row "exp unit" and the softmax rows' "exp wait");
-* the **correction** warpgroup rescales O_t in TMEM by ``exp2(m_old - m_new)`` between two PV
-  MMAs (``rescale``) and, after the last one, normalises O_t into shared memory (``finish``);
-* the **epilogue warp** TMA-stores each normalised O tile (``store``).
-
-The model is a configuration (``role_pipeline``) of the toolkit's pipeline engine, which Chapter
-6 teaches: its mbarriers, deadlock and protocol checks, an in-order unit with commits, a unit the
-roles queue for, and **buffers with contents** in shared memory (Q, the K and V slots, the O
-staging tiles) and tensor memory (S/P, O, the row statistics). Every access says what it expects to find; a hazard ends the run
-with a message that names the time, the roles and the buffer:
-
-* *read before ready*: a read finds old contents (P read by a PV MMA before softmax wrote it),
-  or the writer's write is not ordered before it by any barrier the reader waited on;
-* *overwrite*: a write destroys contents a role still had to read (S overwritten before
-  softmax read it; a K slot refilled before both QK MMAs read it), or is not ordered after
-  those reads;
-* *race*: two accesses to one buffer overlap in time and one writes (O rescaled while a PV MMA
-  accumulates into it);
-* and Chapter 6's *deadlock*, *phase overrun*, *protocol* and *runaway*.
-
-Time is in abstract units (``Timing``). Issuing an MMA, a TMA copy or an arrival takes no time.
+``role_pipeline`` configures the toolkit's engine (Chapter 6's) with buffers with contents in
+shared memory (Q, K and V slots, O staging) and TMEM (S/P, O, row statistics): a hazard ends the
+run naming the time, roles and buffer: *read before ready*, *overwrite*, *race* (overlapping
+accesses, one a write), and Chapter 6's *deadlock*, *phase overrun*, *protocol*, *runaway*.
+Time is in abstract units (``Timing``); issuing an MMA, a TMA copy or an arrival takes none.
 """
 from __future__ import annotations
 

@@ -1,26 +1,12 @@
-"""Chapter 7, Exercise 4's graded check and its Gantt chart.
+"""Chapter 7, Exercise 4's graded check and its Gantt chart. The student writes the two roles
+with no Hopper counterpart, ``mma(pipe, bars)`` and ``correction(pipe, bars)``, and
+``KV_STAGES``; the chapter gives the others and the barriers (``roles``).
 
-The student writes two of the five roles of the Blackwell schedule (``roles``), the ones with
-no Hopper counterpart: ``mma(pipe, bars)``, the single thread that issues every ``tcgen05`` MMA
-and releases buffers with commits, and ``correction(pipe, bars)``, the warpgroup that rescales
-O in tensor memory between two PV MMAs. The chapter gives the load warp, the two softmax
-warpgroups, the epilogue warp and the barriers (``roles.make_barriers``), and the cell sets
-``KV_STAGES``, the slots of the K ring and of the V ring.
-
-``check_roles_schedule(KV_STAGES, mma, correction)``:
-
-* the ring fits: two Q tiles and ``KV_STAGES`` K and V tiles (128 x 128, 16-bit) in the
-  shared memory a block may use (``planner.shared_memory``, byte-exact against the compiled
-  kernel of Exercise 5);
-* for rings of 1 to 3 slots (hidden: 1 to 4), 1 to 5 key steps (hidden: 1 to 9) and several
-  timings: no hazard (TMEM: S overwritten before softmax read it, P read before softmax wrote
-  it, O rescaled while an MMA accumulates into it; SMEM: a slot refilled under its MMAs), no
-  deadlock, and every MMA, softmax step, rescale, finish and store done once;
-* with ``KV_STAGES`` slots the tensor core is busy, in the steady state, at least the model's
-  ``fa4_model(timing)`` of the time: ``2g / max(2g, g + rowmax + max(exp, rescale),
-  2 rescale, 2 exp)`` (the two softmax warpgroups share the SM's exponential unit), which is
-  exactly what the schedule reaches when nothing but the dependences of the two Q tiles and
-  the shared units hold it back.
+``check_roles_schedule``: the ring fits in shared memory (``planner.shared_memory``); for rings
+of 1-3 slots (hidden 1-4), 1-5 steps (hidden 1-9) and several timings, no hazard, no deadlock,
+every action done once; and with ``KV_STAGES`` slots the tensor core is busy in the steady state
+at least ``fa4_model(timing)``, what the schedule reaches when only the two tiles' dependences
+and the shared units hold it back.
 """
 from __future__ import annotations
 
