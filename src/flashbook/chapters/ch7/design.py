@@ -16,7 +16,7 @@ import math
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-REGISTERS_PER_SM = 65536
+from flashbook.planning import REGISTERS_PER_SM
 
 
 @dataclasses.dataclass(frozen=True)

@@ -194,22 +194,6 @@ def _softmax_role(t: gl.constexpr, s_tmem, s_ready, p_ready, stats, l_ready, N_Q
     mbarrier.arrive(l_ready.index(t))
 
 
-@gluon.jit
-def _softmax0(s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              dtype: gl.constexpr):
-    _softmax_role(0, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                  BLOCK_N, CAUSAL, dtype)
-
-
-@gluon.jit
-def _softmax1(s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              dtype: gl.constexpr):
-    _softmax_role(1, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                  BLOCK_N, CAUSAL, dtype)
-
-
 # --- The correction warpgroup (the default partition)
 @gluon.jit
 def _correction_role(q_smem, s_tmem, o_tmem, stats, o_done, o_ready, l_ready, epi_ready, LSE,
@@ -326,10 +310,10 @@ def fa4_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
     gl.warp_specialize([
         (_correction_role, (q_smem, s_tmem, o_tmem, stats, o_done, o_ready, l_ready, epi_ready,
                             LSE, N_Q, N_K, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)),
-        (_softmax0, (s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                     BLOCK_N, CAUSAL, dtype)),
-        (_softmax1, (s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                     BLOCK_N, CAUSAL, dtype)),
+        (_softmax_role, (0, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
+                         BLOCK_M, BLOCK_N, CAUSAL, dtype)),
+        (_softmax_role, (1, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
+                         BLOCK_M, BLOCK_N, CAUSAL, dtype)),
         (_mma_role, (q_smem, k_smem, v_smem, s_tmem, o_tmem, q_full, k_full, k_free, v_full,
                      v_free, s_ready, p_ready, o_ready, o_done, N_Q, N_K, BLOCK_M, BLOCK_N,
                      HEAD_DIM, STAGES, CAUSAL)),

@@ -23,7 +23,7 @@ from flashbook.device import current
 from flashbook.lazy_kernels import attn_fwd_lazy, hw_exp2
 from flashbook.plans import Launch, Plans, contiguous_strides, key
 from flashbook.reference import attention
-from flashbook.tiles import HEAD_DIMS_WHY, LOG2E, Config
+from flashbook.tiles import HEAD_DIMS_WHY, LOG2E, Config, pick_config as tile_config
 
 DTYPES = (torch.float16, torch.float32)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -31,10 +31,7 @@ HEAD_DIMS = (16, 32, 64, 128)
 
 def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:
     """Chapter 3's one-tile configs; 16 x 16 tiles in CPU mode (many steps per row)."""
-    if capability is None:
-        return Config(16, 16, 4, 1)
-    from flashbook.tiles import pick_config as ch3_pick
-    return ch3_pick(d, dtype, capability)
+    return Config(16, 16, 4, 1) if capability is None else tile_config(d, dtype, capability)
 
 
 _LAZY_PLANS = Plans()
@@ -46,11 +43,8 @@ def launch_lazy(update, q, k, v, *, tau: float, scale: float | None = None, exp2
     ``tau`` in base 2. Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the int32
     rescale counts (B, H, cdiv(N_q, BLOCK_M)), one a program. Planned once per metadata."""
     plan_key = key(update, q, k, v, tau, scale, exp2, config, current().capability)
-    plan = _LAZY_PLANS.get(plan_key)
-    if plan is None:
-        plan = _LAZY_PLANS.remember(plan_key, _lazy_plan(update, q, k, v, tau, scale, exp2,
-                                                         config))
-    counts_shape, launch = plan
+    counts_shape, launch = _LAZY_PLANS.get(plan_key) or _LAZY_PLANS.remember(
+        plan_key, _lazy_plan(update, q, k, v, tau, scale, exp2, config))
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if launch is None:
@@ -89,18 +83,16 @@ def _lazy_plan(update, q, k, v, tau, scale, exp2, config):
 
 def simulate_rescales(q, k, *, tau: float, scale: float | None = None, block_m: int,
                       block_n: int) -> tuple[torch.Tensor, float]:
-    """The rescale count of every program under the lazy rule, in float64, with the kernel's
-    tiling (padded query rows score 0 against every key, as their Q rows load as 0).
-    Returns (counts (B, H, m_blocks), the smallest |growth - tau| met: how close a decision
-    came to the threshold)."""
+    """The rescale counts (B, H, m_blocks) of the lazy rule in float64 with the kernel's tiling
+    (padded query rows score 0, as their Q rows load as 0), and the smallest |growth - tau| met:
+    how close a decision came to the threshold."""
     q, k = q.cpu(), k.cpu()
     B, H, N_q, d = q.shape
     N_k = k.shape[2]
     c = (scale if scale is not None else 1 / math.sqrt(d)) * LOG2E
     s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * c      # (B, H, N_q, N_k)
-    m_blocks = -(-N_q // block_m)
-    pad_rows = m_blocks * block_m - N_q
-    s = torch.cat([s, torch.zeros(B, H, pad_rows, N_k, dtype=s.dtype)], 2)
+    m_blocks = cdiv(N_q, block_m)
+    s = torch.cat([s, s.new_zeros(B, H, m_blocks * block_m - N_q, N_k)], 2)
     s = s.view(B, H, m_blocks, block_m, N_k)
     counts = torch.zeros(B, H, m_blocks, dtype=torch.int32)
     margin = math.inf
@@ -176,13 +168,11 @@ def _describe_counts(got, want):
 
 
 def check_lazy_attention(attention_lazy, hidden: bool = False):
-    """Exercise 2: ``attention_lazy(q, k, v, max_growth=...) -> (O, LSE, rescales)`` is exact
-    (O and LSE against float64 attention) on adversarial logits, and its rescale counts are
-    those of the lazy rule, step by step."""
+    """Exercise 2: ``attention_lazy(q, k, v, max_growth=...) -> (O, LSE, rescales)``: O and LSE
+    exact on adversarial logits, the rescale counts those of the lazy rule."""
     require_implemented(attention_lazy, "attention_lazy")
     cfg = pick_config(16, torch.float32, current().capability)
-    steps = avoided = 0
-    n = 0
+    steps = avoided = n = 0
     for name, q, k, v, growth in lazy_cases(hidden):
         what = f"attention_lazy, case '{name}' ({tuple(q.shape)}, N_k={k.shape[2]}, " \
                f"{str(q.dtype).replace('torch.', '')}, max_growth={growth:g})"

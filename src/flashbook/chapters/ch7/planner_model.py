@@ -34,7 +34,7 @@ from flashbook.planning import (B200, BARRIER_ALIGN, CAPTURE_ALIGN, GPU, MBARRIE
                                 REGISTERS_PER_SM, SETMAXNREG_MAX, SETMAXNREG_MIN, STATE_ALIGN,
                                 TILE_ALIGN, CompiledTable, Tunables, Verdict, capture_bytes, end,
                                 input_reasons, is_setmaxnreg, launch_registers, place,
-                                rest_registers, verdict)
+                                rest_registers, tmem_alloc, verdict)
 
 __all__ = ["Config", "B200", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
            "PARTITION_WARPS", "tile_bytes", "smem_buffers", "warp_specialize_buffers", "place",
@@ -43,7 +43,6 @@ __all__ = ["Config", "B200", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_RE
            "best", "compiled_table", "compiled_entry", "TILE_ALIGN", "BARRIER_ALIGN",
            "PER_TILE_BARRIERS", "PER_SLOT_BARRIERS", "TABLE", "TABLE_CONFIGS"]
 
-TMEM_MIN_ALLOC = 32
 SOFTMAX_REGS = 192                  # what the kernel asks setmaxnreg for, per softmax thread
 SINGLE_WARP_REGS = 24               # ... and for the MMA, load and epilogue warps
 # (role, warps) of the chapter's kernel: the default partition first, as gl.warp_specialize
@@ -174,10 +173,8 @@ def tmem_columns_used(config: Config) -> int:
 
 
 def tmem_columns(config: Config) -> int:
-    """Columns Triton allocates (``metadata.tmem_size``, the ``tcgen05.alloc`` operand): the
-    columns used, rounded up to a power of two, at least 32."""
-    used = tmem_columns_used(config)
-    return max(TMEM_MIN_ALLOC, 1 << (used - 1).bit_length())
+    """Columns Triton allocates (``metadata.tmem_size``)."""
+    return tmem_alloc(tmem_columns_used(config))
 
 
 # ------------------------------------------------------------------------------ registers

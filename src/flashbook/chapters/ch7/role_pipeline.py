@@ -1,8 +1,6 @@
 """The five roles (``roles`` describes them) as a configuration of the toolkit's pipeline model:
-``Timing``, and ``RolePipeline``, the role programs' actions and what each does (``spec``: a TMA
-copy, an MMA queued on the tensor core, a commit, work; its accesses to the CTA's buffers in
-shared and tensor memory), and the words of its hazards (``describe``, ``content_text``,
-``hint``)."""
+``Timing``, and ``RolePipeline``: the actions, what each does (``spec``: its unit, duration and
+accesses to the CTA's buffers in shared and tensor memory) and the words of its hazards."""
 from __future__ import annotations
 
 import dataclasses
@@ -78,62 +76,54 @@ class RolePipeline(BasePipeline):
     units = {"exp unit": "the exponential unit"}
     timing_type = Timing
 
-    # ------------------------------------------------------------------ load warp
+    # ------------------------------------------------------------------ the actions
     def load_q(self, tile: int, bar: Barrier):
-        """TMA: Q tile ``tile`` into its shared-memory buffer; arrives on ``bar`` when it lands."""
+        """Load warp: TMA of Q tile ``tile``; arrives on ``bar`` when it lands."""
         return self.op("load_q", tile, bar=bar)
 
     def load_k(self, step: int, bar: Barrier):
-        """TMA: K of ``step`` into K slot ``slot(step)``; arrives on ``bar`` when it lands."""
+        """Load warp: TMA of K of ``step`` into slot ``slot(step)``; arrives on ``bar``."""
         return self.op("load_k", step, bar=bar)
 
     def load_v(self, step: int, bar: Barrier):
-        """TMA: V of ``step`` into V slot ``slot(step)``; arrives on ``bar`` when it lands."""
+        """Load warp: TMA of V of ``step`` into slot ``slot(step)``; arrives on ``bar``."""
         return self.op("load_v", step, bar=bar)
 
-    # ------------------------------------------------------------------ MMA warp
     def qk(self, tile: int, step: int):
-        """Issue ``S_tile = Q_tile K_step^T`` (reads Q and the K slot, writes S_tile in TMEM).
-        Returns at once; the tensor core runs it after every MMA issued before it."""
+        """MMA warp: issue ``S_tile = Q_tile K_step^T`` (returns at once; runs in issue order)."""
         return self.op("qk", tile, step)
 
     def pv(self, tile: int, step: int):
-        """Issue ``O_tile (+)= P_tile V_step`` (reads P from S_tile's TMEM columns and the V slot;
-        step 0 overwrites O_tile, later steps accumulate into it). Returns at once."""
+        """MMA warp: issue ``O_tile (+)= P_tile V_step``, P from S_tile's columns (step 0
+        overwrites O). Returns at once."""
         return self.op("pv", tile, step)
 
     def commit(self, bar: Barrier):
-        """``tcgen05.commit``: one arrival on ``bar`` once every MMA issued so far has finished
-        (at once if none is pending). Never blocks."""
+        """MMA warp: one arrival on ``bar`` once every MMA issued so far has finished."""
         return self.op("commit", bar=bar)
 
-    # ------------------------------------------------------------------ softmax t
     def rowmax(self, tile: int, step: int):
-        """Read S_tile (scores of ``step``) from TMEM, compute the new row max and publish it
-        for the correction (``timing.rowmax``)."""
+        """Softmax: S_tile of ``step`` from TMEM, the new row max published."""
         return self.op("rowmax", tile, step)
 
     def exp(self, tile: int, step: int):
-        """``P = exp2(S - m)`` in 16 bits, stored in place of S_tile (``timing.exp``)."""
+        """Softmax: ``P = exp2(S - m)`` in 16 bits, in place of S_tile (on the exp unit)."""
         return self.op("exp", tile, step)
 
     def rowsum(self, tile: int):
-        """After the last step: publish the row sum l for the correction's final division."""
+        """Softmax, after its last step: the row sum l published."""
         return self.op("rowsum", tile)
 
-    # ------------------------------------------------------------------ correction
     def rescale(self, tile: int, step: int):
-        """``O_tile *= exp2(m_{step-1} - m_step)`` in TMEM (reads the row max softmax ``tile``
-        published for ``step``; O through registers, ``timing.rescale``). Steps 1, 2, ..."""
+        """Correction: ``O_tile *= exp2(m_{step-1} - m_step)`` in TMEM; steps 1, 2, ..."""
         return self.op("rescale", tile, step)
 
     def finish(self, tile: int):
-        """After the last PV: ``O_tile / l`` to the O staging tile in shared memory."""
+        """Correction, after the last PV: ``O_tile / l`` into the O staging tile (SMEM)."""
         return self.op("finish", tile)
 
-    # ------------------------------------------------------------------ epilogue warp
     def store(self, tile: int):
-        """TMA store of the normalised O tile ``tile`` (waits until it is done)."""
+        """Epilogue warp: TMA store of the normalised O tile."""
         return self.op("store", tile)
 
     # ------------------------------------------------------------------ for the engine

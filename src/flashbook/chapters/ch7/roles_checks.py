@@ -11,6 +11,7 @@ and the shared units hold it back.
 from __future__ import annotations
 
 from flashbook.check import CheckFailure, report, require_implemented
+from flashbook.planning import B200
 
 from .roles import Run, Timing, fa4_model, serial_model, simulate
 
@@ -19,7 +20,7 @@ __all__ = ["check_roles_schedule", "protocol_cases", "utilisation_cases", "stead
 
 TOLERANCE = 0.02                      # absolute, on a utilisation in [0, 1]
 UTIL_STEPS = 14                       # key steps of a utilisation run
-SMEM_LIMIT = 232448                   # dynamic shared memory one block may use on sm_100
+SMEM_LIMIT = B200.smem_per_block      # dynamic shared memory one block may use on sm_100
 
 
 def protocol_cases(hidden: bool = False) -> list[tuple[int, int, Timing]]:
