@@ -78,7 +78,6 @@ def register_table() -> str:
 
 
 # ------------------------------------------------------------------ persistent scheduler
-
 def work_tiles(seqlen_q: int, heads: int, batch: int, rows_per_cta: int = 256) -> int:
     """Work tiles of the example's scheduler: (ceil(seqlen_q / 256), heads, batch)."""
     return math.ceil(seqlen_q / rows_per_cta) * heads * batch
@@ -98,7 +97,6 @@ def static_schedule(num_tiles: int, sms: int) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------- cycle model
-
 @dataclasses.dataclass(frozen=True)
 class SM:
     name: str
@@ -160,7 +158,6 @@ def plot_unit_cycles(head_dims=(64, 128)):
 
 
 # -------------------------------------------------------------------------- roles
-
 _BOXES = {  # role: (x, y) centre of its box (boxes are 1.7 x 0.84)
     "load": (0.8, 3.0), "mma": (3.5, 3.0), "softmax0": (6.3, 4.7), "softmax1": (6.3, 1.3),
     "correction": (9.1, 3.0), "epilogue": (11.7, 3.0),

@@ -80,7 +80,6 @@ def _lazy_plan(update, q, k, v, tau, scale, exp2, config):
 
 
 # --------------------------------------------------------------------- the rule, replayed
-
 def simulate_rescales(q, k, *, tau: float, scale: float | None = None, block_m: int,
                       block_n: int) -> tuple[torch.Tensor, float]:
     """The rescale counts (B, H, m_blocks) of the lazy rule in float64 with the kernel's tiling
@@ -110,7 +109,6 @@ def simulate_rescales(q, k, *, tau: float, scale: float | None = None, block_m: 
 
 
 # ------------------------------------------------------------------------ the check
-
 def _growing(B, H, N, d, per_tile, block_n, seed, dtype):
     """Logits that grow along the keys by about ``per_tile`` (base 2) per key tile, in every
     row: the running max rises on every tile, so Chapter 3's kernel rescales on every one."""
@@ -160,13 +158,6 @@ def _spike(B, H, N, d, at, seed, dtype, N_k=None, size=800.0):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def _describe_counts(got, want):
-    bad = torch.nonzero(got != want).tolist()
-    b, h, m = bad[0]
-    return (f"program (b={b}, h={h}, query tile {m}) rescaled {int(got[b, h, m])} times, "
-            f"expected {int(want[b, h, m])}; programs off: {len(bad)} of {got.numel()}")
-
-
 def check_lazy_attention(attention_lazy, hidden: bool = False):
     """Exercise 2: ``attention_lazy(q, k, v, max_growth=...) -> (O, LSE, rescales)``: O and LSE
     exact on adversarial logits, the rescale counts those of the lazy rule."""
@@ -205,8 +196,12 @@ def check_lazy_attention(attention_lazy, hidden: bool = False):
             raise CheckFailure(f"{what}: rescales should be a {tuple(want.shape)} int32 tensor "
                                f"(one count per program), got {tuple(counts.shape)} {counts.dtype}.")
         if not torch.equal(counts, want):
-            raise CheckFailure(f"{what}: wrong rescale counts: {_describe_counts(counts, want)}."
-                               + _diagnose(q, k, counts, growth, cfg))
+            bad = torch.nonzero(counts != want).tolist()
+            b, h, m = bad[0]
+            raise CheckFailure(f"{what}: wrong rescale counts: program (b={b}, h={h}, query tile "
+                               f"{m}) rescaled {int(counts[b, h, m])} times, expected "
+                               f"{int(want[b, h, m])}; programs off: {len(bad)} of "
+                               f"{counts.numel()}." + _diagnose(q, k, counts, growth, cfg))
         tiles = -(-k.shape[2] // cfg.BLOCK_N)
         steps += counts.numel() * tiles
         avoided += counts.numel() * tiles - int(counts.sum())
@@ -239,7 +234,6 @@ def _diagnose(q, k, counts, growth, cfg) -> str:
 
 
 # -------------------------------------------------------------------------- picture
-
 def lazy_trace(logits_log2: np.ndarray, block_n: int, tau: float):
     """One row: (running max per tile, reference max per tile, steps that rescaled)."""
     ref, refs, runs, moved, run = -np.inf, [], [], [], -np.inf

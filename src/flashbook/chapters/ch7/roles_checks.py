@@ -166,7 +166,6 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
 
 
 # ------------------------------------------------------------------------------ the picture
-
 _COLORS = {"QK": "#3a6ea5", "PV": "#2a9d8f", "rowmax": "#e9c46a", "exp": "#f4a261",
            "exp wait": "#fbe3cf",
            "rowsum": "#e9c46a", "rescale": "#b5838d", "finish": "#6d597a", "store": "#8e7cc3",

@@ -31,10 +31,6 @@ def widths(head_dim: int, block_n: int = 128, p_bits: int = 16) -> dict[str, int
             "P0": block_n * p_bits // 32, "P1": block_n * p_bits // 32, "stats0": 2, "stats1": 2}
 
 
-def _overlap(a, b) -> bool:
-    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
-
-
 def problems(plan, head_dim: int, block_n: int = 128, p_bits: int = 16) -> list[str]:
     """Every rule the plan breaks, as sentences ([] for a valid plan). The first word of each
     names the rule: shape, widths, misaligned, allocation, overflow, alias, overlap."""
@@ -71,7 +67,7 @@ def problems(plan, head_dim: int, block_n: int = 128, p_bits: int = 16) -> list[
         for b in NAMES[i + 1:]:
             if ALIASES.get(a) == b or ALIASES.get(b) == a:
                 continue
-            if _overlap(cols[a], cols[b]):
+            if cols[a][0] < sum(cols[b]) and cols[b][0] < sum(cols[a]):
                 out.append(f"overlap: {a} (columns {cols[a][0]}-{sum(cols[a]) - 1}) and {b} "
                            f"(columns {cols[b][0]}-{sum(cols[b]) - 1}) share columns")
     return out
@@ -117,7 +113,6 @@ def check_tmem_plan(plan_tmem, hidden: bool = False):
 
 
 # -------------------------------------------------------------------------- picture
-
 _COLORS = {"S": "#9ecae1", "O": "#fdae6b", "P": "#31a354", "stats": "#d62728"}
 
 
