@@ -1,12 +1,9 @@
-"""Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL Blackwell example, FlashAttention-4's structure): the
-warp roles and their registers, the pipelines between the roles, the persistent tile scheduler,
-and a cycle model of one tile that shows why the exponentials, not the matrix multiplies, set
-the pace on Blackwell. Pure Python (no GPU, no Triton).
-
-The numbers of the cycle model are per SM and per clock: dense 16-bit tensor-core FLOPs (H100
-4,096: 989 TFLOP/s over 132 SMs at 1.83 GHz; B200 8,192, twice Hopper's), 16 exponentials on
-the special-function unit (MUFU) and 128 fp32 FMAs on the CUDA cores on both. It is a model for
-reasoning, not a measurement: it ignores latencies, shared-memory traffic and overlap limits.
+"""Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL example, FlashAttention-4's
+structure): warp roles and registers, the pipelines between roles, the persistent scheduler, and
+a cycle model of one tile that shows why the exponentials, not the MMAs, set the pace on
+Blackwell. Per SM and clock: 16-bit tensor-core FLOPs (H100 4,096 = 989 TFLOP/s / 132 SMs / 1.83
+GHz; B200 8,192), 16 exponentials (MUFU), 128 fp32 FMAs. A model for reasoning: no latencies,
+shared-memory traffic or overlap limits. Pure Python.
 """
 from __future__ import annotations
 

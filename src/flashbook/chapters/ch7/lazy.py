@@ -1,13 +1,10 @@
-"""Chapter 7, Exercise 2: lazy rescaling, FlashAttention-4's first numerical trick, in Chapter 3's
-Triton kernel: its launcher, check, the rule replayed, and the picture.
-
-The kernel, ``attn_fwd_lazy`` (generated into ``flashbook.lazy_kernels`` from the chapter's
-cell), is Chapter 3's forward with its loop body handed in as ``UPDATE`` (the student's
-``lazy_update``, which also returns whether it moved the reference max) and its exponential as
-``EXP2``; it stores each program's rescale count (int32), so the check counts the rescales the
-threshold avoided. The rule: a step rescales only when some row of the tile would see its
-exponentials grow past ``2**tau`` (base 2, as Chapter 3 keeps m); then every row moves its
-reference to its new max. ``simulate_rescales`` replays it in float64.
+"""Chapter 7, Exercise 2: lazy rescaling (FlashAttention-4's first trick) in Chapter 3's Triton
+kernel: launcher, check, the rule replayed, and the picture. The kernel ``attn_fwd_lazy``
+(``flashbook.lazy_kernels``, generated from the chapter's cell) takes the student's
+``lazy_update`` as ``UPDATE`` (it also returns whether it moved the reference max) and its
+exponential as ``EXP2``, and stores each program's rescale count (int32). The rule: a step
+rescales only when some row's exponentials would grow past ``2**tau`` (base 2, as Chapter 3
+keeps m); then every row moves its reference to its new max (``simulate_rescales``, float64).
 """
 from __future__ import annotations
 

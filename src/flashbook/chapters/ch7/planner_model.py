@@ -1,30 +1,18 @@
-"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``), a configuration
-of ``flashbook.planning``; ``planner`` re-exports it with Exercise 5's check and the compiled
-table's regeneration (the kernel imports this module, not ``planner``, whose command compiles
-the kernel). Pure Python. Every figure is compared with the kernel compiled for sm_100a on a CPU
-machine (``data/ch7_compiled.json``, ``compiled_table``).
+"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``), a configuration of
+``flashbook.planning``, pure Python (``planner`` re-exports it with Exercise 5's check and the
+command that compiles the kernel, which imports this module). Every figure is compared with the
+kernel compiled for sm_100a (``data/ch7_compiled.json``, ``compiled_table``).
 
-A config: head dim d (64, 128), a 16-bit dtype, ``BLOCK_M = 128`` rows a Q tile (two a CTA),
-``BLOCK_N`` keys a K/V tile, ``STAGES`` slots of the K ring and of the V ring, causal or not (the
-workers then also capture N_Q).
-
-**Shared memory** (byte-exact with ``metadata.shared``, placed by ``planning.place``): Q ``2 *
-BLOCK_M * d * 2`` (reused for O), K and V ``STAGES * BLOCK_N * d * 2`` each, the mbarrier arrays
-(``PER_TILE_BARRIERS`` of 2, ``PER_SLOT_BARRIERS`` of ``STAGES``), and what
-``gl.warp_specialize`` keeps: the workers' captures (320 bytes, 324 causal) and a state byte per
-worker warp. d = 128, 2 stages: 196,608 + 320 + 12 x 16 + 12 = 197,132 of the 232,448 a block
-may use.
-
-**Tensor memory**: S0, S1 (``BLOCK_N`` fp32 columns each), O0, O1 (d each); P, alpha and the
-final row max and sum live in S's columns (``tmem_map``). Triton allocates the sum rounded up to
-a power of two (>= 32): ``metadata.tmem_size``. d = 128: 512; d = 64: 384 -> 512.
-
-**Registers**: 4 (correction) + 4 + 4 (softmax) + 1 + 1 + 1 warps, padded to 16 (setmaxnreg
-works per warpgroup): 512 threads, 65,536 / 512 = 128 registers at launch (``.maxnreg``). Then
-setmaxnreg: softmax ``SOFTMAX_REGS`` (192: a thread holds a row of ``BLOCK_N`` fp32 scores), the
-single-warp roles ``SINGLE_WARP_REGS`` (24), the correction the rest rounded down to 8: 104 (it
-moves O in 32-column chunks). Triton's split follows the same rule for other requests; 8
-correction warps is a what-if this planner answers and the kernel does not build.
+A config: d (64, 128), a 16-bit dtype, ``BLOCK_M = 128`` rows a Q tile (two a CTA), ``BLOCK_N``
+keys a K/V tile, ``STAGES`` slots a ring, causal or not (the workers then capture N_Q too).
+Shared memory, placed by ``planning.place``: Q ``2 * BLOCK_M * d * 2`` (reused for O), K and V
+``STAGES * BLOCK_N * d * 2`` each, the mbarrier arrays, the workers' captures (320 bytes, 324
+causal) and a state byte per worker warp: d = 128, 2 stages: 197,132 of 232,448 bytes. Tensor
+memory: S0, S1 (``BLOCK_N`` columns), O0, O1 (d), P and the statistics inside S (``tmem_map``),
+rounded up to a power of two: 512 at d = 128 and 64. Registers: 4 + 4 + 4 + 1 + 1 + 1 warps
+padded to 16 (setmaxnreg works per warpgroup), 128 a thread at launch; then softmax 192 (a row of
+fp32 scores), single-warp roles 24, the correction the rest: 104 (it moves O in 32-column
+chunks). 8 correction warps is a what-if the planner answers and the kernel does not build.
 """
 from __future__ import annotations
 

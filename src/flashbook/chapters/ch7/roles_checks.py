@@ -1,12 +1,8 @@
-"""Chapter 7, Exercise 4's graded check and its Gantt chart. The student writes the two roles
-with no Hopper counterpart, ``mma(pipe, bars)`` and ``correction(pipe, bars)``, and
-``KV_STAGES``; the chapter gives the others and the barriers (``roles``).
-
-``check_roles_schedule``: the ring fits in shared memory (``planner.shared_memory``); for rings
-of 1-3 slots (hidden 1-4), 1-5 steps (hidden 1-9) and several timings, no hazard, no deadlock,
-every action done once; and with ``KV_STAGES`` slots the tensor core is busy in the steady state
-at least ``fa4_model(timing)``, what the schedule reaches when only the two tiles' dependences
-and the shared units hold it back.
+"""Chapter 7, Exercise 4's check and Gantt chart. The student writes ``KV_STAGES`` and the two
+roles with no Hopper counterpart, ``mma(pipe, bars)`` and ``correction(pipe, bars)``; the check
+wants the ring to fit in shared memory, no hazard, deadlock or missing action over many rings,
+lengths and timings, and with ``KV_STAGES`` slots a steady-state tensor-core utilisation of at
+least ``fa4_model(timing)``.
 """
 from __future__ import annotations
 
