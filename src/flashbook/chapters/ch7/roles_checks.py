@@ -176,9 +176,8 @@ _ROWS = ("load warp", "TMA", "MMA warp", "tensor core", "exp unit", "softmax 0",
 
 
 def plot_schedule(*runs: Run, titles=None, t_max: float | None = None):
-    """One panel per run: a row per role, the TMA unit (lanes: Q, K, V), the tensor core and
-    the SM's exponential unit (lanes: tile 0, tile 1; both run one tile's work at a time). The MMA warp's row shows its waits; ▲ marks each MMA it issues.
-    A run stopped by a hazard is marked where it stopped. Returns the figure."""
+    """One panel per run: a row per role, the TMA unit (lanes Q, K, V), the tensor core and the
+    exp unit (lanes: tile 0, 1); ▲ marks each MMA issued, a dashed line a hazard's stop."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
