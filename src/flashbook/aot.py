@@ -1,10 +1,10 @@
 """Ahead-of-time compiles of the chapters' Gluon kernels, shared by Chapters 6 and 7: Gluon's
 AST source class across the Triton versions the book runs (3.6 on GPU images, 3.9 in CI), the
-writer and reader of a stored table of what compiling reported
-(``src/flashbook/data/ch*_compiled.json``, with its provenance), which a chapter's checks read
-instead of compiling in a notebook, and what filling such a table needs: the CUDA tools Triton
-bundles, ``cuobjdump``'s register and spill figures of a cubin, what a PTX says a kernel needs,
-the shared provenance."""
+compile of a Gluon attention kernel for a target GPU, the writer and reader of a stored table
+of what compiling reported (``src/flashbook/data/ch*_compiled.json``, with its provenance),
+which a chapter's checks read instead of compiling in a notebook, and what filling such a table
+needs: the CUDA tools Triton bundles, ``cuobjdump``'s register and spill figures of a cubin,
+what a PTX says a kernel needs, the shared provenance."""
 from __future__ import annotations
 
 import datetime
@@ -31,6 +31,25 @@ def gluon_ast_source():
     except ImportError:
         from triton.experimental.gluon._runtime import GluonASTSource
     return GluonASTSource
+
+
+def compile_attention(kernel, arch: int, dtype: str, head_dim: int, block_m: int, block_n: int,
+                      layout: Callable, constexprs: dict, options: dict):
+    """Compile a Gluon attention kernel ``(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K,
+    qk_scale, **constexprs)`` for ``GPUTarget("cuda", arch, 32)`` without a GPU: q and o in TMA
+    boxes of (1, block_m, d), k and v of (1, block_n, d), ``layout(rows)`` their shared layout;
+    ``dtype`` "float16" or "bfloat16". Returns Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    short = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
+
+    def desc(rows):
+        return f"tensordesc<{short}[1,{rows},{head_dim}],{layout(rows)!r}>"
+    signature = dict(q_desc=desc(block_m), k_desc=desc(block_n), v_desc=desc(block_n),
+                     o_desc=desc(block_m), LSE="*fp32", N_Q="i32", N_K="i32", qk_scale="fp32")
+    signature.update({n: "constexpr" for n in constexprs})
+    source = gluon_ast_source()(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def write_compiled_table(out: str | Path, module: str, argv: list[str] | None,

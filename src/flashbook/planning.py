@@ -40,7 +40,7 @@ __all__ = ["REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX", "MBARRIER_BYT
            "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "Tunables", "GPU", "H100", "H200", "B200",
            "Device", "H100_PROPS", "H200_PROPS", "Verdict", "verdict", "input_reasons", "place",
            "end", "capture_bytes", "launch_registers", "rest_registers", "is_setmaxnreg",
-           "CompiledTable", "as_bool", "forbid_calls"]
+           "tmem_alloc", "CompiledTable", "as_bool", "forbid_calls"]
 
 REGISTERS_PER_SM = 65536
 SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
@@ -170,6 +170,12 @@ def rest_registers(taken: int, threads: int) -> int:
 
 def is_setmaxnreg(regs: int) -> bool:
     return regs % 8 == 0 and SETMAXNREG_MIN <= regs <= SETMAXNREG_MAX
+
+
+def tmem_alloc(columns: int) -> int:
+    """Tensor-memory columns ``tcgen05.alloc`` gives for ``columns`` used (Triton's
+    ``metadata.tmem_size``): a power of two, at least 32."""
+    return max(32, 1 << (columns - 1).bit_length())
 
 
 # ------------------------------------------------------------------------------ the compiled table

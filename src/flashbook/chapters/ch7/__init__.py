@@ -1,10 +1,7 @@
-"""Chapter 7: the Blackwell design (FlashAttention-4 era).
-
-No Blackwell GPU is needed: ``design`` models the CuTe DSL example's warp roles, registers, pipelines,
-persistent scheduler and per-tile cycle budget; ``tmem`` gives Exercise 1's tensor-memory map
-rules, check and picture; ``lazy`` runs Exercise 2's lazy rescaling inside Chapter 3's Triton
-kernel (interpreter or any GPU) and counts the rescales it avoids; ``exp2poly`` fits and grades
-Exercise 3's polynomial exp2, in torch and inside a Triton kernel.
+"""Chapter 7: the Blackwell design (FlashAttention-4 era). No Blackwell GPU is needed: ``design``
+models the CuTe DSL example (roles, registers, scheduler, cycles per tile); Exercise 1 is
+``tmem``, 2 ``lazy`` (in Chapter 3's Triton kernel), 3 ``exp2poly``, 4 ``roles`` and
+``roles_checks``, 5 ``planner`` (of the Gluon kernel ``gluon_fa4``, compiled ahead of time).
 """
 from __future__ import annotations
 

@@ -1,40 +1,21 @@
-"""Chapter 7 benchmark: FlashAttention-4's two numerical tricks, each on and off, on a Hopper GPU
-(``flashbook bench ch7``, an H100/H200).
+"""Chapter 7 benchmark (``flashbook bench ch7``, an H100/H200): FlashAttention-4's two numerical
+tricks, each on and off, in two kernels:
 
-Two kernels carry the tricks:
+* ``ch3_two_tiles*``: the solution's ``attn_fwd_two_tiles`` of Chapter 3 with its
+  ``attn_update`` rebound (``triton_namespace``) to Exercise 2's ``lazy_update`` (``TAU``: O is
+  rescaled once an exponential would pass 2^TAU = 256) and/or Exercise 3b's ``exp2_poly_tl``;
+  launched directly (``launch_two_tiles``), since Chapter 3's wrappers take no bf16;
+* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with the tricks as hooks (``gluon_tricks``).
 
-* ``ch3_two_tiles*``: Chapter 3's two-tile Triton kernel (the solution's ``attn_fwd_two_tiles``,
-  ``ch3.pick_config``), with its ``attn_update`` rebound before anything compiles (as
-  ``ch3.benchmark`` rebinds the step for its ablation): lazy rescaling is the solution's
-  ``lazy_update`` of Exercise 2 with ``TAU`` (exponentials may grow to 2^TAU = 256 before O is
-  rescaled), the polynomial is the solution's ``exp2_poly_tl`` of Exercise 3b.
-* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with the tricks as hooks of its softmax
-  (``gluon_tricks``: the same cubic and threshold), the Chapter 6 planner's config.
-
-Suffixes: ``_lazy`` (lazy rescaling), ``_poly`` (every exponential of P by the cubic),
-``_lazy_poly`` (both), ``_poly_half`` (Triton only: the cubic on every second column, the rest on
-the special-function unit: FlashAttention-4's split between the units), and two timing probes
-that are not attention: ``_exp_x2`` (every exponential of P computed twice: two MUFU.EX2, the
-same value) and ``_no_exp`` (no exponential: a clamp on the FMA units; O is wrong on purpose).
-The probes bound the share of the kernel's time spent in the exponentials: the slowdown of
-``_exp_x2`` is what one more exponential per score costs, the speed-up of ``_no_exp`` what the
-exponentials cost at most.
-
-Cases: Chapter 3's shapes (``bench.FORWARD_SHAPES``), non-causal (Chapter 3's kernel has no
-mask), in fp16 and in bf16 (``BF16_SHAPES``). Chapter 3's wrappers take fp16 and
-fp32 only; the kernel itself is dtype-generic (P is cast to V's dtype), so this module launches
-it directly (``launch_two_tiles``). ``sdpa_cudnn`` is the baseline of every case.
-
-The chapter's own entry point, ``attention_lazy(q, k, v)`` (Exercise 2's wrapper of
-``ch7.launch_lazy``, fp16 only), is timed twice on the fp16 cases: ``ch7_attention_lazy``
-(reference) with its config passed, replayed from a CUDA graph, and beside it a ``public`` row
-as a reader calls it (no config, checks on, launched; ``bench.public_row``).
-
-Every row's note gives the config and ``err``: max |O - O_ref| on head (0, 0) against float64
-attention computed on the GPU (so the error change of a trick is read beside its speed change).
-Every row is measured by ``bench_setups.measure``: replayed from a CUDA graph (launched where a
-call cannot be captured, the note saying so); a row that fails has ``ms`` empty and a note
-saying why.
+Suffixes: ``_lazy``, ``_poly`` (every exponential of P by the cubic), ``_lazy_poly``,
+``_poly_half`` (Triton only: the cubic on every second column, FA4's split between the units),
+and two timing probes that are not attention: ``_exp_x2`` (two MUFU.EX2 per score) and
+``_no_exp`` (a clamp instead; O is wrong): they bound the exponentials' share of the time.
+Cases: ``bench.FORWARD_SHAPES``, non-causal, fp16 and bf16; ``sdpa_cudnn`` the baseline. The
+chapter's ``attention_lazy`` is timed on the fp16 cases with its config from a CUDA graph
+(``ch7_attention_lazy``) and as a reader calls it (a ``public`` row). Each note gives the
+config and ``err``, max |O - O_ref| on head (0, 0) against float64 attention. Rows are measured
+by ``bench_setups.measure`` (a failed row has ``ms`` empty and a note saying why).
 """
 from __future__ import annotations
 
@@ -52,17 +33,10 @@ from flashbook.results import Row
 from flashbook.tiles import LOG2E, pick_config
 
 GRAPH_TIMER = True
-BF16_SHAPES = SHAPES
 TAU = 8.0                      # base 2: an exponential may grow to 256 before O is rescaled
-TRICKS = {                     # suffix: (exp2, rescale threshold or None)
-    "": ("hw", None),
-    "_lazy": ("hw", TAU),
-    "_poly": ("poly", None),
-    "_lazy_poly": ("poly", TAU),
-    "_poly_half": ("poly_half", None),
-    "_exp_x2": ("doubled", None),
-    "_no_exp": ("removed", None),
-}
+TRICKS = {"": ("hw", None), "_lazy": ("hw", TAU), "_poly": ("poly", None),   # suffix: (exp2,
+          "_lazy_poly": ("poly", TAU), "_poly_half": ("poly_half", None),    # tau or None)
+          "_exp_x2": ("doubled", None), "_no_exp": ("removed", None)}
 GLUON_EXP2 = ("hw", "poly", "doubled", "removed")        # Gluon has no _poly_half
 PROBES = ("_exp_x2", "_no_exp")
 # the rows that are Chapter 7's solutions (Exercises 2 and 3b in Chapter 3's kernel)
@@ -181,7 +155,7 @@ def error(o, want) -> float:
 
 
 def cases():
-    return [(s, torch.float16) for s in SHAPES] + [(s, torch.bfloat16) for s in BF16_SHAPES]
+    return [(s, dtype) for dtype in (torch.float16, torch.bfloat16) for s in SHAPES]
 
 
 def columns(B, H, N, d, dtype) -> dict:

@@ -1,12 +1,9 @@
-"""Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL Blackwell example, FlashAttention-4's structure): the
-warp roles and their registers, the pipelines between the roles, the persistent tile scheduler,
-and a cycle model of one tile that shows why the exponentials, not the matrix multiplies, set
-the pace on Blackwell. Pure Python (no GPU, no Triton).
-
-The numbers of the cycle model are per SM and per clock: dense 16-bit tensor-core FLOPs (H100
-4,096: 989 TFLOP/s over 132 SMs at 1.83 GHz; B200 8,192, twice Hopper's), 16 exponentials on
-the special-function unit (MUFU) and 128 fp32 FMAs on the CUDA cores on both. It is a model for
-reasoning, not a measurement: it ignores latencies, shared-memory traffic and overlap limits.
+"""Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL example, FlashAttention-4's
+structure): warp roles and registers, the pipelines between roles, the persistent scheduler, and
+a cycle model of one tile that shows why the exponentials, not the MMAs, set the pace on
+Blackwell. Per SM and clock: 16-bit tensor-core FLOPs (H100 4,096 = 989 TFLOP/s / 132 SMs / 1.83
+GHz; B200 8,192), 16 exponentials (MUFU), 128 fp32 FMAs. A model for reasoning: no latencies,
+shared-memory traffic or overlap limits. Pure Python.
 """
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ import math
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-REGISTERS_PER_SM = 65536
-THREADS_PER_WARP = 32
+from flashbook.planning import REGISTERS_PER_SM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +57,9 @@ def warp_roles() -> dict[int, str]:
 
 def register_split() -> list[tuple[str, int, int]]:
     """[(warpgroup, threads, registers per thread)]: the four warpgroups' setmaxnreg counts."""
-    groups = [("softmax0 (warps 0-3)", 128, 192), ("softmax1 (warps 4-7)", 128, 192),
-              ("correction (warps 8-11)", 128, 96),
-              ("mma, load, epilogue, empty (warps 12-15)", 128, 32)]
-    return groups
+    return [("softmax0 (warps 0-3)", 128, 192), ("softmax1 (warps 4-7)", 128, 192),
+            ("correction (warps 8-11)", 128, 96),
+            ("mma, load, epilogue, empty (warps 12-15)", 128, 32)]
 
 
 def registers_used() -> int:
@@ -80,7 +75,6 @@ def register_table() -> str:
 
 
 # ------------------------------------------------------------------ persistent scheduler
-
 def work_tiles(seqlen_q: int, heads: int, batch: int, rows_per_cta: int = 256) -> int:
     """Work tiles of the example's scheduler: (ceil(seqlen_q / 256), heads, batch)."""
     return math.ceil(seqlen_q / rows_per_cta) * heads * batch
@@ -100,7 +94,6 @@ def static_schedule(num_tiles: int, sms: int) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------- cycle model
-
 @dataclasses.dataclass(frozen=True)
 class SM:
     name: str
@@ -162,7 +155,6 @@ def plot_unit_cycles(head_dims=(64, 128)):
 
 
 # -------------------------------------------------------------------------- roles
-
 _BOXES = {  # role: (x, y) centre of its box (boxes are 1.7 x 0.84)
     "load": (0.8, 3.0), "mma": (3.5, 3.0), "softmax0": (6.3, 4.7), "softmax1": (6.3, 1.3),
     "correction": (9.1, 3.0), "epilogue": (11.7, 3.0),

@@ -1,21 +1,13 @@
-"""Chapter 7, Exercise 3: 2^x computed by a polynomial on the FMA units, FlashAttention-4's second
-numerical trick, in float32: first with torch, then as a Triton function.
+"""Chapter 7, Exercise 3: 2^x by a polynomial on the FMA units (FlashAttention-4's second trick),
+in float32, first in torch, then as a Triton function.
 
-The method: clamp x at -126 (2^-126 is float32's smallest normal number; a softmax weight that
-small is 0 in any 16-bit format), split x = n + f with n an integer, evaluate a polynomial
-p(f) ~ 2^f by Horner's rule (FMAs only), and build 2^n exactly by writing n + 127 into the
-exponent field of a float32: 2^x = 2^n * p(f).
+The method: clamp x at -126 (float32's smallest normal; a weight that small is 0 in 16 bits),
+x = n + f with n an integer, p(f) ~ 2^f by Horner's rule, and 2^n exactly by writing n + 127 into
+the exponent field. ``fit_exp2`` minimises the largest *relative* error (what survives the
+multiplication by 2^n; Lawson's iteration), rounded to float32. The reduction and the fit must
+agree: n = round(x) puts f in [-1/2, 1/2], n = floor(x) in [0, 1).
 
-``fit_exp2`` gives the coefficients: the polynomial of a given degree that minimises the largest
-*relative* error |p(f) / 2^f - 1| on an interval (Lawson's iteration on a weighted least-squares
-fit), rounded to float32. Relative error is what survives the multiplication by 2^n, and it is
-the same on [-1/2, 1/2] and on [0, 1): 2^(f+1/2) = sqrt(2) 2^f, so the two fits are one problem
-shifted. What must agree is the reduction and the fit: n = round(x) puts f in [-1/2, 1/2],
-n = floor(x) in [0, 1).
-
-The checks measure the largest relative error against float64 on a dense set: every float32 in
-a binade, a uniform grid of [-126, 0], every integer, and (0, 8], where Exercise 2's lazy
-rescale takes the exponent; ``BOUND`` is the bound they state.
+The checks measure against float64 on a dense set (``dense_points``) and state ``BOUND``.
 """
 from __future__ import annotations
 
@@ -34,6 +26,7 @@ from flashbook.device import current
 BOUND = 1e-4           # largest relative error allowed: a fifth of float16's unit roundoff 2^-11
 LOWEST = -126.0        # below this, 2^x may be returned as anything in [0, 2^-126]
 TINY = 2.0 ** -126
+BELOW = torch.tensor([-126.5, -127.0, -150.0, -1000.0, -float("inf")])   # 2^x in [0, TINY]
 
 
 @functools.cache
@@ -118,11 +111,11 @@ def _diagnose(x: torch.Tensor, err: torch.Tensor, y: torch.Tensor) -> str:
             "figure above gives each degree's error).")
 
 
-def _judge(y, x, what: str, dtype_needed=torch.float32) -> float:
+def _judge(y, x, what: str) -> float:
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         raise CheckFailure(f"{what}: expected a tensor of x's shape {tuple(x.shape)}, got "
                            f"{getattr(y, 'shape', type(y).__name__)}.")
-    if y.dtype != dtype_needed:
+    if y.dtype != torch.float32:
         raise CheckFailure(f"{what}: returned {y.dtype}; compute and return float32.")
     err = _errors(y, x)
     worst = int(err.argmax())
@@ -135,46 +128,39 @@ def _judge(y, x, what: str, dtype_needed=torch.float32) -> float:
     return float(err.max())
 
 
-def _judge_below(y, what: str):
-    x = torch.tensor([-126.5, -127.0, -150.0, -1000.0, -float("inf")])
-    ok = torch.isfinite(y) & (y >= 0) & (y <= TINY * (1 + BOUND))
-    if not bool(ok.all()):
-        bad = int((~ok).nonzero()[0])
-        raise CheckFailure(f"{what}: 2^x for x = {float(x[bad])} gave {float(y[bad]):.6g}; below "
-                           f"-126 return a value in [0, 2^-126] (clamp x at -126 first). A masked "
-                           f"score is -inf and must give a weight of 0, never NaN or garbage.")
-
-
-def _judge_degree(worst: float, what: str) -> None:
-    """The exercise asks for the lowest degree below ``BOUND``, the cubic: a result more accurate
-    than a cubic can be on the dense set is a higher degree, or the hardware exponential
-    (``torch.exp2``, ``tl.math.exp2``), which is what the exercise replaces."""
-    floor = 0.3 * fit_error(3)               # the cubic's error, with room for rounding
-    if worst < floor:
+def _judge_all(call, x, what: str) -> float:
+    """``call(points, block)`` within ``BOUND`` on ``x``; no more accurate than a cubic (a higher
+    degree, or the hardware exp2 that the exercise replaces); in [0, 2^-126] below -126, -inf
+    included. Returns the largest error."""
+    worst = _judge(call(x), x, what)
+    if worst < 0.3 * fit_error(3):               # the cubic's error, with room for rounding
         raise CheckFailure(
             f"{what}: largest relative error {worst:.2e}, below any cubic's ({fit_error(3):.1e}): "
             "this is a higher-degree polynomial or the hardware exp2 (torch.exp2 / "
             "tl.math.exp2). The exercise asks for the lowest degree whose error is below the "
             f"bound {BOUND:g}: each degree costs an FMA per score on the units it relieves.")
+    y = call(BELOW, 16)
+    ok = torch.isfinite(y) & (y >= 0) & (y <= TINY * (1 + BOUND))
+    if not bool(ok.all()):
+        bad = int((~ok).nonzero()[0])
+        raise CheckFailure(f"{what}: 2^x for x = {float(BELOW[bad])} gave {float(y[bad]):.6g}; "
+                           f"below -126 return a value in [0, 2^-126] (clamp x at -126 first). A "
+                           f"masked score is -inf and must give a weight of 0, never NaN or "
+                           f"garbage.")
+    return worst
 
 
 def check_exp2_poly(exp2_poly, hidden: bool = False):
-    """Exercise 3a: ``exp2_poly(x)`` (torch, float32) within ``BOUND`` relative error on the
-    dense set, and in [0, 2^-126] below -126 (including -inf)."""
+    """Exercise 3a: ``exp2_poly(x)`` (torch, float32), as ``_judge_all`` says."""
     require_implemented(exp2_poly, "exp2_poly")
-    x = dense_points(hidden)
-    what = "exp2_poly"
-    y = run_student(exp2_poly, x.clone(), what=what)
-    worst = _judge(y, x, what)
-    _judge_degree(worst, what)
-    below = torch.tensor([-126.5, -127.0, -150.0, -1000.0, -float("inf")])
-    _judge_below(run_student(exp2_poly, below.clone(), what=what), what)
-    report("polynomial exp2 (torch, float32)", x.numel() + below.numel(), hidden=hidden,
+    x, what = dense_points(hidden), "exp2_poly"
+    worst = _judge_all(lambda t, block=None: run_student(exp2_poly, t.clone(), what=what), x,
+                       what)
+    report("polynomial exp2 (torch, float32)", x.numel() + BELOW.numel(), hidden=hidden,
            extra=f" (largest relative error {worst:.2e} <= {BOUND:g})")
 
 
 # ---------------------------------------------------------------- inside a Triton kernel
-
 def _exp2_probe(X, Y, n, EXP2: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
@@ -209,18 +195,12 @@ def run_exp2(exp2_tl, x: torch.Tensor, block: int | None = None) -> torch.Tensor
 
 
 def check_exp2_poly_triton(exp2_poly_tl, hidden: bool = False):
-    """Exercise 3b: the Triton ``exp2_poly_tl`` within ``BOUND`` inside a kernel (elementwise on
-    the dense set, and below -126), and the base-2 softmax of rows with masked (-inf) and huge
-    logits built on it within 2 * BOUND of float64."""
+    """Exercise 3b: the Triton ``exp2_poly_tl`` inside a kernel, as ``_judge_all`` says, and a
+    base-2 softmax built on it (rows with masked and huge logits) within 2 * BOUND."""
     require_implemented(exp2_poly_tl, "exp2_poly_tl")
-    x = dense_points(hidden, triton_kernel=True)
-    what = "exp2_poly_tl (in a Triton kernel)"
-    y = run_student(run_exp2, exp2_poly_tl, x, what=what, guard=True)
-    worst = _judge(y, x, what)
-    _judge_degree(worst, what)
-    below = torch.tensor([-126.5, -127.0, -150.0, -1000.0, -float("inf")])
-    _judge_below(run_student(run_exp2, exp2_poly_tl, below, block=16, what=what, guard=True), what)
-    # a softmax built on it
+    x, what = dense_points(hidden, triton_kernel=True), "exp2_poly_tl (in a Triton kernel)"
+    worst = _judge_all(lambda t, block=None: run_student(run_exp2, exp2_poly_tl, t, block=block,
+                                                         what=what, guard=True), x, what)
     _, probe = _probes()
     g = torch.Generator().manual_seed(9 if hidden else 3)
     rows = torch.randn(12, 100, generator=g) * torch.tensor([1.0, 5.0, 40.0]).repeat(4)[:, None]
@@ -236,12 +216,11 @@ def check_exp2_poly_triton(exp2_poly_tl, hidden: bool = False):
         raise CheckFailure(f"{what}, softmax: a base-2 softmax built on it is off by up to "
                            f"{float(err.nan_to_num(nan=math.inf).max()):.3g} relative (allowed "
                            f"{2 * BOUND:g}); rows 0-11 have masked (-inf) tails and huge logits.")
-    report("polynomial exp2 (Triton)", x.numel() + below.numel() + rows.shape[0], hidden=hidden,
+    report("polynomial exp2 (Triton)", x.numel() + BELOW.numel() + rows.shape[0], hidden=hidden,
            extra=f" (largest relative error {worst:.2e} <= {BOUND:g})")
 
 
 # -------------------------------------------------------------------------- pictures
-
 def reference_exp2(x: torch.Tensor, coeffs, reduction: str = "round") -> torch.Tensor:
     """The method in torch float32 with given coefficients (for the figures and tests)."""
     x = torch.clamp(x, min=LOWEST)
@@ -265,12 +244,11 @@ def plot_exp2_error(degrees=(2, 3, 4), lo: float = -3.0, hi: float = 0.0, extra=
     for j, (label, fn) in enumerate((extra or {}).items()):
         ax.semilogy(x, _errors(fn(x), x).clamp_min(1e-9), lw=0.8, color=f"C{len(degrees) + j}",
                     label=label)
-    ax.axhline(BOUND, color="black", ls="--", lw=1)
-    ax.text(lo, BOUND * 1.3, f"bound {BOUND:g}", fontsize=8)
-    ax.axhline(2.0 ** -11, color="0.5", ls=":", lw=1)
-    ax.text(lo, 2.0 ** -11 * 1.3, "float16 unit roundoff 2^-11", fontsize=8, color="0.4")
-    ax.axhline(2.0 ** -24, color="0.5", ls=":", lw=1)
-    ax.text(lo, 2.0 ** -24 * 1.3, "float32 unit roundoff 2^-24", fontsize=8, color="0.4")
+    for y, text, color, ls in ((BOUND, f"bound {BOUND:g}", "black", "--"),
+                               (2.0 ** -11, "float16 unit roundoff 2^-11", "0.5", ":"),
+                               (2.0 ** -24, "float32 unit roundoff 2^-24", "0.5", ":")):
+        ax.axhline(y, color=color, ls=ls, lw=1)
+        ax.text(lo, y * 1.3, text, fontsize=8, color="black" if ls == "--" else "0.4")
     ax.set_xlabel("x")
     ax.set_ylabel("|p / 2^x - 1|")
     ax.set_ylim(1e-9, 1)

@@ -1,11 +1,6 @@
-"""The device code of Chapter 7's Gluon Blackwell kernel: ``fa4_kernel`` and the ``@gluon.jit``
-functions of its roles (load, MMA, the two softmax warpgroups, the correction, the epilogue),
-with the compatibility shim they call through (``tmem_reg_layout``, ``_tmem_view``, ``SHIM``).
-
-The host side (launch arguments, the ahead-of-time compile, the ``attention_fa4`` wrapper) is
-``gluon_fa4``, which re-exports these names; its docstring describes the kernel. They live in a
-module of their own because Gluon resolves a jit function's globals in the module that defines
-it, so every helper a role calls is kept next to it here.
+"""The device code of Chapter 7's Gluon Blackwell kernel (``gluon_fa4`` is its host side and
+describes it): ``fa4_kernel``, its roles and the shim they call through. A module of its own:
+Gluon resolves a jit function's globals in the module that defines it.
 """
 from __future__ import annotations
 
@@ -23,25 +18,10 @@ from flashbook.gluon_kit import m_block as _m_block, smem_tile as _smem_tile, tm
 __all__ = ["fa4_kernel", "SHIM", "tmem_reg_layout"]
 
 
-# ---------------------------------------------------------------------------------------------
-# The compatibility shim: what this kernel uses whose name or form differs between triton 3.6
-# (the GPU images, Colab) and 3.9 (the CPU image). Everything else is spelled the same in both:
-# TensorMemoryLayout(block, col_stride), allocate_tensor_memory, tcgen05_mma(a, b, acc,
-# use_acc=, mbarriers=), tensor-memory .index/.slice/.load(layout)/.store, mbarrier.init/
-# expect/wait/arrive, tma.store_wait, gl.warp_specialize(pairs, warps, registers).
-#
-#   TMA copies             flashbook.gluon_kit (tma_load, tma_store), shared with Chapter 6
-#   TMEM register layout   3.6 blackwell.get_tmem_reg_layout(dtype, shape, layout, num_warps)
-#                          3.9 gone; tensor_memory_descriptor_type(dtype, shape, layout,
-#                          shape).get_reg_layout(num_warps) (and .load() may omit the layout)
-#   TMEM reinterpret       3.6 desc._reinterpret(dtype, shape, layout)   3.9 desc.reinterpret
-#   GluonASTSource         3.6 triton.experimental.gluon._runtime   3.9 also exported from
-#                          triton.experimental.gluon (for compile_for_sm100)
-#   tcgen05_mma with A in tensor memory: 3.6's docstring still says "a: shared memory, b: shared
-#                          or tensor memory" (3.9: "a: shared or tensor memory"); both compile
-#                          P (TMEM) V (SMEM) into tcgen05.mma's A-from-TMEM form (the tests
-#                          compile the kernel with both versions).
-# ---------------------------------------------------------------------------------------------
+# What differs between triton 3.6 (GPU images, Colab) and 3.9 (the CPU image), besides the TMA
+# copies (flashbook.gluon_kit): the TMEM register layout (3.6 get_tmem_reg_layout; 3.9
+# tensor_memory_descriptor_type(...).get_reg_layout) and TMEM reinterpret (3.6 _reinterpret).
+# Both compile P (TMEM) V (SMEM) into tcgen05.mma's A-from-TMEM form (the tests compile both).
 _HAS_GET_TMEM_REG_LAYOUT = hasattr(_bw, "get_tmem_reg_layout")
 SHIM = dict(tma_load=tma_load.__name__, tma_store=tma_store.__name__,
             tmem_reg_layout="get_tmem_reg_layout" if _HAS_GET_TMEM_REG_LAYOUT
@@ -69,10 +49,8 @@ def _tmem_view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constex
         return buf._reinterpret(dtype, shape, layout)
 
 
-# ---------------------------------------------------------------------------------------------
-# Tile bookkeeping every role shares (they must agree on every count, or a barrier waits
+# --- Tile bookkeeping every role shares (they must agree on every count, or a barrier waits
 # forever): the CTA's 2 * BLOCK_M rows walk the same K/V tiles.
-# ---------------------------------------------------------------------------------------------
 @gluon.jit
 def _cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr):
@@ -92,9 +70,7 @@ def _cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     return tiles, full
 
 
-# ---------------------------------------------------------------------------------------------
-# The load warp
-# ---------------------------------------------------------------------------------------------
+# --- The load warp
 @gluon.jit
 def _load_role(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, k_free, v_full,
                v_free, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -118,10 +94,8 @@ def _load_role(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, k_full, k
         tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
 
 
-# ---------------------------------------------------------------------------------------------
-# The MMA warp: one thread issues every tcgen05 MMA; each names the barriers its completion
+# --- The MMA warp: one thread issues every tcgen05 MMA; each names the barriers its completion
 # arrives on (tcgen05.commit), and the tensor core runs them in issue order.
-# ---------------------------------------------------------------------------------------------
 @gluon.jit
 def _pv(t: gl.constexpr, j, s_tmem, o_tmem, v_smem, p_ready, o_ready, o_done, v_free,
         release_v: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -171,9 +145,7 @@ def _mma_role(q_smem, k_smem, v_smem, s_tmem, o_tmem, q_full, k_full, k_free, v_
         BLOCK_M, BLOCK_N, HEAD_DIM, STAGES)
 
 
-# ---------------------------------------------------------------------------------------------
-# A softmax warpgroup (one per Q tile): one thread per query row
-# ---------------------------------------------------------------------------------------------
+# --- A softmax warpgroup (one per Q tile): one thread per query row
 @gluon.jit
 def _softmax_role(t: gl.constexpr, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
@@ -222,25 +194,7 @@ def _softmax_role(t: gl.constexpr, s_tmem, s_ready, p_ready, stats, l_ready, N_Q
     mbarrier.arrive(l_ready.index(t))
 
 
-@gluon.jit
-def _softmax0(s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              dtype: gl.constexpr):
-    _softmax_role(0, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                  BLOCK_N, CAUSAL, dtype)
-
-
-@gluon.jit
-def _softmax1(s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              dtype: gl.constexpr):
-    _softmax_role(1, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                  BLOCK_N, CAUSAL, dtype)
-
-
-# ---------------------------------------------------------------------------------------------
-# The correction warpgroup (the default partition)
-# ---------------------------------------------------------------------------------------------
+# --- The correction warpgroup (the default partition)
 @gluon.jit
 def _correction_role(q_smem, s_tmem, o_tmem, stats, o_done, o_ready, l_ready, epi_ready, LSE,
                      N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -294,9 +248,7 @@ def _correction_role(q_smem, s_tmem, o_tmem, stats, o_done, o_ready, l_ready, ep
         gl.store(LSE + bh * N_Q + rows, gl.convert_layout(lse, lse_l), mask=rows < N_Q)
 
 
-# ---------------------------------------------------------------------------------------------
-# The epilogue warp
-# ---------------------------------------------------------------------------------------------
+# --- The epilogue warp
 @gluon.jit
 def _epilogue_role(o_desc, q_smem, epi_ready, BLOCK_M: gl.constexpr):
     m_block = _m_block()
@@ -307,9 +259,7 @@ def _epilogue_role(o_desc, q_smem, epi_ready, BLOCK_M: gl.constexpr):
     tma.store_wait(0)
 
 
-# ---------------------------------------------------------------------------------------------
-# The kernel: allocate shared and tensor memory, initialise the barriers, fork the roles.
-# ---------------------------------------------------------------------------------------------
+# --- The kernel: allocate shared and tensor memory, initialise the barriers, fork the roles.
 @gluon.jit(do_not_specialize=["N_Q", "N_K"])     # one binary for every length
 def fa4_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -360,10 +310,10 @@ def fa4_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
     gl.warp_specialize([
         (_correction_role, (q_smem, s_tmem, o_tmem, stats, o_done, o_ready, l_ready, epi_ready,
                             LSE, N_Q, N_K, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)),
-        (_softmax0, (s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                     BLOCK_N, CAUSAL, dtype)),
-        (_softmax1, (s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale, BLOCK_M,
-                     BLOCK_N, CAUSAL, dtype)),
+        (_softmax_role, (0, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
+                         BLOCK_M, BLOCK_N, CAUSAL, dtype)),
+        (_softmax_role, (1, s_tmem, s_ready, p_ready, stats, l_ready, N_Q, N_K, qk_scale,
+                         BLOCK_M, BLOCK_N, CAUSAL, dtype)),
         (_mma_role, (q_smem, k_smem, v_smem, s_tmem, o_tmem, q_full, k_full, k_free, v_full,
                      v_free, s_ready, p_ready, o_ready, o_done, N_Q, N_K, BLOCK_M, BLOCK_N,
                      HEAD_DIM, STAGES, CAUSAL)),

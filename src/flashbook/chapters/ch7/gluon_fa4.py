@@ -1,89 +1,51 @@
-"""Chapter 7's Blackwell kernel: the example's five roles written in Triton Gluon for sm_100a.
+"""Chapter 7's Blackwell kernel, host side: Exercise 4's five roles written in Triton Gluon for
+sm_100a (the device code, ``fa4_kernel`` and its roles, is in ``fa4_kernel``, re-exported here).
 
-One program (CTA) owns ``2 * BLOCK_M`` query rows of one (batch, head), as two Q tiles of
-``BLOCK_M = 128`` rows, and forks into the roles of Exercise 4's schedule
-(``flashbook.chapters.ch7.roles``), each in its own warps (``gl.warp_specialize``):
+One CTA owns ``2 * BLOCK_M`` query rows of one (batch, head) as two Q tiles of 128 rows and
+forks (``gl.warp_specialize``) into: the correction (default partition, 4 warps: rescales O_t in
+TMEM between PV MMAs, then O / l into Q_t's shared tile and the LSE), softmax 0 and 1 (4 warps
+each, a thread per row: P = exp2(S * scale - m) in 16 bits written into S_t's own columns), the
+MMA warp (``tcgen05_mma``, issue order ``QK0(j), PV1(j-1), QK1(j), PV0(j)``, completions
+committed to barriers), the load warp (TMA into K and V rings of ``STAGES`` slots) and the
+epilogue warp (TMA stores of O). The barriers are ``roles.make_barriers``'. Tensor memory, 32-bit
+columns of 128 lanes: S0 at 0, S1 at ``BLOCK_N``, O0 and O1 after them (d each); P_t is S_t's
+first ``BLOCK_N / 2`` columns, alpha its column ``BLOCK_N / 2``, the final row max and sum the
+two after: at d = 128 all 512 columns.
 
-* **correction** (the default partition, 4 warps): between two PV MMAs of a tile it rescales
-  O_t in tensor memory by ``alpha = exp2(m_old - m_new)``; after the last one it divides O_t by
-  the row sum, writes it to shared memory (into Q_t's tile, free by then) and the LSE (natural
-  log) to global memory;
-* **softmax 0** and **softmax 1** (4 warps each, one thread per query row): S_t from TMEM, the
-  row max, alpha into a TMEM column for the correction, ``P = exp2(S * scale - m)`` in 16 bits
-  written back **into S_t's own columns** (P aliases S), the row sum kept in registers;
-* **MMA** (1 warp; one thread issues): ``tcgen05_mma`` with accumulators in TMEM,
-  ``S_t = Q_t K_j^T`` (A and B from shared memory) and ``O_t (+)= P_t V_j`` (A = P from tensor
-  memory), in the issue order ``QK0(j), PV1(j-1), QK1(j), PV0(j)`` so that one tile's softmax
-  runs under the other tile's MMAs. Each MMA names the barriers its completion arrives on
-  (``tcgen05.commit``);
-* **load** (1 warp): TMA copies of Q0 and Q1, then K and V of each key step into two rings of
-  ``STAGES`` slots;
-* **epilogue** (1 warp): the TMA stores of the two O tiles.
-
-The barriers are Exercise 4's (``roles.make_barriers``): ``q_full``, ``k_full``/``k_free`` and
-``v_full``/``v_free`` per slot, and per tile ``s_ready`` (QK done), ``p_ready`` (P written),
-``stats`` (alpha written), ``o_done`` (PV done), ``o_ready`` (O rescaled), ``l_ready`` (final
-row max and sum written) and ``epi_ready`` (O in shared memory). Tensor memory, 32-bit columns
-of 128 lanes (one lane a query row): S0 at 0, S1 at ``BLOCK_N``, O0 and O1 after them (``d``
-columns each); P_t is S_t's first ``BLOCK_N / 2`` columns (two 16-bit values a column), alpha
-lives in S_t's column ``BLOCK_N / 2``, the final row max and sum in the two after it. With d =
-128 that is all 512 columns of an SM's tensor memory.
-
-Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}; outputs O (like q) and the
-LSE ``(B, H, N_q)`` float32 in natural log; ``causal`` masks bottom-right (key j is visible to
-query i when ``j <= i + N_k - N_q``); a row that sees no key gets O = 0 and LSE = -inf.
-
-**This kernel cannot run here, nor on the lent H200** (sm_90 has no tensor memory and no
-tcgen05): it needs an sm_100 GPU (B200, GB200). Gluon has no CPU interpreter. The correctness
-argument is the structure — the same protocol as Exercise 4's simulated schedule, which is
-checked for hazards and deadlock — plus ahead-of-time compilation: ``compile_for_sm100`` builds
-it for ``GPUTarget("cuda", 100, 32)`` on any machine, and ``tests/test_ch7_gluon.py`` checks the
-PTX (tcgen05.mma, tcgen05.alloc, TMA, mbarriers, setmaxnreg) and compares the shared memory,
-tensor-memory columns and registers with ``planner``.
-
-The kernel itself (``fa4_kernel`` and its roles) is device code in ``fa4_kernel``; this module
-is its host side and re-exports those names.
-
-Written for triton 3.9 (the CPU image) and 3.6 (the GPU images, Colab); the names that differ
-are in ``fa4_kernel``'s shim (``SHIM``, re-exported here).
+Inputs ``(B, H, N, d)`` contiguous fp16/bf16, d in {64, 128}; returns O and the LSE ``(B, H,
+N_q)`` (natural log); ``causal`` aligns bottom-right; a row with no key gets O = 0, LSE = -inf.
+It needs an sm_100 GPU (no tensor memory on sm_90, no Gluon interpreter): ``compile_for_sm100``
+builds it on any machine, and ``tests/test_ch7_gluon.py`` checks its PTX and its resources
+against ``planner``. Written for triton 3.9 and 3.6 (``SHIM`` names what differs).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import triton
 from triton.experimental.gluon import language as gl
 
-from flashbook.aot import gluon_ast_source
+from flashbook.aot import compile_attention
 from flashbook.gluon_kit import head_descriptors, validate_dense_qkv
+from flashbook.tiles import LOG2E
 
 from . import planner_model as planner    # the model only: planner's CLI compiles this module
 from .fa4_kernel import SHIM, fa4_kernel, tmem_reg_layout   # the device code (re-exported)
 from .planner_model import Config
 
 __all__ = ["Config", "fa4_kernel", "kernel_args", "compile_for_sm100", "tile_layout",
-           "TRITON_VERSION", "SHIM", "attention_fa4", "DTYPES", "HEAD_DIMS"]
+           "TRITON_VERSION", "SHIM", "tmem_reg_layout", "attention_fa4", "DTYPES", "HEAD_DIMS"]
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 HEAD_DIMS = (64, 128)
-
-LOG2E = 1.4426950408889634          # log2(e): the kernel's exponentials are exp2
-LN2 = 0.6931471805599453            # ln(2): the LSE back to natural log
-
-
-# ---------------------------------------------------------------------------------------------
-# Launch arguments, the launcher, and the ahead-of-time compile
-# ---------------------------------------------------------------------------------------------
-_GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16}
-_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+DTYPES = ("float16", "bfloat16")
 
 
 def kernel_args(config: Config) -> dict:
-    """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
-    the ahead-of-time compile build the same kernel from this). ``num_warps`` is the default
-    partition's (the correction); Triton adds the workers' warps and computes ``.maxnreg``.
-    The correction is written for one warpgroup: ``CORRECTION_WARPS`` other than 4 is a what-if
-    of the planner only."""
+    """The constexprs and launch options of a resolved ``config``, for the launcher and the
+    ahead-of-time compile alike. ``num_warps`` is the correction's; Triton adds the workers'
+    warps and computes ``.maxnreg``. ``CORRECTION_WARPS`` other than 4 is a planner what-if."""
     if config.CORRECTION_WARPS != planner.PARTITION_WARPS[0][1]:
         raise ValueError(f"kernel_args: CORRECTION_WARPS={config.CORRECTION_WARPS}, but the "
                          "kernel's correction is written for one warpgroup (4 warps); other "
@@ -96,39 +58,20 @@ def kernel_args(config: Config) -> dict:
 
 
 def tile_layout(rows: int, head_dim: int, dtype: str):
-    """The shared-memory layout of one (1, rows, d) TMA box: 128-byte swizzle, what tcgen05
-    reads."""
-    return gl.NVMMASharedLayout.get_default_for([1, rows, head_dim], _GL_DTYPES[dtype])
+    """The shared layout of a (1, rows, d) TMA box: 128-byte swizzle, what tcgen05 reads."""
+    return gl.NVMMASharedLayout.get_default_for([1, rows, head_dim], getattr(gl, dtype))
 
 
 def compile_for_sm100(config: Config):
-    """Compile ``fa4_kernel`` for sm_100a (``GPUTarget("cuda", 100, 32)``) with a resolved
-    ``config``; returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``,
-    ``.metadata.shared``, ``.metadata.tmem_size``). Works without a GPU."""
-    from triton.backends.compiler import GPUTarget
+    """Compile ``fa4_kernel`` for sm_100a with a resolved ``config``: Triton's compiled kernel
+    (``.asm``, ``.metadata.shared``, ``.metadata.tmem_size``). Works without a GPU."""
     if config.HEAD_DIM is None or config.DTYPE is None:
         raise ValueError("compile_for_sm100: resolve the config first (Config.for_inputs).")
-    d, short = config.HEAD_DIM, _SHORT[config.DTYPE]
-
-    def desc(rows):
-        return f"tensordesc<{short}[1,{rows},{d}],{tile_layout(rows, d, config.DTYPE)!r}>"
-
     args = kernel_args(config)
-    constexprs = args["constexprs"]
-    signature = dict(q_desc=desc(config.BLOCK_M), k_desc=desc(config.BLOCK_N),
-                     v_desc=desc(config.BLOCK_N), o_desc=desc(config.BLOCK_M), LSE="*fp32",
-                     N_Q="i32", N_K="i32", qk_scale="fp32")
-    signature.update({n: "constexpr" for n in constexprs})
-    source = gluon_ast_source()(fn=fa4_kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 100, 32), options=args["options"])
-
-
-def _torch_dtypes():
-    import torch
-    return {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-DTYPES = ("float16", "bfloat16")
+    return compile_attention(fa4_kernel, 100, config.DTYPE, config.HEAD_DIM, config.BLOCK_M,
+                             config.BLOCK_N, lambda rows: tile_layout(rows, config.HEAD_DIM,
+                                                                      config.DTYPE),
+                             args["constexprs"], args["options"])
 
 
 def _validate(q, k, v, causal, softmax_scale, config):
@@ -137,7 +80,7 @@ def _validate(q, k, v, causal, softmax_scale, config):
     B, H, N_q, d = validate_dense_qkv(
         name, q, k, v, HEAD_DIMS,
         head_dim_note=" (tensor memory: 2 x 128 columns of S + 2 x d of O <= 512)")
-    names = _torch_dtypes()
+    names = {getattr(torch, n): n for n in DTYPES}
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     if not scale > 0 or math.isinf(scale):
         raise ValueError(f"{name}: softmax_scale must be a positive finite number, got {scale}.")
@@ -148,7 +91,6 @@ def _validate(q, k, v, causal, softmax_scale, config):
     if config.HEAD_DIM not in (None, d) or config.DTYPE not in (None, names[q.dtype]):
         raise ValueError(f"{name}: config is for d={config.HEAD_DIM}, {config.DTYPE}; the inputs "
                          f"are d={d}, {names[q.dtype]}.")
-    from dataclasses import replace
     config = replace(config.for_inputs(d, names[q.dtype]), CAUSAL=bool(causal))
     verdict = planner.feasible(config)
     if not verdict:
@@ -169,12 +111,9 @@ def _validate(q, k, v, causal, softmax_scale, config):
 
 def attention_fa4(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                   config: Config | None = None):
-    """softmax(scale * Q K^T [+ causal mask]) V with the chapter's Gluon kernel on a B200.
-
-    q ``(B, H, N_q, d)``, k and v ``(B, H, N_k, d)``, contiguous, fp16 or bf16, d in {64, 128}.
-    ``causal`` aligns bottom-right. Returns O (like q) and the LSE ``(B, H, N_q)`` float32 in
-    natural log (-inf, with O = 0, for a row that sees no key). Never run by the book's tests:
-    no sm_100 GPU was available (see the module docstring)."""
+    """softmax(scale * Q K^T [+ causal mask]) V with the chapter's Gluon kernel on a B200: q
+    ``(B, H, N_q, d)``, k, v ``(B, H, N_k, d)`` -> O, LSE (as the module docstring says). Never
+    run by the book's tests: no sm_100 GPU was available."""
     import torch
     from triton.experimental.gluon.nvidia.blackwell import TensorDescriptor
     config, scale = _validate(q, k, v, causal, softmax_scale, config)

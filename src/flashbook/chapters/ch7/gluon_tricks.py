@@ -1,11 +1,8 @@
-"""Chapter 7's tricks as hooks of the toolkit's Hopper FA3 roles (``flashbook.fa3_roles``), so
-the benchmark times them inside Chapter 6's Gluon kernel: the exponentials of P by the cubic of
-Exercise 3 (``EXP2_CUBIC``), computed twice or not at all (timing probes), and Exercise 2's
-lazy rescaling (the row maxima move, and O is rescaled, only past ``TAU``).
-
-``hooks(exp2, rescale_tau)`` gives the hooks of one setting, for ``attention_fa3(...,
-hooks=...)`` and ``compile_for_sm90(..., hooks=...)``. Gluon resolves a jit function's globals
-in the module that defines it: the cubic's coefficients are constexprs here.
+"""Chapter 7's tricks as hooks of the toolkit's Hopper FA3 roles (``flashbook.fa3_roles``), so the
+benchmark times them inside Chapter 6's Gluon kernel: P's exponentials by Exercise 3's cubic,
+twice or not at all (timing probes), and Exercise 2's lazy rescaling past ``TAU``. ``hooks``
+gives one setting's, for ``attention_fa3`` and ``compile_for_sm90``. (Gluon resolves a jit
+function's globals in its own module: the cubic's coefficients are constexprs here.)
 """
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from triton.experimental.gluon import language as gl
 
 __all__ = ["EXP2_MODES", "EXP2_CUBIC", "TAU", "hooks"]
 
-TAU = 8.0                      # base 2: an exponential may grow to 256 before O is rescaled
+TAU = 8.0                      # base 2: benchmark.TAU (a test compares them)
 # the cubic for 2^f on [-1/2, 1/2] (max relative error 7.5e-5): the chapter's fit_exp2(3) in
 # float32 (tests/test_ch7_bench.py compares them)
 EXP2_CUBIC = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716648042202)

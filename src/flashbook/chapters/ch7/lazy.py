@@ -1,18 +1,10 @@
-"""Chapter 7, Exercise 2: lazy (conditional) rescaling, FlashAttention-4's first numerical trick,
-in Chapter 3's Triton kernel: its launcher, check, the rule replayed, and the picture.
-
-The kernel, ``attn_fwd_lazy``, and ``hw_exp2`` come from ``flashbook.lazy_kernels``, which
-``flashbook release`` generates from the chapter's cell that shows them: Chapter 3's forward
-kernel (one query tile per program, unmasked full key tiles, one masked tail tile, deferred
-normalisation) with its loop body handed in as ``UPDATE``, the student's ``lazy_update``, and
-its exponential as ``EXP2`` (``hw_exp2``, the special-function unit's, or Exercise 3's
-polynomial). ``UPDATE`` returns, besides the state, whether it moved the reference max (and so
-rescaled); the kernel counts those per program and stores the count in an int32 tensor, so the
-check can count the rescales the threshold avoided.
-
-The rule: a step rescales only when some row of the tile would see its exponentials grow past
-``2**tau`` (``tau`` in base-2 units, ``m`` kept in base 2 as in Chapter 3): then every row moves
-its reference to its new max. ``simulate_rescales`` replays that rule in float64.
+"""Chapter 7, Exercise 2: lazy rescaling (FlashAttention-4's first trick) in Chapter 3's Triton
+kernel: launcher, check, the rule replayed, and the picture. The kernel ``attn_fwd_lazy``
+(``flashbook.lazy_kernels``, generated from the chapter's cell) takes the student's
+``lazy_update`` as ``UPDATE`` (it also returns whether it moved the reference max) and its
+exponential as ``EXP2``, and stores each program's rescale count (int32). The rule: a step
+rescales only when some row's exponentials would grow past ``2**tau`` (base 2, as Chapter 3
+keeps m); then every row moves its reference to its new max (``simulate_rescales``, float64).
 """
 from __future__ import annotations
 
@@ -28,7 +20,7 @@ from flashbook.device import current
 from flashbook.lazy_kernels import attn_fwd_lazy, hw_exp2
 from flashbook.plans import Launch, Plans, contiguous_strides, key
 from flashbook.reference import attention
-from flashbook.tiles import HEAD_DIMS_WHY, LOG2E, Config
+from flashbook.tiles import HEAD_DIMS_WHY, LOG2E, Config, pick_config as tile_config
 
 DTYPES = (torch.float16, torch.float32)
 HEAD_DIMS = (16, 32, 64, 128)
@@ -36,10 +28,7 @@ HEAD_DIMS = (16, 32, 64, 128)
 
 def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:
     """Chapter 3's one-tile configs; 16 x 16 tiles in CPU mode (many steps per row)."""
-    if capability is None:
-        return Config(16, 16, 4, 1)
-    from flashbook.tiles import pick_config as ch3_pick
-    return ch3_pick(d, dtype, capability)
+    return Config(16, 16, 4, 1) if capability is None else tile_config(d, dtype, capability)
 
 
 _LAZY_PLANS = Plans()
@@ -47,17 +36,12 @@ _LAZY_PLANS = Plans()
 
 def launch_lazy(update, q, k, v, *, tau: float, scale: float | None = None, exp2=None,
                 config: Config | None = None):
-    """Run ``attn_fwd_lazy`` with ``UPDATE=update`` on q (B, H, N_q, d), k and v (B, H, N_k, d).
-    ``tau``: the threshold in base-2 units (exponentials may grow to 2**tau before a rescale).
-    Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the rescale counts
-    (B, H, cdiv(N_q, BLOCK_M)) int32, one per program (each program writes its own). The checks,
-    config and grid are remembered by the inputs' metadata (``plans``)."""
+    """Run ``attn_fwd_lazy`` with ``UPDATE=update`` on q (B, H, N_q, d), k and v (B, H, N_k, d),
+    ``tau`` in base 2. Returns O (B, H, N_q, d), LSE (B, H, N_q) natural log, and the int32
+    rescale counts (B, H, cdiv(N_q, BLOCK_M)), one a program. Planned once per metadata."""
     plan_key = key(update, q, k, v, tau, scale, exp2, config, current().capability)
-    plan = _LAZY_PLANS.get(plan_key)
-    if plan is None:
-        plan = _LAZY_PLANS.remember(plan_key, _lazy_plan(update, q, k, v, tau, scale, exp2,
-                                                         config))
-    counts_shape, launch = plan
+    counts_shape, launch = _LAZY_PLANS.get(plan_key) or _LAZY_PLANS.remember(
+        plan_key, _lazy_plan(update, q, k, v, tau, scale, exp2, config))
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if launch is None:
@@ -93,21 +77,18 @@ def _lazy_plan(update, q, k, v, tau, scale, exp2, config):
 
 
 # --------------------------------------------------------------------- the rule, replayed
-
 def simulate_rescales(q, k, *, tau: float, scale: float | None = None, block_m: int,
                       block_n: int) -> tuple[torch.Tensor, float]:
-    """The rescale count of every program under the lazy rule, in float64, with the kernel's
-    tiling (padded query rows score 0 against every key, as their Q rows load as 0).
-    Returns (counts (B, H, m_blocks), the smallest |growth - tau| met: how close a decision
-    came to the threshold)."""
+    """The rescale counts (B, H, m_blocks) of the lazy rule in float64 with the kernel's tiling
+    (padded query rows score 0, as their Q rows load as 0), and the smallest |growth - tau| met:
+    how close a decision came to the threshold."""
     q, k = q.cpu(), k.cpu()
     B, H, N_q, d = q.shape
     N_k = k.shape[2]
     c = (scale if scale is not None else 1 / math.sqrt(d)) * LOG2E
     s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * c      # (B, H, N_q, N_k)
-    m_blocks = -(-N_q // block_m)
-    pad_rows = m_blocks * block_m - N_q
-    s = torch.cat([s, torch.zeros(B, H, pad_rows, N_k, dtype=s.dtype)], 2)
+    m_blocks = cdiv(N_q, block_m)
+    s = torch.cat([s, s.new_zeros(B, H, m_blocks * block_m - N_q, N_k)], 2)
     s = s.view(B, H, m_blocks, block_m, N_k)
     counts = torch.zeros(B, H, m_blocks, dtype=torch.int32)
     margin = math.inf
@@ -125,7 +106,6 @@ def simulate_rescales(q, k, *, tau: float, scale: float | None = None, block_m: 
 
 
 # ------------------------------------------------------------------------ the check
-
 def _growing(B, H, N, d, per_tile, block_n, seed, dtype):
     """Logits that grow along the keys by about ``per_tile`` (base 2) per key tile, in every
     row: the running max rises on every tile, so Chapter 3's kernel rescales on every one."""
@@ -142,27 +122,22 @@ def lazy_cases(hidden: bool = False):
     """(name, q, k, v, max_growth)"""
     bn = pick_config(16, torch.float32, current().capability).BLOCK_N
     dev = current().device
+    f32, f16 = torch.float32, torch.float16
     cases = [
-        ("random logits", *(seeded((1, 2, 40, 16), 7 + i, device="cpu") for i in range(3)),
-         256.0),
-        ("logits growing 3 (base 2) per key tile", *_growing(1, 2, 96, 16, 3.0, bn, 11,
-                                                             torch.float32), 256.0),
-        ("a huge logit late in the row (key 70 of 77)", *_spike(1, 2, 33, 16, 70, 21,
-                                                                torch.float32, 77), 256.0),
-        ("a huge logit first, then normal ones", *_spike(1, 1, 32, 16, 0, 31, torch.float32),
-         256.0),
-        ("max_growth 16: logits growing 1.5 per tile", *_growing(1, 2, 64, 16, 1.5, bn, 61,
-                                                                 torch.float32), 16.0),
-    ]
+        ("random logits", *(seeded((1, 2, 40, 16), 7 + i, device="cpu") for i in range(3)), 256.),
+        ("logits growing 3 (base 2) per key tile", *_growing(1, 2, 96, 16, 3., bn, 11, f32), 256.),
+        ("a huge logit late in the row (key 70 of 77)", *_spike(1, 2, 33, 16, 70, 21, f32, 77),
+         256.),
+        ("a huge logit first, then normal ones", *_spike(1, 1, 32, 16, 0, 31, f32), 256.),
+        ("max_growth 16: logits growing 1.5 per tile", *_growing(1, 2, 64, 16, 1.5, bn, 61, f32),
+         16.)]
     if hidden:
         cases += [
-            ("float16, logits growing 5 per key tile", *_growing(2, 1, 64, 32, 5.0, bn, 41,
-                                                                 torch.float16), 256.0),
-            ("float16, a huge logit in the middle", *_spike(1, 2, 48, 32, 40, 51,
-                                                            torch.float16), 256.0),
-            ("max_growth 4096, growing 5 per tile", *_growing(1, 1, 80, 64, 5.0, bn, 71,
-                                                              torch.float32), 4096.0),
-        ]
+            ("float16, logits growing 5 per key tile", *_growing(2, 1, 64, 32, 5., bn, 41, f16),
+             256.),
+            ("float16, a huge logit in the middle", *_spike(1, 2, 48, 32, 40, 51, f16), 256.),
+            ("max_growth 4096, growing 5 per tile", *_growing(1, 1, 80, 64, 5., bn, 71, f32),
+             4096.)]
     return [(name, q.to(dev), k.to(dev), v.to(dev), g) for name, q, k, v, g in cases]
 
 
@@ -180,21 +155,12 @@ def _spike(B, H, N, d, at, seed, dtype, N_k=None, size=800.0):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def _describe_counts(got, want):
-    bad = torch.nonzero(got != want).tolist()
-    b, h, m = bad[0]
-    return (f"program (b={b}, h={h}, query tile {m}) rescaled {int(got[b, h, m])} times, "
-            f"expected {int(want[b, h, m])}; programs off: {len(bad)} of {got.numel()}")
-
-
 def check_lazy_attention(attention_lazy, hidden: bool = False):
-    """Exercise 2: ``attention_lazy(q, k, v, max_growth=...) -> (O, LSE, rescales)`` is exact
-    (O and LSE against float64 attention) on adversarial logits, and its rescale counts are
-    those of the lazy rule, step by step."""
+    """Exercise 2: ``attention_lazy(q, k, v, max_growth=...) -> (O, LSE, rescales)``: O and LSE
+    exact on adversarial logits, the rescale counts those of the lazy rule."""
     require_implemented(attention_lazy, "attention_lazy")
     cfg = pick_config(16, torch.float32, current().capability)
-    steps = avoided = 0
-    n = 0
+    steps = avoided = n = 0
     for name, q, k, v, growth in lazy_cases(hidden):
         what = f"attention_lazy, case '{name}' ({tuple(q.shape)}, N_k={k.shape[2]}, " \
                f"{str(q.dtype).replace('torch.', '')}, max_growth={growth:g})"
@@ -227,8 +193,12 @@ def check_lazy_attention(attention_lazy, hidden: bool = False):
             raise CheckFailure(f"{what}: rescales should be a {tuple(want.shape)} int32 tensor "
                                f"(one count per program), got {tuple(counts.shape)} {counts.dtype}.")
         if not torch.equal(counts, want):
-            raise CheckFailure(f"{what}: wrong rescale counts: {_describe_counts(counts, want)}."
-                               + _diagnose(q, k, counts, growth, cfg))
+            bad = torch.nonzero(counts != want).tolist()
+            b, h, m = bad[0]
+            raise CheckFailure(f"{what}: wrong rescale counts: program (b={b}, h={h}, query tile "
+                               f"{m}) rescaled {int(counts[b, h, m])} times, expected "
+                               f"{int(want[b, h, m])}; programs off: {len(bad)} of "
+                               f"{counts.numel()}." + _diagnose(q, k, counts, growth, cfg))
         tiles = -(-k.shape[2] // cfg.BLOCK_N)
         steps += counts.numel() * tiles
         avoided += counts.numel() * tiles - int(counts.sum())
@@ -261,7 +231,6 @@ def _diagnose(q, k, counts, growth, cfg) -> str:
 
 
 # -------------------------------------------------------------------------- picture
-
 def lazy_trace(logits_log2: np.ndarray, block_n: int, tau: float):
     """One row: (running max per tile, reference max per tile, steps that rescaled)."""
     ref, refs, runs, moved, run = -np.inf, [], [], [], -np.inf

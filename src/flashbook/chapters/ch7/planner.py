@@ -1,16 +1,11 @@
-"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``): the model
-(``planner_model``, re-exported here), Exercise 5's graded check, and the compiled table's
-regeneration (``python -m flashbook.chapters.ch7.planner --out
-src/flashbook/data/ch7_compiled.json``: compiling the kernel ahead of time for sm_100a, about a
-minute, no GPU).
+"""Chapter 7's resource planner (``planner_model``, re-exported), Exercise 5's check and the
+compiled table's regeneration (``python -m flashbook.chapters.ch7.planner --out
+src/flashbook/data/ch7_compiled.json``: about a minute, no GPU).
 
-Exercise 5's check grades the resources of the chapter's Blackwell kernel (shared memory
-byte-exact once placed as Triton places it, tensor-memory columns, threads, launch and
-correction registers) against the kernel compiled ahead of time for sm_100a
-(``compiled_table``) and, for more configs, against the model. Some of those configs change the
-split of warps and registers (``WHAT_IFS``): the CuTe example's budgets, the softmax asking for
-less, a correction warpgroup per Q tile; without them threads and registers would be the same
-for every config, and a hard-coded answer would pass."""
+Exercise 5 grades the kernel's shared memory (byte-exact once placed), TMEM columns, threads,
+launch and correction registers against the sm_100a compile (``compiled_table``) and, for more
+configs, the model. ``WHAT_IFS`` change the split of warps and registers: without them threads
+and registers would be the same for every config, and a hard-coded answer would pass."""
 from __future__ import annotations
 
 from collections import Counter
@@ -28,12 +23,9 @@ __all__ = planner_model.__all__ + ["compile_entry", "main", "check_resources", "
 # ------------------------------------------------------------------------------ the compiled table
 def compile_entry(d: int, dtype: str, block_n: int, stages: int, causal: bool,
                   **split) -> dict:
-    """Compile the chapter's kernel (``gluon_fa4.compile_for_sm100``) for one config and read
-    what it needs: ``metadata.shared``, ``metadata.tmem_size`` and ``metadata.num_warps``; from
-    the PTX what ``aot.ptx_resources`` reads; from the cubin (``cuobjdump``, bundled with
-    Triton) the registers, the stack, the spill instructions and the UTC*MMA instructions.
-    ``split``: other register requests (``SOFTMAX_REGS``, ``SINGLE_WARP_REGS``). Needs Triton
-    with Gluon; no GPU."""
+    """Compile the kernel for one config (``split``: other register requests) and read what it
+    needs: the metadata, the PTX's figures (``aot.ptx_resources``), the cubin's registers,
+    stack, spills and UTC*MMA instructions. Needs Triton with Gluon; no GPU."""
     import re
     from . import gluon_fa4
     c = Config(BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, **split).for_inputs(d, dtype)
@@ -73,19 +65,15 @@ def main(argv=None):
 
 
 # ------------------------------------------------------------------------------ Exercise 5
-# Splits of warps and registers other than the kernel's (192 / 104 / 24, 4 correction warps):
-# the CuTe example's requests (192 and 32: its correction gets 96), a softmax that asks for 184
-# (the correction gets 120; both compiled the same way by Triton), and a correction warpgroup
-# per Q tile (8 warps: 20 warps, 640 threads, 96 registers at launch, 48 a correction thread)
+# Splits other than the kernel's (192 / 104 / 24, 4 correction warps): the CuTe example's (its
+# correction gets 96), a softmax asking 184 (120), a correction warpgroup per Q tile (640 threads)
 WHAT_IFS = (dict(SINGLE_WARP_REGS=32), dict(CORRECTION_WARPS=8), dict(SOFTMAX_REGS=184),
             dict(CORRECTION_WARPS=8, SOFTMAX_REGS=160, SINGLE_WARP_REGS=32))
 
 
 def resource_cases(hidden: bool = False) -> list[Config]:
-    """Visible: the compiled table's configs (the student's figures are compared with the
-    compiled kernel's) and two what-ifs of the split, compared with this planner. Hidden: more
-    configs and every what-if on several shapes (the planner is byte-exact with the compiled
-    kernel wherever both exist)."""
+    """Visible: the compiled table's configs and two what-ifs of the split. Hidden: more configs
+    and every what-if on several shapes."""
     stored = [Config(BLOCK_N=bn, STAGES=st, CAUSAL=ca).for_inputs(d, dt)
               for d, dt, bn, st, ca in TABLE_CONFIGS]
     visible = stored + [Config(**WHAT_IFS[0]).for_inputs(128, "float16"),
@@ -101,9 +89,7 @@ def resource_cases(hidden: bool = False) -> list[Config]:
 
 
 def _truth(config: Config) -> tuple[dict, str]:
-    """What the kernel really needs: the compiled table's entry where there is one, else this
-    planner (checked byte-exact against every entry; for a what-if of the split of warps and
-    registers it is the only answer)."""
+    """What the kernel needs, and from where: the compiled entry if any, else this planner."""
     e = compiled_entry(config)
     budget = register_budget(config)
     if e is not None:
@@ -239,9 +225,7 @@ def _check_registers(got: dict, config: Config, what: str, truth: dict, source: 
 
 
 def check_resources(kernel_resources, hidden: bool = False):
-    """Exercise 5: the shared memory (byte-exact once placed by Triton's rule), tensor-memory
-    columns, threads and register budgets of the chapter's kernel, against the kernel compiled
-    ahead of time for sm_100a (the stored table) and, for more configs, the planner."""
+    """Exercise 5 (the module docstring says what it grades)."""
     require_implemented(kernel_resources, "kernel_resources")
     cases = resource_cases(hidden)
     first = None

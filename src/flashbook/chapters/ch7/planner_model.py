@@ -1,51 +1,18 @@
-"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``), a configuration
-of the toolkit's kit (``flashbook.planning``); ``planner`` re-exports it with Exercise 5's check
-and the compiled table's regeneration. The kernel imports this module, not ``planner``, whose
-command compiles the kernel.
+"""Chapter 7's resource planner for the Gluon Blackwell kernel (``gluon_fa4``), a configuration of
+``flashbook.planning``, pure Python (``planner`` re-exports it with Exercise 5's check and the
+command that compiles the kernel, which imports this module). Every figure is compared with the
+kernel compiled for sm_100a (``data/ch7_compiled.json``, ``compiled_table``).
 
-What a configuration of the kernel costs in shared memory, tensor memory and registers, and
-whether one CTA fits on an sm_100 SM (B200). Pure Python: no GPU, no Triton. Every figure is
-compared with the kernel compiled ahead of time for sm_100a on a CPU machine: the stored table
-``data/ch7_compiled.json`` (``compiled_table``; regenerate it with ``python -m
-flashbook.chapters.ch7.planner --out src/flashbook/data/ch7_compiled.json``, about a minute) and,
-in a slow test, a fresh compile.
-
-A config fixes the head dim d (64 or 128), the 16-bit dtype, ``BLOCK_M = 128`` query rows per Q
-tile (two tiles a CTA), ``BLOCK_N`` keys per K/V tile, ``STAGES`` slots of the K ring and of the V
-ring, and whether the kernel masks causally (it changes what the worker warps capture).
-
-**Shared memory** (``shared_memory``, byte-exact against ``metadata.shared``; placed as
-``flashbook.planning.place`` says): the tiles Q ``2 * BLOCK_M * d * 2`` (reused for O at the
-end), K and V ``STAGES * BLOCK_N * d * 2`` each; one mbarrier array per name: eight per-tile
-arrays of 2 (``q_full``, ``s_ready``, ``p_ready``, ``stats``, ``o_done``, ``o_ready``,
-``l_ready``, ``epi_ready``) and four per-slot arrays of ``STAGES`` (``k_full``, ``k_free``,
-``v_full``, ``v_free``); what ``gl.warp_specialize`` keeps for the worker partitions
-(``warp_specialize_buffers``): their captured arguments (320 bytes, 324 when the kernel is
-causal and the workers also need N_Q) and one state byte per worker warp (12).
-
-So d = 128, 2 stages: 196,608 bytes of tiles + 320 + 12 x 16 + 12 = 197,132 bytes, of the
-232,448 a block may use.
-
-**Tensor memory** (``tmem_columns``): 512 columns of 128 lanes x 32 bits per SM. The kernel
-allocates S0 and S1 (``BLOCK_N`` fp32 columns each) and O0 and O1 (d each); P (16-bit, two to a
-column), alpha and the final row max and sum live inside S's columns (``tmem_map``). Triton
-allocates the sum rounded up to a power of two (at least 32): ``metadata.tmem_size``, the
-operand of the PTX ``tcgen05.alloc``. d = 128: 2 x 128 + 2 x 128 = 512; d = 64: 384 -> 512.
-
-**Registers** (``register_budget``): the partitions have ``CORRECTION_WARPS`` (4: the
-correction, the default partition), 4, 4 (the softmax warpgroups), 1, 1 and 1 warps (MMA, load,
-epilogue): 15, padded to whole warpgroups, 16 warps = 512 threads (``.reqntid 512``). The launch
-gives each thread 65,536 / 512 = 128 registers, rounded down to a multiple of 8 (``.maxnreg
-128``, what cuobjdump reports as REG); then ``setmaxnreg`` moves them: the softmax warpgroups
-ask for ``SOFTMAX_REGS`` (192), the single-warp roles for ``SINGLE_WARP_REGS`` (24; their
-warpgroup shares one budget), and the correction gets the rest, ``(65,536 - 128 x (2 x 192 +
-24)) / 128`` rounded down to a multiple of 8 = 104. A softmax thread holds a whole row of S
-(``BLOCK_N`` fp32 registers) — the reason for its 192; the correction moves O through registers
-in 32-column chunks, so 104 are enough. The two requests are constexprs of the kernel
-(``gluon_fa4.kernel_args``), and Triton's split follows the same rule for other values (192 and
-32 give the correction 96, 184 and 24 give it 120). ``CORRECTION_WARPS = 8`` (a correction
-warpgroup per Q tile) is a what-if this planner answers and the kernel does not build: 20 warps,
-640 threads, 96 registers at launch, 48 for a correction thread.
+A config: d (64, 128), a 16-bit dtype, ``BLOCK_M = 128`` rows a Q tile (two a CTA), ``BLOCK_N``
+keys a K/V tile, ``STAGES`` slots a ring, causal or not (the workers then capture N_Q too).
+Shared memory, placed by ``planning.place``: Q ``2 * BLOCK_M * d * 2`` (reused for O), K and V
+``STAGES * BLOCK_N * d * 2`` each, the mbarrier arrays, the workers' captures (320 bytes, 324
+causal) and a state byte per worker warp: d = 128, 2 stages: 197,132 of 232,448 bytes. Tensor
+memory: S0, S1 (``BLOCK_N`` columns), O0, O1 (d), P and the statistics inside S (``tmem_map``),
+rounded up to a power of two: 512 at d = 128 and 64. Registers: 4 + 4 + 4 + 1 + 1 + 1 warps
+padded to 16 (setmaxnreg works per warpgroup), 128 a thread at launch; then softmax 192 (a row of
+fp32 scores), single-warp roles 24, the correction the rest: 104 (it moves O in 32-column
+chunks). 8 correction warps is a what-if the planner answers and the kernel does not build.
 """
 from __future__ import annotations
 
@@ -53,22 +20,17 @@ from dataclasses import dataclass
 
 from flashbook.planning import (B200, BARRIER_ALIGN, CAPTURE_ALIGN, GPU, MBARRIER_BYTES,
                                 REGISTERS_PER_SM, SETMAXNREG_MAX, SETMAXNREG_MIN, STATE_ALIGN,
-                                SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, TILE_ALIGN, TMEM_COLUMNS,
-                                CompiledTable, Tunables, Verdict, capture_bytes, end,
+                                TILE_ALIGN, CompiledTable, Tunables, Verdict, capture_bytes, end,
                                 input_reasons, is_setmaxnreg, launch_registers, place,
-                                rest_registers, verdict)
+                                rest_registers, tmem_alloc, verdict)
 
-__all__ = ["Config", "GPU", "B200", "Verdict", "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES",
-           "TMEM_COLUMNS", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
+__all__ = ["Config", "B200", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_REGS",
            "PARTITION_WARPS", "tile_bytes", "smem_buffers", "warp_specialize_buffers", "place",
            "shared_memory_layout", "shared_memory", "tmem_map", "tmem_columns_used",
            "tmem_columns", "partition_warps", "warps", "threads", "register_budget", "feasible",
-           "candidates", "best", "COMPILED_PATH", "compiled_table", "compiled_entry",
-           "TMEM_MIN_ALLOC", "SETMAXNREG_MIN", "SETMAXNREG_MAX", "MBARRIER_BYTES", "TILE_ALIGN",
-           "BARRIER_ALIGN", "CAPTURE_ALIGN", "STATE_ALIGN", "PER_TILE_BARRIERS",
-           "PER_SLOT_BARRIERS", "CORRECTION_CHUNK", "TABLE", "TABLE_CONFIGS"]
+           "best", "compiled_table", "compiled_entry", "TILE_ALIGN", "BARRIER_ALIGN",
+           "PER_TILE_BARRIERS", "PER_SLOT_BARRIERS", "TABLE", "TABLE_CONFIGS"]
 
-TMEM_MIN_ALLOC = 32
 SOFTMAX_REGS = 192                  # what the kernel asks setmaxnreg for, per softmax thread
 SINGLE_WARP_REGS = 24               # ... and for the MMA, load and epilogue warps
 # (role, warps) of the chapter's kernel: the default partition first, as gl.warp_specialize
@@ -78,7 +40,6 @@ PARTITION_WARPS = (("correction", 4), ("softmax 0", 4), ("softmax 1", 4), ("mma"
 PER_TILE_BARRIERS = ("q_full", "s_ready", "p_ready", "stats", "o_done", "o_ready", "l_ready",
                      "epi_ready")
 PER_SLOT_BARRIERS = ("k_full", "k_free", "v_full", "v_free")
-CORRECTION_CHUNK = 32               # columns of O the correction holds in registers at once
 
 
 @dataclass(frozen=True)
@@ -200,10 +161,8 @@ def tmem_columns_used(config: Config) -> int:
 
 
 def tmem_columns(config: Config) -> int:
-    """Columns Triton allocates (``metadata.tmem_size``, the ``tcgen05.alloc`` operand): the
-    columns used, rounded up to a power of two, at least 32."""
-    used = tmem_columns_used(config)
-    return max(TMEM_MIN_ALLOC, 1 << (used - 1).bit_length())
+    """Columns Triton allocates (``metadata.tmem_size``)."""
+    return tmem_alloc(tmem_columns_used(config))
 
 
 # ------------------------------------------------------------------------------ registers
@@ -254,11 +213,6 @@ def feasible(config: Config, gpu: GPU = B200) -> Verdict:
          f"bookkeeping: more than its {c.SOFTMAX_REGS}")])
 
 
-def candidates(head_dim: int, dtype: str = "float16", causal: bool = False) -> list[Config]:
-    return [Config(BLOCK_N=bn, STAGES=st, CAUSAL=causal).for_inputs(head_dim, dtype)
-            for bn in (128, 64) for st in range(1, 9)]
-
-
 def best(head_dim: int, dtype: str = "float16", causal: bool = False) -> Config:
     """The chapter's choice: 128-key tiles (the fewest MMAs and barrier round trips per key),
     and 2 slots a ring: what Exercise 4's model needs to hide the TMA latency, and the most that
@@ -272,7 +226,6 @@ def best(head_dim: int, dtype: str = "float16", causal: bool = False) -> Config:
 
 # ------------------------------------------------------------------------------ the compiled table
 TABLE = CompiledTable("ch7_compiled.json", ("d", "dtype", "BLOCK_N", "STAGES", "causal"))
-COMPILED_PATH = TABLE.path
 # (d, dtype, BLOCK_N, STAGES, causal): the chapter's config, a 1-slot ring, causal, d = 64
 # (tensor memory rounded up), the deepest ring that fits at d = 64
 TABLE_CONFIGS = [(128, "float16", 128, 2, False), (128, "bfloat16", 128, 1, True),

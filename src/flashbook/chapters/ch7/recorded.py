@@ -1,10 +1,6 @@
-"""Chapter 7's recorded H200 benchmark, read back: each trick's speed change and error change
-against the same kernel without it, the exponentials' share from the two timing probes, a
-figure, and the figures the chapter quotes (``CHAPTER.figures``).
-
-Rows come from ``flashbook bench ch7`` (``benchmark.py`` documents them). Use with
-``results.recorded("ch7")``, which is None until the data exists.
-"""
+"""Chapter 7's recorded benchmark (``benchmark.py`` documents the rows), read back: each trick's
+speed and error change against the same kernel without it, a figure, and the figures the chapter
+quotes (``CHAPTER.figures``)."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -23,14 +19,12 @@ def case(row) -> tuple:
 
 
 def error_of(row) -> float | None:
-    for part in (row.note or "").split(";"):
-        if part.strip().startswith("err="):
-            return float(part.strip()[4:])
-    return None
+    return next((float(p.strip()[4:]) for p in (row.note or "").split(";")
+                 if p.strip().startswith("err=")), None)
 
 
-def find(rows, kernel: str, case_: tuple):
-    return next((r for r in rows if r.kernel == kernel and r.role != "public"
+def find(rows, kernel: str, case_: tuple, public: bool = False):
+    return next((r for r in rows if r.kernel == kernel and (r.role == "public") == public
                  and case(r) == tuple(case_)), None)
 
 
@@ -77,8 +71,7 @@ def lazy_as_called(rows, case_: tuple) -> str | None:
     """The chapter's ``attention_lazy`` on one case: as a reader calls it, against its config
     passed and replayed from a CUDA graph; None where either was not measured."""
     graph = find(rows, "ch7_attention_lazy", case_)
-    called = next((r for r in rows if r.kernel == "ch7_attention_lazy" and r.role == "public"
-                   and case(r) == tuple(case_)), None)
+    called = find(rows, "ch7_attention_lazy", case_, public=True)
     if graph is None or called is None or not graph.tflops or not called.tflops:
         return None
     return (f"attention_lazy(q, k, v) as called: {called.tflops:.0f} TFLOP/s, "

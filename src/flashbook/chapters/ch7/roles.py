@@ -1,53 +1,345 @@
-"""The Blackwell design's five roles, simulated (Chapter 7, Exercise 4).
+"""The Blackwell design's five roles, simulated (Chapter 7, Exercise 4). They talk only through
+mbarriers:
 
-FlashAttention-4 (and the chapter's seed, a CuTe DSL kernel for sm_100) splits a CTA into roles
-that talk only through mbarriers:
+* the **load warp**: TMA copies of the two Q tiles, then K and V of step j into slot
+  ``j % stages`` of the K ring and of the V ring;
+* the **MMA warp** (one thread) issues every ``tcgen05`` MMA, ``S_t = Q_t K_j^T`` into tensor
+  memory (TMEM) and ``O_t (+)= P_t V_j`` with P from TMEM, without waiting: the tensor core runs
+  them **in issue order**, and ``commit(bar)`` arrives once every MMA issued before has finished;
+* two **softmax** warpgroups, one per Q tile: S_t from TMEM, the row max (``rowmax``), ``P_t =
+  exp2(S_t - m)`` **in place of S_t** (``exp``), at the end the row sum (``rowsum``). Both share
+  the SM's exponential unit (MUFU), one tile's ``exp`` at a time (the Gantt's "exp wait");
+* the **correction** warpgroup rescales O_t in TMEM between two PV MMAs (``rescale``), then
+  normalises O_t into shared memory (``finish``); the **epilogue warp** stores it (``store``).
 
-* the **load warp** issues TMA copies: the CTA's two Q tiles once, then K and V of key step
-  0, 1, 2, ... into two rings of ``stages`` shared-memory slots (step ``j`` goes to slot
-  ``j % stages`` of the K ring and of the V ring);
-* the **MMA warp** (one thread) issues every ``tcgen05`` MMA: ``S_t = Q_t K_j^T`` into tensor
-  memory (TMEM) and ``O_t (+)= P_t V_j`` with P read from TMEM. Issuing does not wait: the
-  tensor core runs the MMAs one after the other, **in issue order**, and ``commit(bar)`` arrives
-  on ``bar`` once every MMA issued before it has finished (``tcgen05.commit``);
-* two **softmax** warpgroups, one per Q tile ``t``: read S_t from TMEM, publish the row max
-  (``rowmax``), then write ``P_t = exp2(S_t - m)`` **in place of S_t** (``exp``; P aliases S's
-  columns), and at the end the row sum (``rowsum``). The exponentials run on the SM's
-  special-function unit (MUFU), which both warpgroups share: it computes one tile's ``exp`` at
-  a time, so an exp that finds it working for the other tile waits (first come, first served;
-  the Gantt chart's row "exp unit" and the softmax rows' "exp wait");
-* the **correction** warpgroup rescales O_t in TMEM by ``exp2(m_old - m_new)`` between two PV
-  MMAs (``rescale``) and, after the last one, normalises O_t into shared memory (``finish``);
-* the **epilogue warp** TMA-stores each normalised O tile (``store``).
-
-The model is a configuration (``role_pipeline``) of the toolkit's pipeline engine, which Chapter
-6 teaches: its mbarriers, deadlock and protocol checks, an in-order unit with commits, a unit the
-roles queue for, and **buffers with contents** in shared memory (Q, the K and V slots, the O
-staging tiles) and tensor memory (S/P, O, the row statistics). Every access says what it expects to find; a hazard ends the run
-with a message that names the time, the roles and the buffer:
-
-* *read before ready*: a read finds old contents (P read by a PV MMA before softmax wrote it),
-  or the writer's write is not ordered before it by any barrier the reader waited on;
-* *overwrite*: a write destroys contents a role still had to read (S overwritten before
-  softmax read it; a K slot refilled before both QK MMAs read it), or is not ordered after
-  those reads;
-* *race*: two accesses to one buffer overlap in time and one writes (O rescaled while a PV MMA
-  accumulates into it);
-* and Chapter 6's *deadlock*, *phase overrun*, *protocol* and *runaway*.
-
-Time is in abstract units (``Timing``). Issuing an MMA, a TMA copy or an arrival takes no time.
+``RolePipeline`` configures the toolkit's engine (Chapter 6's): the actions, what each does
+(``spec``: unit, duration, accesses to buffers in shared memory and TMEM) and the words of its
+hazards. A hazard ends the run naming the time, roles and buffer: *read before ready*,
+*overwrite*, *race* (overlapping accesses, one a write), and Chapter 6's *deadlock*, *phase
+overrun*, *protocol*, *runaway*. Time is in abstract units (``Timing``); issuing an MMA, a TMA
+copy or an arrival takes none.
 """
 from __future__ import annotations
 
+import dataclasses
 import types
 
-from flashbook.pipeline_types import Barrier, Hazard, Run, Span
+from flashbook.pipeline_buffers import Buffer
+from flashbook.pipeline_engine import deadlock_text
+from flashbook.pipeline_model import BasePipeline
+from flashbook.pipeline_types import Barrier, Hazard, Run, Spec, Span
 
-from .role_pipeline import ROLE_NAMES, TILES, RolePipeline, Timing
-
-__all__ = ["Timing", "RolePipeline", "Run", "Hazard", "Barrier", "Span", "ROLE_NAMES",
+__all__ = ["Timing", "RolePipeline", "Run", "Hazard", "Barrier", "Span", "ROLE_NAMES", "TILES",
            "fa4_model", "serial_model", "make_barriers", "load", "softmax", "epilogue",
            "simulate"]
+
+ROLE_NAMES = ("load warp", "MMA warp", "softmax 0", "softmax 1", "correction", "epilogue warp")
+TILES = (0, 1)
+_MMA = ("qk", "pv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Durations in time units. ``g = qk + pv`` is one Q tile's MMA time per key step and
+    ``s = rowmax + exp`` its softmax time."""
+    tma: float = 3.0          # issue to arrival of one K or V tile (or a Q tile)
+    qk: float = 1.0           # S = Q K^T of one Q tile, on the tensor core
+    pv: float = 1.0           # O += P V of one Q tile, on the tensor core
+    rowmax: float = 0.5       # softmax: read S from TMEM, row max, publish it
+    exp: float = 1.5          # softmax: exp2 of one tile on the SM's exponential unit (one
+    #                           tile at a time: the two softmax warpgroups share it), P to 16
+    #                           bits, P stored in place of S
+    rescale: float = 1.0      # correction: O *= exp2(m_old - m_new), O through registers
+    rowsum: float = 0.25      # softmax, after its last step: publish the row sum
+    finish: float = 1.0       # correction: O / l into shared memory
+    store: float = 1.0        # epilogue: TMA store of one O tile
+
+    @property
+    def g(self) -> float:
+        return self.qk + self.pv
+
+    @property
+    def s(self) -> float:
+        return self.rowmax + self.exp
+
+    def describe(self) -> str:
+        return (f"tma {self.tma:g}, qk {self.qk:g}, pv {self.pv:g}, rowmax {self.rowmax:g}, "
+                f"exp {self.exp:g}, rescale {self.rescale:g}")
+
+
+_LABELS = {"QK": "QK{0}({1})", "PV": "PV{0}({1})", "rowmax": "softmax {0}'s rowmax({0}, {1})",
+           "exp": "softmax {0}'s exp({0}, {1})", "rowsum": "softmax {0}'s rowsum({0})",
+           "rescale": "the correction's rescale({0}, {1})",
+           "finish": "the correction's finish({0})", "store": "the epilogue's store({0})"}
+_CONTENTS = {"Q": "Q tile {}", "K": "K of step {}", "V": "V of step {}",
+             "S": "the scores S of step {}", "P": "P of step {}", "m": "the row max of step {}",
+             "l": "the row sum", "O": "O accumulated through step {}",
+             "O~": "O rescaled for step {0} (waiting for PV of step {0})",
+             "out": "the normalised O tile"}
+
+
+def access_label(kind: str, tile: int, step: int | None = None) -> str:
+    """An access's name, as the buffers' lists of awaited readers spell it."""
+    return _LABELS[kind].format(tile, step)
+
+
+class RolePipeline(BasePipeline):
+    """What the role programs are given: the configuration (``stages``, ``n_steps``,
+    ``timing``), ``barrier`` to make barriers, ``slot``/``phase`` of a key step, and the actions
+    to ``yield`` (each role may yield only its own)."""
+    noun = "role"
+    names = ROLE_NAMES
+    action_help = ("(yield pipe.wait(...), pipe.arrive(...), pipe.commit(...), pipe.qk(...), "
+                   "...")
+    owner_rule = ("(each role has its own actions: the load warp loads, the MMA warp issues MMAs "
+                  "and commits, softmax t works on tile t, the correction rescales and "
+                  "finishes, the epilogue warp stores)")
+    units = {"exp unit": "the exponential unit"}
+    timing_type = Timing
+
+    # ------------------------------------------------------------------ the actions
+    def load_q(self, tile: int, bar: Barrier):
+        """Load warp: TMA of Q tile ``tile``; arrives on ``bar`` when it lands."""
+        return self.op("load_q", tile, bar=bar)
+
+    def load_k(self, step: int, bar: Barrier):
+        """Load warp: TMA of K of ``step`` into slot ``slot(step)``; arrives on ``bar``."""
+        return self.op("load_k", step, bar=bar)
+
+    def load_v(self, step: int, bar: Barrier):
+        """Load warp: TMA of V of ``step`` into slot ``slot(step)``; arrives on ``bar``."""
+        return self.op("load_v", step, bar=bar)
+
+    def qk(self, tile: int, step: int):
+        """MMA warp: issue ``S_tile = Q_tile K_step^T`` (returns at once; runs in issue order)."""
+        return self.op("qk", tile, step)
+
+    def pv(self, tile: int, step: int):
+        """MMA warp: issue ``O_tile (+)= P_tile V_step``, P from S_tile's columns (step 0
+        overwrites O). Returns at once."""
+        return self.op("pv", tile, step)
+
+    def commit(self, bar: Barrier):
+        """MMA warp: one arrival on ``bar`` once every MMA issued so far has finished."""
+        return self.op("commit", bar=bar)
+
+    def rowmax(self, tile: int, step: int):
+        """Softmax: S_tile of ``step`` from TMEM, the new row max published."""
+        return self.op("rowmax", tile, step)
+
+    def exp(self, tile: int, step: int):
+        """Softmax: ``P = exp2(S - m)`` in 16 bits, in place of S_tile (on the exp unit)."""
+        return self.op("exp", tile, step)
+
+    def rowsum(self, tile: int):
+        """Softmax, after its last step: the row sum l published."""
+        return self.op("rowsum", tile)
+
+    def rescale(self, tile: int, step: int):
+        """Correction: ``O_tile *= exp2(m_{step-1} - m_step)`` in TMEM; steps 1, 2, ..."""
+        return self.op("rescale", tile, step)
+
+    def finish(self, tile: int):
+        """Correction, after the last PV: ``O_tile / l`` into the O staging tile (SMEM)."""
+        return self.op("finish", tile)
+
+    def store(self, tile: int):
+        """Epilogue warp: TMA store of the normalised O tile."""
+        return self.op("store", tile)
+
+    # ------------------------------------------------------------------ for the engine
+    titles = {"load warp": "the load warp", "MMA warp": "the MMA warp",
+              "correction": "the correction warpgroup", "epilogue warp": "the epilogue warp"}
+
+    def deadlock_report(self, stuck, finished: dict) -> str:
+        return deadlock_text(
+            "role", stuck, self.who, {self.who(n): t for n, t in finished.items()},
+            ". Every phase someone waits for needs its arrival: an arrive by a role, a commit "
+            "by the MMA warp (after the MMAs it covers), or a landed TMA copy.")
+
+    def owner(self, a) -> str:
+        if a.name in ("rowmax", "exp", "rowsum"):
+            return f"softmax {a.args[0]}"
+        return {"rescale": "correction", "finish": "correction", "store": "epilogue warp"}.get(
+            a.name, "load warp" if a.name.startswith("load_") else "MMA warp")
+
+    def invalid(self, a) -> str | None:
+        """What is wrong with an action its owner yielded: a tile, a step out of range."""
+        tile = 0 if a.name in ("commit", "load_k", "load_v") else a.args[0]
+        if tile not in TILES:
+            return f"{a}: the Q tiles are 0 and 1."
+        step = a.args[0] if a.name in ("load_k", "load_v") else \
+            (a.args[1] if len(a.args) > 1 else None)
+        if step is not None and not (isinstance(step, int) and 0 <= step < self.n_steps):
+            return f"{a}: the key steps are 0..{self.n_steps - 1}."
+        if a.name == "rescale" and step == 0:
+            return (f"rescale({tile}, 0): step 0 has nothing to rescale (PV of step 0 "
+                    "overwrites O); rescales are for steps 1..n_steps-1.")
+        return None
+
+    def buffers(self) -> dict:
+        """The CTA's buffers: Q_t (SMEM, O's staging tile at the end), S/P_t, O_t and the row
+        statistics of tile t (TMEM), the K and V slots (SMEM)."""
+        bufs = {f"{x}{t}": Buffer(f"{x}{t}", "SMEM" if x == "Q" else "TMEM")
+                for t in TILES for x in "QSOml"}
+        bufs.update({f"Ostage{t}": bufs[f"Q{t}"] for t in TILES})
+        bufs.update({f"{x}[{s}]": Buffer(f"{x}[{s}]", "SMEM")
+                     for s in range(self.stages) for x in "KV"})
+        return bufs
+
+    def spec(self, a) -> Spec:
+        """What action ``a`` does: its unit, duration, accesses (buffer, mode, expected
+        contents, new contents, the readers they await) and Gantt bars."""
+        t, name, n = self.timing, a.name, self.n_steps
+        if name == "commit":
+            return Spec("commit", "tensor core")
+        if name.startswith("load_"):                 # K and V await both tiles' MMAs
+            part, i = name[-1].upper(), a.args[0]
+            mma = "QK" if part == "K" else "PV"
+            buf, need = (f"Q{i}", ()) if part == "Q" else \
+                (f"{part}[{self.slot(i)}]", (access_label(mma, 0, i), access_label(mma, 1, i)))
+            return Spec("copy", "TMA", t.tma, f"the TMA load of {self.content_text((part, i))}",
+                        accesses=((buf, "w", None, (part, i), need),), kind="load",
+                        step=None if part == "Q" else i, note=f"{part}{i}",
+                        lane="QKV".index(part), done=(name, i))
+        tile, j = a.args[0], (a.args[1] if len(a.args) > 1 else None)
+        S, m, lsum, O = f"S{tile}", f"m{tile}", f"l{tile}", f"O{tile}"
+        label = access_label(name.upper() if name in _MMA else name, tile, j)
+        if name == "qk":
+            accesses = ((f"Q{tile}", "r", ("Q", tile), None, ()),
+                        (f"K[{self.slot(j)}]", "r", ("K", j), None, ()),
+                        (S, "w", None, ("S", j), (access_label("rowmax", tile, j),)))
+        elif name == "pv":
+            nxt = (access_label("rescale", tile, j + 1),) if j + 1 < n else \
+                (access_label("finish", tile),)
+            accesses = ((S, "r", ("P", j), None, ()),
+                        (f"V[{self.slot(j)}]", "r", ("V", j), None, ()),
+                        (O, "w", None, ("O", 0), nxt) if j == 0 else
+                        (O, "rw", ("O~", j), ("O", j), nxt))
+        else:
+            accesses = {
+                "rowmax": ((S, "r", ("S", j), None, ()),
+                           (m, "w", None, ("m", j),
+                            (access_label("rescale", tile, j),) if j else ())),
+                "exp": ((S, "w", None, ("P", j), (access_label("PV", tile, j),)),),
+                "rowsum": ((lsum, "w", None, ("l",), (access_label("finish", tile),)),),
+                "rescale": ((m, "r", ("m", j), None, ()),
+                            (O, "rw", ("O", j - 1) if j else None, ("O~", j),
+                             (access_label("PV", tile, j),))),
+                "finish": ((lsum, "r", ("l",), None, ()), (O, "r", ("O", n - 1), None, ()),
+                           (f"Ostage{tile}", "w", None, ("out", tile),
+                            (access_label("store", tile),))),
+                "store": ((f"Ostage{tile}", "r", ("out", tile), None, ()),)}[name]
+        if name in _MMA:
+            return Spec("issue", "tensor core", getattr(t, name), f"the MMA warp's {label}",
+                        label, accesses, kind=name.upper(), step=j, lane=tile,
+                        done=(name.upper(), tile, j))
+        require = None
+        if name == "exp":             # P is written in place of S: S of this step must be there
+            require = (S, ("S", j), lambda found: (
+                f"Softmax {tile}'s exp({tile}, {j}) writes P in place of S of step {j}, but "
+                f"S_{tile} holds {self.content_text(found)}: softmax runs rowmax({tile}, {j}) "
+                f"first, and nothing may overwrite S_{tile} before P is written."))
+        return Spec("work", "exp unit" if name == "exp" else "", getattr(t, name),
+                    f"{self.who(self.owner(a))}'s {a}", label, accesses, kind=name, step=j,
+                    lane=tile, done=(name, tile) + (() if j is None else (j,)), require=require)
+
+    # ------------------------------------------------------------------ the hazards' words
+    @staticmethod
+    def content_text(c) -> str:
+        return "nothing yet" if c is None else _CONTENTS[c[0]].format(*c[1:])
+
+    @staticmethod
+    def newer(have, want) -> bool:
+        """Whether contents ``have`` come later than ``want`` (an overwrite, not a read too
+        early)."""
+        order = {"S": 0, "P": 1}
+        if have is None or want is None:
+            return False
+        if have[0] in ("S", "P") and want[0] in ("S", "P"):
+            return (have[1], order[have[0]]) > (want[1], order[want[0]])
+        if have[0] in ("O", "O~") and want[0] in ("O", "O~"):
+            return (have[1], have[0] == "O") > (want[1], want[0] == "O")
+        if len(have) > 1 and len(want) > 1 and have[0] == want[0]:
+            return have[1] > want[1]
+        return False
+
+    @staticmethod
+    def describe(buf: Buffer) -> str:
+        name = buf.name
+        if name[0] == "Q":
+            return f"Q_{name[-1]}'s tile (SMEM; O's staging tile at the end)"
+        if name[0] in "SOml" and name[-1] in "01" and not name.startswith("Ostage"):
+            what = {"S": "S", "O": "O", "m": "the row max", "l": "the row sum"}[name[0]]
+            what = f"{what}_{name[-1]}" if name[0] in "SO" else f"{what} of tile {name[-1]}"
+            return f"{what} ({buf.memory})"
+        if name.startswith("Ostage"):
+            return f"the O staging tile {name[-1]} (SMEM)"
+        return f"{name[0]} slot {name[2:-1]} (SMEM)"
+
+    @staticmethod
+    def race_note(buf: Buffer, acc, other) -> str:
+        if buf.name[0] == "O" and not buf.name.startswith("Ostage"):
+            labels = acc.label + " " + other.label
+            if "rescale(" in labels:
+                return " O rescaled while an MMA accumulates into it."
+            if "finish(" in labels:
+                return " O read for the output while an MMA still accumulates into it."
+        return ""
+
+    @staticmethod
+    def hint(buf: Buffer, acc, expect, have) -> str:
+        """What the role should have waited for, by buffer and accessor."""
+        name, who, t = buf.name, acc.label, buf.name[-1]
+        if name[0] == "S" and who.startswith("PV"):
+            return (f" P read by the MMA before softmax {t} wrote it: before issuing "
+                    f"PV{t}(j) the MMA warp waits on p_ready[{t}] for parity j % 2.")
+        if name[0] == "S" and who.startswith("QK"):
+            if have and have[0] == "S":
+                return (f" S overwritten before softmax {t} read it: the MMA warp may issue "
+                        f"QK{t}(j) only after PV{t}(j-1), which waits until softmax {t} has "
+                        "written P (so S of step j-1 was read).")
+            return (f" P_{t} overwritten before PV{t} read it: S and P share TMEM columns, "
+                    f"so issue PV{t}(j-1) before QK{t}(j) (the tensor core runs MMAs in issue "
+                    "order).")
+        if name[0] == "S" and ("rowmax(" in who or "exp(" in who):
+            return (f" Softmax {t} reads S_{t} once the MMA warp's commit on s_ready[{t}] says "
+                    f"QK{t}(j) has finished.")
+        if name[0] == "O" and not name.startswith("Ostage"):
+            if who.startswith("PV"):
+                return (f" The PV MMA accumulated into O_{t} before the correction rescaled "
+                        f"it: before issuing PV{t}(j), j > 0, the MMA warp waits on "
+                        f"o_ready[{t}] (parity (j - 1) % 2).")
+            if "rescale(" in who:
+                return (f" The correction may rescale O_{t} only when no MMA accumulates into "
+                        f"it: after PV{t}(j-1) finished (wait on o_done[{t}], which the MMA "
+                        f"warp commits after each PV{t}) and before PV{t}(j) is issued.")
+            if "finish(" in who:
+                return (f" The correction reads O_{t} for the output only after the last "
+                        f"PV{t} finished: wait on o_done[{t}] for its last phase.")
+        if name[0] == "m":
+            return (" The correction reads the row max of step j after softmax published it "
+                    "(stats[t]) and before softmax overwrites it with step j+1's.")
+        if name[0] == "l":
+            return " The correction reads the row sum after softmax published it (l_ready[t])."
+        if name[0] in "KV" and name[1] == "[":
+            part = name[0]
+            if who.startswith(("QK", "PV")):
+                return (f" Before issuing an MMA that reads {part} of step j, the MMA warp "
+                        f"waits on {part.lower()}_full[slot(j)] for parity phase(j).")
+            return (f" Before refilling a {part} slot the load warp waits on "
+                    f"{part.lower()}_free[slot] until both {'QK' if part == 'K' else 'PV'} "
+                    f"MMAs that read it have finished; the MMA warp releases the slot with "
+                    f"pipe.commit (it arrives when those MMAs finish), not pipe.arrive (it "
+                    f"arrives at once).")
+        if name[0] == "Q":
+            if "store(" in who:
+                return " The epilogue stores O once the correction signals epi_ready[t]."
+            if "finish(" in who:
+                return (" Q_t's tile becomes O's staging tile once no QK_t reads it: after the "
+                        "last PV_t finished (o_done[t]), since every QK_t was issued before it.")
+            return " The MMA warp waits on q_full[t] before the first QK of tile t."
+        return ""
 
 
 def fa4_model(t: Timing) -> float:
@@ -71,7 +363,6 @@ def serial_model(t: Timing) -> float:
 
 
 # ------------------------------------------------------------------ the chapter's given roles
-
 def make_barriers(pipe: RolePipeline) -> types.SimpleNamespace:
     """The CTA's mbarriers (all expect one arrival a phase; ``[t]`` is per Q tile, ``[s]`` per
     ring slot):

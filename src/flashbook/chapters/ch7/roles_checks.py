@@ -1,30 +1,13 @@
-"""Chapter 7, Exercise 4's graded check and its Gantt chart.
-
-The student writes two of the five roles of the Blackwell schedule (``roles``), the ones with
-no Hopper counterpart: ``mma(pipe, bars)``, the single thread that issues every ``tcgen05`` MMA
-and releases buffers with commits, and ``correction(pipe, bars)``, the warpgroup that rescales
-O in tensor memory between two PV MMAs. The chapter gives the load warp, the two softmax
-warpgroups, the epilogue warp and the barriers (``roles.make_barriers``), and the cell sets
-``KV_STAGES``, the slots of the K ring and of the V ring.
-
-``check_roles_schedule(KV_STAGES, mma, correction)``:
-
-* the ring fits: two Q tiles and ``KV_STAGES`` K and V tiles (128 x 128, 16-bit) in the
-  shared memory a block may use (``planner.shared_memory``, byte-exact against the compiled
-  kernel of Exercise 5);
-* for rings of 1 to 3 slots (hidden: 1 to 4), 1 to 5 key steps (hidden: 1 to 9) and several
-  timings: no hazard (TMEM: S overwritten before softmax read it, P read before softmax wrote
-  it, O rescaled while an MMA accumulates into it; SMEM: a slot refilled under its MMAs), no
-  deadlock, and every MMA, softmax step, rescale, finish and store done once;
-* with ``KV_STAGES`` slots the tensor core is busy, in the steady state, at least the model's
-  ``fa4_model(timing)`` of the time: ``2g / max(2g, g + rowmax + max(exp, rescale),
-  2 rescale, 2 exp)`` (the two softmax warpgroups share the SM's exponential unit), which is
-  exactly what the schedule reaches when nothing but the dependences of the two Q tiles and
-  the shared units hold it back.
+"""Chapter 7, Exercise 4's check and Gantt chart. The student writes ``KV_STAGES`` and the two
+roles with no Hopper counterpart, ``mma(pipe, bars)`` and ``correction(pipe, bars)``; the check
+wants the ring to fit in shared memory, no hazard, deadlock or missing action over many rings,
+lengths and timings, and with ``KV_STAGES`` slots a steady-state tensor-core utilisation of at
+least ``fa4_model(timing)``.
 """
 from __future__ import annotations
 
 from flashbook.check import CheckFailure, report, require_implemented
+from flashbook.planning import B200
 
 from .roles import Run, Timing, fa4_model, serial_model, simulate
 
@@ -33,7 +16,7 @@ __all__ = ["check_roles_schedule", "protocol_cases", "utilisation_cases", "stead
 
 TOLERANCE = 0.02                      # absolute, on a utilisation in [0, 1]
 UTIL_STEPS = 14                       # key steps of a utilisation run
-SMEM_LIMIT = 232448                   # dynamic shared memory one block may use on sm_100
+SMEM_LIMIT = B200.smem_per_block      # dynamic shared memory one block may use on sm_100
 
 
 def protocol_cases(hidden: bool = False) -> list[tuple[int, int, Timing]]:
@@ -179,7 +162,6 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
 
 
 # ------------------------------------------------------------------------------ the picture
-
 _COLORS = {"QK": "#3a6ea5", "PV": "#2a9d8f", "rowmax": "#e9c46a", "exp": "#f4a261",
            "exp wait": "#fbe3cf",
            "rowsum": "#e9c46a", "rescale": "#b5838d", "finish": "#6d597a", "store": "#8e7cc3",
@@ -194,9 +176,8 @@ _ROWS = ("load warp", "TMA", "MMA warp", "tensor core", "exp unit", "softmax 0",
 
 
 def plot_schedule(*runs: Run, titles=None, t_max: float | None = None):
-    """One panel per run: a row per role, the TMA unit (lanes: Q, K, V), the tensor core and
-    the SM's exponential unit (lanes: tile 0, tile 1; both run one tile's work at a time). The MMA warp's row shows its waits; ▲ marks each MMA it issues.
-    A run stopped by a hazard is marked where it stopped. Returns the figure."""
+    """One panel per run: a row per role, the TMA unit (lanes Q, K, V), the tensor core and the
+    exp unit (lanes: tile 0, 1); ▲ marks each MMA issued, a dashed line a hazard's stop."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 

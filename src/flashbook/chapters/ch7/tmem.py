@@ -1,19 +1,12 @@
-"""Chapter 7, Exercise 1: a tensor-memory (TMEM) column map for the Blackwell forward kernel, the
-rules a map must keep, the check, and a picture of a map.
+"""Chapter 7, Exercise 1: a tensor-memory (TMEM) column map for the Blackwell forward kernel, its
+rules (``problems``), the check and a picture.
 
-TMEM is 128 lanes x 512 columns of 32-bit cells per SM; lane i holds row i of a 128-row tile,
-so a buffer is a range of columns. A plan is ``(alloc_cols, {name: (first column, width)})``
-with the names ``S0 S1 O0 O1 P0 P1 stats0 stats1``. The rules (``problems``):
-
-* widths: S_i (fp32 scores) ``block_n`` columns; O_i (fp32 accumulator) ``head_dim``; P_i (the
-  probabilities, ``p_bits`` wide) ``block_n * p_bits / 32``; stats_i (row max and row sum) 2;
-* alignment: every buffer starts on a multiple of 32 columns (TMEM's allocation granule: the
-  planner's convention, which the example keeps: its offsets are 0, 32, 128, 160, 256, 384);
-* the allocation is a power of two, at least 32, at most 512, and the smallest one that holds
-  the map and that any map of this shape needs (S0, S1, O0, O1 side by side), so the other
-  columns stay free for another CTA; no buffer reaches past it (overflow);
-* P_i and stats_i alias S_i: each lies inside S_i (the softmax overwrites the scores it has
-  read), P_i and stats_i do not overlap each other, and nothing else overlaps anything.
+TMEM is 128 lanes x 512 columns of 32 bits per SM; lane i holds row i of a 128-row tile, so a
+buffer is a range of columns. A plan is ``(alloc_cols, {name: (first column, width)})`` for
+``NAMES``. P_i and stats_i alias S_i (the softmax overwrites the scores it has read); every
+buffer starts on a 32-column granule (the example's offsets: 0, 32, 128, 160, 256, 384); the
+allocation is the smallest power of two that any map of this shape needs (S0, S1, O0, O1 side
+by side), so the rest stays free for another CTA.
 """
 from __future__ import annotations
 
@@ -21,8 +14,9 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 from flashbook.check import CheckFailure, report, require_implemented, run_student
+from flashbook.planning import TMEM_COLUMNS as COLUMNS, tmem_alloc
 
-LANES, COLUMNS, GRANULE = 128, 512, 32
+GRANULE = 32
 NAMES = ("S0", "S1", "O0", "O1", "P0", "P1", "stats0", "stats1")
 ALIASES = {"P0": "S0", "P1": "S1", "stats0": "S0", "stats1": "S1"}
 
@@ -33,21 +27,8 @@ SEED_MAP = (512, {"S0": (0, 128), "S1": (128, 128), "O0": (256, 128), "O1": (384
 
 def widths(head_dim: int, block_n: int = 128, p_bits: int = 16) -> dict[str, int]:
     """The columns each buffer needs."""
-    w = {"S0": block_n, "S1": block_n, "O0": head_dim, "O1": head_dim,
-         "P0": block_n * p_bits // 32, "P1": block_n * p_bits // 32, "stats0": 2, "stats1": 2}
-    return w
-
-
-def min_alloc(head_dim: int, block_n: int = 128) -> int:
-    """The smallest power-of-two allocation (>= 32) that S0, S1, O0, O1 side by side need."""
-    need, alloc = 2 * block_n + 2 * head_dim, GRANULE
-    while alloc < need:
-        alloc *= 2
-    return alloc
-
-
-def _overlap(a, b) -> bool:
-    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+    return {"S0": block_n, "S1": block_n, "O0": head_dim, "O1": head_dim,
+            "P0": block_n * p_bits // 32, "P1": block_n * p_bits // 32, "stats0": 2, "stats1": 2}
 
 
 def problems(plan, head_dim: int, block_n: int = 128, p_bits: int = 16) -> list[str]:
@@ -64,11 +45,12 @@ def problems(plan, head_dim: int, block_n: int = 128, p_bits: int = 16) -> list[
            for n in NAMES if cols[n][1] != want[n]]
     out += [f"misaligned: {n} starts at column {c}, not on a {GRANULE}-column boundary"
             for n, (c, _) in cols.items() if c % GRANULE]
+    least = tmem_alloc(2 * block_n + 2 * head_dim)
     if not (isinstance(alloc, int) and alloc >= GRANULE and alloc & (alloc - 1) == 0):
         out.append(f"allocation: {alloc} columns is not a power of two >= {GRANULE} "
                    "(tcgen05.alloc hands out 32, 64, 128, 256 or 512)")
-    elif alloc != min_alloc(head_dim, block_n):
-        out.append(f"allocation: {alloc} columns, but {min_alloc(head_dim, block_n)} is the "
+    elif alloc != least:
+        out.append(f"allocation: {alloc} columns, but {least} is the "
                    "smallest power of two this shape needs (2 S + 2 O side by side): keep the "
                    "rest for another CTA on the SM")
     top = min(alloc, COLUMNS) if isinstance(alloc, int) else COLUMNS
@@ -85,7 +67,7 @@ def problems(plan, head_dim: int, block_n: int = 128, p_bits: int = 16) -> list[
         for b in NAMES[i + 1:]:
             if ALIASES.get(a) == b or ALIASES.get(b) == a:
                 continue
-            if _overlap(cols[a], cols[b]):
+            if cols[a][0] < sum(cols[b]) and cols[b][0] < sum(cols[a]):
                 out.append(f"overlap: {a} (columns {cols[a][0]}-{sum(cols[a]) - 1}) and {b} "
                            f"(columns {cols[b][0]}-{sum(cols[b]) - 1}) share columns")
     return out
@@ -131,7 +113,6 @@ def check_tmem_plan(plan_tmem, hidden: bool = False):
 
 
 # -------------------------------------------------------------------------- picture
-
 _COLORS = {"S": "#9ecae1", "O": "#fdae6b", "P": "#31a354", "stats": "#d62728"}
 
 
