@@ -40,7 +40,7 @@ __all__ = ["REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX", "MBARRIER_BYT
            "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "Tunables", "GPU", "H100", "H200", "B200",
            "Device", "H100_PROPS", "H200_PROPS", "Verdict", "verdict", "input_reasons", "place",
            "end", "capture_bytes", "launch_registers", "rest_registers", "is_setmaxnreg",
-           "tmem_alloc", "CompiledTable", "as_bool", "forbid_calls"]
+           "tmem_alloc", "CompiledTable", "as_bool", "code_names", "forbid_calls"]
 
 REGISTERS_PER_SM = 65536
 SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
@@ -215,11 +215,12 @@ def as_bool(value, what: str) -> bool:
     raise CheckFailure(f"{what}: returned {value!r}; it should return True or False.")
 
 
-def _names(code) -> set:
+def code_names(code) -> set:
+    """The global and attribute names a code object and the code nested in it use."""
     names = set(code.co_names)
     for const in code.co_consts:
         if hasattr(const, "co_names"):
-            names |= _names(const)
+            names |= code_names(const)
     return names
 
 
@@ -230,7 +231,7 @@ def forbid_calls(fn, what: str, module, answers: tuple[str, ...], given: str):
     code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
     if code is None:
         return
-    names = _names(code)
+    names = code_names(code)
     by_function = {getattr(module, a): a for a in answers}
     used = [by_function[env[n]] for n in names
             if callable(env.get(n)) and env.get(n) in by_function]

@@ -1,45 +1,20 @@
 """Run Pallas Mosaic GPU kernels in JAX's GPU interpret mode, in a fresh process with a time
-limit, and turn whatever goes wrong into a message that teaches (Chapter 6; Exercise 1's K/V
-ring and Exercise 4's consumer use it).
+limit, and turn whatever goes wrong into a message that teaches (Exercises 1 and 4).
 
-JAX's interpret mode (``plgpu.kernel(..., interpret=InterpretGPUParams(...))``) runs a
-warp-specialized kernel on a CPU: every warpgroup is a Python thread, SMEM and GMEM are NumPy
-buffers, TMA copies and mbarriers are simulated, and with ``detect_races=True`` a vector-clock
-race detector reports two accesses to the same SMEM words that no barrier orders. It is strict
-where hardware is silent (a barrier must not complete twice before someone waits for it; every
-warpgroup that waits on a barrier must wait for all its phases before the kernel ends), and when
-it finds a misuse it raises in one thread while the others wait forever: the process hangs.
-
-So a student's kernel never runs in the notebook's process. ``run`` sends the student's
-functions by value (``flashbook.shipping``: cloudpickle, with the notebook's cell sources) to a
-child process, which calls a chapter's kernel builder (the *target*,
-``"flashbook.chapters.ch6.ring:run_ring"``) on NumPy inputs and writes NumPy outputs. Each job is
-one fresh process from ``multiprocessing``'s fork server, which imports JAX and the child's
-modules once (``set_forkserver_preload``) and lives as long as the notebook's kernel: a job pays
-neither JAX's start-up nor the state a previous job left. Inside the child (``interpret_child``),
-a watchdog notices when the process stops using CPU (every warpgroup blocked: a deadlock, or the
-rest of the kernel after a barrier error) and reports the barrier waits that are pending, naming
-the barriers and the source lines; a hard time limit backs it up, and the parent kills the child
-if even that fails. Then ``failure`` writes one message: barrier misuse, data races (both
-accesses, with source lines), a deadlock, a crash in the student's code, or a time-out. The
-parent never imports JAX: without it, ``require_jax`` says how to install it. (What the parent
-and the child share, ``Call``, ``Run`` and the job's files, is in ``interpret_job``; the
-messages and the JAX versions they quote are in ``interpret_messages``. This module re-exports
-both.)
-
-The messages quote the student's lines where the function has source text: a notebook cell
-(IPython keeps cell sources in ``linecache``; so do nbgrader's and nbclient's kernels), a
-``.py`` file, or code the test-suite runs with a ``linecache`` entry. The student's code may
-use ``jax``, ``jnp``, ``lax``, ``pl``, ``plgpu``, ``np``, ``math`` and ``functools`` without
-importing them (the child provides them), so the notebook defines it even where JAX is missing
-and the check can say how to install it.
-
-Writing a target (Exercise 1's is ``ring.run_ring``): a function in a ``flashbook.chapters``
-module, called in the child as ``target(**functions, **arrays, **params, detect_races=...)``,
-returning a dict of NumPy arrays. It imports JAX inside (its module must import without it),
-builds its kernel with ``interpret=params(num_threads, detect_races)`` (one CTA), and runs it.
-Each ``Call`` names the warpgroups, the barriers and the SMEM scratch buffers in allocation
-order, for the messages.
+Interpret mode runs a warp-specialized kernel on a CPU: each warpgroup a Python thread, SMEM and
+GMEM NumPy buffers, TMA and mbarriers simulated, and (``detect_races=True``) a vector-clock race
+detector. It is stricter than hardware (a barrier must not complete twice before a wait; every
+waiter must observe every phase), and on a misuse it raises in one thread while the others wait
+forever. So a student's kernel never runs in the notebook's process: ``run`` ships the functions
+(``flashbook.shipping``) to a job process forked by ``multiprocessing``'s fork server (which
+imports JAX once, ``PRELOAD``), where ``interpret_child`` calls the *target* (a
+``"flashbook.chapters.ch6.<module>:<function>"`` that imports JAX inside, builds a one-CTA kernel
+with ``interpret=params(...)`` and returns a dict of NumPy arrays) on each ``Call``. A watchdog
+there reports a stall with the pending barrier waits; the parent kills a job past its limit.
+``failure`` (``interpret_messages``) then writes one message, quoting the student's lines where
+they have source text (``linecache``: notebook cells, files). The student's code may use
+``jax``, ``jnp``, ``lax``, ``pl``, ``plgpu``, ``np``, ``math`` and ``functools`` unimported.
+The parent never imports JAX; without it ``require_jax`` says how to install it.
 """
 from __future__ import annotations
 
@@ -49,7 +24,6 @@ import importlib.util
 import inspect
 import json
 import multiprocessing
-import re
 import shutil
 import tempfile
 import time
@@ -61,27 +35,23 @@ import numpy as np
 
 from ... import shipping
 from ...compare import CheckFailure
-from .interpret_job import EVENTS, STDERR, STDOUT, Call, Run, Source
-from .interpret_messages import (INSTALL, JAX_GPU_VERSION, JAX_REQUIREMENTS, JAX_VERSION,
-                                 JAX_VERSIONS, failure, where)
+from ...planning import code_names
+from ...versions import at_least
+from .interpret_messages import (EVENTS, INSTALL, JAX_GPU_VERSION, JAX_REQUIREMENTS,
+                                 JAX_VERSION, JAX_VERSIONS, STDERR, STDOUT, Call, Run, Source,
+                                 failure, where)
 
 __all__ = ["JAX_VERSION", "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL",
            "jax_problem", "require_jax", "params", "Call", "Run", "run", "failure", "run_checked",
-           "where", "sources"]
+           "where", "sources", "unordered"]
 
 TIMEOUT_S = 120                 # a whole job (every call) may take this long
 STALL_S = 10.0                  # no CPU used for this long (s): the process is stuck
-# What the fork server imports once, so that each job's process starts with it (an import that
-# fails, JAX missing, is skipped: the job then reports it).
+# What the fork server imports once (an import that fails, JAX missing, is skipped: the job
+# then reports it).
 PRELOAD = ["jax", "jax.experimental.pallas.mosaic_gpu", f"{__package__}.interpret_child",
            f"{__package__}.ring", f"{__package__}.fa3_pallas"]
 
-
-def _fail(message: str):
-    raise CheckFailure(message)
-
-
-# --------------------------------------------------------------------------- JAX present?
 
 def jax_problem() -> str | None:
     """None when JAX's Mosaic GPU interpret mode can be imported by this Python; otherwise why
@@ -97,29 +67,24 @@ def jax_problem() -> str | None:
         have = importlib.metadata.version("jax")
     except importlib.metadata.PackageNotFoundError:
         return None
-    if _version_tuple(have) < _version_tuple(JAX_VERSION):
+    if not at_least(have, JAX_VERSION):
         return (f"JAX {have} is too old for the Mosaic GPU interpret mode these checks use "
                 f"({JAX_VERSIONS}). Upgrade, then run the check again:\n"
                 f"    {INSTALL}")
     return None
 
 
-def _version_tuple(v: str) -> tuple:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
-
-
 def require_jax(what: str = "this check"):
     """Raise CheckFailure saying how to install JAX when it is missing or too old."""
     problem = jax_problem()
     if problem:
-        _fail(f"{what}: {problem}")
+        raise CheckFailure(f"{what}: {problem}")
 
 
 def params(num_threads: int, detect_races: bool = True, tma_threads: int = 4):
-    """(Child side, for targets.) ``InterpretGPUParams`` for a single-CTA kernel of
-    ``num_threads`` warpgroups. ``tma_threads`` > 1 gives consecutive TMA copies their own
-    vector clocks, so a read ordered only after a *different* copy's barrier is a race, as
-    on hardware, where copies complete in any order."""
+    """(Child side.) ``InterpretGPUParams`` for one CTA of ``num_threads`` warpgroups;
+    ``tma_threads`` > 1 gives consecutive TMA copies their own vector clocks, so a read ordered
+    only after another copy's barrier is a race, as on hardware."""
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
     return InterpretGPUParams(num_cores_or_threads=num_threads, detect_races=detect_races,
                               num_tma_threads_per_device=tma_threads)
@@ -129,14 +94,13 @@ def params(num_threads: int, detect_races: bool = True, tma_threads: int = 4):
 
 def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float = TIMEOUT_S,
         stall: float | None = STALL_S, detect_races: bool = True) -> Run:
-    """Run ``calls`` of ``target`` ("package.module:function", a module of flashbook) with the
-    student's ``functions`` ({parameter name: function}) in a fresh process. Returns what came
-    back; raises nothing for the kernel's own failures (see ``failure``)."""
+    """Run ``calls`` of ``target`` with the student's ``functions`` ({parameter name: function})
+    in a fresh process; the kernel's own failures are in the ``Run``, never raised."""
     job_dir = Path(tempfile.mkdtemp(prefix="flashbook-interpret-"))
     try:
         (job_dir / "functions.pkl").write_bytes(shipping.dumps(functions))
-        job = {"target": target, "names": list(functions), "detect_races": detect_races, "timeout": timeout,
-               "stall": stall,
+        job = {"target": target, "names": list(functions), "detect_races": detect_races,
+               "timeout": timeout, "stall": stall,
                "calls": [{"label": c.label, "params": c.params,
                           "barrier_names": list(c.barrier_names),
                           "smem_names": list(c.smem_names)} for c in calls]}
@@ -145,7 +109,13 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
                                            for i, c in enumerate(calls)
                                            for k, v in c.arrays.items()})
         start = time.monotonic()
-        proc = _start(job_dir)
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        # looked up in sys.modules, where pickle finds it by name: the grader's kernel loads the
+        # checks' modules afresh, outside sys.modules
+        entry = importlib.import_module(f"{__package__}.interpret_child").run_job
+        proc = context.Process(target=entry, args=(str(job_dir),), daemon=True)
+        proc.start()
         try:
             proc.join(timeout + 30)                   # the child enforces ``timeout`` itself
             killed = proc.exitcode is None
@@ -157,18 +127,6 @@ def run(target: str, functions: dict, calls: Sequence[Call], *, timeout: float =
                         timeout)
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
-
-
-def _start(job_dir: Path):
-    """The job's process, forked by the fork server (started with the first job)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
-    # looked up in sys.modules, where pickle finds it by name: the grader's kernel loads the
-    # checks' modules afresh, outside sys.modules
-    entry = importlib.import_module(f"{__package__}.interpret_child").run_job
-    proc = context.Process(target=entry, args=(str(job_dir),), daemon=True)
-    proc.start()
-    return proc
 
 
 def sources(functions: dict) -> list[Source]:
@@ -188,20 +146,13 @@ def sources(functions: dict) -> list[Source]:
         except (OSError, TypeError):
             continue
         out.append(Source(name, fn.__name__, "".join(lines), fn.__code__.co_filename, first))
-        todo += [(g, fn.__globals__[g], module) for g in sorted(_code_names(fn.__code__))
+        todo += [(g, fn.__globals__[g], module) for g in sorted(code_names(fn.__code__))
                  if g in fn.__globals__]
     return out
 
 
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
-
-
-def _collect(job_dir: Path, calls, shipped: list[Source], killed: bool, wall: float, limit: float) -> Run:
+def _collect(job_dir: Path, calls, shipped: list[Source], killed: bool, wall: float,
+             limit: float) -> Run:
     events = []
     path = job_dir / EVENTS
     if path.exists():
@@ -258,8 +209,7 @@ def run_checked(target: str, functions: dict, calls: Sequence[Call], *, title: s
                 hint: str | Callable[[Run], str] = "", **kw) -> list[dict]:
     """``run``, then raise CheckFailure naming the call that failed; returns each call's
     outputs, with its order log under ``"order"`` (None where this JAX's barriers could not be
-    instrumented; see ``interpret_child.ORDER_DOC``) and the job's shipped functions under
-    ``"shipped"`` (for ``where``)."""
+    instrumented; ``interpret_child.ORDER_DOC``) and the shipped functions under ``"shipped"``."""
     require_jax(title)
     result = run(target, functions, calls, **kw)
     i = result.failed_call
@@ -268,8 +218,14 @@ def run_checked(target: str, functions: dict, calls: Sequence[Call], *, title: s
     if message:
         label = f", case {call.label}" if call is not None and result.failed_call is not None \
             else ""
-        _fail(f"{title}{label}: {message}")
+        raise CheckFailure(f"{title}{label}: {message}")
     return [dict(c["outputs"] or {}, order=c.get("order"), shipped=result.shipped)
             for c in result.calls]
 
 
+def unordered(outs: list[dict], what: str) -> str:
+    """The report's note where a job's order log is missing (``what`` was not checked)."""
+    if all(o.get("order") is not None for o in outs if o):
+        return ""
+    return (f" ({what} was not checked: this JAX lacks a public barrier operation the order "
+            f"log wraps; proven on JAX {JAX_VERSION} and {JAX_GPU_VERSION})")

@@ -1,18 +1,15 @@
-"""The process of one Chapter 6 interpret-mode job (``interpret``; ``run_job``, forked by
-``multiprocessing``'s fork server): it loads the student's functions, instruments JAX's interpret mode (every barrier wait and
-arrival, the race detector's reports), runs the target's calls and writes one event a line to
-``EVENTS``; a watchdog reports a stall (every warpgroup blocked) with the pending barrier waits.
-Each call's ``done`` event carries its *order log*: every warpgroup's barrier waits and arrivals
-and wgmma issues in program order, for checks of the schedule itself (``ORDER_DOC``; recorded
-through JAX's public API by ``order_log``, so on every JAX the chapter runs on).
-``unfenced_reads`` finds, in a traced kernel, SMEM that registers wrote and that the TMA or a
-wgmma reads with no ``commit_smem`` between.
+"""The process of one Chapter 6 interpret-mode job (``interpret``; ``run_job``, forked by the
+fork server): it rebuilds the student's functions, instruments JAX's interpret mode (barrier
+waits, arrivals and errors, the race detector's reports), runs the target's calls and writes one
+event a line to ``EVENTS``; a watchdog reports a stall (every warpgroup blocked) with the pending
+waits. Each ``done`` event carries the call's order log (``ORDER_DOC``, recorded through JAX's
+public API by ``order_log``). ``unfenced_reads`` finds, in a traced kernel, SMEM that registers
+wrote and the TMA or a wgmma reads with no ``commit_smem`` between.
 
-The instruments read and wrap JAX's private interpret-mode modules (``jax._src``): JAX has no
-public hook for barrier errors, pending waits or race reports. They are written for the JAX that
-``interpret_messages.JAX_VERSION`` names, which every install of the chapter pins
-(tests/test_versions.py checks the pins and the installed JAX); another JAX runs the same, with
-plainer reports, as each instrument checks what it wraps and steps aside.
+The instruments wrap JAX's private interpret-mode modules (JAX has no public hook for barrier
+errors, pending waits or race reports), written for ``interpret_messages.JAX_VERSION``, which
+every install pins (tests/test_versions.py); on another JAX each steps aside and the reports
+are plainer.
 """
 from __future__ import annotations
 
@@ -32,7 +29,7 @@ import numpy as np
 
 from ... import shipping
 from . import order_log
-from .interpret_job import EVENTS, STDERR, STDOUT
+from .interpret_messages import EVENTS, STDERR, STDOUT
 
 __all__ = ["Child", "run_job", "unfenced_reads", "ORDER_DOC"]
 
@@ -54,8 +51,8 @@ warpgroup's entries are in its program order; across warpgroups only the barrier
 
 
 class Child:
-    """The child process: rebuild, run, report (one JSON line per event, flushed at once, so
-    that whatever happened before a hang or a kill is on disk)."""
+    """Rebuild, run, report: one JSON line per event, flushed at once, so that what happened
+    before a hang or a kill is on disk."""
 
     def __init__(self, job_dir: Path):
         self.dir = job_dir
@@ -109,19 +106,16 @@ class Child:
 
     # ------------------------------------------------------- interpreter instruments
     def instrument(self):
-        """Record barrier waits (for deadlock reports), barrier errors (the interpreter raises
-        them in one thread and the others then hang) and races (it prints them), naming
-        barriers and SMEM buffers in allocation order. These are JAX internals: the barrier
-        instruments are installed only where they match JAX 0.10.2's, and none of them may
-        change what the interpreter does (their own failures are swallowed). With another
-        JAX the run is the same, the reports plainer (JAX 0.11 rewrote these internals)."""
+        """Record barrier waits (for deadlock reports), barrier errors (raised in one thread
+        while the others hang) and races (printed), naming barriers and SMEM buffers in
+        allocation order. Installed only where JAX's internals match 0.10.2's (0.11 rewrote
+        them); they never change what the interpreter does (their failures are swallowed)."""
         try:
             from jax._src.pallas.mosaic.interpret import race_detection_state as rds
         except ImportError:
             return
         self._instrument_races(rds)
         try:
-            from jax._src import source_info_util as siu
             from jax._src.pallas.mosaic_gpu import core as mgpu_core
             from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
             from jax._src.pallas.mosaic_gpu.interpret import shared_memory as sm
@@ -137,7 +131,7 @@ class Child:
         except Exception:  # noqa: BLE001 - another JAX: no barrier instruments
             return
         if ok:
-            self._instrument_barriers(siu, B, M, smem_space)
+            self._instrument_barriers(B, M, smem_space)
 
     def log(self, **entry):
         """One entry of the order log (``ORDER_DOC``), if it is being recorded."""
@@ -149,7 +143,7 @@ class Child:
         call = self.job["calls"][self.call] if self.call is not None else {}
         return call.get(kind, [])
 
-    def _instrument_barriers(self, siu, B, M, smem_space):
+    def _instrument_barriers(self, B, M, smem_space):
         child = self
         wait0, arrive0, dealloc0 = B.wait, B.arrive, B.deallocate
         alloc_bar0, alloc_buf0 = M.allocate_barrier, M.allocate_buffer
@@ -161,11 +155,7 @@ class Child:
                 return None
 
         def site(logging_info):
-            si = getattr(logging_info, "source_info", None)
-            frames = list(itertools.islice(siu.user_frames(si.traceback), 1)) \
-                if si is not None and getattr(si, "traceback", None) is not None else []
-            return dict(file=frames[0].file_name, line=frames[0].start_line,
-                        function=frames[0].function_name) if frames else None
+            return _site(getattr(logging_info, "source_info", None))
 
         def name_barrier(mem, key):
             n, given = len(child.barriers), child._names("barrier_names")
@@ -243,8 +233,8 @@ class Child:
         M.allocate_barrier, M.allocate_buffer = allocate_barrier, allocate_buffer
 
     def _instrument_races(self, rds):
-        """The race detector prints its reports (module-level ``print``): read them as they
-        are printed, name the SMEM buffer, and record them as events."""
+        """The race detector prints its reports (module-level ``print``): parse them as
+        printed, name the SMEM buffer, record them as events."""
         child = self
         # JAX 0.10.2: "read of <key>[<range>] from <device>, <thread>[,] <file>:<line>:<col>
         # (<function>)"; another format is kept as text
@@ -288,7 +278,7 @@ class Child:
     # ----------------------------------------------------------------------- main
     def rebuild(self) -> dict:
         """The student's functions, with ``DEFAULT_IMPORTS`` in the globals of each (and of
-        the helpers it calls) where the notebook had no such name."""
+        its helpers) where the notebook had no such name."""
         try:
             functions = shipping.loads((self.dir / "functions.pkl").read_bytes())
         except Exception as e:  # noqa: BLE001 - reported, not raised
@@ -378,6 +368,15 @@ class Child:
                   frames=frames, text=text[-4000:])
 
 
+def _site(source_info) -> dict | None:
+    """The user's frame (file, line, function) of a JAX ``source_info``, or None."""
+    from jax._src import source_info_util as siu
+    tb = getattr(source_info, "traceback", None)
+    frames = list(itertools.islice(siu.user_frames(tb), 1)) if tb is not None else []
+    return dict(file=frames[0].file_name, line=frames[0].start_line,
+                function=frames[0].function_name) if frames else None
+
+
 def run_job(job_dir: str):
     """The job's process (``interpret._start``): the job's files as stdio, then the job."""
     job_dir = Path(job_dir)
@@ -398,19 +397,11 @@ def run_job(job_dir: str):
 # --------------------------------------------------------------- the proxy fence, statically
 
 def unfenced_reads(closed_jaxpr) -> list[dict]:
-    """Where a traced kernel (``jax.make_jaxpr`` of it) reads, through the async proxy (a wgmma
-    operand, the source of ``copy_smem_to_gmem``), SMEM that registers wrote (a ref store) with
-    no ``commit_smem`` in between: one dict per such read, with the ``store`` and the ``read``
-    sites (file, line) and ``what`` reads. Walks the kernel in program order, once through
-    each loop body and each branch; a ref is followed into the jaxprs nested in it."""
-    from jax._src import source_info_util as siu
-
-    def site(eqn):
-        tb = getattr(eqn.source_info, "traceback", None)
-        frames = list(itertools.islice(siu.user_frames(tb), 1)) if tb is not None else []
-        return dict(file=frames[0].file_name, line=frames[0].start_line,
-                    function=frames[0].function_name) if frames else None
-
+    """Where a traced kernel (``jax.make_jaxpr``) reads through the async proxy (a wgmma
+    operand, ``copy_smem_to_gmem``'s source) SMEM that a ref store wrote with no
+    ``commit_smem`` between: dicts of the ``store`` and ``read`` sites and ``what`` reads.
+    Walks the kernel in program order, once through each loop body and branch, following a ref
+    into the jaxprs nested in it."""
     found, dirty = [], {}                # dirty: root ref -> the store not yet fenced
 
     def walk(jaxpr, root):
@@ -418,14 +409,14 @@ def unfenced_reads(closed_jaxpr) -> list[dict]:
             name = eqn.primitive.name
             refs = [None if hasattr(v, "val") else root.get(v, v) for v in eqn.invars]
             if name == "swap" and refs and refs[0] is not None:
-                dirty[refs[0]] = site(eqn)
+                dirty[refs[0]] = _site(eqn.source_info)
             elif name == "commit_smem":
                 dirty.clear()
             elif name in ("wgmma_ref", "copy_smem_to_gmem"):
                 read = refs[1:3] if name == "wgmma_ref" else refs[:1]
                 for r in read:
                     if r is not None and r in dirty:
-                        found.append(dict(store=dirty[r], read=site(eqn), what=name))
+                        found.append(dict(store=dirty[r], read=_site(eqn.source_info), what=name))
             for key, param in eqn.params.items():
                 if key == "cond_jaxpr":          # a while loop's condition writes nothing
                     continue

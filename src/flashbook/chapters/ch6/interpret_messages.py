@@ -1,22 +1,68 @@
-"""The messages of Chapter 6's interpret-mode checks (``interpret``): which JAX they need and how
-to install it, and ``failure``, which turns what came back from a job (``interpret_job.Run``) into
-one message: barrier misuse, data races (both accesses, with source lines), a deadlock, a crash in
-the student's code, or a time-out. ``interpret`` re-exports these names.
+"""What both sides of a Chapter 6 interpret-mode job share (``interpret``, the parent;
+``interpret_child``, the job's process): the job directory's files, the records of a job's calls
+(``Call``), of the student's functions as quoted (``Source``) and of what came back (``Run``);
+which JAX the checks need; and ``failure``, which turns a ``Run`` into one message (barrier
+misuse, data races with both accesses' lines, a deadlock, a crash, a time-out). ``interpret``
+re-exports these names.
 """
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import re
 from pathlib import Path
 from typing import Sequence
 
-from .interpret_job import Call, Run, Source
+__all__ = ["EVENTS", "STDOUT", "STDERR", "Call", "Source", "Run", "JAX_VERSION",
+           "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL", "failure", "where"]
 
-__all__ = ["JAX_VERSION", "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL",
-           "failure", "where"]
+EVENTS, STDOUT, STDERR = "events.jsonl", "stdout.txt", "stderr.txt"
 
-# Which JAX works, stated once: the chapter's setup cell prints JAX_VERSIONS (ch6/jax_setup.py),
-# the checks' errors quote it, pyproject's `hopper` extra and CI's pins hold JAX_VERSION.
+
+@dataclasses.dataclass
+class Call:
+    """One kernel run of a job: ``target(**functions, **arrays, **params)``."""
+    label: str
+    arrays: dict
+    params: dict
+    thread_names: dict | None = None      # warpgroup id -> "the producer warpgroup"
+    barrier_names: Sequence[str] = ()     # in allocation order: "full[0]", ...
+    smem_names: Sequence[str] = ()        # SMEM scratch buffers in allocation order
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A student's function as the messages quote it: its source and where it came from."""
+    name: str            # the name the check knows it by
+    defines: str         # the name its ``def`` binds
+    source: str
+    filename: str
+    firstlineno: int
+
+    def line(self, lineno: int) -> str | None:
+        i = lineno - self.firstlineno
+        lines = self.source.splitlines()
+        return lines[i].strip() if 0 <= i < len(lines) else None
+
+
+@dataclasses.dataclass
+class Run:
+    """What came back from a job."""
+    status: str   # ok | failed | stalled | timeout | killed | died | no-jax | source-error
+    calls: list              # per call: dict(outputs=..., races=[...], elapsed=..., done=bool,
+                             # order=the order log, ``interpret_child.ORDER_DOC``, or None)
+    problems: list           # barrier misuse the interpreter raised (dicts)
+    pending: list            # barrier waits pending when the kernel stopped making progress
+    error: dict | None       # an exception that ended a call (type, message, frames, text)
+    failed_call: int | None  # the call that was running when things went wrong
+    wall_s: float
+    limit_s: float           # the time limit it ran under
+    log: str                 # the tail of the child's stdout and stderr
+    shipped: list            # the student's functions, ``Source``s
+
+
+# Which JAX works, stated once: jax_setup prints JAX_VERSIONS, the checks quote it, pyproject's
+# `hopper` extra and CI's pins hold JAX_VERSION.
 JAX_VERSION = "0.10.2"          # the JAX whose interpret mode the book's checks are proven on (CI)
 JAX_GPU_VERSION = "0.11.2"      # the JAX the Pallas kernels compiled and ran with on an H200
 JAX_VERSIONS = (f"the interpret-mode checks are proven on JAX {JAX_VERSION} (CPU wheels, in CI); "
@@ -26,8 +72,9 @@ INSTALL = "pip install " + " ".join(f'"{r}"' for r in JAX_REQUIREMENTS)
 _PACKAGE = Path(__file__).resolve().parents[2]          # .../flashbook
 
 
-def _where(site: dict | None, shipped: Sequence[Source]) -> str:
-    """'line 7 of your `kv_producer`: `plgpu.barrier_wait(...)`' or 'ring.py line 80: `...`'."""
+def where(site: dict | None, shipped: Sequence[Source]) -> str:
+    """A source line as the messages name it: 'line 7 of your `kv_producer`: `...`', or
+    'flashbook/chapters/ch6/ring.py line 80: `...`'."""
     if not site:
         return "an unknown line"
     file, line = site.get("file", ""), int(site.get("line", 0))
@@ -84,13 +131,13 @@ def _race_text(r: dict, names, shipped) -> str:
 
     def acc(x):
         verb = "wrote" if x["kind"] == "write" else "read"
-        return f"{_who(x['thread'], names)} {verb} it at {_where(x['site'], shipped)}"
+        return f"{_who(x['thread'], names)} {verb} it at {where(x['site'], shipped)}"
     return (f"data race on {where}{index}: {acc(b)}, and {acc(a)}, and no barrier orders "
             f"the two accesses.")
 
 
 def _problem_text(p: dict, names, shipped) -> str:
-    who, where = _who(p.get("thread"), names), _where(p.get("site"), shipped)
+    who, where = _who(p.get("thread"), names), where(p.get("site"), shipped)
     bar = p.get("barrier") or "a barrier"
     if p["kind"] == "completed-again":
         return (f"barrier misuse: {bar} completed a phase again before any warpgroup waited "
@@ -110,7 +157,7 @@ def _problem_text(p: dict, names, shipped) -> str:
 
 
 def _pending_text(w: dict, names, shipped) -> str:
-    return (f"{_who(w['thread'], names)} waits at {_where(w['site'], shipped)} for the "
+    return (f"{_who(w['thread'], names)} waits at {where(w['site'], shipped)} for the "
             f"{_ordinal(w['awaited'])} completion of {w.get('barrier') or 'a barrier'}, which "
             f"has completed {_times(w['phase'])}")
 
@@ -150,7 +197,7 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
     if e and not result.problems:
         frames = [f for f in e.get("frames", []) if any(
             f["file"] == s.filename for s in shipped)]
-        at = f" at {_where(frames[-1], shipped)}" if frames else ""
+        at = f" at {where(frames[-1], shipped)}" if frames else ""
         msg = e.get("message", "").strip().splitlines()
         short = " ".join(msg[:3])[:600]
         if e.get("type") == "NameError":
@@ -181,9 +228,3 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
         parts.append(f"the check's process ended unexpectedly. Its output:\n{result.log[-1500:]}")
     text = "\n  ".join(parts)
     return text + (f"\n  Hint: {hint}" if hint else "")
-
-
-def where(site: dict | None, shipped: Sequence[Source]) -> str:
-    """A source line as the messages name it: 'line 7 of your `kv_producer`: `...`'."""
-    return _where(site, shipped)
-

@@ -1,21 +1,13 @@
-"""The order log of Chapter 6's interpret-mode checks, through JAX's public API only, so that it
-is the same on every JAX the chapter runs on (the CPU wheels of CI, the GPU image's newer JAX).
+"""The order log of Chapter 6's interpret-mode checks (``interpret_child.ORDER_DOC``), through
+JAX's public API only, so it is the same on every JAX the chapter runs on.
 
-``install(child)`` (child side, before the target builds its kernel) wraps four public functions
-of ``jax.experimental.pallas.mosaic_gpu``: ``barrier_wait``, ``barrier_arrive``,
-``copy_gmem_to_smem`` (its barrier's arrival, counted to the warpgroup that issues the copy) and
-``wgmma``. Each wrapper adds an *ordered* ``jax.debug.callback`` beside the operation: in
-interpret mode every warpgroup is a thread that runs its callbacks in its own program order,
-with the warpgroup index and the traced barrier slot as values. ``plgpu.kernel`` is wrapped too,
-to name the kernel's scratch refs (barrier arrays and SMEM buffers, in the order of
-``scratch_types``) by the names each ``Call`` gives (``interpret.Call.barrier_names``:
-``"full[0]", ..., "consumed[0]", ...``; ``smem_names``).
-
-Phases are counted per warpgroup: its k-th wait on ``full[s]`` observed completion k, and its
-k-th arrival on it counts towards completion k. That holds for every barrier of the chapter's
-kernels, where each warpgroup that arrives on a barrier arrives once per completion (the
-interpreter itself raises when a barrier completes twice before a wait). The entries are
-``interpret_child.ORDER_DOC``'s.
+``install(child)`` wraps ``plgpu.barrier_wait``, ``barrier_arrive``, ``copy_gmem_to_smem`` (its
+barrier's arrival, counted to the issuing warpgroup) and ``wgmma`` with an *ordered*
+``jax.debug.callback`` (in interpret mode each warpgroup is a thread that runs its callbacks in
+program order), and ``plgpu.kernel``, to name the scratch refs by each ``Call``'s
+``barrier_names`` and ``smem_names``. Phases are counted per warpgroup (its k-th wait on
+``full[s]`` observed completion k), which holds for the chapter's kernels: a warpgroup that
+arrives on a barrier arrives once per completion.
 """
 from __future__ import annotations
 
@@ -37,8 +29,8 @@ def base_names(names) -> list[str]:
 
 
 class _Names:
-    """id(scratch ref traced in the kernel body) -> its name; the refs are kept alive so that
-    their ids are not reused while a kernel is traced."""
+    """id(scratch ref traced in the kernel body) -> its name (the refs kept alive: their ids
+    must not be reused while a kernel is traced)."""
 
     def __init__(self):
         self.refs: dict[int, tuple[object, str]] = {}
@@ -61,9 +53,8 @@ def _slot(ref):
 
 
 def install(child) -> bool:
-    """Wrap the four operations and ``plgpu.kernel`` (module attributes, which the student's
-    ``plgpu.barrier_wait(...)`` and the targets both look up at call time). Returns False
-    where this JAX lacks one of them (no log then)."""
+    """Wrap the four operations and ``plgpu.kernel`` (module attributes, looked up at call
+    time). Returns False where this JAX lacks one of them (no log then)."""
     try:
         import jax
         import jax.numpy as jnp

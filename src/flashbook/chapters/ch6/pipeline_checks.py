@@ -1,18 +1,10 @@
-"""Chapter 6, Exercise 2's graded checks and its Gantt chart.
+"""Chapter 6, Exercise 2's graded checks and its Gantt chart (``pipeline`` runs the schedules).
 
-The student writes the schedule of FlashAttention-3's pipeline as three functions,
-``make_barriers(pipe)``, ``producer(pipe, full, consumed)`` and
-``consumer(pipe, wg, full, consumed, turn)`` (``flashbook.chapters.ch6.pipeline`` runs them):
-
-* ``check_ring_protocol`` (2a: ``make_barriers`` and ``producer``, run with the check's own
-  consumer, ``given_consumer``, so that 2a is graded on its own): for every (stages, n_steps,
-  timing) case, with two consumers taking turns, with two consumers and no turns, and with one
-  consumer, the run has no hazard and no deadlock, and every step was loaded once and consumed
-  once (QK, softmax, PV) by every consumer.
-* ``check_pingpong`` (2b: the student's consumer with their ring): the same cases with the
-  student's consumer, then, in the steady state (pipeline fill and drain left out), the tensor
-  cores are busy min(1, 2g/(g+s)) of the time with two consumers taking turns, g/(g+s) with
-  one, and no two GEMMs ever share the tensor cores with ping-pong.
+``check_ring_protocol`` (2a) runs the student's ``make_barriers`` and ``producer`` with the
+check's own ``given_consumer``, so 2a is graded on its own; ``check_pingpong`` (2b) runs the
+student's consumer too, then compares the steady-state tensor-core utilisation (fill and drain
+left out) with the FA3 model: min(1, 2g/(g+s)) with two consumers taking turns, g/(g+s) with
+one, and no two GEMMs sharing the tensor cores with ping-pong.
 """
 from __future__ import annotations
 
@@ -21,8 +13,8 @@ from flashbook.check import CheckFailure, report, require_implemented
 from .pipeline import Run, Timing, lockstep_model, pingpong_model, simulate, single_model
 
 __all__ = ["check_ring_protocol", "check_pingpong", "given_consumer", "ring_cases",
-           "pingpong_cases", "MODES",
-           "steady_window", "steady_utilisation", "plot_gantt", "TOLERANCE"]
+           "pingpong_cases", "MODES", "steady_window", "steady_utilisation", "plot_gantt",
+           "TOLERANCE"]
 
 # (consumers, ping-pong): FA3's two consumers taking turns, the same two without a schedule (the
 # ring alone must be right), and one consumer (FA2's single warpgroup)
@@ -38,10 +30,8 @@ def _mode(consumers: int, pingpong: bool) -> str:
 
 
 def ring_cases(hidden: bool = False) -> list[tuple[int, int, Timing]]:
-    """(stages, n_steps, timing). Visible: 3 ring sizes x 3 lengths; hidden: every stages in
-    {2, 3, 4} with n_steps in 1..9 at a balanced timing, and with 1, 2, 3, 5 and 8 steps (fewer
-    than, equal to and past the ring, each slot reused once and twice) at a TMA-bound and a
-    GEMM-bound timing."""
+    """(stages, n_steps, timing): visible 3 ring sizes x 3 lengths; hidden also 1..9 steps, and
+    a TMA-bound and a GEMM-bound timing over fewer steps than, as many as and past the ring."""
     balanced = Timing(tma=3, qk=1, pv=1, softmax=2)
     if not hidden:
         return [(s, n, balanced) for s in (2, 3, 4) for n in (1, 4, 9)]
@@ -62,11 +52,9 @@ def pingpong_cases(hidden: bool = False) -> list[Timing]:
 
 
 def given_consumer(pipe, wg, full, consumed, turn=None):
-    """The check's own consumer for 2a: every step whole (QK, softmax, PV) before its slot is
-    released; with ``turn``, the two warpgroups take whole steps in turn, so that one releases a
-    slot a step before the other has read it (a ring whose consumed barriers complete on one
-    release then refills it under the slower consumer). Slower than 2b's ping-pong, on purpose:
-    it exercises the ring, not the schedule."""
+    """2a's consumer: each step whole (QK, softmax, PV) before its slot is released; with
+    ``turn`` the two take whole steps in turn, so one releases a slot a step before the other
+    reads it (a consumed barrier that completes on one release refills it under the slower)."""
     for step in range(pipe.n_steps):
         slot = pipe.slot(step)
         yield pipe.wait(full[slot], pipe.phase(step))
@@ -121,9 +109,8 @@ def _protocol(make_barriers, producer, consumer, hidden: bool, whose: str) -> in
 
 
 def check_ring_protocol(make_barriers, producer, hidden: bool = False):
-    """Exercise 2a: the ring's barrier protocol is hazard-free and deadlock-free for every ring
-    size, length and timing, with and without turns and with one consumer. The consumers are
-    the check's own (``given_consumer``): 2a is graded whether or not 2b is done."""
+    """Exercise 2a: the ring's protocol is hazard- and deadlock-free for every case and mode,
+    with the check's own consumers (``given_consumer``)."""
     require_implemented(make_barriers, "make_barriers")
     require_implemented(producer, "producer")
     n = _protocol(make_barriers, producer, given_consumer, hidden,
@@ -134,7 +121,7 @@ def check_ring_protocol(make_barriers, producer, hidden: bool = False):
 
 def steady_window(run: Run, skip: int = 3) -> tuple[float, float]:
     """From consumer 0's QK of step ``skip`` to its QK of step n_steps - skip: whole periods of
-    the steady state, with the pipeline's fill and drain left out."""
+    the steady state."""
     starts = run.starts("consumer 0", "QK")
     a, b = skip, run.n_steps - skip
     if a not in starts or b not in starts or b <= a:
@@ -187,10 +174,8 @@ def _pingpong_case(make_barriers, producer, consumer, t: Timing) -> tuple[float,
 
 
 def check_pingpong(make_barriers, producer, consumer, hidden: bool = False):
-    """Exercise 2b: the student's consumer keeps the ring protocol (``_protocol``, with their
-    2a), and the steady-state tensor-core utilisation follows the FA3 model,
-    min(1, 2g/(g+s)) with two consumers taking turns and g/(g+s) with one, and with ping-pong no
-    two GEMMs share the tensor cores."""
+    """Exercise 2b: the student's consumer keeps the ring protocol, and the steady-state
+    utilisation follows the FA3 model (module docstring)."""
     require_implemented(make_barriers, "make_barriers")
     require_implemented(producer, "producer")
     require_implemented(consumer, "consumer")
@@ -232,9 +217,8 @@ def _label(span, width: float, t_span: float) -> str:
 
 def plot_gantt(*runs: Run, titles=None, unit: str | None = None, t_max: float | None = None):
     """One panel per run: a row per warpgroup, the TMA unit (a lane per ring slot) and the
-    tensor cores (a lane per consumer, so GEMMs that share them show as two bars at once).
-    A run that stopped at a hazard is marked where it stopped. ``unit`` names the time axis's
-    unit (default: the model's abstract time units). Returns the figure."""
+    tensor cores (a lane per consumer: shared GEMMs show as two bars at once); a hazard is
+    marked where the run stopped. ``unit`` names the time axis's unit. Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
