@@ -1,64 +1,28 @@
-"""Chapter 6 benchmark: the chapter's Gluon FA3 kernel against the students' Pallas kernel, JAX's
-shipped FA3 kernel, Chapter 3's two-tile Triton kernel, cuDNN SDPA and the FlashAttention-2
-backend, on an H100/H200 (``flashbook bench ch6``).
+"""Chapter 6 benchmark (``flashbook bench ch6``, an H100/H200): the Gluon FA3 kernel against the
+students' Pallas kernel, JAX's FA3, Chapter 3/4's two-tile Triton kernel, cuDNN and FA2 (SDPA).
 
-Cases: (B, H, N, d) = (1,16,16384,128), (4,16,4096,128), (4,16,4096,64), N_q = N_k, causal and
-not, in fp16; and (1,16,16384,128) in bf16, causal and not (``BF16_SHAPES``: the headline shape
-shows whether bf16 differs; ``run(bf16_shapes=SHAPES)`` measures every shape). Inputs are
-``torch.randn``, seeded, (B, H, N, d) contiguous. Rows, in this order for every case:
+Cases: (B, H, N, d) in ``SHAPES``, N_q = N_k, causal and not, fp16; ``BF16_SHAPES`` in bf16.
+Inputs ``torch.randn``, seeded, contiguous. Rows per case, in ``KERNELS`` order:
 
-* ``ch6_gluon_fa3`` (reference): ``gluon_fa3.attention_fa3`` with the planner's config for the
-  problem (``gluon_fa3.pick_config``), passed explicitly so the timed call does not re-plan.
-* a ``public`` row beside it: ``attention_fa3(q, k, v, causal)`` as a reader calls it (no
-  config: the plan is looked up; checks on), launched (``bench.public_row``).
-* ``ch6_pallas_fa3`` (variant): the students' Pallas Mosaic GPU kernel at full size, compiled
-  for the GPU: ``fa3_pallas.fa3_kernel`` around the Exercise 4 consumer of the ch6 solution,
-  with ``fa3_pallas.default_config``, as ``fa3_pallas.run_fa3`` builds it (run_fa3 itself is
-  not timed: it transposes K and copies O to the host inside the call). ``fa3_pallas`` is
-  imported on demand: a missing module, function or consumer is a row whose note says so.
-* ``jax_pallas_fa3`` (baseline): ``jax.experimental.pallas.ops.gpu.attention_mgpu.attention``
-  on (B, N, H, d) copies, with the tuning of JAX's own benchmark (its ``main``): block_q = 64,
-  max_concurrent_steps = 2, the first block_kv of (256, 128, 64) that fits in shared memory.
-  The kernel applies no softmax scale: it gets q * (1/sqrt(d)) (made once, not timed).
-* ``ch3_two_tiles`` (variant, non-causal): Chapter 3's ``attention_two_tiles``, as
-  ``ch3.benchmark`` calls it. Chapter 3 has no causal mask, so the causal rows are
-  ``ch4_two_tiles`` (variant): Chapter 4's ``attention_varlen``, the same two-tile kernel with
-  its mask, on the batch packed as (B*N, H, d), timed without its host-side argument checks
-  (``bench_setups.ours``). Both take fp16 only: their bf16 rows are refusals.
-* ``sdpa_cudnn``, ``sdpa_flash`` (baselines): torch SDPA on one backend
-  (``bench_setups.sdpa_setup``, without ``enable_gqa``).
+* ``ch6_gluon_fa3`` (reference): ``attention_fa3`` with the planner's config passed explicitly
+  (the timed call does not re-plan), and a ``public`` row: the call as a reader makes it.
+* ``ch6_pallas_fa3`` (variant): ``fa3_pallas.fa3_kernel`` around the ch6 solution's Exercise 4
+  consumer at full size, compiled, ``default_config`` (``benchmark_jax``).
+* ``jax_pallas_fa3`` (baseline): JAX's ``attention_mgpu.attention`` on (B, N, H, d) copies,
+  tuned as its own benchmark (block_q 64, 2 steps, the first block_kv of (256, 128, 64) that
+  fits), q pre-scaled (it applies no softmax scale).
+* ``ch3_two_tiles`` (non-causal) / ``ch4_two_tiles`` (causal: Chapter 4's ``attention_varlen``
+  on the packed batch, without its host checks): the same two-tile kernel; fp16 only.
+* ``sdpa_cudnn``, ``sdpa_flash`` (baselines): ``bench_setups.sdpa_setup``.
 
-Every row's note gives ``max|O-sdpa_cudnn|`` (cuDNN's O on the same inputs; ``sdpa_flash``'s
-where cuDNN refuses) and flags an O further than ``TOLERANCE`` from it as WRONG. A row that fails
-(refused input, out of memory, missing module, compile error) has ``ms`` empty and a note
-saying why; the run goes on.
-
-Timing. Torch and Triton/Gluon rows: replayed from a CUDA graph (``bench.timed_ms``;
-launched from Python where a call cannot be captured, the note saying so), the protocol ``results.GRAPH_TIMER`` that the provenance
-records. JAX rows cannot be captured into a torch CUDA graph (JAX launches on its own stream,
-through XLA), and torch's CUDA events cannot be recorded on that stream. They are timed with
-JAX's own method, the one its FA3 benchmark uses: ``jax.experimental.mosaic.gpu.profiler
-.measure`` (CUPTI), which sums the durations of the GPU kernels each call of the jitted function
-launches, ``n`` calls in a row (n fills about 300 ms, 10 to 200 calls), median. That is GPU time
-without launch overhead, the quantity the CUDA-graph rows measure. As a cross-check the note adds
-``triton.testing.do_bench`` (``results.GPU_TIMER``) of ``lambda: jax.block_until_ready(f(...))``,
-which also counts JAX's dispatch and the host synchronisation of each call (tens of us); where
-CUPTI fails, that wall-clock time is the row's time and the note says so. Each JAX function is
-compiled once per case (its first call, which is also the checked call), outside the timing.
-Inputs reach JAX through DLPack without copies (``jax.dlpack.from_dlpack(t, copy=False)``; the
-note confirms the buffer is shared), and O comes back the same way for the check.
-
-The torch rows of every case run first, then the JAX rows (phase 2, ``benchmark_jax``): so no
-torch CUDA graph is
-captured while JAX's runtime (its threads, CUPTI) is live in the process. JAX's GPU client is
-started without preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), else it would take 75%
-of the GPU's memory beside torch's. The rows are returned in case order.
-
-FLOPs: ``reference.attention_flops`` (4 B H N^2 d, halved causal); GB/s: compulsory traffic
-(``bench.attention_bytes``); ``pct_peak``: of the datasheet tensor peak.
-
-Every row is measured by the toolkit's ``bench_setups.measure`` (the JAX rows with the CUPTI
-timer of ``benchmark_jax`` in place of ``bench.timed_ms``).
+Each note gives ``max|O-sdpa_cudnn|`` (``sdpa_flash``'s where cuDNN refuses), WRONG past
+``TOLERANCE``; a row that fails has no ``ms`` and a note saying why. Torch rows are replayed
+from CUDA graphs (``results.GRAPH_TIMER``). JAX launches on its own stream through XLA, which a
+torch graph cannot capture: its rows use CUPTI kernel time (``benchmark_jax.jax_time``, as
+JAX's FA3 benchmark does), with ``do_bench`` of the blocking call in the note as a cross-check.
+The torch rows of every case run first, then the JAX rows, so no graph is captured while JAX's
+runtime is live; JAX starts without preallocating the GPU, and reads the torch inputs through
+DLPack without copies. FLOPs ``reference.attention_flops``, GB/s ``bench.attention_bytes``.
 """
 from __future__ import annotations
 
@@ -104,9 +68,7 @@ class Case:
         return (self.B, self.H, self.N, self.d)
 
     def columns(self) -> dict:
-        """``bench_setups.measure``'s keywords for this case: its shape columns, the two
-        matmuls' FLOPs (4 B H N^2 d, halved causal) and the compulsory traffic (read Q, K, V,
-        write O once)."""
+        """``bench_setups.measure``'s keywords: shape columns, FLOPs, compulsory traffic."""
         B, H, N, d = self.shape
         return dict(B=B, H_q=H, N_q=N, d=d, dtype=self.dtype, causal=self.causal,
                     flops=attention_flops(B, H, N, N, d, self.causal),
@@ -126,8 +88,7 @@ class Inputs:
     extra: dict = dataclasses.field(default_factory=dict)  # e.g. the pre-scaled q for JAX
 
     def check(self, causal: bool):
-        """The rows' check: ``max|O-<reference>|`` of an O (B, H, N, d), flagged ``WRONG``
-        past ``TOLERANCE``; no note without a reference."""
+        """``max|O-<reference>|`` of an O (B, H, N, d), flagged WRONG past ``TOLERANCE``."""
         name, want = self.want.get(causal, ("", None))
         return bench_setups.err_note(name, want, TOLERANCE)
 
@@ -158,8 +119,7 @@ def sort_rows(rows: list[Row], order: list[Case]) -> list[Row]:
 
 
 def namespace(namespaces: dict, chapter: str) -> dict:
-    """A chapter's solution namespace, loaded once into ``namespaces``; a RuntimeError saying
-    why where it does not load."""
+    """A chapter's solution namespace, loaded once into ``namespaces`` (RuntimeError: why not)."""
     if chapter not in namespaces and f"{chapter} error" not in namespaces:
         try:
             from flashbook import sources
@@ -269,8 +229,7 @@ def jax_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
 
 
 def solutions(kernels) -> dict:
-    """The solution namespaces of Chapters 3 and 4 (their Triton kernels), as the rows need
-    them, or why one did not load (``"<id> error"``)."""
+    """The solution namespaces of Chapters 3 and 4 the rows need, or why not (``"<id> error"``)."""
     out: dict = {}
     for chapter, kernel in (("ch3", CH3), ("ch4", CH4)):
         if kernel in kernels:
@@ -285,9 +244,8 @@ def solutions(kernels) -> dict:
 
 def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
         device="cuda") -> list[Row]:
-    """Every row (module docstring). ``kernels``: names to measure (default: all of
-    ``KERNELS``); a case's inputs stay on the GPU from phase 1 to phase 2 (about 0.4 GiB
-    a shape)."""
+    """Every row (module docstring) of ``kernels`` (default: all); a case's inputs stay on the
+    GPU from phase 1 to phase 2 (about 0.4 GiB a shape)."""
     kernels = set(kernels or ORDER)
     order = cases(shapes, bf16_shapes, causal)
     namespaces = solutions(kernels)

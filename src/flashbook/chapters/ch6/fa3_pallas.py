@@ -106,10 +106,9 @@ def kv_producer(kT_gmem, v_gmem, kT_ring, v_ring, k_full, v_full, k_consumed, v_
 
 def causal_mask(q_start, *, n_q: int, n_k: int, block_kv: int, causal: bool,
                 compiled: bool = False):
-    """``mask(s, step)`` for the consumer: ``s`` (BLOCK_Q, block_kv) scores of K/V step ``step``
-    with -inf where a query may not see a key (bottom-right causal), or ``s`` unchanged.
-    (Compiled, the index grids are made in the wgmma accumulator's register layout; interpret
-    mode has no layouts.)"""
+    """``mask(s, step)``: the (BLOCK_Q, block_kv) scores of step ``step`` with -inf where a query
+    may not see a key (bottom-right causal). Compiled, the index grids take the wgmma
+    accumulator's register layout (interpret mode has no layouts)."""
     import jax.numpy as jnp
     from jax import lax
     import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -132,12 +131,10 @@ def fa3_kernel(consumer, *, batch: int, heads: int, n_q: int, n_k: int, d: int,
                block_kv: int = 64, stages: int = 2, causal: bool = False,
                scale: float | None = None, dtype="float16", interpret=None, producer=None,
                swizzle: bool | None = None):
-    """The kernel as a function ``(q (B,H,N_q,d), kT (B,H,d,N_k), v (B,H,N_k,d)) -> (o, lse2)``
-    with ``lse2`` (B, H, N_q) float32 in base 2. ``interpret``: ``InterpretGPUParams`` (then the
-    grid must be one CTA: B = H = 1, N_q = 128) or None to compile for an sm_90 GPU.
-    ``swizzle`` (compiled only; default off): give the fp16 tiles FA3's SMEM layout, 8 x 64
-    tiles with a 128-byte swizzle, so that the wgmma and the register stores hit distinct
-    banks. (Not yet run on a GPU.)"""
+    """``(q (B,H,N_q,d), kT (B,H,d,N_k), v (B,H,N_k,d)) -> (o, lse2 (B,H,N_q) float32, base 2)``.
+    ``interpret``: ``InterpretGPUParams`` (one CTA: B = H = 1, N_q = 128) or None to compile
+    for sm_90. ``swizzle`` (compiled only, not yet run on a GPU): FA3's SMEM layout, 8 x 64
+    tiles with a 128-byte swizzle, so the wgmma and the register stores hit distinct banks."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -219,12 +216,10 @@ def fa3_kernel(consumer, *, batch: int, heads: int, n_q: int, n_k: int, d: int,
 def run_fa3_interpret(consumer, q, kT, v, *, causal: bool = False, stages: int = 2,
                       block_kv: int = 64, scale: float | None = None, detect_races: bool = True,
                       tma_threads: int = 4, producer=None) -> dict:
-    """The check's target (run in the child process by ``interpret.run``): one CTA, inputs
-    ``q (1,1,128,d)``, ``kT (1,1,d,N_k)``, ``v (1,1,N_k,d)`` fp16 NumPy arrays; returns
-    ``{"o": (1,1,128,d) fp16, "lse2": (1,1,128) float32, base 2, "wgmma_reads_checked": bool,
-    "unfenced": JSON}``: whether ``track_wgmma_reads`` could be installed in this JAX, and
-    ``interpret_child.unfenced_reads`` of the traced kernel (register stores to SMEM that a
-    wgmma or the TMA reads with no ``commit_smem`` between)."""
+    """The check's target (``interpret.run``): one CTA on fp16 ``q (1,1,128,d)``,
+    ``kT (1,1,d,N_k)``, ``v (1,1,N_k,d)``; returns ``o``, ``lse2`` (base 2),
+    ``wgmma_reads_checked`` (``track_wgmma_reads`` installed) and ``unfenced`` (JSON of
+    ``interpret_child.unfenced_reads`` of the traced kernel)."""
     import jax
     import jax.numpy as jnp
 
@@ -237,8 +232,7 @@ def run_fa3_interpret(consumer, q, kT, v, *, causal: bool = False, stages: int =
     fn = fa3_kernel(consumer, batch=1, heads=1, n_q=n_q, n_k=v.shape[2], d=d,
                     block_kv=block_kv, stages=stages, causal=causal, scale=scale,
                     dtype=q.dtype, producer=producer,
-                    interpret=interpret.params(CONSUMERS + 1, detect_races=detect_races,
-                                               tma_threads=tma_threads))
+                    interpret=interpret.params(CONSUMERS + 1, detect_races, tma_threads))
     args = [jnp.asarray(x) for x in (q, kT, v)]
     unfenced = unfenced_reads(jax.make_jaxpr(fn)(*args))     # statically: the traced kernel
     o, lse2 = jax.block_until_ready(fn(*args))
@@ -247,19 +241,16 @@ def run_fa3_interpret(consumer, q, kT, v, *, causal: bool = False, stages: int =
             "unfenced": np.asarray(json.dumps(unfenced))}
 
 
-_SHARING = False
+_INSTALLED: set = set()            # the child-side instruments installed in this process
 
 
 def share_thread_compiles() -> bool:
-    """(Child side.) Compile each interpreted kernel once, not once per warpgroup.
-
-    JAX 0.10.2's interpret mode runs every warpgroup as a thread that traces and XLA-compiles the
-    same kernel jaxpr for itself (``thread_map._run_jaxpr``); compiling dominates a small
-    kernel's run (three ~1 s compiles on a two-core machine, against ~0.5 s of interpreting).
-    Here the first thread compiles and the others reuse its executable (the warpgroup id is an
-    argument, not a constant). What runs is unchanged. Returns whether installed."""
-    global _SHARING
-    if _SHARING:
+    """(Child side.) Compile each interpreted kernel once, not once per warpgroup: JAX 0.10.2's
+    interpret mode has every warpgroup's thread XLA-compile the same jaxpr for itself
+    (``thread_map._run_jaxpr``: three ~1 s compiles on two cores against ~0.5 s of
+    interpreting); here the others reuse the first's executable (the warpgroup id is an
+    argument). What runs is unchanged. Returns whether installed."""
+    if "share" in _INSTALLED:
         return True
     try:
         import inspect
@@ -289,26 +280,18 @@ def share_thread_compiles() -> bool:
         entry[0](consts, *args)
 
     thread_map._run_jaxpr = _run_jaxpr
-    _SHARING = True
+    _INSTALLED.add("share")
     return True
 
 
-_TRACKING = False
-
-
 def track_wgmma_reads() -> bool:
-    """(Child side.) Make JAX 0.10.2's interpret mode race-check what a wgmma reads.
-
-    Its wgmma reads the A and B operands from SMEM without telling the race detector (a TODO in
-    ``gpu_callbacks.wgmma``), so a consumer that multiplies a K tile before waiting for it to
-    land, or releases a V slot while its PV wgmma still reads it, would pass unseen. On a GPU
-    a wgmma is asynchronous: it may read its operands until the warpgroup waits for it (in
-    Pallas: until the accumulator is read). So each SMEM operand is checked as a read twice:
-    when the wgmma is issued and again at that wait, with the warpgroup's clock at that moment.
-    The interpreter's own behaviour (values, barriers) is unchanged. Returns whether installed
-    (False with another JAX, whose internals differ: then those races go unseen)."""
-    global _TRACKING
-    if _TRACKING:
+    """(Child side.) Race-check what a wgmma reads: JAX 0.10.2's interpret mode reads its SMEM
+    operands without telling the race detector (a TODO in ``gpu_callbacks.wgmma``), so a QK^T
+    before K's wait or a V release under its PV would pass unseen. A wgmma may read its operands
+    until the warpgroup waits for it (in Pallas: reads the accumulator), so each operand is
+    checked as a read at the issue and again at that wait. Values and barriers are unchanged.
+    Returns whether installed (False on another JAX: those races then go unseen)."""
+    if "track" in _INSTALLED:
         return True
     try:
         import inspect
@@ -371,7 +354,7 @@ def track_wgmma_reads() -> bool:
         return jax.tree.map(int, t)
 
     gc.wgmma, gc.wgmma_accumulator_deref = wgmma, wgmma_accumulator_deref
-    _TRACKING = True
+    _INSTALLED.add("track")
     return True
 
 
@@ -395,9 +378,9 @@ def reference(q, k, v, *, causal: bool = False, scale: float | None = None):
 
 # ------------------------------------------------------------------ compiled, on an sm_90 GPU
 
-def _import_jax():
-    """Import JAX so that it shares a GPU with torch: no preallocation of 75% of its memory
-    (effective when JAX has not used the GPU yet in this process)."""
+def import_jax():
+    """``jax``, sharing a GPU with torch: no preallocation of 75% of its memory (effective
+    when JAX has not used the GPU yet in this process)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
     return jax
@@ -406,7 +389,7 @@ def _import_jax():
 def sm90_problem() -> str | None:
     """None when JAX sees a Hopper GPU (sm_90) to compile for; otherwise why not."""
     try:
-        jax = _import_jax()
+        jax = import_jax()
     except ImportError:
         return "JAX is not installed"
     try:
@@ -425,11 +408,10 @@ def sm90_problem() -> str | None:
 def run_fa3(consumer, q, k, v, *, causal: bool = False, scale: float | None = None,
             block_kv: int | None = None, stages: int | None = None, interpret: bool = False,
             swizzle: bool | None = None):
-    """Run the kernel with ``consumer`` compiled for an sm_90 GPU (or, with ``interpret=True``,
-    in interpret mode on a CPU, in this process, without a time limit: small one-CTA sizes
-    only). ``q (B, H, N_q, d)``, ``k, v (B, H, N_k, d)`` fp16 (NumPy, JAX or torch arrays; the
-    host transposes K). Returns ``(o, lse)`` as NumPy arrays, LSE in natural log."""
-    jax = _import_jax()
+    """The kernel with ``consumer``, compiled for sm_90 (``interpret=True``: interpreted here,
+    with no time limit, one CTA). ``q (B, H, N_q, d)``, ``k, v (B, H, N_k, d)`` fp16 (NumPy,
+    JAX or torch; the host transposes K). Returns NumPy ``(o, lse)``, LSE in natural log."""
+    jax = import_jax()
     import jax.numpy as jnp
 
     q, k, v = (_to_jax(x) for x in (q, k, v))
@@ -453,7 +435,7 @@ def time_fa3(consumer, B: int, H: int, N: int, d: int, *, causal: bool = False,
     ``(B, H, N, d)`` fp16, K^T prepared once outside the timed region."""
     import time
 
-    jax = _import_jax()
+    jax = import_jax()
     import jax.numpy as jnp
 
     keys = jax.random.split(jax.random.key(0), 3)

@@ -77,9 +77,8 @@ def kv_consumer(ring, full, consumed, out_smem, wg, *, stages: int, steps: int):
 
 def ring_kernel(kv_producer, *, stages: int, steps: int, num_consumers: int = 2,
                 block: int = BLOCK, cols: int = COLS, consumer=None, interpret=None):
-    """The kernel as a function ``kv (steps * block, cols) -> (num_consumers, block, cols)``.
-    ``consumer`` replaces ``kv_consumer`` (same signature; the tests pass broken ones);
-    ``interpret``: ``InterpretGPUParams`` (None: compile for a real Hopper GPU)."""
+    """``kv (steps * block, cols) -> (num_consumers, block, cols)``; ``consumer`` replaces
+    ``kv_consumer`` (tests pass broken ones); ``interpret``: ``InterpretGPUParams`` or None."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -125,10 +124,8 @@ def run_ring(kv_producer, kv, *, stages: int, steps: int, num_consumers: int = 2
     from . import interpret
 
     kv = np.asarray(kv, np.float32)
-    block = kv.shape[0] // steps
-    params = interpret.params(num_consumers + 1, detect_races=detect_races,
-                              tma_threads=tma_threads)
+    params = interpret.params(num_consumers + 1, detect_races, tma_threads)
     fn = ring_kernel(kv_producer, stages=stages, steps=steps, num_consumers=num_consumers,
-                     block=block, cols=kv.shape[1], consumer=consumer, interpret=params)
-    out = jax.block_until_ready(fn(jnp.asarray(kv)))
-    return {"out": np.asarray(out)}
+                     block=kv.shape[0] // steps, cols=kv.shape[1], consumer=consumer,
+                     interpret=params)
+    return {"out": np.asarray(jax.block_until_ready(fn(jnp.asarray(kv))))}
