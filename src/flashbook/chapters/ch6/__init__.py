@@ -1,13 +1,11 @@
 """Chapter 6: the Hopper design (FlashAttention-3).
 
-``ring`` and ``ring_checks`` give Exercise 1's K/V ring in Pallas Mosaic GPU and grade it in
-JAX's interpret mode, in a child process with a time limit (``interpret``); ``pipeline`` and
-``pipeline_checks`` simulate one producer and two consumer warpgroups for Exercise 2;
-``fa3_pallas`` and ``fa3_checks`` give and grade Exercise 4's FA3-shaped Pallas kernel;
-``planner_checks`` grades Exercise 3 against ``planner`` (a configuration of the toolkit's
-``flashbook.planning``), which computes the shared memory and registers of a configuration of
-the chapter's Gluon kernel (``gluon_fa3``, imported on demand: it needs Triton's Gluon dialect
-and, to run, an sm_90 GPU), and against the kernel's compiled table."""
+Exercise 1's K/V ring (``ring``, graded by ``ring_checks``) and Exercise 4's FA3-shaped kernel
+(``fa3_pallas``, ``fa3_checks``) are Pallas Mosaic GPU, graded in JAX's interpret mode in a child
+process (``interpret``); Exercise 2 schedules one producer and two consumers on a model
+(``pipeline``, ``pipeline_checks``); Exercise 3 plans the Gluon kernel (``gluon_fa3``, imported
+on demand: it needs Gluon and an sm_90 GPU) against ``planner`` and its compiled table
+(``planner_checks``)."""
 from __future__ import annotations
 
 from flashbook.contract import Chapter, Exercise
@@ -28,8 +26,7 @@ __all__ = ["CHAPTER", "planner", "check_kv_ring", "check_ring_protocol", "check_
 
 
 def __getattr__(name):
-    """``attention_fa3``, imported on first use: the Gluon kernel needs Triton's Gluon dialect
-    (and an sm_90 GPU to run), which the rest of the chapter does not."""
+    """``attention_fa3``, imported on first use (it needs Triton's Gluon dialect)."""
     if name == "attention_fa3":
         from .gluon_fa3 import attention_fa3
         return attention_fa3

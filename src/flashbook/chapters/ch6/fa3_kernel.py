@@ -1,10 +1,6 @@
-"""The device code of Chapter 6's Gluon FA3 kernel: ``fa3_kernel``, the entry that runs the
-toolkit's FlashAttention-3 roles (``flashbook.fa3_roles``: the producer, the two consumers and
-their ping-pong token) with FlashAttention-3's softmax (the exponentials on the special-function
-unit, O rescaled at every tile).
-
-The host side (configs, launch arguments, the ``attention_fa3`` wrapper, the ahead-of-time
-compile) is ``gluon_fa3``, which re-exports ``fa3_kernel``; its docstring describes the kernel.
+"""The device code of Chapter 6's Gluon FA3 kernel: ``fa3_kernel`` runs the toolkit's
+FlashAttention-3 roles (``flashbook.fa3_roles``) with FA3's softmax (exp2 on the special-function
+unit, O rescaled at every tile). ``gluon_fa3`` is its host side and describes it.
 """
 from __future__ import annotations
 

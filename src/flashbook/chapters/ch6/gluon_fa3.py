@@ -1,40 +1,22 @@
-"""Chapter 6's fastest Hopper kernel: FlashAttention-3's structure written in Triton Gluon.
+"""Chapter 6's fastest Hopper kernel, FlashAttention-3's structure in Triton Gluon: the host side
+(configs, launch arguments, ``attention_fa3``, the ahead-of-time compile) of ``fa3_kernel``, the
+entry that runs the toolkit's roles (``flashbook.fa3_roles``).
 
-One program (CTA) owns ``2 * BLOCK_M`` query rows of one (batch, head) and runs three roles, each
-in its own warps (``gl.warp_specialize``):
+One program owns ``2 * BLOCK_M`` query rows of one (batch, head), in three roles
+(``gl.warp_specialize``): a producer warp (24 registers a thread, ``setmaxnreg``) TMA-loads the
+two Q tiles, then streams K and V through a ring of ``STAGES`` SMEM slots, each with a *full*
+mbarrier (the TMA's byte count) and an *empty* one (both consumers arrive); two consumer
+warpgroups (240 registers) each run ``S = Q K^T`` and ``O += P V`` with async wgmma and the
+online softmax in log2 between; a token passed through two mbarriers (the ping-pong) lets one
+issue its GEMMs while the other runs its softmax. ``OVERLAP`` writes FA3's intra-warpgroup
+order (QK^T waited alone, K released at once, the PV wait after the softmax); ptxas (12.8,
+13.x) still schedules that wait at the top of the softmax, yet on an H200 it was a little faster.
 
-* **producer** (1 warp, 24 registers a thread): TMA-loads the two Q tiles once, then streams the
-  K and V tiles of the head through a ring of ``STAGES`` shared-memory slots. Each slot has a
-  *full* mbarrier (the TMA arrives with the tile's byte count) and an *empty* one (both
-  consumers arrive when they no longer read it).
-* **two consumers** (one warpgroup each, 240 registers a thread): each owns its own BLOCK_M-row
-  Q tile and runs ``S = Q K^T`` and ``O += P V`` on the tensor cores with ``warpgroup_mma``
-  (wgmma, asynchronous, waited with ``warpgroup_mma_wait``) and the online softmax in the log2
-  domain between them.
-* **ping-pong**: a token passed between the consumers through two mbarriers lets one warpgroup
-  issue its GEMMs (``QK^T`` of this tile, ``PV`` of the previous one) while the other runs its
-  softmax, so the tensor cores stay busy. ``OVERLAP`` writes FlashAttention-3's
-  intra-warpgroup order: ``QK^T`` is waited for alone (K released at once) and the ``PV`` wait
-  comes after the softmax in the source. ptxas (12.8 and 13.x) still schedules that PV wait at
-  the top of the softmax block (seen in the SASS), so the softmax does not really run under the
-  warpgroup's own PV; on an H200 the order was still a little faster than one wait for both.
-
-Registers are moved from the producer to the consumers with ``setmaxnreg``: the compiler emits
-it from the per-partition requests (``planner.register_budget``).
-
-Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}; K and V may have another
-length than Q. Outputs O (like q) and the LSE ``(B, H, N_q)`` float32 in natural log.
-``causal`` masks bottom-right (key j is visible to query i when ``j <= i + N_k - N_q``, the usual
-mask when ``N_q == N_k``); a row that sees no key gets O = 0 and LSE = -inf. Any length works:
-the TMA descriptors are 3-D ``(B*H, N, d)``, so tiles past the end of a head read zeros and
-stores past it are clipped.
-
-The kernel itself is device code: its entry ``fa3_kernel`` (in ``fa3_kernel``) runs the
-toolkit's roles (``flashbook.fa3_roles``); this module is its host side and re-exports it.
-
-Gluon has no CPU interpreter: the kernel runs only on an sm_90 GPU. ``tests/test_ch6.py``
-compiles it ahead of time for sm_90a on a CPU machine and checks the PTX and the shared memory
-against the planner.
+Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}, any lengths (3-D TMA
+descriptors ``(B*H, N, d)``: reads past a head are zeros, stores are clipped); O like q and the
+LSE ``(B, H, N_q)`` float32 in natural log; causal bottom-right, a row with no key O = 0 and
+LSE = -inf. Gluon has no CPU interpreter: it runs on sm_90 only; ``tests/test_ch6.py`` compiles
+it for sm_90a on a CPU and checks the PTX and the shared memory against the planner.
 """
 from __future__ import annotations
 
@@ -49,52 +31,38 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import cdiv
 from flashbook.fa3_roles import exp2_mufu, fa3_hooked_kernel, move_max, rescale_o
-from flashbook.gluon_kit import head_descriptors, rebased, tma_load, tma_store, \
-    validate_dense_qkv
+from flashbook.gluon_kit import head_descriptors, rebased, validate_dense_qkv
 from flashbook.plans import Launch, Plans, key
+from flashbook.tiles import LOG2E
 
 from . import planner
 from .fa3_kernel import fa3_kernel                     # the device code
 from .planner import Config
 
 __all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args", "tile_layout",
-           "TRITON_VERSION", "tma_load", "tma_store", "DTYPES", "HEAD_DIMS",
-           "compile_for_sm90"]
+           "DTYPES", "HEAD_DIMS", "compile_for_sm90"]
 
-TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
-
-# The names that differ between triton 3.6 and 3.9 (TMA copies) are in flashbook.gluon_kit;
-# everything else the kernel (fa3_kernel) uses is spelled the same in both (positional
-# ``mbarrier.expect(bar, nbytes)``, ``gl.warp_specialize(pairs, warps, regs)``,
-# ``warpgroup_mma(..., is_async=True)``).
-LOG2E = 1.4426950408889634          # log2(e): the kernel's exponentials are exp2
-LN2 = 0.6931471805599453            # ln(2): LSE back to natural log (written out in the kernel)
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 HEAD_DIMS = (64, 128)
 HOOKS = dict(EXP2=exp2_mufu, MOVE_MAX=move_max, RESCALE=rescale_o)   # FlashAttention-3's
 
 
-# ---------------------------------------------------------------------------------------------
-# The launcher
-# ---------------------------------------------------------------------------------------------
 _TORCH_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 @functools.lru_cache(maxsize=256)
 def pick_config(head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = False,
                 B: int = 1, H: int = 16, N_q: int = 16384, N_k: int | None = None) -> Config:
-    """The planner's fastest feasible config for this problem (``planner.best``), cached by the
-    arguments (the planner takes milliseconds of Python; a call of ``attention_fa3`` without a
-    config would otherwise pay them every time). ``Config`` is frozen: sharing it is safe."""
+    """The planner's fastest feasible config (``planner.best``), cached: planning takes
+    milliseconds of Python (``Config`` is frozen: sharing it is safe)."""
     return planner.best(head_dim, _TORCH_DTYPE_NAMES[dtype], B=B, H=H, N_q=N_q, N_k=N_k,
                         causal=causal)
 
 
 @functools.lru_cache(maxsize=256)
 def kernel_args(config: Config) -> dict:
-    """The kernel's constexprs and launch options for a resolved ``config`` (the launcher and
-    the ahead-of-time tests build the same kernel from this). Cached by its argument: callers
-    unpack it and must not change it."""
+    """The kernel's constexprs and launch options for a resolved ``config`` (launcher and
+    ahead-of-time compile alike). Cached: callers must not change it."""
     budget = planner.register_budget(config)
     return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
@@ -105,15 +73,14 @@ def kernel_args(config: Config) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
-    """The shared-memory layout of one (1, rows, d) TMA box: 128-byte swizzle, what wgmma reads.
-    Cached: building it takes about 10 µs of Python, twice per launch otherwise."""
+    """The SMEM layout of one (1, rows, d) TMA box: 128-byte swizzle, what wgmma reads (cached:
+    about 10 µs of Python)."""
     return gl.NVMMASharedLayout.get_default_for([1, rows, head_dim], DTYPES[dtype])
 
 
 @functools.lru_cache(maxsize=256)
 def _resolved(config: Config, d: int, dtype_name: str) -> Config:
-    """``config`` for these inputs, checked against the kernel and the H100/H200 (the planner's
-    verdict takes about 10 µs of Python: cached by the frozen config)."""
+    """``config`` for these inputs, checked against the kernel and the H100/H200 (cached)."""
     name = "attention_fa3"
     config = config.for_inputs(d, dtype_name)
     if config.CONSUMERS != 2:
@@ -175,14 +142,13 @@ def attention_fa3(q, k, v, causal: bool = False, softmax_scale: float | None = N
                   config: Config | None = None, hooks: dict | None = None):
     """softmax(scale * Q K^T [+ causal mask]) V with the Gluon FA3 kernel on an H100/H200.
 
-    q ``(B, H, N_q, d)``, k and v ``(B, H, N_k, d)``, contiguous, fp16 or bf16, d in {64, 128}.
-    ``causal`` aligns bottom-right (key j visible to query i when j <= i + N_k - N_q).
-    ``softmax_scale`` defaults to 1/sqrt(d). ``config``: a ``Config`` (None: ``pick_config``).
-    Returns O (like q) and the LSE ``(B, H, N_q)`` float32 in natural log (-inf, with O = 0,
-    for a row that sees no key). ``hooks``: other softmax hooks of the same roles
-    (``flashbook.fa3_roles``: ``EXP2``, ``MOVE_MAX``, ``RESCALE``), launched through the
-    toolkit's ``fa3_hooked_kernel`` (Chapter 7's benchmark times its tricks so). The checks, the config, the
-    grid and the TMA descriptors' shapes are remembered by the inputs' metadata (``plans``)."""
+    q ``(B, H, N_q, d)``, k and v ``(B, H, N_k, d)``, contiguous, fp16 or bf16, d in {64, 128};
+    causal bottom-right; ``softmax_scale`` default 1/sqrt(d); ``config`` default
+    ``pick_config``. Returns O (like q) and the LSE ``(B, H, N_q)`` float32, natural log (-inf,
+    O = 0, where a row sees no key). ``hooks``: other softmax hooks of the same roles
+    (``fa3_roles``: ``EXP2``, ``MOVE_MAX``, ``RESCALE``), launched through
+    ``fa3_hooked_kernel``. Checks, config, grid and descriptors are remembered by the inputs'
+    metadata (``plans``)."""
     hooks = tuple(sorted((hooks or {}).items()))
     plan_key = key(q, k, v, causal, softmax_scale, config, hooks)
     plan = _FA3_PLANS.get(plan_key)
@@ -209,8 +175,8 @@ _NO_ROWS, _NO_KEYS = object(), object()     # plans that launch nothing
 
 
 def _fa3_plan(q, k, v, causal, softmax_scale, config, hooks):
-    """attention_fa3's checks, config and grid: (the ``Launch``, the four TMA descriptors of q,
-    k, v and o, as templates for ``rebased``), or ``_NO_ROWS``/``_NO_KEYS``."""
+    """(the ``Launch``, the TMA descriptors of q, k, v, o as templates for ``rebased``), or
+    ``_NO_ROWS``/``_NO_KEYS``."""
     if {name for name, _ in hooks} - set(HOOKS):
         raise ValueError(f"attention_fa3: hooks are {', '.join(HOOKS)}, got "
                          f"{', '.join(name for name, _ in hooks)}.")
@@ -228,14 +194,11 @@ def _fa3_plan(q, k, v, causal, softmax_scale, config, hooks):
         descriptor.base = None
     args = kernel_args(config)
     kernel, hooks = _entry(hooks)
-    launch = Launch(kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),
+    launch = Launch(kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),   # exp2
                     dict(CAUSAL=bool(causal), **args["constexprs"], **hooks, **args["options"]))
     return launch, descriptors
 
 
-# ---------------------------------------------------------------------------------------------
-# Ahead of time: compile for sm_90a on any machine (no GPU needed)
-# ---------------------------------------------------------------------------------------------
 def _entry(hooks) -> tuple:
     """(the kernel entry, its hooks' constexprs): ``fa3_kernel``, or the toolkit's
     ``fa3_hooked_kernel`` with every hook FlashAttention-3's unless ``hooks`` names it."""
@@ -245,14 +208,13 @@ def _entry(hooks) -> tuple:
 
 
 def compile_for_sm90(config: Config, causal: bool = False, hooks: dict | None = None):
-    """Compile ``fa3_kernel`` for sm_90a (``GPUTarget("cuda", 90, 32)``) with a resolved
-    ``config`` (``Config.for_inputs``); returns Triton's compiled kernel (``.asm["ptx"]``,
-    ``.asm["cubin"]``, ``.metadata.shared``). Works without a GPU. ``hooks`` as in
-    ``attention_fa3``."""
+    """Compile ``fa3_kernel`` for sm_90a with a resolved ``config``, on any machine (no GPU);
+    returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata.shared``).
+    ``hooks`` as in ``attention_fa3``."""
     from triton.backends.compiler import GPUTarget
     if config.HEAD_DIM is None or config.DTYPE is None:
         raise ValueError("compile_for_sm90: resolve the config first (Config.for_inputs).")
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[config.DTYPE]
+    dtype = getattr(torch, config.DTYPE)
     short = {"float16": "fp16", "bfloat16": "bf16"}[config.DTYPE]
     d = config.HEAD_DIM
 

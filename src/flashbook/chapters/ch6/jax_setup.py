@@ -1,12 +1,9 @@
-"""Chapter 6's setup step for JAX: Exercises 1 and 4 run in JAX's Mosaic GPU interpret mode.
+"""Chapter 6's setup step for JAX (Exercises 1 and 4 run in its Mosaic GPU interpret mode).
 
-``ensure_jax()`` (the chapter's first code cell calls it) installs the CPU wheels
-(``interpret.JAX_REQUIREMENTS``: the JAX the checks are proven on, and absl-py) when JAX is
-missing, through ``colab_install.install_missing``, the Colab setup cell's pip with its pins; it
-never replaces an installed JAX (Colab's has CUDA), and prints which versions are proven
-(``interpret.JAX_VERSIONS``). It never raises: a failed install prints the command to run, and
-the checks say the same when they need JAX. It installs nothing while the autograder runs the
-notebook (``NBGRADER_EXECUTION`` is set): the grader's environment is the instructor's.
+``ensure_jax()`` (the chapter's first code cell) installs ``interpret.JAX_REQUIREMENTS`` (CPU
+wheels) when JAX is missing, through the Colab setup cell's pip (``colab_install``), never
+replacing an installed JAX (Colab's has CUDA), nor while the autograder runs the notebook
+(``NBGRADER_EXECUTION``). It prints which versions are proven and never raises.
 """
 from __future__ import annotations
 

@@ -1,46 +1,30 @@
-"""Chapter 6's config planner for the Gluon FlashAttention-3 kernel (``gluon_fa3``), a
-configuration of the toolkit's kit (``flashbook.planning``, which says how Triton places shared
-memory and how ``setmaxnreg`` moves registers): what a config costs in shared memory and
-registers, whether an H100/H200 can run it, and which feasible config a simple model expects to
-be fastest. Pure Python: no GPU, no Triton.
+"""Chapter 6's config planner for the Gluon FA3 kernel (``gluon_fa3``), a configuration of the
+toolkit's ``flashbook.planning``: what a config costs in shared memory and registers, whether an
+H100/H200 runs it, which feasible config a simple model expects fastest. Pure Python.
 
-A config fixes the head dim d, the dtype (2 bytes), BLOCK_M query rows per consumer warpgroup,
-BLOCK_N keys per K/V tile, STAGES slots in the K/V ring and the number of consumer warpgroups
-(the kernel has 2, plus one producer warp padded to a warpgroup).
+A config: head dim d, dtype (2 bytes), BLOCK_M query rows per consumer warpgroup, BLOCK_N keys
+per K/V tile, STAGES ring slots, two consumer warpgroups plus a producer warp padded to one.
 
-**Shared memory** (``shared_memory``) is byte-exact against the compiled kernel's
-``metadata.shared`` (``tests/test_ch6.py`` compiles it for sm_90a and compares). The buffers:
-the tiles Q ``2*BLOCK_M*d*2`` (one tile per consumer, reused for O), K and V
-``STAGES*BLOCK_N*d*2`` each; the mbarriers ``q_bars[2]``, ``k_full``, ``k_empty``, ``v_full``,
-``v_empty`` (``STAGES`` each) and the ping-pong ``sched[2]``; ``gl.warp_specialize``'s 220 bytes
-of captured arguments and one state byte per extra warp (``4*CONSUMERS``: the producer warp is
-padded to a full warpgroup). So d=128, 64/128, 2 stages: 163840 bytes of tiles + 224 + 96 + 8 =
-164168 bytes.
+**Shared memory** (``shared_memory``, byte-exact with the compiled kernel's ``metadata.shared``,
+tests/test_ch6.py): Q ``2*BLOCK_M*d*2`` (one tile per consumer, reused for O), K and V
+``STAGES*BLOCK_N*d*2`` each, the mbarriers (``q_bars[2]``, K/V full and empty per stage,
+``sched[2]``), ``gl.warp_specialize``'s 220 bytes of captured arguments and a state byte per
+extra warp: d=128, 64/128, 2 stages is 163840 + 224 + 96 + 8 = 164168 bytes.
 
-**Registers** (``register_budget``): with ``(CONSUMERS + 1) * 128`` threads the launch gives
-each 168 (384 threads); then the producer warpgroup drops to 24 (the minimum) and each consumer
-takes the rest, 240 for two consumers (2*128*240 + 128*24 = 64,512). Triton emits the
-setmaxnreg calls from the per-partition requests the launcher passes (``CONSUMER_REGS``,
-``PRODUCER_REGS``). ``consumer_registers`` estimates what one consumer thread keeps live: the O
-accumulator ``BLOCK_M*d/128`` fp32 registers, S ``BLOCK_M*BLOCK_N/128``, P in 16 bits
-``BLOCK_M*BLOCK_N/256``, plus 32 for addresses, counters, row statistics and masks (calibrated
-against ptxas: 64/128/128 uses no spill, 64/256 at d=64 and 128-row consumers spill).
+**Registers** (``register_budget``): 384 threads launch with 168 each; the producer drops to 24
+and each consumer takes the rest, 240 (2*128*240 + 128*24 = 64,512). ``consumer_registers``
+estimates a consumer thread's live registers: O ``BLOCK_M*d/128`` fp32, S
+``BLOCK_M*BLOCK_N/128``, P ``BLOCK_M*BLOCK_N/256``, plus 32 (calibrated against ptxas' spills).
 
-**Speed model** (``predict``), per SM, in clock cycles at the 1.83 GHz the quoted peak assumes.
-One consumer's tile costs ``g = 4*BLOCK_M*BLOCK_N*d / 4096 / 0.726`` cycles of tensor cores
-(QK^T and PV; an SM does 4,096 dense fp16 FLOP a clock, of which wgmma with 64-row warpgroup
-tiles sustained 72.6% here) and ``s = 0.12*BLOCK_M*BLOCK_N + 2.1*BLOCK_M`` cycles of softmax
-(per score: an FMA, an exp2 on the 16 MUFU lanes, max, sum, the 16-bit pack; per row: the
-shuffles and the statistics). With the ping-pong the tensor cores alternate between the
-consumers, so a tile of the CTA takes ``max(CONSUMERS*g, g + s) + 520`` (520: the barrier
-handshakes, the token and the bar.syncs of a tile). A CTA also pays ``1000 + g + s + 500`` to
-fill and drain the pipeline (a TMA round trip to L2 ~1000 cycles) and stalls
-``1000 - (STAGES-1)*tile`` more per tile when the ring cannot cover that latency. CTAs run one
-per SM (registers); causal CTAs are summed over the SMs (the kernel starts the longest first).
-The four constants 0.726, 0.12, 2.1 and 520 were fitted to H200 measurements (fp16, triton 3.6;
-d=128 at 64x128 and 64x64, d=64 at 64x128 and 128x64): non-causal within 4%, causal
-over-estimated by up to 13% at N=4096 (the masked diagonal tiles are not modelled), and
-BLOCK_N=128 ranked first for both head dims, as measured.
+**Speed model** (``predict``), cycles per SM at 1.83 GHz: a consumer's tile costs
+``g = 4*BLOCK_M*BLOCK_N*d / 4096 / 0.726`` tensor-core cycles (4,096 fp16 FLOP a clock, 72.6%
+sustained by 64-row wgmma) and ``s = 0.12*BLOCK_M*BLOCK_N + 2.1*BLOCK_M`` of softmax (per score
+an FMA, a MUFU exp2, max, sum, the pack; per row the shuffles). With the ping-pong a CTA's tile
+takes ``max(2g, g + s) + 520`` (barrier handshakes), plus ``1000 - (STAGES-1)*tile`` where the
+ring cannot cover an L2 round trip (~1000 cycles); a CTA pays ``1000 + g + s + 500`` to fill and
+drain. One CTA per SM; causal CTAs are summed over the SMs. The constants were fitted to H200
+measurements (fp16, triton 3.6): non-causal within 4%, causal over by up to 13% at N=4096 (the
+masked diagonal tiles are not modelled), BLOCK_N=128 ranked first for both head dims, as measured.
 """
 from __future__ import annotations
 
@@ -66,8 +50,8 @@ CAPTURE_BYTES = capture_bytes(descriptors=5, views=(4,) * 3 + (2,) * 6, scalars=
 
 @dataclass(frozen=True)
 class Config(Tunables):
-    """The kernel's tunables. ``HEAD_DIM`` and ``DTYPE`` may stay None in a config handed to
-    ``attention_fa3`` (the inputs fill them in, ``for_inputs``); the planner needs them set."""
+    """The kernel's tunables; ``HEAD_DIM`` and ``DTYPE`` may stay None for ``attention_fa3``
+    (``for_inputs`` fills them), not for the planner."""
     BLOCK_M: int = 64          # query rows per consumer warpgroup (wgmma's M is 64 a warpgroup)
     BLOCK_N: int = 128         # keys per K/V tile
     STAGES: int = 2            # slots in the K/V shared-memory ring
@@ -88,14 +72,11 @@ class Config(Tunables):
 GPUS = {"h100": H100, "h200": H200}
 
 
-# ------------------------------------------------------------------------------------------------
-# the kernel's tile counts (the same integer arithmetic as fa3_kernel._kv_tiles / _cta_tiles)
-# ------------------------------------------------------------------------------------------------
+# ---------------------------- the kernel's tile counts (fa3_roles.kv_tiles / cta_tiles, in Python)
 def kv_tiles(row0: int, n_q: int, n_k: int, block_m: int, block_n: int,
              causal: bool) -> tuple[int, int]:
-    """For the query rows [row0, row0 + block_m): (tiles, full) — the K/V tiles they read, and
-    how many of the first ones need no mask. Causal is bottom-right: key j is visible to query
-    i when j <= i + n_k - n_q."""
+    """For the query rows [row0, row0 + block_m): (the K/V tiles they read, how many of the first
+    need no mask); causal bottom-right."""
     if causal:
         off = n_k - n_q
         hi = max(min(row0 + block_m + off, n_k), 0)
@@ -112,9 +93,7 @@ def cta_tiles(m_block: int, n_q: int, n_k: int, block_m: int, block_n: int, caus
                for w in range(consumers))
 
 
-# ------------------------------------------------------------------------------------------------
-# shared memory and registers
-# ------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------ shared memory and registers
 def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
     """``(name, offset, size)`` of every buffer, as Triton's allocator places them."""
     d, e = config._need()
@@ -152,8 +131,8 @@ def consumer_registers(config: Config) -> int:
 
 
 def feasible(config: Config, gpu: GPU = H100) -> Verdict:
-    """Can ``gpu`` run ``config``? Checks the kernel's shape rules, the shared memory per block,
-    the register budgets and the threads; ``reasons`` says what fails."""
+    """Can ``gpu`` run ``config`` (shape rules, shared memory, registers, threads)? ``reasons``
+    says what fails."""
     c, inputs = config, input_reasons(config)
     smem, budget, need = shared_memory(c), register_budget(c), consumer_registers(c)
     return verdict(inputs + [
@@ -174,9 +153,7 @@ def feasible(config: Config, gpu: GPU = H100) -> Verdict:
          f"a consumer thread needs ~{need} registers > its {budget['consumer']} (spills)")])
 
 
-# ------------------------------------------------------------------------------------------------
-# the speed model and the ranking
-# ------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------- the speed model and the ranking
 L2_LATENCY, TILE_SYNC, EPILOGUE, WGMMA_EFFICIENCY = 1000, 520, 500, 0.726
 SOFTMAX_PER_SCORE, SOFTMAX_PER_ROW = 0.12, 2.1
 
@@ -192,8 +169,8 @@ def _tile_cycles(config: Config) -> tuple[float, float, float]:
 
 def predict(config: Config, B: int, H: int, N_q: int, N_k: int | None = None,
             causal: bool = False, gpu: GPU = H100) -> dict:
-    """The model's time (ms) and TFLOP/s for one problem (FLOPs: 4*N_q*N_k*d per head, half
-    of it for causal with N_q == N_k)."""
+    """The model's time (ms) and TFLOP/s for one problem (causal with N_q == N_k: half the
+    FLOPs)."""
     d, _ = config._need()
     N_k = N_q if N_k is None else N_k
     g, s, tile = _tile_cycles(config)
@@ -224,8 +201,8 @@ def candidates(head_dim: int, dtype: str = "float16") -> list[Config]:
 def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q: int = 16384,
          N_k: int | None = None, causal: bool = False, gpu: GPU = H100,
          configs: list[Config] | None = None) -> list[tuple[Config, dict]]:
-    """Feasible configs, fastest first by ``predict``; ties go to the smaller BLOCK_M (more CTAs
-    to balance), then the smaller shared memory, then OVERLAP (FA3's order)."""
+    """Feasible configs, fastest first by ``predict``; ties to the smaller BLOCK_M (more CTAs),
+    then the smaller shared memory, then OVERLAP."""
     out = []
     for c in configs or candidates(head_dim, dtype):
         c = c if c.HEAD_DIM else c.for_inputs(head_dim, dtype)

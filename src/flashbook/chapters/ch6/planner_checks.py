@@ -1,34 +1,20 @@
-"""Chapter 6, Exercise 3's graded check: a config planner for the chapter's Gluon kernel, and
+"""Chapter 6, Exercise 3's graded check (a config planner for the chapter's Gluon kernel) and
 the compiled table it grades against.
 
-The student writes, for a resolved ``planner.Config`` (``HEAD_DIM`` and ``DTYPE`` set):
-
-* ``smem_bytes(config)``: the shared memory the kernel allocates: a Q tile per consumer
-  warpgroup, ``STAGES`` slots of K and ``STAGES`` of V, 8 bytes per mbarrier, and the 228 bytes
-  ``gl.warp_specialize`` keeps for its worker warps (``WARP_SPECIALIZE_BYTES``);
-* ``register_budget(consumers)``: the registers a consumer thread gets from ``setmaxnreg`` once the
-  producer warpgroup has dropped to 24 (a multiple of 8, at most 256);
-* ``consumer_register_need(config)``: what one consumer thread keeps live (``planner``'s estimate);
-* ``fits(config, device)``: both fit on ``device`` (``Device``: the fields of
-  ``torch.cuda.get_device_properties`` the planner needs, under torch's names);
-* ``choose(d, dtype, candidates, device, **problem)``: the feasible candidate that
-  ``planner.predict(config, **problem)`` expects to be fastest (None if none fits).
-
-``check_planner`` compares them with what the kernel really needs. The shared memory of every
-config in ``compiled_table()`` (``data/ch6_compiled.json``: the kernel compiled ahead of time for
-sm_90a, config by config, with ``metadata.shared``, the registers, the stack, the spills and the
-provenance of the run) is ``metadata.shared`` of the compiled kernel; other configs use
-``planner.shared_memory``, byte-exact with it. A student's figure may be below it by the
-alignment padding Triton's allocator adds (``SMEM_SLACK``), never above. The register estimate
-must predict exactly the configs where ptxas spilled. ``fits`` must agree with
-``planner.feasible`` and be exact at a device's per-block limit; ``choose`` must return a config
-that fits with the least predicted time. None of them may call the planner's own answer
-(``planner.shared_memory``, ``feasible``, ...); ``planner.predict`` is given.
+For a resolved ``planner.Config`` the student writes ``smem_bytes(config)``,
+``register_budget(consumers)`` (setmaxnreg's budget once the producer dropped to 24),
+``consumer_register_need(config)``, ``fits(config, device)`` (``Device``: the fields of
+``torch.cuda.get_device_properties`` it needs) and ``choose(d, dtype, candidates, device,
+**problem)`` (the feasible candidate ``planner.predict`` expects fastest, or None), none of them
+calling the planner's own answers. ``check_planner`` grades them against the compiled kernel:
+``compiled_table()`` (``data/ch6_compiled.json``: per config ``metadata.shared``, registers,
+stack, spills, with provenance), else ``planner.shared_memory`` (byte-exact with it). Shared
+memory may be below it by Triton's alignment padding (``SMEM_SLACK``), never above; the register
+estimate must predict exactly where ptxas spilled.
 
 ``TRITON_DEFAULT_FP_FUSION=1 python -m flashbook.chapters.ch6.planner_checks --out
-src/flashbook/data/ch6_compiled.json`` (without ``TRITON_INTERPRET``) regenerates the table:
-about 10 minutes on two cores, as configs that spill compile slowly.
-``tests/test_ch6_planner.py`` recompiles two entries (slow test) and checks they still match.
+src/flashbook/data/ch6_compiled.json`` (without ``TRITON_INTERPRET``) regenerates the table
+(about 10 minutes on two cores); ``tests/test_ch6_planner.py`` recompiles two entries.
 """
 from __future__ import annotations
 
@@ -62,9 +48,7 @@ def _describe(c: Config) -> str:
             f"STAGES={c.STAGES}" + ("" if c.CONSUMERS == 2 else f", CONSUMERS={c.CONSUMERS}"))
 
 
-# ------------------------------------------------------------------------------------------------
-# the compiled table (data/ch6_compiled.json)
-# ------------------------------------------------------------------------------------------------
+# ------------------------------------------------------- the compiled table (data/ch6_compiled.json)
 TABLE = CompiledTable("ch6_compiled.json", ("d", "dtype", "BLOCK_M", "BLOCK_N", "STAGES"))
 COMPILED_PATH = TABLE.path
 TABLE_CONFIGS = [(d, "float16", bm, bn, st) for d in (128, 64) for bm in (64, 128)
@@ -73,19 +57,13 @@ TABLE_CONFIGS = [(d, "float16", bm, bn, st) for d in (128, 64) for bm in (64, 12
                  (64, "bfloat16", 64, 128, 3), (64, "bfloat16", 128, 128, 2)]
 
 
-def _key(d, dtype, bm, bn, stages) -> tuple:
-    return (int(d), str(dtype), int(bm), int(bn), int(stages))
-
-
 def _config_key(c: Config) -> tuple:
-    return _key(c.HEAD_DIM, c.DTYPE, c.BLOCK_M, c.BLOCK_N, c.STAGES)
+    return (int(c.HEAD_DIM), str(c.DTYPE), int(c.BLOCK_M), int(c.BLOCK_N), int(c.STAGES))
 
 
 def compiled_table(path=None) -> dict:
-    """``{"provenance": {...}, "configs": [entry, ...]}``; an entry: d, dtype, BLOCK_M, BLOCK_N,
-    STAGES, shared (``metadata.shared``), n_regs (the launch's register count), stack (local
-    bytes per thread, what Triton reports as ``n_spills`` on a GPU), spill_stores and spill_loads
-    (STL and LDL instructions in the SASS) and spilled (any of them)."""
+    """``{"provenance": {...}, "configs": [entry, ...]}``: per config shared, n_regs, stack,
+    spill_stores, spill_loads (STL/LDL in the SASS) and spilled (any of them)."""
     return TABLE.read(path)
 
 
@@ -97,10 +75,9 @@ def compiled_entry(config: Config, path=None) -> dict | None:
 
 
 def compile_entry(d: int, dtype: str, bm: int, bn: int, stages: int) -> dict:
-    """Compile the chapter's kernel (``gluon_fa3.compile_for_sm90``, non-causal, FA3's order)
-    for one config and read what it needs: ``metadata.shared``, and from the cubin with
-    ``cuobjdump`` (bundled with Triton) the register count, the stack and the spill
-    instructions. Needs Triton with Gluon; no GPU."""
+    """Compile the kernel for one config (``gluon_fa3.compile_for_sm90``, non-causal, FA3's
+    order; no GPU) and read ``metadata.shared`` and, with ``cuobjdump``, the cubin's registers,
+    stack and spill instructions."""
     from . import gluon_fa3
     c = Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages).for_inputs(d, dtype)
     k = gluon_fa3.compile_for_sm90(c, causal=False)
@@ -136,9 +113,7 @@ def main(argv=None):
                "needed).", TABLE_CONFIGS, compile_entry, _provenance)
 
 
-# ------------------------------------------------------------------------------------------------
-# the cases
-# ------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------- the cases
 def _grid(head_dims, dtypes) -> list[Config]:
     return [Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=st).for_inputs(d, dt)
             for d in head_dims for dt in dtypes
@@ -146,8 +121,7 @@ def _grid(head_dims, dtypes) -> list[Config]:
 
 
 def planner_configs(hidden: bool = False) -> list[Config]:
-    """Visible: d=128 fp16, BLOCK_M 64/128, BLOCK_N 64/128/256, 2-4 stages (18 configs, all in
-    the compiled table). Hidden: also d=64 and bf16 (72 configs)."""
+    """Visible: d=128 fp16, every tile config (18, all compiled); hidden: also d=64 and bf16."""
     if not hidden:
         return _grid((128,), ("float16",))
     return _grid((128, 64), ("float16", "bfloat16"))
@@ -165,8 +139,7 @@ def _small_device(kib: int) -> Device:
 
 
 def choice_problems(hidden: bool = False) -> list[tuple[str, int, str, list, Device, dict]]:
-    """(what, d, dtype, candidates, device, problem): ``problem`` holds ``planner.predict``'s
-    keywords (B, H, N_q, causal)."""
+    """(what, d, dtype, candidates, device, ``planner.predict``'s keywords)."""
     long = dict(B=1, H=16, N_q=16384, causal=False)
     cases = [
         ("d=128 fp16, every tile config, (1, 16, 16384) non-causal", 128, "float16", _tiles(),
@@ -192,9 +165,7 @@ def choice_problems(hidden: bool = False) -> list[tuple[str, int, str, list, Dev
     return cases
 
 
-# ------------------------------------------------------------------------------------------------
-# the check
-# ------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------- the check
 def _terms(c: Config) -> dict:
     d, e = c.HEAD_DIM, 2
     return dict(q_tile=c.BLOCK_M * d * e, kv_tile=c.BLOCK_N * d * e,
@@ -422,10 +393,7 @@ _ANSWERS = ("shared_memory", "shared_memory_layout", "consumer_registers", "regi
 
 def check_planner(smem_bytes, register_budget, consumer_register_need, fits, choose,
                   hidden: bool = False):
-    """Exercise 3: shared memory within Triton's padding of the compiled kernel's, the
-    setmaxnreg budgets, the register estimate (it must predict where ptxas spilled), ``fits``
-    against ``planner.feasible`` and at a device's exact limit, and ``choose`` the fastest
-    config that fits."""
+    """Exercise 3 (module docstring); ``fits`` also at a device's exact limit."""
     for fn, name in ((smem_bytes, "smem_bytes"), (register_budget, "register_budget"),
                      (consumer_register_need, "consumer_register_need"), (fits, "fits"),
                      (choose, "choose")):
@@ -444,13 +412,11 @@ def check_planner(smem_bytes, register_budget, consumer_register_need, fits, cho
         f"the {spilled} that spilled, choice for d=128: {first})"), hidden=hidden)
 
 
-# ------------------------------------------------------------------------------------------------
-# the demo's table
-# ------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------- the demo's table
 def choice_table(smem_bytes, register_budget, consumer_register_need, fits, choose, d: int,
                  dtype: str = "float16", device: Device = H100_PROPS, **problem) -> str:
-    """A markdown table of the candidates (FA3's order) with the student's figures, the compiled
-    kernel's and the model's speed; the student's choice is marked."""
+    """A markdown table of the candidates (FA3's order): the student's figures, the compiled
+    kernel's, the model's speed, the student's choice marked."""
     problem = problem or dict(B=1, H=16, N_q=16384, causal=False)
     cands = [c for c in _tiles() if c.OVERLAP]
     chosen = choose(d, dtype, cands, device, **problem)

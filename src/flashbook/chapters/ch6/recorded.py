@@ -1,13 +1,6 @@
-"""Chapter 6's recorded H200 benchmark, read back: TFLOP/s of every kernel at every shape, causal
-and not, the chapter's comparisons in a few lines, one figure, and the figures the chapter quotes.
-
-Rows come from ``flashbook bench ch6`` (``benchmark.py`` documents them). A row whose O was
-flagged far from cuDNN's (``WRONG`` in its note) is never quoted as a speed. Use with
-``results.recorded("ch6")``, which is None until the data exists::
-
-    found = results.recorded("ch6")
-    if found:
-        print(summary(found.rows))
+"""Chapter 6's recorded H200 benchmark (``benchmark``), read back: a summary, a figure and the
+figures the chapter quotes. A row whose O was flagged far from cuDNN's (``WRONG`` in its note)
+is never quoted as a speed. Use with ``results.recorded("ch6")`` (None until the data exists).
 """
 from __future__ import annotations
 
@@ -19,8 +12,7 @@ from flashbook import results
 
 OURS, PALLAS, JAX_FA3 = "ch6_gluon_fa3", "ch6_pallas_fa3", "jax_pallas_fa3"
 HEADLINE = (1, 16, 16384, 128)           # (B, H, N, d) of the sentences against cuDNN
-# The kernels in the order the plots and summaries give them; Chapter 3's kernel (non-causal)
-# and Chapter 4's (the same two-tile kernel with its causal mask) share one bar.
+# The kernels in the plots' and summaries' order; Chapters 3 and 4's two-tile kernel share a bar.
 LABELS = {OURS: "ours (Gluon FA3)", PALLAS: "students' Pallas FA3",
           JAX_FA3: "JAX's Pallas FA3", "ch3_two_tiles": "Triton two-tile (ch3/ch4)",
           "ch4_two_tiles": "Triton two-tile (ch3/ch4)", "sdpa_cudnn": "cuDNN SDPA",
@@ -67,7 +59,7 @@ def _case(dtype, causal, s) -> str:
 
 def summary(rows) -> str:
     """One line per case: each kernel's TFLOP/s and ours against it; then what was not
-    measured (or computed a wrong O), and why."""
+    measured (or was wrong), and why."""
     lines, failed = [], []
     for dtype in dict.fromkeys(r.dtype for r in rows):
         for s in shapes(rows, dtype):
@@ -96,8 +88,7 @@ def summary(rows) -> str:
 
 
 def plot_recorded(rows):
-    """TFLOP/s bars: one panel per (dtype, causal), a group of bars per shape, one bar per
-    kernel (none where a kernel was not measured or computed a wrong O)."""
+    """TFLOP/s bars: a panel per (dtype, causal), a group per shape, a bar per measured kernel."""
     dtypes = list(dict.fromkeys(r.dtype for r in rows))
     fig, axes = plt.subplots(len(dtypes), 2, figsize=(13, 3.9 * len(dtypes)), squeeze=False)
     for i, dtype in enumerate(dtypes):
@@ -125,10 +116,9 @@ def _key(s: tuple, causal: bool) -> str:
 
 
 def figures(rows) -> dict:
-    """The figures the chapter's closing section quotes (fp16; ``flashbook.quoted``), by glue
-    key: our kernel against cuDNN at ``HEADLINE`` and against JAX's FA3 at every shape where
-    both were measured, ``attention_fa3`` as a reader calls it where that was recorded
-    (``results.as_called``). Raises ValueError when the headline rows are missing or wrong."""
+    """The quoted figures by glue key (fp16; ``flashbook.quoted``): ours against cuDNN at
+    ``HEADLINE`` and against JAX's FA3 where both were measured, ``attention_fa3`` as a reader
+    calls it where recorded (``results.as_called``). ValueError without the headline rows."""
     rows = results.as_called(rows)
     out = {}
     for causal in (False, True):
