@@ -1,19 +1,11 @@
 """Chapter 6, Exercise 4's check: the consumer warpgroups of the FA3-shaped Pallas kernel
-(``fa3_pallas``), run in JAX's Mosaic GPU interpret mode in a child process with a time limit
-(``interpret.py``), with the race detector on (and told about what each wgmma reads, up to its
-wait: ``fa3_pallas.track_wgmma_reads``).
-
-Each case runs one CTA: two consumer warpgroups of 64 query rows each (N_q = 128) and the given
-producer. The kernel's O must be within fp16 tolerance of a float64 reference, and its LSE
-(the consumer returns it in base 2; the check compares ``lse2 * ln 2`` with the natural-log
-reference, the book's convention) within 1e-3; the run must be free of data races, barrier
-misuse and hangs (unbalanced schedule barriers deadlock, and the watchdog reports the waits).
-A wrong O is compared with what the classic online-softmax mistakes produce (the same tiles,
-in float64), and the message names the one it matches. Two things right values cannot show are
-checked too: the proxy fence (``interpret_child.unfenced_reads`` of the traced kernel: no
-wgmma may read P from SMEM after its register stores without a ``commit_smem`` between) and
-the ping-pong itself (``_pingpong``, from the interpreter's order log: the two consumers' GEMM
-blocks must take turns through the schedule barrier).
+(``fa3_pallas``), run in JAX's interpret mode (``interpret``), race detector on and told what
+each wgmma reads up to its wait (``fa3_pallas.track_wgmma_reads``). Each case is one CTA (two
+64-row consumers, N_q = 128): O within fp16 tolerance of a float64 reference, ``lse2 * ln 2``
+within 1e-3 of the natural-log LSE, no race, no barrier misuse, no hang. A wrong O is matched
+against the classic online-softmax mistakes (``simulate``, ``BUGS``). Right values cannot show
+two things, checked too: the proxy fence (``interpret_child.unfenced_reads``) and the ping-pong
+(``_pingpong``, from the order log).
 """
 from __future__ import annotations
 
@@ -68,8 +60,8 @@ def fa3_cases(hidden: bool = False) -> list[Fa3Case]:
 # ------------------------------------------------------------------------------------ inputs
 
 def _inputs(case: Fa3Case, seed: int):
-    """q (1,1,128,d), k, v (1,1,N_k,d) fp16. Q is scaled up a little so that the softmax is
-    peaked and the running max moves between tiles (a missing rescale shows)."""
+    """q (1,1,128,d), k, v (1,1,N_k,d) fp16; Q scaled up so the running max moves between tiles
+    (a missing rescale shows)."""
     rng = np.random.default_rng(seed)
     q = (1.5 * rng.standard_normal((1, 1, N_Q, case.d))).astype(np.float16)
     k = rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16)
@@ -92,11 +84,8 @@ def _call(case: Fa3Case, seed: int) -> interpret.Call:
 def simulate(q, k, v, *, block_kv: int, causal: bool = False, scale: float | None = None,
              rescale: bool = True, exp2: bool = True, log2e: bool = True,
              normalise: bool = True):
-    """The consumer's arithmetic in float64, tile by tile (``q`` (N_q, d), ``k``, ``v``
-    (N_k, d)): ``(o, lse)`` with LSE in natural log. The flags switch classic mistakes on:
-    ``rescale=False`` adds P V to an accumulator not multiplied by alpha; ``exp2=False`` takes
-    P = exp(s - m) of log2-domain s and m; ``log2e=False`` leaves S in natural units before
-    exp2; ``normalise=False`` returns the accumulator undivided by l."""
+    """The consumer's arithmetic in float64, tile by tile (``q`` (N_q, d), ``k``, ``v`` (N_k, d)):
+    ``(o, lse)``, LSE in natural log; each flag switches a classic mistake on (``BUGS``)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     n_q, d = q.shape
     n_k = k.shape[0]
@@ -223,11 +212,8 @@ def _hint(result: interpret.Run) -> str:
 
 def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None = None,
                        stall: float | None = interpret.STALL_S):
-    """Exercise 4: the kernel with ``consumer`` as its two consumer warpgroups, in JAX's Mosaic
-    GPU interpret mode (one CTA, N_q = 128): O within fp16 tolerance of a float64 reference and
-    the base-2 LSE right, for several N_k (hidden: causal masks, d = 128, 3-slot rings, 128-key
-    tiles); no data race (``detect_races=True``, wgmma reads included), no barrier misuse, no
-    hang (a time limit and a deadlock detector)."""
+    """Exercise 4 (module docstring); hidden cases add causal masks, d = 128, 3-slot rings and
+    128-key tiles."""
     require_implemented(consumer, "fa3_consumer")
     cases = fa3_cases(hidden)
     seed = 400 if hidden else 40
@@ -240,21 +226,17 @@ def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None 
         _fence(case, out)
         _pingpong(case, out)
     tracked = all(bool(o.get("wgmma_reads_checked", False)) for o in outs if o)
-    ordered = all(o.get("order") is not None for o in outs if o)
     report(f"{TITLE} (Pallas Mosaic GPU, interpret mode, race detector on)", len(cases),
            ("" if tracked else " (with this JAX the race detector does not see what a wgmma "
             f"reads: tested with JAX {interpret.JAX_VERSION})")
-           + ("" if ordered else " (the ping-pong was not checked: this JAX "
-              f"lacks a public barrier operation the order log wraps; proven on JAX "
-              f"{interpret.JAX_VERSION} and {interpret.JAX_GPU_VERSION})"),
-           hidden=hidden)
+           + interpret.unordered(outs, "the ping-pong"), hidden=hidden)
 
 
 # ----------------------------------------------------------- what right values cannot show
 
 def _fence(case: Fa3Case, out: dict):
     """A register store to SMEM that a wgmma (or the TMA) then reads needs ``commit_smem``
-    between the two (``interpret_child.unfenced_reads``, on the traced kernel)."""
+    between (``interpret_child.unfenced_reads``)."""
     unfenced = json.loads(str(out.get("unfenced", "[]")))
     if not unfenced:
         return
@@ -286,11 +268,10 @@ def _block_name(j: int, n: int) -> str:
 
 
 def _pingpong(case: Fa3Case, out: dict):
-    """The two consumers' GEMM blocks take turns through the schedule barrier: warpgroup 1's
-    block j follows warpgroup 0's block j, and warpgroup 0's block j + 1 follows warpgroup
-    1's block j. "Follows" is read from the order log, in each warpgroup's program order: X's
-    issue follows Y's issue when, before it, X waited on the schedule barrier for a completion
-    that an arrival of Y made after its issue counts towards. Skipped without a log."""
+    """The consumers' GEMM blocks take turns: warpgroup 1's block j follows warpgroup 0's, and
+    0's block j + 1 follows 1's block j. From the order log: X's issue follows Y's when, before
+    it, X waited on the schedule barrier for a completion an arrival of Y after its issue counts
+    towards. Skipped without a log."""
     order = out.get("order")
     if order is None:
         return
