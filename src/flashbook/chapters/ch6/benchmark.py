@@ -228,18 +228,6 @@ def jax_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
     return rows
 
 
-def solutions(kernels) -> dict:
-    """The solution namespaces of Chapters 3 and 4 the rows need, or why not (``"<id> error"``)."""
-    out: dict = {}
-    for chapter, kernel in (("ch3", CH3), ("ch4", CH4)):
-        if kernel in kernels:
-            try:
-                namespace(out, chapter)
-            except RuntimeError:
-                pass                                       # kept in out: its rows say why
-    return out
-
-
 # ------------------------------------------------------------------------------ the run
 
 def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
@@ -248,7 +236,7 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
     GPU from phase 1 to phase 2 (about 0.4 GiB a shape)."""
     kernels = set(kernels or ORDER)
     order = cases(shapes, bf16_shapes, causal)
-    namespaces = solutions(kernels)
+    namespaces: dict = {}                                 # solutions, loaded once
     inputs: dict = {}
     rows: list[Row] = []
     for case in order:                                    # phase 1: torch, CUDA graphs

@@ -358,8 +358,6 @@ def track_wgmma_reads() -> bool:
     return True
 
 
-# ---------------------------------------------------------------------- references (float64)
-
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None):
     """Attention in float64 NumPy, ``(..., N, d)`` inputs (K not transposed): ``(o, lse)``, LSE
     in natural log; causal bottom-right."""
@@ -431,8 +429,8 @@ def run_fa3(consumer, q, k, v, *, causal: bool = False, scale: float | None = No
 def time_fa3(consumer, B: int, H: int, N: int, d: int, *, causal: bool = False,
              block_kv: int | None = None, stages: int | None = None, reps: int = 20,
              swizzle: bool | None = None) -> dict:
-    """On an sm_90 GPU: the median time (ms) and TFLOP/s of the compiled kernel at
-    ``(B, H, N, d)`` fp16, K^T prepared once outside the timed region."""
+    """On sm_90: the median time (ms) and TFLOP/s of the compiled kernel at ``(B, H, N, d)``
+    fp16 (K^T made once, outside the timing)."""
     import time
 
     jax = import_jax()

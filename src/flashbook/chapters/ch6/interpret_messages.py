@@ -126,26 +126,26 @@ def _ordinal(n: int) -> str:
 
 def _race_text(r: dict, names, shipped) -> str:
     a, b = r["first"], r["second"]
-    where = r.get("buffer") or "an SMEM buffer"
+    buffer = r.get("buffer") or "an SMEM buffer"
     index = f"[{r['index']}]" if r.get("index") is not None else ""
 
     def acc(x):
         verb = "wrote" if x["kind"] == "write" else "read"
         return f"{_who(x['thread'], names)} {verb} it at {where(x['site'], shipped)}"
-    return (f"data race on {where}{index}: {acc(b)}, and {acc(a)}, and no barrier orders "
+    return (f"data race on {buffer}{index}: {acc(b)}, and {acc(a)}, and no barrier orders "
             f"the two accesses.")
 
 
 def _problem_text(p: dict, names, shipped) -> str:
-    who, where = _who(p.get("thread"), names), where(p.get("site"), shipped)
+    who, line = _who(p.get("thread"), names), where(p.get("site"), shipped)
     bar = p.get("barrier") or "a barrier"
     if p["kind"] == "completed-again":
         return (f"barrier misuse: {bar} completed a phase again before any warpgroup waited "
-                f"for its previous phase (the arrival at {where}, by {who}). Every phase of a "
+                f"for its previous phase (the arrival at {line}, by {who}). Every phase of a "
                 "barrier must be waited for before the next one completes: here a slot was "
                 "refilled (or released) twice in a row.")
     if p["kind"] == "phase-passed":
-        return (f"barrier misuse: {who} waits at {where} for the {_ordinal(p['awaited'])} "
+        return (f"barrier misuse: {who} waits at {line} for the {_ordinal(p['awaited'])} "
                 f"completion of {bar}, but it has already completed {_times(p['phase'])}: "
                 f"{who} skipped waiting for some of its phases, so the wait can never match.")
     if p["kind"] == "unobserved-phases":
@@ -153,7 +153,7 @@ def _problem_text(p: dict, names, shipped) -> str:
                 f"the {p['phase']} completions of {bar}. A warpgroup that waits on a barrier "
                 "must wait for every one of its phases before the kernel returns (drain the "
                 "final phases).")
-    return f"barrier misuse: {p.get('message')} ({who}, {where})"
+    return f"barrier misuse: {p.get('message')} ({who}, {line})"
 
 
 def _pending_text(w: dict, names, shipped) -> str:

@@ -37,7 +37,7 @@ from flashbook.planning import (BARRIER_ALIGN, CAPTURE_ALIGN, GPU, H100, H200, M
                                 Verdict, capture_bytes, end, input_reasons, is_setmaxnreg,
                                 launch_registers, place, rest_registers, verdict)
 
-__all__ = ["Config", "GPU", "H100", "H200", "GPUS", "Verdict", "shared_memory",
+__all__ = ["Config", "GPU", "H100", "H200", "Verdict", "shared_memory",
            "shared_memory_layout", "register_budget", "consumer_registers", "feasible", "predict",
            "rank", "best", "candidates", "kv_tiles", "cta_tiles", "SUPPORTED_HEAD_DIMS",
            "SUPPORTED_DTYPES", "REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX"]
@@ -68,8 +68,6 @@ class Config(Tunables):
     def threads(self) -> int:
         return 128 * (self.CONSUMERS + 1)
 
-
-GPUS = {"h100": H100, "h200": H200}
 
 
 # ---------------------------- the kernel's tile counts (fa3_roles.kv_tiles / cta_tiles, in Python)
