@@ -20,12 +20,7 @@ __all__ = ["install", "base_names"]
 def base_names(names) -> list[str]:
     """``["full[0]", "full[1]", "consumed[0]", "schedule"]`` -> ``["full", "consumed",
     "schedule"]``: one name per barrier array, in allocation order."""
-    out = []
-    for n in names:
-        b = n.split("[", 1)[0]
-        if b not in out:
-            out.append(b)
-    return out
+    return list(dict.fromkeys(n.split("[", 1)[0] for n in names))
 
 
 class _Names:

@@ -32,11 +32,8 @@ def measured(row) -> bool:
 
 def find(rows, kernel: str, shape_: tuple, causal: bool, dtype: str = "float16"):
     """The row of one kernel on one case (not its public row), or None."""
-    for r in rows:
-        if r.kernel == kernel and shape(r) == tuple(shape_) and r.causal == causal and \
-                r.dtype == dtype and r.role != "public":
-            return r
-    return None
+    return next((r for r in rows if r.kernel == kernel and shape(r) == tuple(shape_)
+                 and r.causal == causal and r.dtype == dtype and r.role != "public"), None)
 
 
 def shapes(rows, dtype: str = "float16") -> list[tuple]:
