@@ -116,6 +116,7 @@ class Child:
             return
         self._instrument_races(rds)
         try:
+            from jax._src import source_info_util as siu
             from jax._src.pallas.mosaic_gpu import core as mgpu_core
             from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
             from jax._src.pallas.mosaic_gpu.interpret import shared_memory as sm
@@ -131,7 +132,7 @@ class Child:
         except Exception:  # noqa: BLE001 - another JAX: no barrier instruments
             return
         if ok:
-            self._instrument_barriers(B, M, smem_space)
+            self._instrument_barriers(siu, B, M, smem_space)
 
     def log(self, **entry):
         """One entry of the order log (``ORDER_DOC``), if it is being recorded."""
@@ -143,7 +144,7 @@ class Child:
         call = self.job["calls"][self.call] if self.call is not None else {}
         return call.get(kind, [])
 
-    def _instrument_barriers(self, B, M, smem_space):
+    def _instrument_barriers(self, siu, B, M, smem_space):
         child = self
         wait0, arrive0, dealloc0 = B.wait, B.arrive, B.deallocate
         alloc_bar0, alloc_buf0 = M.allocate_barrier, M.allocate_buffer
@@ -155,7 +156,7 @@ class Child:
                 return None
 
         def site(logging_info):
-            return _site(getattr(logging_info, "source_info", None))
+            return _site(siu, getattr(logging_info, "source_info", None))
 
         def name_barrier(mem, key):
             n, given = len(child.barriers), child._names("barrier_names")
@@ -368,9 +369,9 @@ class Child:
                   frames=frames, text=text[-4000:])
 
 
-def _site(source_info) -> dict | None:
-    """The user's frame (file, line, function) of a JAX ``source_info``, or None."""
-    from jax._src import source_info_util as siu
+def _site(siu, source_info) -> dict | None:
+    """The user's frame (file, line, function) of a JAX ``source_info`` (``siu``: JAX's
+    ``source_info_util``), or None."""
     tb = getattr(source_info, "traceback", None)
     frames = list(itertools.islice(siu.user_frames(tb), 1)) if tb is not None else []
     return dict(file=frames[0].file_name, line=frames[0].start_line,
@@ -402,6 +403,8 @@ def unfenced_reads(closed_jaxpr) -> list[dict]:
     ``commit_smem`` between: dicts of the ``store`` and ``read`` sites and ``what`` reads.
     Walks the kernel in program order, once through each loop body and branch, following a ref
     into the jaxprs nested in it."""
+    from jax._src import source_info_util as siu
+
     found, dirty = [], {}                # dirty: root ref -> the store not yet fenced
 
     def walk(jaxpr, root):
@@ -409,14 +412,15 @@ def unfenced_reads(closed_jaxpr) -> list[dict]:
             name = eqn.primitive.name
             refs = [None if hasattr(v, "val") else root.get(v, v) for v in eqn.invars]
             if name == "swap" and refs and refs[0] is not None:
-                dirty[refs[0]] = _site(eqn.source_info)
+                dirty[refs[0]] = _site(siu, eqn.source_info)
             elif name == "commit_smem":
                 dirty.clear()
             elif name in ("wgmma_ref", "copy_smem_to_gmem"):
                 read = refs[1:3] if name == "wgmma_ref" else refs[:1]
                 for r in read:
                     if r is not None and r in dirty:
-                        found.append(dict(store=dirty[r], read=_site(eqn.source_info), what=name))
+                        found.append(dict(store=dirty[r], read=_site(siu, eqn.source_info),
+                                          what=name))
             for key, param in eqn.params.items():
                 if key == "cond_jaxpr":          # a while loop's condition writes nothing
                     continue
