@@ -48,7 +48,7 @@ def _describe(c: Config) -> str:
             f"STAGES={c.STAGES}" + ("" if c.CONSUMERS == 2 else f", CONSUMERS={c.CONSUMERS}"))
 
 
-# ------------------------------------------------------- the compiled table (data/ch6_compiled.json)
+# -------------------------------------------------- the compiled table (data/ch6_compiled.json)
 TABLE = CompiledTable("ch6_compiled.json", ("d", "dtype", "BLOCK_M", "BLOCK_N", "STAGES"))
 COMPILED_PATH = TABLE.path
 TABLE_CONFIGS = [(d, "float16", bm, bn, st) for d in (128, 64) for bm in (64, 128)
