@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashbook import cases, check, launcher, reference
+from flashbook import case_sweeps, cases, check, launcher, reference
 from flashbook.cases import AttnCase
 from flashbook.check import CheckFailure
 
@@ -289,7 +289,7 @@ def test_argument_check_fails_a_validator_that_reads_while_captured():
 
 def _sweep(seed, **kw):
     kw = {"block_m": 128, "block_n": 64, "tiles": 2, **kw}
-    return cases.sweep("s", seed=seed, n=40, **kw)
+    return case_sweeps.sweep("s", seed=seed, n=40, **kw)
 
 
 def test_sweep_is_seeded_and_every_case_is_valid_and_has_work():

@@ -136,7 +136,7 @@ def test_notebooks_import_chapters_through_their_init_beyond_the_shrinking_list(
         ", ".join(f"{a}: {b}" for a, b in gone)
 
 
-# A chapter's problems are the toolkit's case types (``cases.AttnCase``, ``cases.DecodeCase``,
+# A chapter's problems are the toolkit's case types (``cases.AttnCase``, ``case_sweeps.DecodeCase``,
 # ``sharding.ShardedCase``): no module of a chapter defines a class whose name ends in "Case".
 # The ones still to be moved onto them, which only shrink: Chapter 6's benchmark shapes
 # (AttnCase and a ``columns`` in bench_setups would do), and its two interpret-mode jobs,
@@ -161,7 +161,7 @@ def test_chapters_define_no_case_type_beyond_the_shrinking_list():
     found = chapter_case_types(_modules())
     new, gone = sorted(found - CHAPTER_CASE_TYPES), sorted(CHAPTER_CASE_TYPES - found)
     assert not new, ("a chapter defines its own case type (use or extend the toolkit's: "
-                     "cases.AttnCase, cases.DecodeCase, sharding.ShardedCase): " + ", ".join(new))
+                     "cases.AttnCase, case_sweeps.DecodeCase, sharding.ShardedCase): " + ", ".join(new))
     assert not gone, "no longer defined, remove from CHAPTER_CASE_TYPES: " + ", ".join(gone)
 
 

@@ -1,8 +1,12 @@
 """Attention problems as data (introduced in Chapter 1; every chapter's checks use them).
 
 ``AttnCase`` describes one seeded problem; ``make_inputs`` builds its q, k, v; ``expected``
-computes its float64 reference; ``validate_qkv`` is the argument check every kernel wrapper
-runs (``as_window`` turns a ``window_size`` of NumPy or torch integers into Python ints first), so a bad call raises a ``ValueError`` that says what is wrong instead of crashing a kernel;
+computes its float64 reference (the random sweeps of problems are in ``case_sweeps``). The
+wrappers' argument checks live here and nowhere else: ``validate_qkv`` is the check every
+Triton kernel wrapper runs (``as_window`` turns a ``window_size`` of NumPy or torch integers
+into Python ints first), ``validate_dense_qkv`` the Gluon (TMA) launchers', ``validate_tensor``
+and ``validate_scale`` their parts, so a bad call raises a ``ValueError`` that says what is
+wrong instead of crashing a kernel;
 ``host_values``, ``check_values`` and ``output`` (from ``launcher``, re-exported here) are how a
 wrapper reads an index tensor for its content checks without making a GPU's hot path wait, and
 allocates its outputs.
@@ -17,7 +21,6 @@ import dataclasses
 import itertools
 import math
 import operator
-import random
 from typing import Sequence
 
 import torch
@@ -162,109 +165,6 @@ def grid(cases: Sequence[AttnCase], **axes) -> list[AttnCase]:
     for case in cases:
         for values in itertools.product(*axes.values()):
             out.append(dataclasses.replace(case, **dict(zip(axes, values))))
-    return out
-
-
-def sweep(name: str, seed: int, n: int, *, block_m: int, block_n: int, tiles: int = 3,
-          groups: Sequence[int] = range(1, 9), d: int = 16, dtype: torch.dtype = torch.float32,
-          masks: bool = True, max_sequences: int = 3, fold: bool = False,
-          windows: bool = True) -> list[AttnCase]:
-    """``n`` seeded random valid packed problems that hunt tile-boundary bugs, which hand-picked
-    cases can miss: 1 to ``max_sequences`` sequences whose query and key lengths run from 0 to
-    ``tiles`` tiles (``block_m`` query rows, ``block_n`` keys; the GPU's tile shapes find what the
-    small CPU tiles cannot), most of them next to a tile edge (a multiple of the tile, -1, +1),
-    some with a few queries against many keys or the reverse;
-    G from ``groups`` with h_kv of 1 or 2; with ``masks``, causal, a sliding window (unless not
-    ``windows``) or neither.
-    ``fold``: a query tile holds ``block_m // G`` positions of G heads (Chapter 5's M-fold), so
-    the query lengths' tile edges are multiples of that. The same seed gives the same cases on
-    every machine."""
-    rng = random.Random(seed)
-
-    def length(block: int, most: int = tiles) -> int:
-        return _near_edge(rng, block, most)
-
-    out = []
-    for i in range(n):
-        G, h_kv = rng.choice(list(groups)), rng.choice((1, 2))
-        count = rng.randint(1, max_sequences)
-        rows = max(1, block_m // G) if fold else block_m
-        # a third of the cases: a few queries against many keys (a tall tile's padding rows
-        # then outnumber the real ones), or many queries against a few keys
-        family = rng.choice(("edges", "few queries", "few keys"))
-        lens_q = [rng.randint(0, max(1, rows // 4)) if family == "few queries" else length(rows)
-                  for _ in range(count)]
-        lens_k = [rng.randint(0, block_n // 2) if family == "few keys" else
-                  length(block_n, tiles + 1 if family == "few queries" else tiles)
-                  for _ in range(count)]
-        j = rng.randrange(count)            # at least one sequence with queries and keys
-        lens_q[j], lens_k[j] = max(lens_q[j], 1), max(lens_k[j], 1)
-        lens_q, lens_k = tuple(lens_q), tuple(lens_k)
-        kind = rng.choice(("none", "causal") + (("window",) if windows else ())) \
-            if masks else "none"
-        window = None
-        if kind == "window":     # flash-attn's (left, right); -1 is unlimited on that side
-            window = (rng.choice((-1, rng.randint(0, 2 * block_n))),
-                      rng.choice((-1, 0, rng.randint(0, block_n))))
-        out.append(AttnCase(f"{name} {i + 1}/{n} (seed {seed})", seqlens=lens_q,
-                            seqlens_k=lens_k, H_q=G * h_kv, H_kv=h_kv, d=d, dtype=dtype,
-                            causal=kind == "causal", window=window))
-    return out
-
-
-def _near_edge(rng: random.Random, block: int, tiles: int, least: int = 0) -> int:
-    """A length from ``least`` to ``tiles`` tiles, most often next to a tile edge."""
-    edge = rng.randint(0, tiles) * block
-    return max(least, edge + rng.choice((-1, 0, 1, rng.randint(-block // 2, block // 2))))
-
-
-def dense_sweep(name: str, seed: int, n: int, *, block_m: int, block_n: int, tiles: int = 3,
-                d: int = 16, dtypes: Sequence[torch.dtype] = (torch.float32,)) -> list[AttnCase]:
-    """``n`` seeded random dense (B, H, N, d) problems for a kernel without masks: query and key
-    lengths from 1 to ``tiles`` tiles of the given tile shape, most next to a tile edge, B and H
-    from 1 to 3, either memory layout, a dtype from ``dtypes``."""
-    rng = random.Random(seed)
-    return [AttnCase(f"{name} {i + 1}/{n} (seed {seed})", B=rng.randint(1, 2),
-                     H_q=rng.randint(1, 3), N_q=_near_edge(rng, block_m, tiles, 1),
-                     N_k=_near_edge(rng, block_n, tiles, 1), d=d, dtype=rng.choice(list(dtypes)),
-                     layout=rng.choice(LAYOUTS)) for i in range(n)]
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeCase:
-    """One decode problem: ``n_new`` query tokens per sequence against a KV cache holding
-    ``lengths`` keys (the new tokens' included), ``max_len`` slots per sequence, contiguous
-    (``page`` None) or in pages of ``page`` slots."""
-    name: str
-    B: int
-    n_new: int
-    h_q: int
-    h_kv: int
-    lengths: tuple[int, ...]
-    max_len: int
-    page: int | None = None
-
-
-def decode_sweep(name: str, seed: int, n: int, *, block_n: int, tiles: int = 3,
-                 groups: Sequence[int] = range(1, 9), new_tokens: Sequence[int] = (1,),
-                 pages: Sequence[int | None] = (None,), max_batch: int = 3) -> list[DecodeCase]:
-    """``n`` seeded random valid decode problems that hunt key-tile-boundary bugs: 1 to
-    ``max_batch`` sequences whose cache lengths run up to ``tiles`` key tiles of ``block_n`` (the
-    GPU's tile finds what small CPU tiles cannot), most of them next to a tile edge, each at
-    least ``n_new`` (the new tokens are in the cache); G from ``groups`` with h_kv of 1 or 2; a
-    page size from ``pages`` (None: contiguous), ``max_len`` a whole number of pages."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        G, h_kv = rng.choice(list(groups)), rng.choice((1, 2))
-        n_new, page = rng.choice(list(new_tokens)), rng.choice(list(pages))
-        lengths = tuple(_near_edge(rng, block_n, tiles, max(1, n_new))
-                        for _ in range(rng.randint(1, max_batch)))
-        max_len = max(lengths) + rng.choice((0, rng.randint(1, block_n)))
-        if page:
-            max_len = -(-max_len // page) * page
-        out.append(DecodeCase(f"{name} {i + 1}/{n} (seed {seed})", len(lengths), n_new,
-                              G * h_kv, h_kv, lengths, max_len, page))
     return out
 
 
@@ -470,3 +370,40 @@ from .launcher import (POISON_ENV, VALUES_ENV, _read, capturing, cdiv,  # noqa: 
                        check_values, host_values, next_pow2, output, poisoned_outputs,
                        values_checked)
 from .plans import validate_once  # noqa: E402,F401
+
+
+def validate_dense_qkv(name: str, q, k, v, head_dims, *, heads_note: str = "",
+                       head_dim_note: str = "") -> tuple[int, int, int, int]:
+    """The input checks both Gluon launchers share: q ``(B, H, N_q, d)``, k and v
+    ``(B, H, N_k, d)``, one dtype of fp16 or bf16, d in ``head_dims``, contiguous and 16-byte
+    aligned (TMA's requirement), B*H within the grid. Raises a ValueError naming the problem;
+    returns (B, H, N_q, d). The notes are appended to the heads and head-dim messages."""
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {label} must be 4-D (B, H, N, d), got shape "
+                             f"{tuple(t.shape)}.")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{name}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}.")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{name}: dtype {q.dtype} is not supported; the kernel takes "
+                         "torch.float16 or torch.bfloat16 (convert with .half()).")
+    B, H, N_q, d = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
+        raise ValueError(f"{name}: k and v must be (B, H, N_k, d) = ({B}, {H}, N_k, {d}) like q; "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}{heads_note}.")
+    if d not in head_dims:
+        raise ValueError(f"{name}: head dim d={d} is not supported; the kernel takes d in "
+                         f"{tuple(head_dims)}{head_dim_note}.")
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: {label} must be contiguous (B, H, N, d), got strides "
+                             f"{t.stride()}; call .contiguous() first.")
+        if t.numel() and t.data_ptr() % 16:
+            raise ValueError(f"{name}: {label}'s data must be 16-byte aligned for TMA (a sliced "
+                             "view?); pass a fresh .contiguous() copy.")
+    if B * H > 65535:
+        raise ValueError(f"{name}: B*H = {B * H} exceeds the grid's 65535 programs in y.")
+    return B, H, N_q, d

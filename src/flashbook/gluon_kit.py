@@ -19,6 +19,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import tma
 
+from .cases import validate_dense_qkv   # the Gluon launchers' argument check, in cases
+
 __all__ = ["tma_load", "tma_store", "tma_reduce_add", "cta_barrier", "smem_reinterpret",
            "m_block", "smem_tile", "head_descriptors",
            "validate_dense_qkv"]
@@ -89,39 +91,3 @@ def rebased(descriptor, base):
     return out
 
 
-def validate_dense_qkv(name: str, q, k, v, head_dims, *, heads_note: str = "",
-                       head_dim_note: str = "") -> tuple[int, int, int, int]:
-    """The input checks both Gluon launchers share: q ``(B, H, N_q, d)``, k and v
-    ``(B, H, N_k, d)``, one dtype of fp16 or bf16, d in ``head_dims``, contiguous and 16-byte
-    aligned (TMA's requirement), B*H within the grid. Raises a ValueError naming the problem;
-    returns (B, H, N_q, d). The notes are appended to the heads and head-dim messages."""
-    import torch
-    for label, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}.")
-        if t.dim() != 4:
-            raise ValueError(f"{name}: {label} must be 4-D (B, H, N, d), got shape "
-                             f"{tuple(t.shape)}.")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"{name}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}.")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"{name}: dtype {q.dtype} is not supported; the kernel takes "
-                         "torch.float16 or torch.bfloat16 (convert with .half()).")
-    B, H, N_q, d = q.shape
-    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
-        raise ValueError(f"{name}: k and v must be (B, H, N_k, d) = ({B}, {H}, N_k, {d}) like q; "
-                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}{heads_note}.")
-    if d not in head_dims:
-        raise ValueError(f"{name}: head dim d={d} is not supported; the kernel takes d in "
-                         f"{tuple(head_dims)}{head_dim_note}.")
-    for label, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name}: {label} must be contiguous (B, H, N, d), got strides "
-                             f"{t.stride()}; call .contiguous() first.")
-        if t.numel() and t.data_ptr() % 16:
-            raise ValueError(f"{name}: {label}'s data must be 16-byte aligned for TMA (a sliced "
-                             "view?); pass a fresh .contiguous() copy.")
-    if B * H > 65535:
-        raise ValueError(f"{name}: B*H = {B * H} exceeds the grid's 65535 programs in y.")
-    return B, H, N_q, d

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, dense_sweep, seeded
+from flashbook.case_sweeps import dense_sweep
+from flashbook.cases import AttnCase, seeded
 from flashbook.check import CheckFailure, assert_close, check_attention, no_nan, report, \
     require_implemented, run_student
 from flashbook.device import current

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, kv_packed, make_inputs, sweep
+from flashbook.case_sweeps import sweep
+from flashbook.cases import AttnCase, kv_packed, make_inputs
 from flashbook.check import CheckFailure, check_attention, report, require_implemented, \
     run_student
 from flashbook.cpu_child import on_cpu

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 from flashbook import oob, reference
-from flashbook.cases import AttnCase, decode_sweep, kv_packed, make_inputs, seeded, sweep
+from flashbook.case_sweeps import decode_sweep, sweep
+from flashbook.cases import AttnCase, kv_packed, make_inputs, seeded
 from flashbook.check import CheckFailure, assert_close, check_argument_errors, check_attention, \
     no_nan, report, require_implemented, run_student
 from flashbook.cpu_child import on_cpu

@@ -9,7 +9,8 @@ import random
 import torch
 
 from flashbook import oob
-from flashbook.cases import decode_sweep, seeded
+from flashbook.case_sweeps import decode_sweep
+from flashbook.cases import seeded
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
 from flashbook.device import current

@@ -15,7 +15,8 @@ import types
 import torch
 
 from flashbook import reference
-from flashbook.cases import AttnCase, sweep
+from flashbook.case_sweeps import sweep
+from flashbook.cases import AttnCase
 from flashbook.check import CheckFailure, assert_close, no_nan, report, require_implemented, \
     run_student
 from flashbook.device import current
