@@ -173,16 +173,20 @@ SDPA_BACKENDS = {
 }
 
 
-def sdpa(backend: str | None = None) -> Callable:
-    """torch SDPA restricted to one backend (a key of SDPA_BACKENDS), as f(q, k, v, causal)."""
+def sdpa(backend: str | None = None, *, gqa: bool = False, mask=None) -> Callable:
+    """torch SDPA restricted to one backend (a key of SDPA_BACKENDS; None: torch's choice), as
+    f(q, k, v, causal=False), with ``enable_gqa`` and an optional ``attn_mask``: the one SDPA
+    call of every benchmark and check."""
     import torch.nn.functional as F
 
     def run(q, k, v, causal=False):
         if backend is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=gqa)
         from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=gqa)
     return run
 
 

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from .bench import SDPA_BACKENDS, free_cuda_cache, gpu_peak, join_notes, timed_ms, why_failed
+from .bench import free_cuda_cache, gpu_peak, join_notes, sdpa, timed_ms, why_failed
 from .results import Row
 
 
@@ -125,16 +125,9 @@ def ours(ns, wrapper, args, check=None, **kw):
 
 
 def sdpa_backend(backend: str, causal: bool = False, gqa: bool = False, mask=None):
-    """SDPA restricted to one backend (a key of bench.SDPA_BACKENDS), as f(q, k, v), with
-    ``enable_gqa`` and an optional mask."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def f(q, k, v):
-        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend])):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                                  enable_gqa=gqa)
-    return f
+    """``bench.sdpa`` with the mask flags fixed, as f(q, k, v)."""
+    run = sdpa(backend, gqa=gqa, mask=mask)
+    return lambda q, k, v: run(q, k, v, causal)
 
 
 def refusal(e: BaseException, caught) -> str:

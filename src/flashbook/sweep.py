@@ -75,15 +75,13 @@ def results_note(*parts) -> str:
 
 
 def _sdpa(backend: str, q, k, v, causal: bool, gqa: bool = False):
-    """SDPA on one backend as a zero-argument call; a refusal raises (checked once here)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from .bench import SDPA_BACKENDS
-    kind = getattr(SDPBackend, SDPA_BACKENDS[backend])
+    """SDPA on one backend (``bench.sdpa``) as a zero-argument call; a refusal raises
+    (checked once here)."""
+    from .bench import sdpa
+    run = sdpa(backend, gqa=gqa)
 
     def call():
-        with sdpa_kernel(kind):
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=causal, enable_gqa=gqa)
+        return run(q, k, v, causal)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         call()

@@ -38,7 +38,7 @@ import warnings
 import torch
 
 from flashbook import sources
-from flashbook.bench import SDPA_BACKENDS, attention_bytes, free_cuda_cache, public_row
+from flashbook.bench import attention_bytes, free_cuda_cache, public_row, sdpa
 from flashbook.bench_setups import measure
 from flashbook.reference import attention_flops
 from flashbook.results import Row, table
@@ -66,13 +66,11 @@ def bwd_flops(B, H, N, d, causal, what: str) -> float:
 def sdpa_grads_fn(backend: str, q, k, v, do, causal: bool, what: str):
     """fn() timing SDPA's backward ("bwd": grad of a forward run once) or forward + backward
     on one backend, and the gradients of one call (dense (B, H, N, d))."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    kind = getattr(SDPBackend, SDPA_BACKENDS[backend])
+    run = sdpa(backend)
 
     def fwd():
-        with sdpa_kernel(kind):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return run(q, k, v, causal)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         o = fwd()
