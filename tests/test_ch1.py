@@ -230,7 +230,7 @@ def test_traffic_model_is_a_lower_bound_on_the_recorded_h200_times():
         assert predicted < with_scale < measured, n
     n, predicted, _, _ = table[0]
     assert predicted == pytest.approx(2 * 16 * (4 * n * 64 + 4 * n * n) / 4.8e12 * 1e3)
-    assert ch1.figures(rows)["ch1_model_us_512"] == pytest.approx(predicted * 1e3)
+    assert ch1.quoted_values(rows)["ch1_model_us_512"] == pytest.approx(predicted * 1e3)
 
 
 def test_cpu_memory_panel_keeps_zero_points_on_a_linear_axis():

@@ -130,7 +130,7 @@ def test_quoted_model_figures_are_the_traffic_model():
     6000x") stay within a thousand below what they round."""
     from flashbook import results
     rows = results.recorded("ch2", "h200").rows
-    fig = ch2.figures(rows)
+    fig = ch2.quoted_values(rows)
     pred = {(p.kernel, p.N): p for p in ch2.predicted_vs_measured(rows)}
     assert fig["ch2_model_fa1_ms"] == pred[("fa1_literal", 4096)].predicted_ms
     assert fig["ch2_model_fa2_rows_ms"] == pred[("fa2_rows", 4096)].predicted_ms

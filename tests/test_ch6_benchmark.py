@@ -203,7 +203,7 @@ def fixture_rows():
 
 
 def test_recorded_figures_are_the_comparisons():
-    got = recorded.figures(fixture_rows())
+    got = recorded.quoted_values(fixture_rows())
     assert got["ch6_ours_1_16384_128_noncausal"] == pytest.approx(600)
     assert got["ch6_cudnn_noncausal"] == pytest.approx(550)
     assert got["ch6_vs_cudnn_causal"] == pytest.approx(480 / 440)
@@ -218,18 +218,18 @@ def test_recorded_figures_move_with_the_data_and_survive_the_csv(tmp_path):
     rows = fixture_rows()
     path = results.write(rows, tmp_path, "fixture", {"note": "test fixture, not data"})
     back = results.read(path)
-    assert recorded.figures(back) == pytest.approx(recorded.figures(rows))
+    assert recorded.quoted_values(back) == pytest.approx(recorded.quoted_values(rows))
     faster = [r if r.kernel != "sdpa_cudnn" else
               fixture_row(r.kernel, r.role, b.Case(r.B, r.H_q, r.N_q, r.d, torch.float16,
                                                    r.causal), r.ms / 2)
               for r in rows if r.dtype == "float16"]
-    assert recorded.figures(faster)["ch6_vs_cudnn_noncausal"] == pytest.approx(600 / 1100)
+    assert recorded.quoted_values(faster)["ch6_vs_cudnn_noncausal"] == pytest.approx(600 / 1100)
 
 
 def test_recorded_refuses_to_quote_without_the_headline_rows():
     rows = [r for r in fixture_rows() if r.kernel != "ch6_gluon_fa3"]
     with pytest.raises(ValueError, match="no measured ch6_gluon_fa3"):
-        recorded.figures(rows)
+        recorded.quoted_values(rows)
 
 
 def test_recorded_summary_lists_ratios_and_failures():

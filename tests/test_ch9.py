@@ -347,11 +347,11 @@ def test_recorded_figures_need_their_rows():
     error that names it, not a sentence with a hole."""
     from flashbook import results
     rows = results.recorded("ch9").rows
-    got = ch9.recorded.figures(rows)
+    got = ch9.recorded.quoted_values(rows)
     assert got["ch9_fused_ms"] < got["ch9_atomic_ms"], got       # the TMA reduce beats atomics
     for kernel in ("ch9_bwd_fused", "ch9_bwd_gluon"):
         with pytest.raises(ValueError, match=kernel):
-            ch9.recorded.figures([r for r in rows if r.kernel != kernel])
+            ch9.recorded.quoted_values([r for r in rows if r.kernel != kernel])
     assert "ours/sdpa_cudnn" in ch9.recorded.summary(rows)
 
 

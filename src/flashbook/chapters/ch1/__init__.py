@@ -36,7 +36,7 @@ def traffic_vs_measured(rows) -> list[tuple[int, float, float, float]]:
     return [out[n] for n in sorted(out)]
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The figures Section 5 quotes (``flashbook.quoted``), by glue key: the recorded H200 times
     against the traffic model. ``ch1_model_us_512`` is the model's alone (the bytes of a recorded
     shape at the datasheet bandwidth), not a measurement."""
@@ -63,5 +63,5 @@ CHAPTER = Chapter(
         Exercise("ch1_traffic_test", ("ch1_traffic",), ("naive_traffic",), check_traffic),
     ),
     benchmark=benchmark.run,
-    figures=figures,
+    figures=quoted_values,
 )

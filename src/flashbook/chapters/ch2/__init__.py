@@ -41,7 +41,7 @@ __all__ = ["CHAPTER", "race_check", "check_tile_copy", "check_fa1_literal", "che
            "traffic_table", "predicted_vs_measured", "prediction_table"]
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The figures the chapter quotes (``flashbook.quoted``), by glue key: the ladder against
     PyTorch at both N, and the traffic model's predictions (``chN_model_*``: the model's alone,
     bytes at the datasheet bandwidth) against the measured times. Where the prose rounds
@@ -85,5 +85,5 @@ CHAPTER = Chapter(
         Exercise("ch2_fa2_tiled_test", ("ch2_fa2_tiled",), ("make_fa2_tiled",), check_fa2_tiled),
     ),
     benchmark=benchmark.run,
-    figures=figures,
+    figures=quoted_values,
 )

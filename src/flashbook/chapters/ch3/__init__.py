@@ -27,7 +27,7 @@ __all__ = ["CHAPTER", "Config", "pick_config", "softmax_rows", "copy_tiles", "at
            "SHARED_MEMORY_PER_BLOCK"]
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The figures the chapter's closing section quotes (``flashbook.quoted``), by glue key."""
     # the kernels' ablations compare reference rows (all timed one way); the speed a reader
     # gets, against cuDNN and FA2, is attention_two_tiles as called where that was recorded
@@ -82,5 +82,5 @@ CHAPTER = Chapter(
     ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
-    figures=figures,
+    figures=quoted_values,
 )

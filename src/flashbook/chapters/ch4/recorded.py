@@ -141,7 +141,7 @@ def _sections(row) -> int:
     return int(re.search(r"sections=(\d+)", row.note).group(1))
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The figures the chapter's closing section quotes (``flashbook.quoted``), by glue key."""
     # what a reader's call gets (attention_varlen as called, results.as_called) against the
     # baselines; the kernel's ablations (schedules, the uniform batch) as the benchmark times them

@@ -84,7 +84,7 @@ def plot_recorded(rows):
     return fig
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The figures the chapter quotes (``flashbook.quoted``), by glue key: the chapter's
     functions as a reader calls them (``results.as_called``); the paged kernels against the
     contiguous one as the benchmark launches both."""

@@ -48,5 +48,5 @@ CHAPTER = Chapter(
     ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
-    figures=recorded.figures,
+    figures=recorded.quoted_values,
 )

@@ -112,7 +112,7 @@ def _key(s: tuple, causal: bool) -> str:
     return "_".join(map(str, (s[0], s[2], s[3]))) + ("_causal" if causal else "_noncausal")
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The quoted figures by glue key (fp16; ``flashbook.quoted``): ours against cuDNN at
     ``HEADLINE`` and against JAX's FA3 where both were measured, ``attention_fa3`` as a reader
     calls it where recorded (``results.as_called``). ValueError without the headline rows."""

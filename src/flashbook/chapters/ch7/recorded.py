@@ -102,7 +102,7 @@ def plot_recorded(rows):
     return fig
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The figures Section 9 quotes (``flashbook.quoted``), by glue key: at ``HEADLINE``, each
     kernel's speed change with each trick and with each probe."""
     out = {}

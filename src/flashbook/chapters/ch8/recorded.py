@@ -136,7 +136,7 @@ def _hop_ms(rows) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def figures(decode_rows_) -> dict:
+def quoted_values(decode_rows_) -> dict:
     """The figures Section 7 quotes (``flashbook.quoted``), by glue key (the contract passes
     the one-GPU rows; the ring's are read here): split-KV against cuDNN, the read ceiling and
     the no-split kernel; the ring's efficiency and its 1-GPU and context_parallel times at

@@ -52,7 +52,7 @@ CHAPTER = Chapter(
     ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
-    figures=recorded.figures,
+    figures=recorded.quoted_values,
 )
 
 # what ``tune`` records through (the same contract; kept for its callers)

@@ -114,7 +114,7 @@ def profile_metrics(path=PROFILE) -> dict:
     return out
 
 
-def figures(rows) -> dict:
+def quoted_values(rows) -> dict:
     """The figures Section 7 quotes (``flashbook.quoted``), by glue key: the backward against
     cuDNN's and FlashAttention-2's at the headline shape, causal and not; the one-kernel
     variants; the Gluon backward against cuDNN, and its profile (``PROFILE``: the keys
