@@ -23,13 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Parallel runs (pytest-xdist; `make test` passes -n, pyproject.toml --dist loadgroup): each
 # worker is its own pytest session, so each would set up the session fixtures below on its own.
-# `fresh_release` is safe that way (tmp_path_factory gives each worker its own directory). But
-# `executed_dir` and `built_book` are one directory of the checkout, _build/: two workers would
-# execute the same notebooks into the same cache files and run two jupyter-book builds into the
-# same tree. So every test that uses them is put in the xdist group "book": one worker runs all of
-# them, one after the other, and builds the book once. That is simpler than locking the cache,
-# and costs little: the book build needs the executed notebooks anyway.
-SHARED_BUILD_FIXTURES = {"executed_dir", "built_book"}
+# What every worker may share is made once per run by the first worker that asks (`shared_once`:
+# a lock file beside it): the distributions, the fresh release. The executed chapter notebooks in
+# _build/executed/ are shared the same way (`notebooks.executed_source` locks each chapter), so
+# each chapter executes once per run, on whichever worker first needs it. But `built_book` is a
+# jupyter-book build into _build/: every test that uses it is put in the xdist group "book", so
+# that one worker runs all of them, one after the other, and builds the book once.
+SHARED_BUILD_FIXTURES = {"built_book"}
 
 
 def _uses_build(item) -> bool:
@@ -53,7 +53,7 @@ def pytest_runtest_setup(item):
     """Refuse to run a test where it could race another worker over _build/ (an error raised at
     collection would be lost inside an xdist worker; a failed setup is reported)."""
     if _uses_build(item) and _groups(item) != {"book"}:   # xdist would make "book_x" of two
-        pytest.fail(f"this test uses _build/ (executed_dir or built_book): it must be in xdist "
+        pytest.fail(f"this test builds into _build/ (built_book): it must be in xdist "
                     f"group 'book' only, not {sorted(_groups(item))}", pytrace=False)
     # xdist tells the controller a test's group by appending "@group" to its node id. With
     # pytest 9.2.0 that silently stopped working (pytest-xdist issue #1386; hence pytest 9.1.1 in
@@ -64,7 +64,7 @@ def pytest_runtest_setup(item):
                     "install the versions in constraints.txt, or run without -n", pytrace=False)
 
 
-def build_distributions(out: Path, *, wheel_only: bool = False) -> Path:
+def build_distributions(out: Path) -> Path:
     """`python -m build --no-isolation` of the tracked (and new, not ignored) files, copied out of
     the checkout first (a build in place would leave build/ and egg-info there); returns ``out``."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -75,7 +75,7 @@ def build_distributions(out: Path, *, wheel_only: bool = False) -> Path:
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, tree / rel)
     proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(out),
-                           *(["--wheel"] if wheel_only else []), str(tree)],
+                           str(tree)],
                           capture_output=True, text=True, timeout=300)
     shutil.rmtree(tree)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -87,23 +87,54 @@ def root() -> Path:
     return ROOT
 
 
+def shared_once(tmp_path_factory, worker_id: str, name: str, make) -> Path:
+    """``make(path)`` once per test run, by the first worker that asks; the others wait on its
+    lock and reuse the directory (pytest-xdist's workers share their base temp dir's parent)."""
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    base = base.parent if worker_id != "master" else base
+    out, done = base / name, base / f"{name}.done"
+    with FileLock(str(base / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            make(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def executed_dir() -> Path:
     """Executed chapter notebooks are cached here; the book build reuses them. Shared by all
-    workers of a parallel run: its users are kept on one worker (see above)."""
+    workers of a parallel run (``notebooks.executed_source`` locks each chapter)."""
     return ROOT / "_build" / "executed"
 
 
+def graded_cells(nb) -> dict:
+    """{grade id: (score, status, message, points)} of an executed notebook's graded test cells,
+    by the grader's own rule (``grade.worker.cell_score``: an error earns 0, a number partial
+    credit)."""
+    from flashbook.grade import cellmeta, worker
+    return {cellmeta.grade_id(c): (*worker.cell_score(c, cellmeta.points(c)), cellmeta.points(c))
+            for c in nb.cells if cellmeta.is_graded_test(c)}
+
+
 @pytest.fixture(scope="session")
-def fresh_release(tmp_path_factory) -> Path:
-    """A fresh `flashbook release` of every chapter into a scratch course; returns its output."""
-    work = tmp_path_factory.mktemp("release")
-    course = work / "course"
-    course.mkdir()
-    shutil.copy2(ROOT / "autograder" / "nbgrader_config.py", course / "nbgrader_config.py")
-    out = work / "notebooks"
-    notebooks.release(ROOT, out_dir=out, course=course)
-    return out
+def distributions(tmp_path_factory, worker_id) -> dict[str, Path]:
+    """The wheel and the sdist of the tracked (and new, not ignored) files, built once per run."""
+    out = shared_once(tmp_path_factory, worker_id, "dist", build_distributions)
+    return {"wheel": next(out.glob("*.whl")), "sdist": next(out.glob("*.tar.gz"))}
+
+
+@pytest.fixture(scope="session")
+def fresh_release(tmp_path_factory, worker_id) -> Path:
+    """A fresh `flashbook release` of every chapter into a scratch course, made once per run;
+    returns its output (read only: copy the course beside it before grading in it)."""
+    def release(work: Path):
+        course = work / "course"
+        course.mkdir(parents=True)
+        shutil.copy2(ROOT / "autograder" / "nbgrader_config.py", course / "nbgrader_config.py")
+        notebooks.release(ROOT, out_dir=work / "notebooks", course=course)
+    return shared_once(tmp_path_factory, worker_id, "release", release) / "notebooks"
 
 
 @pytest.fixture(scope="session")

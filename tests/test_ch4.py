@@ -216,7 +216,9 @@ print("RESULT" + json.dumps(res))
 
 @pytest.mark.slow
 def test_masked_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
-    res = compile_script(AOT_SCRIPT, tmp_path)
+    """A cubin for the T4 (students' Colab GPU); PTX for the H100, whose shared memory and
+    wgmma instructions are known there (ptxas is skipped; the H200 runs these kernels for real)."""
+    res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
     assert len(res) == 4
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
     for r in res:

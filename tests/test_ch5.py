@@ -238,7 +238,9 @@ print("RESULT" + json.dumps(res))
 
 @pytest.mark.slow
 def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
-    res = compile_script(AOT_SCRIPT, tmp_path)
+    """A cubin for the T4; PTX for the H100, whose shared memory is known once LLVM lowers the
+    kernel (ptxas is skipped there)."""
+    res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
     assert len(res) == 6
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
 

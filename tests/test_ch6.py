@@ -261,6 +261,10 @@ print("RESULT" + json.dumps(res))
 RING_CASES = [(128, "float16", 64, 128, 2, True, False), (64, "bfloat16", 64, 64, 3, False, True)]
 
 
+# the tests of the compiled TTGIR share one compile: on one pytest-xdist worker
+SHARES_THE_TTGIR = pytest.mark.xdist_group("ch6-ttgir")
+
+
 @pytest.fixture(scope="module")
 def compiled_ttgir(tmp_path_factory):
     return compile_script(f"CASES = {RING_CASES!r}\n" + TTGIR, tmp_path_factory.mktemp("ttgir"),
@@ -268,6 +272,7 @@ def compiled_ttgir(tmp_path_factory):
 
 
 @pytest.mark.slow
+@SHARES_THE_TTGIR
 def test_the_compiled_kernels_barrier_protocol(compiled_ttgir):
     for r in compiled_ttgir:
         d, _, bm, bn, stages, _, _ = r["case"]
@@ -275,6 +280,7 @@ def test_the_compiled_kernels_barrier_protocol(compiled_ttgir):
 
 
 @pytest.mark.slow
+@SHARES_THE_TTGIR
 @pytest.mark.parametrize("edit, text", [
     (lambda ir: re.sub(r"(ttng\.init_barrier %\w+), 2 :", r"\1, 1 :", ir), "k_empty"),
     (lambda ir: _drop_producer_wait(ir), "without waiting on"),

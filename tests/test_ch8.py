@@ -307,7 +307,9 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.slow
 def test_split_kv_and_ring_merge_kernels_compile_for_t4_and_h200(tmp_path):
-    got = compile_script(AOT, tmp_path)
+    """A cubin for the T4; PTX for the H200, whose shared memory is known once LLVM lowers the
+    kernel (ptxas is skipped there)."""
+    got = compile_script(AOT, tmp_path, ptx_only_for=(90,))
     assert len(got) == 5
     assert not too_big(got), got
 

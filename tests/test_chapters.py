@@ -2,9 +2,10 @@
 
 * the contract agrees with the notebook (every graded test cell is an exercise whose check the
   cell calls, visibly and in its hidden tests);
-* the solution notebook runs top to bottom in-process, once per run (``scored``), every graded
-  test cell passing: the baseline the known-wrong variants are run against (that the solution
-  earns every point through the real grader, from the installed wheel, is test_student_path's);
+* the known-wrong variants are run in-process from their own cell on, after the chapter's
+  definition cells (``scored``: once per run); the baseline they are judged against is the
+  chapter's one execution per run (the executed notebook the book shows, test_notebooks'), in
+  which the solution earns every point by the grader's own rule;
 * the student version (nbgrader's stubs) fails each exercise as "not implemented";
 * every known-wrong variant loses points at an exercise that grades its cell, for its bug
   (not because the edited source stopped running);
@@ -28,7 +29,8 @@ import nbformat
 import pytest
 import yaml
 
-from flashbook import chapters, quoted, results, sources
+from conftest import graded_cells
+from flashbook import chapters, notebooks, quoted, results, sources
 from flashbook.check import CheckFailure
 from flashbook.grade import cellmeta
 
@@ -154,21 +156,24 @@ _UNIQUE = itertools.count()
 
 
 class Scored:
-    """A chapter's notebook run top to bottom in-process (demo cells skipped), once: the outcome
-    of every graded test cell, and the globals before each solution cell so that a variant
-    re-runs only the notebook from its own cell on."""
+    """A chapter's notebook without its graded test cells and demo cells run in-process, once:
+    the globals before each solution cell, so that a variant re-runs only the notebook from its
+    own cell on (graded test cells included), and the errors of the cells that ran (none)."""
 
     def __init__(self, ch):
         self.ch = ch
         self.cells = [c for c in _source_nb(ch.id).cells
                       if c.cell_type == "code" and not sources.is_demo(c)]
-        self.snapshots, self.outcomes = {}, {}
+        self.snapshots, self.errors = {}, {}
         ns = sources.fresh_module(f"scored_{ch.id}").__dict__
-        for cell in self.cells:
-            gid = cellmeta.grade_id(cell)
+        for i, cell in enumerate(self.cells):
+            if cellmeta.is_graded_test(cell):
+                continue                    # the solution's scores: the executed notebook's
             if cellmeta.is_solution(cell):
-                self.snapshots[gid] = dict(ns)
-            self.outcomes[gid] = self._run(cell.source, ns)
+                self.snapshots[cellmeta.grade_id(cell)] = dict(ns)
+            error = self._run(cell.source, ns)
+            if error:
+                self.errors[cellmeta.grade_id(cell) or f"cell {i}"] = error
 
     @staticmethod
     def _run(source: str, ns: dict) -> str | None:
@@ -208,9 +213,18 @@ def scored(chapter_id: str) -> Scored:
     return Scored(chapters.contract(chapter_id))
 
 
+@functools.cache
+def solution_losses(chapter_id: str, executed_dir: Path) -> dict:
+    """{grade id: message} of the graded cells where the chapter's executed notebook (its one
+    execution per run, shared with the book and test_notebooks) loses points: none."""
+    nb = notebooks.executed_source(sources.source(chapter_id, ROOT), ROOT, executed_dir)
+    return {gid: message for gid, (score, _, message, points) in graded_cells(nb).items()
+            if score != points}
+
+
 def _on_one_worker(ch, item, test_id):
     """A test that reads ``scored(ch.id)``, kept on the worker of its chapter's other such tests
-    (--dist loadgroup), so that each chapter's solution notebook runs once per suite, not once
+    (--dist loadgroup), so that each chapter's cells run in-process once per suite, not once
     per worker."""
     return pytest.param(ch, item, id=test_id, marks=pytest.mark.xdist_group(f"scored-{ch.id}"))
 
@@ -254,9 +268,11 @@ def test_a_variant_must_name_the_failure_that_catches_it():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ch, v", VARIANTS)
-def test_known_wrong_variant_loses_points_to_its_bug(ch, v):
+def test_known_wrong_variant_loses_points_to_its_bug(ch, v, executed_dir):
+    lost = solution_losses(ch.id, executed_dir)
+    assert not lost, f"{ch.id}: the solution itself loses points: {lost}"
     s = scored(ch.id)
-    assert not any(s.outcomes.values()), f"{ch.id}: the solution itself fails: {s.outcomes}"
+    assert not s.errors, f"{ch.id}: the solution's cells fail in-process: {s.errors}"
     src = sources.cells_by_id(_source_nb(ch.id))[v.cell]
     lost = s.first_loss(v.cell, v.apply(src))
     assert lost is not None, f"{ch.id} variant {v.name!r} kept every point"

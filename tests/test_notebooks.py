@@ -1,14 +1,18 @@
-"""Every chapter as a notebook: the solution runs top to bottom in a real kernel (the book reuses
-the executed notebook) and notebooks/ equals a fresh release. (That the student notebook fails
-only at its stubs is test_student_path's: graded from the installed wheel.) (Exercises, stubs and known-wrong variants are checked through the chapters'
-contracts in test_chapters.py.)"""
+"""Every chapter as a notebook: the solution runs top to bottom in a real kernel, once per run
+(the book shows that execution and test_chapters' known-wrong variants are judged against it),
+every graded test cell earning its points by the grader's own rule; and notebooks/ equals a
+fresh release. (That the student notebook fails only at its stubs is test_student_path's:
+graded from the installed wheel.) (Exercises, stubs and known-wrong variants are checked
+through the chapters' contracts in test_chapters.py.)"""
 import re
 
 import nbformat
 import pytest
 
+from conftest import graded_cells
 from flashbook import notebooks, sources
 from flashbook.grade import cellmeta
+from flashbook.grade.record import PASSED
 
 CHAPTERS = sources.sources()
 IDS = [c.id for c in CHAPTERS]
@@ -35,11 +39,20 @@ def test_every_chapter_has_graded_exercises_and_no_shell_magic():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ch", CHAPTERS, ids=IDS)
-def test_solution_runs_top_to_bottom_with_all_tests_passing(ch, root, executed_dir):
+def test_solution_runs_top_to_bottom_and_earns_every_point(ch, root, executed_dir):
     nb = notebooks.executed_source(ch, root, executed_dir)   # raises on the first error
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors
+    scores = graded_cells(nb)
+    assert set(scores) == set(_graded_points(sources.read(ch.path))), ch.id
+    for gid, (score, status, message, points) in scores.items():
+        assert (score, status) == (points, PASSED), f"{gid} earned {score} of {points}: {message}"
+    for c in nb.cells:
+        if cellmeta.is_graded_test(c):
+            out = "".join(o.get("text", "") for o in c.get("outputs", [])
+                          if o.get("output_type") == "stream" and o.get("name") == "stdout")
+            assert "PASSED" in out, f"{cellmeta.grade_id(c)} printed no PASSED: {out}"
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
-"""flashbook.overhead: the host time a public function adds to its launches."""
-import time
+"""flashbook.overhead: the host time a public function adds to its launches. The measurer's
+clock is the test's (``Clock``): no figure depends on how busy the host is."""
+import functools
+import types
 
 import pytest
 
@@ -20,50 +22,112 @@ def _kernel():
     return one
 
 
-def test_time_outside_the_launch_is_what_the_wrapper_adds():
+class Clock:
+    """``time.perf_counter`` for the measurer, moved only by ``spend``: every figure it reports
+    is then an exact sum of the costs a test gives each step, whatever else runs on the host."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, us: float) -> None:
+        self.now += us * 1e-6
+
+
+class Costed:
+    """A Triton kernel whose every launch (``kernel[grid](...)``) costs ``us`` on ``clock``."""
+
+    def __init__(self, kernel, clock: Clock, us: float):
+        self.kernel, self.clock, self.us = kernel, clock, us
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.clock.spend(self.us)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+LAUNCH_US, CHECKS_US, ALLOC_US, AUTOGRAD_US = 40.0, 3000.0, 500.0, 70.0
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(overhead, "time", types.SimpleNamespace(perf_counter=clock))
+    return clock
+
+
+def test_time_outside_the_launch_is_what_the_wrapper_adds(clock):
     import torch
     from flashbook.plans import Launch
-    kernel = _kernel()
     x = torch.empty(16, device=fb.current().device)
-    launch = Launch(kernel, (1,))
+    launch = Launch(Costed(_kernel(), clock, LAUNCH_US), (1,))
 
     def slow_wrapper():            # 3 ms of "checks", then one launch
-        time.sleep(0.003)
+        clock.spend(CHECKS_US)
         launch(x)
     row = overhead.measure("slow", slow_wrapper, reps=3)
     assert row["launches"] == 1
-    assert row["added_us"] >= 3000 and row["wrapper_us"] >= 3000   # the sleep is the wrapper's
-    assert row["host_us"] == pytest.approx(row["added_us"] + row["launch_us"], rel=0.2)
-    assert overhead.measure("bare", lambda: launch(x), reps=3)["added_us"] < 1000
+    assert row["host_us"] == pytest.approx(CHECKS_US + LAUNCH_US)
+    assert row["launch_us"] == row["direct_us"] == pytest.approx(LAUNCH_US)   # replayed, checks not
+    assert row["added_us"] == row["wrapper_us"] == pytest.approx(CHECKS_US)  # the checks' alone
+    bare = overhead.measure("bare", lambda: launch(x), reps=3)
+    assert bare["host_us"] == pytest.approx(LAUNCH_US) and bare["added_us"] == pytest.approx(0)
 
     def two_launches():
         launch(x)
         launch(x)
-    assert overhead.measure("two", two_launches, reps=2)["launches"] == 2
+    two = overhead.measure("two", two_launches, reps=2)
+    assert two["launches"] == 2 and two["launch_us"] == pytest.approx(2 * LAUNCH_US)
 
 
-def test_the_floor_allocates_the_outputs_and_applies_autograd_for_a_differentiable_call():
+def test_the_floor_allocates_the_outputs_and_applies_autograd_for_a_differentiable_call(
+        clock, monkeypatch):
     import torch
     from flashbook.plans import Launch
-    launch = Launch(_kernel(), (1,))
-    big = (64, 1024, 1024)            # a costly allocation on any host: 256 MiB of float32
+    launch = Launch(Costed(_kernel(), clock, LAUNCH_US), (1,))
+    empty, allocated = torch.empty, []
+
+    def costed_empty(*args, **kwargs):
+        clock.spend(ALLOC_US)
+        allocated.append(args[0])
+        return empty(*args, **kwargs)
+    monkeypatch.setattr(torch, "empty", costed_empty)
 
     def wrapper():                     # allocates its output, then launches: adds nothing
-        out = torch.empty(big, device=fb.current().device)
+        out = torch.empty((4, 16), device=fb.current().device)
         launch(out)
         return out
     row = overhead.measure("alloc", wrapper, reps=5)
-    assert row["alloc_us"] > 0 and row["autograd_us"] is None
-    assert row["launch_us"] >= row["alloc_us"]
-    x = torch.empty(16, device=fb.current().device)
+    assert row["autograd_us"] is None
+    assert row["alloc_us"] == pytest.approx(ALLOC_US)                  # one output, one empty
+    assert row["launch_us"] == pytest.approx(ALLOC_US + LAUNCH_US)     # the floor allocates it
+    assert row["added_us"] == pytest.approx(0)
+    assert set(allocated) == {(4, 16), torch.Size((4, 16))}           # the output's own shape
+
+    applied = []
+
+    class CostedNothing:               # the floor's empty autograd op, with its inputs seen
+        @staticmethod
+        def apply(*inputs):
+            clock.spend(AUTOGRAD_US)
+            applied.append(inputs)
+    monkeypatch.setattr(overhead, "_Nothing", CostedNothing)
+    x = empty(16, device=fb.current().device)
     grad_row = overhead.measure("grad", lambda: launch(x), reps=5, inputs=(x,))
-    assert grad_row["autograd_us"] > 0
-    assert grad_row["launch_us"] >= grad_row["autograd_us"]
+    assert grad_row["autograd_us"] == pytest.approx(AUTOGRAD_US)
+    assert grad_row["launch_us"] == pytest.approx(AUTOGRAD_US + LAUNCH_US)
+    assert applied and all(len(a) == 1 and a[0] is x for a in applied)
 
 
-def test_the_profile_ranks_the_functions_a_call_spends_its_time_in():
+def test_the_profile_ranks_the_functions_a_call_spends_its_time_in(clock, monkeypatch):
+    import cProfile
+    monkeypatch.setattr(cProfile, "Profile", functools.partial(cProfile.Profile, timer=clock))
+
     def checks():                  # the costly part of a wrapper
-        time.sleep(0.002)
+        clock.spend(2000)
 
     def wrapper():
         checks()
@@ -71,8 +135,10 @@ def test_the_profile_ranks_the_functions_a_call_spends_its_time_in():
     rows = overhead.profile(wrapper, reps=3, top=5)
     assert len(rows) <= 5 and rows == sorted(rows, key=lambda r: -r["own_us"])
     mine = {r["function"].split("(")[-1].rstrip(")"): r for r in rows}
-    assert mine["wrapper"]["total_us"] >= 2000 > mine["wrapper"]["own_us"]
-    assert any(r["own_us"] >= 2000 and "sleep" in r["function"] for r in rows)
+    assert mine["wrapper"]["total_us"] == pytest.approx(2000)
+    assert mine["checks"]["total_us"] == pytest.approx(2000)
+    assert mine["wrapper"]["own_us"] == mine["checks"]["own_us"] == pytest.approx(0)
+    assert rows[0]["function"].endswith("(spend)") and rows[0]["own_us"] == pytest.approx(2000)
 
 
 @pytest.mark.slow

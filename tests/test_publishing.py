@@ -22,7 +22,6 @@ import yaml
 from flashbook import colab_install, notebooks, publish, sources
 from flashbook.grade import cellmeta
 
-from conftest import build_distributions
 
 WORKFLOWS = Path(".github") / "workflows"
 
@@ -247,12 +246,10 @@ def test_setup_cell_is_the_tested_function_and_does_nothing_off_colab(root, monk
 # -------------------------------------------------------------------- the wheel and the sdist
 
 @pytest.fixture(scope="module")
-def dists(root, tmp_path_factory) -> dict[str, Path]:
-    """The wheel and the sdist of the tracked (and new, not ignored) files."""
-    work = tmp_path_factory.mktemp("dist")
-    build_distributions(work / "dist")
-    return {"wheel": next((work / "dist").glob("*.whl")),
-            "sdist": next((work / "dist").glob("*.tar.gz"))}
+def dists(distributions) -> dict[str, Path]:
+    """The wheel and the sdist of the tracked (and new, not ignored) files (one build per run,
+    shared with tests/test_student_path.py)."""
+    return distributions
 
 
 def _contents(path: Path) -> dict[str, bytes]:
@@ -264,11 +261,6 @@ def _contents(path: Path) -> dict[str, bytes]:
         return {m.name.removeprefix(top + "/"): t.extractfile(m).read() for m in t if m.isfile()}
 
 
-# the tests of the built distributions share one build: on one pytest-xdist worker
-ON_ONE_WORKER = pytest.mark.xdist_group("dist")
-
-
-@ON_ONE_WORKER
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_distribution_has_the_package_and_its_data_and_no_course_material(root, dists, kind):
     files = _contents(dists[kind])
@@ -312,7 +304,6 @@ def _answers(root) -> dict[str, list[str]]:
     return out
 
 
-@ON_ONE_WORKER
 def test_wheel_holds_no_answer_but_the_building_blocks_it_lists(root, dists):
     """An answer is held when half of its region's lines (3 at least) stand in one file. The
     known-wrong variants quote answers too: they live in solutions/variants/, not here."""
@@ -332,7 +323,6 @@ def test_wheel_holds_no_answer_but_the_building_blocks_it_lists(root, dists):
     assert not [n for n in _contents(dists["wheel"]) if "/variants" in n]
 
 
-@ON_ONE_WORKER
 def test_the_wheel_alone_runs_chapter_9s_autograd_function(root, dists, tmp_path):
     """Chapter 9's Exercise 3 (its Function runs Chapter 5's forward kernel) from the unpacked
     wheel, in a folder with no checkout, FLASHBOOK_ROOT pointing nowhere: the solution's code
@@ -377,7 +367,6 @@ def test_instructor_guide_lists_the_given_answers(root):
     assert listed == GIVEN
 
 
-@ON_ONE_WORKER
 def test_wheel_metadata_is_complete(root, dists):
     files = _contents(dists["wheel"])
     meta = next(v for k, v in files.items() if k.endswith(".dist-info/METADATA")).decode()
@@ -401,7 +390,6 @@ def test_book_pages_fold_the_setup_cell_and_notebooks_keep_it_open(root):
     assert "hide-input" not in nb.cells[1].metadata.tags and nb.cells[1] is not install
 
 
-@ON_ONE_WORKER
 def test_the_wheel_alone_imports_every_chapter_and_finds_its_data(root, dists, tmp_path):
     """Unpacked on its own (no checkout on the path), the package imports every chapter and
     finds its recorded data: nothing in it reads the repository."""

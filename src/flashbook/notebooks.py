@@ -216,18 +216,27 @@ def _inputs_hash(ch: Source, root: Path) -> str:
 
 
 def executed_source(ch: Source, root: Path, cache_dir: Path, timeout: int = 900):
-    """The source notebook executed top to bottom in CPU mode (cached by content hash)."""
+    """The source notebook executed top to bottom in CPU mode (cached by content hash).
+
+    Several processes may ask at once (the test suite's workers): one executes the chapter
+    while the others wait on its lock file, then read what it wrote (whole, by a rename).
+    """
+    from filelock import FileLock   # installed with torch (pinned in constraints.txt)
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = _inputs_hash(ch, root)
     cached = cache_dir / f"{ch.name}.ipynb"
-    if cached.exists():
-        nb = nbformat.read(cached, as_version=4)
-        if nb.metadata.get("flashbook_hash") == key:
-            return nb
-    nb = execute(source_notebook(ch, root, badge_image=LOCAL_BADGE), timeout=timeout,
-                 env={"FLASHBOOK_FORCE_CPU": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
-    nb.metadata["flashbook_hash"] = key
-    nbformat.write(nb, cached)
+    with FileLock(cache_dir / f"{ch.name}.lock"):
+        if cached.exists():
+            nb = nbformat.read(cached, as_version=4)
+            if nb.metadata.get("flashbook_hash") == key:
+                return nb
+        nb = execute(source_notebook(ch, root, badge_image=LOCAL_BADGE), timeout=timeout,
+                     env={"FLASHBOOK_FORCE_CPU": "1",
+                          "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
+        nb.metadata["flashbook_hash"] = key
+        partial = cached.with_name(cached.name + ".part")
+        nbformat.write(nb, partial)
+        os.replace(partial, cached)
     return nb
 
 
