@@ -421,7 +421,7 @@ def test_setup_installs_jax_cpu_wheels_only_when_missing(capsys):
     assert f"jax=={interpret.JAX_VERSION}" in cmd
     out = capsys.readouterr().out
     assert "installed jax==" in out and interpret.JAX_VERSIONS in out
-    assert out.startswith("JAX for Exercises 1 and 4 was missing: installed jax==")
+    assert "\nJAX for Exercises 1 and 4 was missing: installed jax==" in out
     assert jax_setup.ensure_jax(pip, _versions({}), environ={"NBGRADER_EXECUTION": "autograde"}) \
         == "not installed while grading" and len(calls) == 1
 
