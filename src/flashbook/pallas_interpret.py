@@ -36,11 +36,10 @@ import numpy as np
 
 from . import shipping
 from .compare import CheckFailure
+from .pallas_messages import (EVENTS, INSTALL, JAX_GPU_VERSION, JAX_REQUIREMENTS, JAX_VERSION,
+                              JAX_VERSIONS, STDERR, STDOUT, Call, Run, Source, failure, where)
 from .planning import code_names
 from .versions import at_least
-from .pallas_messages import (EVENTS, INSTALL, JAX_GPU_VERSION, JAX_REQUIREMENTS,
-                                 JAX_VERSION, JAX_VERSIONS, STDERR, STDOUT, Call, Run, Source,
-                                 failure, where)
 
 __all__ = ["JAX_VERSION", "JAX_GPU_VERSION", "JAX_VERSIONS", "JAX_REQUIREMENTS", "INSTALL",
            "jax_problem", "require_jax", "params", "Call", "Run", "run", "failure", "run_checked",
