@@ -410,7 +410,8 @@ def _versions(present):
 
 
 def test_setup_installs_jax_cpu_wheels_only_when_missing(capsys):
-    from flashbook.chapters.ch6 import interpret, jax_setup
+    from flashbook import pallas_interpret as interpret
+    from flashbook.chapters.ch6 import jax_setup
     calls = []
 
     def pip(cmd, check=False, **kw):
@@ -426,6 +427,7 @@ def test_setup_installs_jax_cpu_wheels_only_when_missing(capsys):
     assert f"jax=={interpret.JAX_VERSION}" in cmd
     out = capsys.readouterr().out
     assert "installed jax==" in out and interpret.JAX_VERSIONS in out
+    assert "\nJAX for Exercises 1 and 4 was missing: installed jax==" in out
     assert jax_setup.ensure_jax(pip, _versions({}), environ={"NBGRADER_EXECUTION": "autograde"}) \
         == "not installed while grading" and len(calls) == 1
 
@@ -436,9 +438,9 @@ def test_setup_installs_jax_cpu_wheels_only_when_missing(capsys):
 
 
 def test_one_wording_of_the_jax_versions(monkeypatch):
-    """The setup cell's printout and the checks' errors quote interpret.JAX_VERSIONS; the
-    chapter's opening text names no JAX version or install command of its own."""
-    from flashbook.chapters.ch6 import interpret
+    """The setup cell's printout and the checks' errors quote JAX_VERSIONS; the chapter's
+    opening text names no JAX version or install command of its own."""
+    from flashbook import pallas_interpret as interpret
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "jax" else find_spec(name, *a))
@@ -449,6 +451,17 @@ def test_one_wording_of_the_jax_versions(monkeypatch):
     assert interpret.JAX_VERSIONS in interpret.jax_problem()            # too old
     opening = sources.source("ch6", ROOT).path.read_text().split("# %%", 2)[1]
     assert "pip install" not in opening and "jax>=" not in opening
+
+
+def test_the_fork_server_preloads_the_checks_targets():
+    """The fork server skips a preload that fails to import, silently: the chapter's list names
+    modules that import, the modules of both checks' targets, and its checks run with it."""
+    from flashbook.chapters.ch6 import fa3_checks, interpret, ring_checks
+    for name in interpret.PRELOAD:
+        importlib.import_module(name)
+    targets = {t.split(":")[0] for t in (ring_checks.TARGET, fa3_checks.TARGET)}
+    assert targets == set(interpret.PRELOAD)
+    assert interpret.run_checked.keywords == {"preload": interpret.PRELOAD}
 
 
 def test_the_launcher_plans_once_per_problem(fa3, monkeypatch):

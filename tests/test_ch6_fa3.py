@@ -1,7 +1,7 @@
 """Chapter 6, Exercise 4: the consumer warpgroups of the FA3-shaped Pallas Mosaic GPU kernel
 (``flashbook.chapters.ch6.fa3_pallas``), graded in JAX's interpret mode by ``fa3_checks`` on
-``interpret.py``'s harness (a child process with a time limit, a deadlock watchdog and the race
-detector, here also told what each wgmma reads up to its wait).
+``flashbook.pallas_interpret``'s harness (a child process with a time limit, a deadlock watchdog
+and the race detector, here also told what each wgmma reads up to its wait).
 
 The solution passing and each known-wrong consumer losing points are the chapter contract's
 tests (tests/test_chapters.py: a read of K before its barrier and a release of V before the
@@ -21,9 +21,10 @@ import linecache
 import numpy as np
 import pytest
 
+from flashbook import pallas_interpret as interpret
 from flashbook import sources
 from flashbook.check import CheckFailure
-from flashbook.chapters.ch6 import fa3_checks, fa3_pallas, interpret
+from flashbook.chapters.ch6 import fa3_checks, fa3_pallas
 
 needs_jax = pytest.mark.skipif(interpret.jax_problem() is not None,
                                reason=f"needs JAX's interpret mode: {interpret.INSTALL}")

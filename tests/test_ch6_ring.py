@@ -1,6 +1,6 @@
 """Chapter 6, Exercise 1: the K/V ring's producer in Pallas Mosaic GPU interpret mode, and the
-harness that runs it (``flashbook.chapters.ch6.interpret``): a fresh process from the fork
-server, with a time limit and a deadlock detector, the race detector on.
+harness that runs it (``flashbook.pallas_interpret``): a fresh process from the fork server,
+with a time limit and a deadlock detector, the race detector on.
 
 The solution passing and each known-wrong producer losing points are the chapter contract's
 tests (tests/test_chapters.py); these test the harness: a race report names both lines, a
@@ -18,9 +18,10 @@ from multiprocessing import forkserver
 import numpy as np
 import pytest
 
+from flashbook import pallas_interpret as interpret
 from flashbook import sources
 from flashbook.check import CheckFailure
-from flashbook.chapters.ch6 import interpret, ring, ring_checks
+from flashbook.chapters.ch6 import ring, ring_checks
 
 needs_jax = pytest.mark.skipif(interpret.jax_problem() is not None,
                                reason=f"needs JAX's interpret mode: {interpret.INSTALL}")
@@ -195,7 +196,7 @@ def test_a_producer_that_waits_after_each_copy_did_not_prefetch():
 
 @needs_jax
 def test_the_order_log_of_a_real_run_is_the_producers_program_order():
-    """The order log comes from the interpreter's run itself (``order_log``: ordered debug
+    """The order log comes from the interpreter's run itself (``pallas_order_log``: ordered debug
     callbacks beside the public barrier operations, the same on every JAX): the solution's
     producer logs its copies and waits in program order, with the slots and phases the
     schedule gives them, then its drain; each consumer logs one wait per tile."""

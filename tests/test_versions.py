@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from flashbook import pallas_interpret as interpret
 from flashbook import sources, versions
-from flashbook.chapters.ch6 import interpret
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLCHAIN = ("torch", "triton", "numba", "numba-cuda", "jax", "jaxlib", "absl-py")
@@ -77,7 +77,7 @@ def test_pyproject_lower_bounds_are_proven_versions():
 
 
 def test_jax_is_pinned_to_the_version_the_interpret_instruments_wrap():
-    """Chapter 6's checks wrap JAX's private interpret-mode modules (``interpret_child``,
+    """Chapter 6's checks wrap JAX's private interpret-mode modules (``pallas_child``,
     ``fa3_pallas``): every install pins the JAX they are written for, and it is this one."""
     import importlib.metadata
     hopper = _pyproject()["project"]["optional-dependencies"]["hopper"]

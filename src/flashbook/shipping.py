@@ -1,14 +1,14 @@
 """A student's functions sent to another process: ``cloudpickle``, by value (a notebook's
 function cannot be imported by name in another process), with the notebook's cell sources.
 
-Chapter 6's interpret-mode jobs, Chapter 8's ring of gloo workers and ``cpu_child`` run the
-student's code in a child process, and must still name the student's own lines: the child's
-tracebacks, ``inspect.getsource`` (Triton compiles a kernel from it) and the messages read them
-from ``linecache``, where IPython (and the tests) keep a cell's source under its file name. So
-``dumps`` sends those in-memory entries along, and ``loads`` puts them back before it rebuilds
-the functions. A ``@triton.jit`` function is sent as the Python function it wraps and jitted
-again in the child (its compile caches and locks do not pickle), so it is compiled, or
-interpreted in CPU mode, as the child's Triton decides.
+The Pallas interpret-mode jobs (``pallas_interpret``), Chapter 8's ring of gloo workers and
+``cpu_child`` run the student's code in a child process, and must still name the student's own
+lines: the child's tracebacks, ``inspect.getsource`` (Triton compiles a kernel from it) and the
+messages read them from ``linecache``, where IPython (and the tests) keep a cell's source under
+its file name. So ``dumps`` sends those in-memory entries along, and ``loads`` puts them back
+before it rebuilds the functions. A ``@triton.jit`` function is sent as the Python function it
+wraps and jitted again in the child (its compile caches and locks do not pickle), so it is
+compiled, or interpreted in CPU mode, as the child's Triton decides.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ each wgmma reads up to its wait (``fa3_pallas.track_wgmma_reads``). Each case is
 64-row consumers, N_q = 128): O within fp16 tolerance of a float64 reference, ``lse2 * ln 2``
 within 1e-3 of the natural-log LSE, no race, no barrier misuse, no hang. A wrong O is matched
 against the classic online-softmax mistakes (``simulate``, ``BUGS``). Right values cannot show
-two things, checked too: the proxy fence (``interpret_child.unfenced_reads``) and the ping-pong
+two things, checked too: the proxy fence (``pallas_child.unfenced_reads``) and the ping-pong
 (``_pingpong``, from the order log).
 """
 from __future__ import annotations
@@ -236,7 +236,7 @@ def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None 
 
 def _fence(case: Fa3Case, out: dict):
     """A register store to SMEM that a wgmma (or the TMA) then reads needs ``commit_smem``
-    between (``interpret_child.unfenced_reads``)."""
+    between (``pallas_child.unfenced_reads``)."""
     unfenced = json.loads(str(out.get("unfenced", "[]")))
     if not unfenced:
         return

@@ -21,7 +21,7 @@ N_k >= N_q here: no row is empty). Inside, the kernel works in base 2: the consu
 log at the boundary (``lse = lse2 * ln 2``).
 
 Two ways to run it: ``run_fa3_interpret`` is the target of the Exercise 4 check (in a child
-process, ``interpret.py``: one CTA, JAX's GPU interpret mode, the race detector on) and
+process, ``pallas_interpret``: one CTA, JAX's GPU interpret mode, the race detector on) and
 ``run_fa3`` compiles it for an sm_90 GPU (H100, H200) at full size. Differences from
 FlashAttention-3 that interpret mode forces (JAX 0.10.2): K^T comes from the host; the PV wgmma
 reads P from SMEM (the interpreter wants an SMEM A operand; FA3 keeps P in registers); the
@@ -216,15 +216,15 @@ def fa3_kernel(consumer, *, batch: int, heads: int, n_q: int, n_k: int, d: int,
 def run_fa3_interpret(consumer, q, kT, v, *, causal: bool = False, stages: int = 2,
                       block_kv: int = 64, scale: float | None = None, detect_races: bool = True,
                       tma_threads: int = 4, producer=None) -> dict:
-    """The check's target (``interpret.run``): one CTA on fp16 ``q (1,1,128,d)``,
+    """The check's target (``pallas_interpret.run``): one CTA on fp16 ``q (1,1,128,d)``,
     ``kT (1,1,d,N_k)``, ``v (1,1,N_k,d)``; returns ``o``, ``lse2`` (base 2),
     ``wgmma_reads_checked`` (``track_wgmma_reads`` installed) and ``unfenced`` (JSON of
-    ``interpret_child.unfenced_reads`` of the traced kernel)."""
+    ``pallas_child.unfenced_reads`` of the traced kernel)."""
     import jax
     import jax.numpy as jnp
 
-    from . import interpret
-    from .interpret_child import unfenced_reads
+    from ... import pallas_interpret as interpret
+    from ...pallas_child import unfenced_reads
 
     share_thread_compiles()
     tracked = track_wgmma_reads() if detect_races else False
@@ -417,7 +417,7 @@ def run_fa3(consumer, q, k, v, *, causal: bool = False, scale: float | None = No
     d_block_kv, d_stages = default_config(d)
     params = None
     if interpret:
-        from .interpret import params as interpret_params
+        from ...pallas_interpret import params as interpret_params
         params = interpret_params(CONSUMERS + 1)
     fn = fa3_kernel(consumer, batch=B, heads=H, n_q=n_q, n_k=k.shape[2], d=d,
                     block_kv=block_kv or d_block_kv, stages=stages or d_stages, causal=causal,

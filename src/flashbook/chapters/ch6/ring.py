@@ -15,7 +15,7 @@ use), so a tile read from the wrong step changes the answer. The kernel is a sin
 ``num_consumers + 1`` warpgroups: ``0 .. num_consumers - 1`` consume, the last one produces.
 
 The student writes ``kv_producer(kv_gmem, ring, full, consumed, *, stages, steps, block)``.
-Everything here runs in the check's child process (``interpret.py``): JAX is imported inside
+Everything here runs in the check's child process (``pallas_interpret``): JAX is imported inside
 the functions, so the module imports without it.
 """
 from __future__ import annotations
@@ -117,11 +117,11 @@ def ring_kernel(kv_producer, *, stages: int, steps: int, num_consumers: int = 2,
 
 def run_ring(kv_producer, kv, *, stages: int, steps: int, num_consumers: int = 2,
              consumer=None, detect_races: bool = True, tma_threads: int = 4) -> dict:
-    """The check's target (run in the child process by ``interpret.run``)."""
+    """The check's target (run in the child process by ``pallas_interpret.run``)."""
     import jax
     import jax.numpy as jnp
 
-    from . import interpret
+    from ... import pallas_interpret as interpret
 
     kv = np.asarray(kv, np.float32)
     params = interpret.params(num_consumers + 1, detect_races, tma_threads)

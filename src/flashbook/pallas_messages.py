@@ -1,8 +1,8 @@
-"""What both sides of a Chapter 6 interpret-mode job share (``interpret``, the parent;
-``interpret_child``, the job's process): the job directory's files, the records of a job's calls
+"""What both sides of a Pallas interpret-mode job share (``pallas_interpret``, the parent;
+``pallas_child``, the job's process): the job directory's files, the records of a job's calls
 (``Call``), of the student's functions as quoted (``Source``) and of what came back (``Run``);
 which JAX the checks need; and ``failure``, which turns a ``Run`` into one message (barrier
-misuse, data races with both accesses' lines, a deadlock, a crash, a time-out). ``interpret``
+misuse, data races with both accesses' lines, a deadlock, a crash, a time-out). ``pallas_interpret``
 re-exports these names.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Run:
     """What came back from a job."""
     status: str   # ok | failed | stalled | timeout | killed | died | no-jax | source-error
     calls: list              # per call: dict(outputs=..., races=[...], elapsed=..., done=bool,
-                             # order=the order log, ``interpret_child.ORDER_DOC``, or None)
+                             # order=the order log, ``pallas_child.ORDER_DOC``, or None)
     problems: list           # barrier misuse the interpreter raised (dicts)
     pending: list            # barrier waits pending when the kernel stopped making progress
     error: dict | None       # an exception that ended a call (type, message, frames, text)
@@ -61,7 +61,7 @@ class Run:
     shipped: list            # the student's functions, ``Source``s
 
 
-# Which JAX works, stated once: jax_setup prints JAX_VERSIONS, the checks quote it, pyproject's
+# Which JAX works, stated once: pallas_setup prints JAX_VERSIONS, the checks quote it, pyproject's
 # `hopper` extra and CI's pins hold JAX_VERSION.
 JAX_VERSION = "0.10.2"          # the JAX whose interpret mode the book's checks are proven on (CI)
 JAX_GPU_VERSION = "0.11.2"      # the JAX the Pallas kernels compiled and ran with on an H200
@@ -69,7 +69,7 @@ JAX_VERSIONS = (f"the interpret-mode checks are proven on JAX {JAX_VERSION} (CPU
                 f"the Pallas kernels compiled and ran on an H200 with JAX {JAX_GPU_VERSION}")
 JAX_REQUIREMENTS = (f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}", "absl-py>=2.5.1")
 INSTALL = "pip install " + " ".join(f'"{r}"' for r in JAX_REQUIREMENTS)
-_PACKAGE = Path(__file__).resolve().parents[2]          # .../flashbook
+_PACKAGE = Path(__file__).resolve().parent          # .../flashbook
 
 
 def where(site: dict | None, shipped: Sequence[Source]) -> str:

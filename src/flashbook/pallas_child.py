@@ -1,13 +1,13 @@
-"""The process of one Chapter 6 interpret-mode job (``interpret``; ``run_job``, forked by the
-fork server): it rebuilds the student's functions, instruments JAX's interpret mode (barrier
+"""The process of one Pallas interpret-mode job (``pallas_interpret``; ``run_job``, forked by
+the fork server): it rebuilds the student's functions, instruments JAX's interpret mode (barrier
 waits, arrivals and errors, the race detector's reports), runs the target's calls and writes one
 event a line to ``EVENTS``; a watchdog reports a stall (every warpgroup blocked) with the pending
 waits. Each ``done`` event carries the call's order log (``ORDER_DOC``, recorded through JAX's
-public API by ``order_log``). ``unfenced_reads`` finds, in a traced kernel, SMEM that registers
-wrote and the TMA or a wgmma reads with no ``commit_smem`` between.
+public API by ``pallas_order_log``). ``unfenced_reads`` finds, in a traced kernel, SMEM that
+registers wrote and the TMA or a wgmma reads with no ``commit_smem`` between.
 
 The instruments wrap JAX's private interpret-mode modules (JAX has no public hook for barrier
-errors, pending waits or race reports), written for ``interpret_messages.JAX_VERSION``, which
+errors, pending waits or race reports), written for ``pallas_messages.JAX_VERSION``, which
 every install pins (tests/test_versions.py); on another JAX each steps aside and the reports
 are plainer.
 """
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import shipping
-from . import order_log
-from .interpret_messages import EVENTS, STDERR, STDOUT
+from . import pallas_order_log, shipping
+from .pallas_messages import EVENTS, STDERR, STDOUT
 
 __all__ = ["Child", "run_job", "unfenced_reads", "ORDER_DOC"]
 
@@ -317,7 +316,7 @@ class Child:
             return
         self.emit(event="ready", jax=jax.__version__)
         self.instrument()
-        self.ordered = order_log.install(self)
+        self.ordered = pallas_order_log.install(self)
         functions = self.rebuild()
         mod_name, fn_name = self.job["target"].split(":")
         target = getattr(importlib.import_module(mod_name), fn_name)
@@ -379,7 +378,7 @@ def _site(siu, source_info) -> dict | None:
 
 
 def run_job(job_dir: str):
-    """The job's process (``interpret._start``): the job's files as stdio, then the job."""
+    """The job's process (``pallas_interpret.run``): the job's files as stdio, then the job."""
     job_dir = Path(job_dir)
     try:
         os.chdir(job_dir)

@@ -1,12 +1,12 @@
-"""The order log of Chapter 6's interpret-mode checks (``interpret_child.ORDER_DOC``), through
-JAX's public API only, so it is the same on every JAX the chapter runs on.
+"""The order log of the Pallas interpret-mode checks (``pallas_child.ORDER_DOC``), through JAX's
+public API only, so it is the same on every JAX the checks run on.
 
 ``install(child)`` wraps ``plgpu.barrier_wait``, ``barrier_arrive``, ``copy_gmem_to_smem`` (its
 barrier's arrival, counted to the issuing warpgroup) and ``wgmma`` with an *ordered*
 ``jax.debug.callback`` (in interpret mode each warpgroup is a thread that runs its callbacks in
 program order), and ``plgpu.kernel``, to name the scratch refs by each ``Call``'s
 ``barrier_names`` and ``smem_names``. Phases are counted per warpgroup (its k-th wait on
-``full[s]`` observed completion k), which holds for the chapter's kernels: a warpgroup that
+``full[s]`` observed completion k), which holds for the book's kernels: a warpgroup that
 arrives on a barrier arrives once per completion.
 """
 from __future__ import annotations
