@@ -180,16 +180,17 @@ for r in (ch5_rows.rows if ch5_rows else []):
 # $B \cdot h_q \cdot S \cdot (d + 1)$ fp32 values written and read back, about 0.1 % of the
 # cache at batch 1, 131072 keys, $h_q = 32$, $S = 32$, $d = 128$.
 #
-# **How many splits.** Enough programs to keep the memory system busy, not more: every split
-# adds a partial to write and merge, and splits of too few tiles spend their time starting up.
-# `choose_num_splits` follows two rules, both read off a sweep of split counts at every batch
-# and context of the book's decode sweep. While the $B \cdot h_{kv}$ programs are fewer than a
-# third of the SMs, it splits until every SM has one program, and not one more: three stages of
-# K and V tiles fill most of an SM's shared memory, so one program more than the SMs would wait
-# for a second wave. From a third of the SMs on, one program per sequence and K/V head, with
-# three stages of loads in flight, reads the cache as fast as a split launch does. And no range is longer than 16384 keys, so a long context is read by more programs than
-# the batch alone gives. It never makes more splits than key tiles, and rounds so that every
-# split gets the same number of whole tiles.
+# **How many splits.** Enough programs to keep the memory system busy, not more: every split adds
+# a partial to write and merge, and splits of too few tiles spend their time starting up.
+# `choose_num_splits` follows two rules, both read off a sweep of split counts (1 to 128) and tile
+# shapes at every batch and context of the book's decode sweep, measured on an H100. While the
+# $B \cdot h_{kv}$ programs are fewer than a third of the SMs, it splits until every SM has one
+# program, and not one more: three stages of K and V tiles fill most of an SM's shared memory, so
+# one program more than the SMs would wait for a second wave. From a third of the SMs on, one
+# program per sequence and K/V head, with three stages of loads in flight, reads the cache as fast
+# as a split launch does. And no range is longer than 16384 keys, so a long context is read by
+# more programs than the batch alone gives. It never makes more splits than key tiles, and rounds
+# so that every split gets the same number of whole tiles.
 
 # %% tags=["demo"]
 print("splits on a GPU of 132 SMs (H200), h_kv = 8, 128-key tiles:")

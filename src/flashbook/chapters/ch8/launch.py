@@ -47,8 +47,9 @@ def _multiprocessors(device: torch.device) -> int:
 def choose_num_splits(batch: int, h_kv: int, max_len: int, sms: int | None, block_n: int,
                       max_keys_per_split: int = MAX_KEYS_PER_SPLIT,
                       max_splits: int = MAX_SPLITS) -> int:
-    """How many ranges to cut each sequence's keys into, from two measured rules (Chapter 8's
-    split sweep, every batch x context of the book's decode sweep):
+    """How many ranges to cut each sequence's keys into, from two rules read off a sweep of
+    split counts and tile shapes at every batch x context of the book's decode sweep (an H100,
+    torch 2.11, triton 3.6, 2026-12-05; the chapter's benchmark records its own split sweep):
 
     * **fill the GPU**: when the ``batch x h_kv`` programs are fewer than a third of the SMs,
       as many splits as give every SM one program, and no more (at batch 1, 8 K/V heads and
