@@ -16,8 +16,9 @@ import dataclasses
 import functools
 import importlib
 import symtable
+import sys
 import types
-from typing import Callable, Sequence
+from typing import Callable
 
 from .grade import cellmeta
 
@@ -63,13 +64,26 @@ class Variant:
 class Chapter:
     id: str                                       # "ch3": the notebook's prefix and grade-id prefix
     title: str                                    # as in _toc.yml and the README table
-    exercises: Sequence[Exercise]
     benchmark: Callable[[], list] | None = None   # ``flashbook bench <id>``: rows to record
     graph_timer: bool = False                     # the benchmark times rows from CUDA graphs
     # the figures the prose pastes in with {glue:text}`key:fmt` roles: recorded rows (of
     # ``results.book_gpu``) ->
     # {key: value}, glued by the notebook's hidden cell (``flashbook.quoted``)
     figures: Callable[[list], dict] | None = None
+    # {grade_id: solution cells}: where an exercise grades fewer cells than ``graded_cells``
+    # finds (the chapter says why)
+    cells: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+
+    @functools.cached_property
+    def exercises(self) -> tuple[Exercise, ...]:
+        """The exercises the chapter's source states (``exercises_from_source``), read from the
+        course's checkout on first use: the wheel has no chapter sources, and nothing a student
+        or the grader runs needs them (the tests and ``flashbook graded-variants`` do)."""
+        from . import sources
+        package = sys.modules[f"flashbook.chapters.{self.id}"]   # CHAPTER's own, imported
+        nb = sources.read(sources.source(self.id).path)
+        return tuple(dataclasses.replace(ex, cells=self.cells.get(ex.grade_id, ex.cells))
+                     for ex in exercises_from_source(nb, package))
 
     def exercise(self, grade_id: str) -> Exercise:
         for ex in self.exercises:

@@ -7,10 +7,8 @@ GPU (``flashbook bench ch1``).
 """
 from __future__ import annotations
 
-import functools
-
 from flashbook.bench import PEAKS
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark
 from .checks import attention_cases, check_attention, check_softmax, check_traffic, \
@@ -53,15 +51,6 @@ def quoted_values(rows) -> dict:
 CHAPTER = Chapter(
     id="ch1",
     title="Naive attention, and why it is slow",
-    exercises=(
-        Exercise("ch1_softmax_test", ("ch1_softmax",), ("softmax",), check_softmax),
-        # naive_attention calls the student's softmax: both cells are graded through it
-        Exercise("ch1_attention_test", ("ch1_softmax", "ch1_attention"), ("naive_attention",),
-                 functools.partial(check_attention, causal=False)),
-        Exercise("ch1_attention_causal_test", ("ch1_softmax", "ch1_attention"),
-                 ("naive_attention",), functools.partial(check_attention, causal=True)),
-        Exercise("ch1_traffic_test", ("ch1_traffic",), ("naive_traffic",), check_traffic),
-    ),
     benchmark=benchmark.run,
     figures=quoted_values,
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from flashbook import results
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 from flashbook.race import race_check      # the prose points students to ch2.race_check
 
 from . import benchmark
@@ -73,17 +73,6 @@ def quoted_values(rows) -> dict:
 CHAPTER = Chapter(
     id="ch2",
     title="From flash.cu to Numba-CUDA",
-    exercises=(
-        Exercise("ch2_tile_copy_test", ("ch2_tile_copy",), ("tile_copy_kernel",), check_tile_copy),
-        Exercise("ch2_fa1_literal_test", ("ch2_fa1_literal",), ("fa1_literal_kernel",),
-                 check_fa1_literal),
-        Exercise("ch2_fa1_bounded_test", ("ch2_fa1_bounded",), ("fa1_bounded_kernel",),
-                 check_fa1_bounded),
-        Exercise("ch2_launch_config_test", ("ch2_launch_config",), ("smem_bytes", "launch_config"),
-                 check_launch_config),
-        Exercise("ch2_fa2_rows_test", ("ch2_fa2_rows",), ("make_fa2_rows",), check_fa2_rows),
-        Exercise("ch2_fa2_tiled_test", ("ch2_fa2_tiled",), ("make_fa2_tiled",), check_fa2_tiled),
-    ),
     benchmark=benchmark.run,
     figures=quoted_values,
 )

@@ -6,10 +6,8 @@ tile configs per GPU), ``checks`` grades them, ``figures`` draws the chapter's p
 """
 from __future__ import annotations
 
-import functools
-
 from flashbook import results
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark
 from .checks import attention_cases, check_attention_kernel, check_attn_tile_step, \
@@ -66,20 +64,6 @@ def quoted_values(rows) -> dict:
 CHAPTER = Chapter(
     id="ch3",
     title="Online softmax and the Triton FlashAttention forward",
-    exercises=(
-        Exercise("ch3_softmax_kernel_test", ("ch3_softmax_kernel",), ("softmax_kernel",),
-                 check_softmax_kernel),
-        Exercise("ch3_tile_load_test", ("ch3_tile_load",), ("copy_tile_kernel",),
-                 check_tile_load),
-        # the loop body's two functions on one tile each: a bug there is named here first
-        Exercise("ch3_attn_tile_test", ("ch3_attn_tile",), ("attn_scores", "attn_update"),
-                 check_attn_tile_step),
-        Exercise("ch3_attn_test", ("ch3_attn_tile", "ch3_attn_kernel"), ("attn_fwd_kernel",),
-                 check_attention_kernel),
-        Exercise("ch3_merge_test", ("ch3_merge_kernel",), ("merge_kernel",), check_merge_kernel),
-        Exercise("ch3_two_tiles_test", ("ch3_attn_tile", "ch3_two_tiles_kernel"),
-                 ("attn_fwd_two_tiles",), functools.partial(check_attention_kernel, two_tiles=True)),
-    ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     figures=quoted_values,

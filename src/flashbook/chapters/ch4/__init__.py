@@ -8,7 +8,7 @@ loads; ``two_tiles`` the optional exercise), ``figures`` draws the chapter's pic
 """
 from __future__ import annotations
 
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark
 from .checks import check_mask_helpers, check_masked_kernel, check_varlen_kernel, \
@@ -32,19 +32,6 @@ __all__ = ["CHAPTER", "Config", "pick_config", "pick_kernel", "launch_varlen", "
 CHAPTER = Chapter(
     id="ch4",
     title="Varlen and causal masking",
-    exercises=(
-        Exercise("ch4_varlen_test", ("ch4_varlen_kernel",), ("attn_varlen_kernel",),
-                 check_varlen_kernel),
-        Exercise("ch4_masks_test", ("ch4_masks",), ("visible_pairs", "key_tiles"),
-                 check_mask_helpers),
-        Exercise("ch4_masked_test", ("ch4_varlen_kernel", "ch4_masks", "ch4_masked_kernel"),
-                 ("attn_masked_kernel",), check_masked_kernel),
-        Exercise("ch4_validate_test", ("ch4_validate",), ("validate_varlen",),
-                 check_validate_varlen),
-        Exercise("ch4_two_tiles_test",
-                 ("ch4_varlen_kernel", "ch4_masks", "ch4_two_tiles"),
-                 ("attn_masked_two_tiles",), check_two_tile_kernel),
-    ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     figures=quoted_values,

@@ -9,7 +9,7 @@ grades them (canary sequences, NaN past every cache length, counted K tile loads
 """
 from __future__ import annotations
 
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark
 from .checks import check_cache_rows, check_decode_kernel, check_gqa_prefill, \
@@ -31,16 +31,6 @@ __all__ = ["CHAPTER", "launch_gqa", "launch_decode", "decode_block_m", "decode_c
 CHAPTER = Chapter(
     id="ch5",
     title="Grouped-query attention",
-    exercises=(
-        Exercise("ch5_mfold_test", ("ch5_mfold_kernel",), ("attention_gqa",), check_gqa_prefill),
-        Exercise("ch5_two_tiles_test", ("ch5_two_tiles",), ("attn_gqa_two_tiles",),
-                 check_gqa_two_tiles),
-        Exercise("ch5_cache_rows_test", ("ch5_cache_rows",), ("cache_rows",), check_cache_rows),
-        Exercise("ch5_decode_test", ("ch5_cache_rows", "ch5_decode_kernel"), ("decode_kernel",),
-                 check_decode_kernel),
-        Exercise("ch5_validate_test", ("ch5_validate",), ("validate_decode",),
-                 check_validate_decode),
-    ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     figures=quoted_values,

@@ -8,7 +8,7 @@ on demand: it needs Gluon and an sm_90 GPU) against ``planner`` and its compiled
 (``planner_checks``)."""
 from __future__ import annotations
 
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark, planner, recorded
 from .fa3_checks import check_fa3_consumer
@@ -35,17 +35,6 @@ def __getattr__(name):
 CHAPTER = Chapter(
     id="ch6",
     title="The Hopper design (FlashAttention-3)",
-    exercises=(
-        Exercise("ch6_ring_test", ("ch6_ring_producer",), ("kv_producer",), check_kv_ring),
-        Exercise("ch6_pipeline_ring_test", ("ch6_pipeline_ring",),
-                 ("make_barriers", "producer"), check_ring_protocol),
-        Exercise("ch6_pipeline_pingpong_test", ("ch6_pipeline_ring", "ch6_pipeline_consumer"),
-                 ("make_barriers", "producer", "consumer"), check_pingpong),
-        Exercise("ch6_planner_test", ("ch6_planner_resources", "ch6_planner_choose"),
-                 ("smem_bytes", "register_budget", "consumer_register_need", "fits", "choose"),
-                 check_planner),
-        Exercise("ch6_fa3_test", ("ch6_fa3_consumer",), ("fa3_consumer",), check_fa3_consumer),
-    ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     figures=recorded.quoted_values,

@@ -5,7 +5,7 @@ models the CuTe DSL example (roles, registers, scheduler, cycles per tile); Exer
 """
 from __future__ import annotations
 
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark, design, exp2poly, lazy, recorded, tmem
 from .design import ROLES, PIPELINES, plot_roles, plot_unit_cycles, register_table, \
@@ -40,18 +40,6 @@ def __getattr__(name):
 CHAPTER = Chapter(
     id="ch7",
     title="The Blackwell design (FlashAttention-4 era)",
-    exercises=(
-        Exercise("ch7_tmem_test", ("ch7_tmem_plan",), ("plan_tmem",), check_tmem_plan),
-        Exercise("ch7_lazy_test", ("ch7_lazy_update",), ("attention_lazy",),
-                 check_lazy_attention),
-        Exercise("ch7_exp2_test", ("ch7_exp2_poly",), ("exp2_poly",), check_exp2_poly),
-        Exercise("ch7_exp2_triton_test", ("ch7_exp2_poly_tl",), ("exp2_poly_tl",),
-                 check_exp2_poly_triton),
-        Exercise("ch7_roles_test", ("ch7_roles_schedule",), ("KV_STAGES", "mma", "correction"),
-                 check_roles_schedule),
-        Exercise("ch7_resources_test", ("ch7_resources",), ("kernel_resources",),
-                 planner.check_resources),
-    ),
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     figures=recorded.quoted_values,

@@ -12,7 +12,7 @@ the exercises; ``figures`` draws the chapter's pictures; ``benchmark`` (one GPU)
 """
 from __future__ import annotations
 
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark, mesh, recorded, ring
 from .checks import check_chain_reduce, check_merge, check_ring_attention, check_split_kv, \
@@ -39,15 +39,9 @@ __all__ = ["CHAPTER", "mesh", "ring", "check_merge", "check_split_kv", "check_ch
 CHAPTER = Chapter(
     id="ch8",
     title="The distributed merge",
-    exercises=(
-        Exercise("ch8_merge_test", ("ch8_merge",), ("merge",), check_merge),
-        Exercise("ch8_split_kv_test", ("ch8_split_kernel", "ch8_combine_kernel"),
-                 ("split_kv_kernel", "combine_kernel"), check_split_kv),
-        Exercise("ch8_chain_test", ("ch8_chain",), ("chain_reduce",), check_chain_reduce),
-        Exercise("ch8_tree_test", ("ch8_tree",), ("tree_reduce",), check_tree_reduce),
-        Exercise("ch8_zigzag_test", ("ch8_zigzag",), ("zigzag_chunks",), check_zigzag),
-        Exercise("ch8_ring_test", ("ch8_ring",), ("ring_attention",), check_ring_attention),
-    ),
+    # ring_attention calls the student's merge too, but a bug in merge must be caught by
+    # Exercise 1's own check: the known-wrong variants' test stays that strict
+    cells={"ch8_ring_test": ("ch8_ring",)},
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     figures=recorded.quoted_values,

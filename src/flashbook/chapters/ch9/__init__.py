@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 from flashbook.cases import validate_scale
-from flashbook.contract import Chapter, Exercise
+from flashbook.contract import Chapter
 
 from . import benchmark, recorded
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
@@ -39,17 +39,10 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
 CHAPTER = Chapter(
     id="ch9",
     title="The backward pass",
-    exercises=(
-        Exercise("ch9_preprocess_test", ("ch9_preprocess",), ("bwd_preprocess_kernel",),
-                 check_preprocess),
-        Exercise("ch9_dkdv_test", ("ch9_dkdv_step", "ch9_dkdv_kernel"),
-                 ("dkdv_step", "bwd_dkdv_kernel"), check_dkdv),
-        Exercise("ch9_dq_test", ("ch9_dq_step", "ch9_dq_kernel"), ("dq_step", "bwd_dq_kernel"),
-                 check_dq),
-        Exercise("ch9_autograd_test", ("ch9_autograd",), ("FlashAttentionFn",),
-                 check_autograd),
-        Exercise("ch9_training_test", ("ch9_dense",), ("flash_attention",), check_training),
-    ),
+    # FlashAttentionFn (and so flash_attention) runs the student's backward kernels through
+    # the given tiled_backward_packed, but a bug in them must be caught by their own
+    # exercises: the known-wrong variants' test stays that strict
+    cells={"ch9_autograd_test": ("ch9_autograd",), "ch9_training_test": ("ch9_dense",)},
     benchmark=benchmark.run,
     graph_timer=benchmark.GRAPH_TIMER,
     figures=recorded.quoted_values,
