@@ -1,4 +1,5 @@
-"""What a chapter declares about itself, in one place (every chapter has one ``CHAPTER``).
+"""What a chapter declares about itself, in one place (every chapter has one ``CHAPTER``), and
+its exercises, which its source states (``exercises_from_source``).
 
 The test suite checks every chapter through its contract (``tests/test_chapters.py``): the
 solution passes the visible and the hidden check of every exercise, the student version fails
@@ -26,7 +27,7 @@ from .grade import cellmeta
 @dataclasses.dataclass(frozen=True)
 class Exercise:
     """One graded test cell: ``check(*entry_points, hidden=False)`` on what the solution cells
-    define. The test cell calls the same check (the contract test verifies it does)."""
+    define, as the test cell's visible call states it (``exercises_from_source``)."""
     grade_id: str                 # the graded test cell, e.g. "ch3_attn_test"
     cells: tuple[str, ...]        # the solution cells it grades, e.g. ("ch3_attn_tile", ...)
     entry: tuple[str, ...]        # names those cells define, passed to ``check`` in this order
@@ -78,7 +79,8 @@ class Chapter:
     def exercises(self) -> tuple[Exercise, ...]:
         """The exercises the chapter's source states (``exercises_from_source``), read from the
         course's checkout on first use: the wheel has no chapter sources, and nothing a student
-        or the grader runs needs them (the tests and ``flashbook graded-variants`` do)."""
+        or the grader runs needs them (the tests and ``python -m flashbook.graded_variants``
+        do)."""
         from . import sources
         package = sys.modules[f"flashbook.chapters.{self.id}"]   # CHAPTER's own, imported
         nb = sources.read(sources.source(self.id).path)
