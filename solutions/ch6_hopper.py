@@ -37,7 +37,7 @@
 #
 # **Versions.** The Gluon kernel is one source for Triton 3.6 (which it ran on, on the H200) and
 # Triton 3.9 (which compiles it for sm_90a in the test suite, without a GPU); the few names that
-# differ between the two are mapped at the top of `gluon_fa3.py`.
+# differ between the two are mapped at the top of `flashbook/gluon_kit.py`.
 #
 # **Exercises** (15 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
 # schedule of one producer and two consumers, (2a) the ring's barriers (3) and (2b) the
@@ -829,10 +829,10 @@ else:
 # %% [markdown]
 # ## 7. The chapter's kernel, in Gluon
 #
-# `flashbook.chapters.ch6.gluon_fa3` is the structure of Sections 2-6 written in Triton's
-# **Gluon** dialect, which exposes Hopper's machinery (`tma`, `mbarrier`, `warpgroup_mma`,
-# `warp_specialize`) with Triton's compiler underneath. One program owns `2 x BLOCK_M` query
-# rows of one head and three roles:
+# `flashbook.fa3_launch` (its roles are `flashbook.fa3_roles`) is the structure of Sections 2-6
+# written in Triton's **Gluon** dialect, which exposes Hopper's machinery (`tma`, `mbarrier`,
+# `warpgroup_mma`, `warp_specialize`) with Triton's compiler underneath. One program owns
+# `2 x BLOCK_M` query rows of one head and three roles:
 #
 # - the **producer** (one warp, 24 registers a thread) loads both Q tiles once, then streams K
 #   and V through a ring of `STAGES` slots, each with a *full* barrier (the TMA arrives with

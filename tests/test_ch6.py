@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from flashbook import fa3_planner as planner
 from flashbook import sources
-from flashbook.chapters.ch6 import planner
-from flashbook.chapters.ch6.planner import Config, kv_tiles
+from flashbook.fa3_planner import Config, kv_tiles
 
 from aot_compile import compile_script
 
@@ -250,7 +250,7 @@ def check_barrier_protocol(ttgir: str, stages: int, q_bytes: int, kv_bytes: int)
 
 
 TTGIR = r"""
-from flashbook.chapters.ch6 import gluon_fa3, planner
+from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
 res = []
 for d, dtype, bm, bn, stages, overlap, causal in CASES:
     c = planner.Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, OVERLAP=overlap).for_inputs(d, dtype)
@@ -308,7 +308,7 @@ def _drop_producer_wait(ttgir: str) -> str:
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fa3():
-    from flashbook.chapters.ch6 import gluon_fa3
+    from flashbook import fa3_launch as gluon_fa3
     return gluon_fa3
 
 
@@ -352,7 +352,7 @@ def test_launcher_defaults_come_from_the_planner(fa3):
 # --------------------------------------------------------------------------------------------
 AOT = r'''
 import os, subprocess, tempfile
-from flashbook.chapters.ch6 import gluon_fa3, planner
+from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
 bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 res = []
 for d, dtype, bm, bn, stages, overlap, causal in CASES:

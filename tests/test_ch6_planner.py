@@ -10,9 +10,10 @@ import json
 
 import pytest
 
+from flashbook import fa3_planner as planner
+from flashbook.chapters.ch6 import planner_checks as pc
 from flashbook.check import CheckFailure
-from flashbook.chapters.ch6 import planner, planner_checks as pc
-from flashbook.chapters.ch6.planner import Config
+from flashbook.fa3_planner import Config
 
 from aot_compile import compile_script
 

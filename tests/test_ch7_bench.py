@@ -87,7 +87,7 @@ def test_lazy_rows_time_the_chapters_attention_lazy_as_called(monkeypatch):
 
 AOT = r'''
 from flashbook.chapters.ch7 import benchmark as bench
-from flashbook.chapters.ch6 import gluon_fa3, planner
+from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
 from flashbook.chapters.ch7.gluon_tricks import hooks
 from flashbook.tiles import pick_config
 GLUON = ("", "_lazy_poly", "_exp_x2")     # the Gluon code paths: as shipped, both tricks, a probe

@@ -235,7 +235,7 @@ def run(quick: bool = False, only: str | None = None, done=None) -> list[dict]:
             dims, dts, ("bhnd", "bnhd"), (True,) if quick else (False, True)), quick),
     }
     if gpu and not quick and (not only or chapter == "ch6"):
-        from flashbook.chapters.ch6 import gluon_fa3
+        from flashbook import fa3_launch as gluon_fa3
         jobs["ch6.gluon_fa3.attention_fa3"] = lambda: _dense_rows(
             {"f": gluon_fa3.attention_fa3}, "ch6.gluon_fa3.attention_fa3", "f",
             itertools.product(dims, dts, dense_n, (False, True)), "fa3")

@@ -1,8 +1,8 @@
 """The Hopper FlashAttention-3 kernel's roles in Triton Gluon, which Chapter 6's kernel
-(``chapters/ch6/fa3_kernel``) runs as it is and Chapter 7's benchmark runs with its tricks: the
+(``fa3_kernel``) runs as it is and Chapter 7's benchmark runs with its tricks: the
 producer, the two consumers and their ping-pong token, the tile bookkeeping they share, and the
 body a kernel entry runs (``fa3_forward``: allocate, initialise the barriers, fork the roles).
-``chapters/ch6/gluon_fa3`` describes the kernel.
+``fa3_launch`` describes the kernel.
 
 The consumers' online softmax takes three hooks, ``@gluon.jit`` functions passed as constexprs:
 the exponential of P, where the row maxima move, and how O is rescaled; ``exp2_mufu``,

@@ -202,7 +202,7 @@ def calls(quick: bool = False) -> dict:
     }
     out["ch9.flash_attention (forward)"].inputs = (q, k, v)     # differentiable: see measure
     if gpu and torch.cuda.get_device_capability() == (9, 0):
-        from flashbook.chapters.ch6 import gluon_fa3
+        from flashbook import fa3_launch as gluon_fa3
         out["ch6.gluon_fa3.attention_fa3"] = lambda: gluon_fa3.attention_fa3(q, k, v, causal=True)
     return out
 
@@ -232,7 +232,7 @@ def _speed_pair(name, shape, causal):
     """(the public call as the chapter shows it, the launch under it) for one SPEED_CASES row."""
     dt = torch.float16
     if name.startswith("ch6"):
-        from flashbook.chapters.ch6 import gluon_fa3
+        from flashbook import fa3_launch as gluon_fa3
         q, k, v = (_rand(*shape, dtype=dt) for _ in range(3))
         B, H, N, d = shape
         config = gluon_fa3.pick_config(d, dt, causal, B, H, N, N)

@@ -1,5 +1,5 @@
 """Planning what a warp-specialized Gluon kernel needs before it is compiled: the kit Chapters 6
-and 7 configure for their kernels (``ch6.planner``, ``ch7.planner_model``). Pure Python: no
+and 7 configure for their kernels (``fa3_planner``, ``ch7.planner_model``). Pure Python: no
 GPU, no Triton.
 
 **Shared memory** (``place``). Triton places every buffer of such a kernel once, because all of
@@ -224,10 +224,12 @@ def code_names(code) -> set:
     return names
 
 
-def forbid_calls(fn, what: str, module, answers: tuple[str, ...], given: str):
+def forbid_calls(fn, what: str, module, answers: tuple[str, ...], given: str,
+                 name: str | None = None):
     """Fail a student's function that calls one of ``module``'s ``answers`` (as
     ``module.answer(...)`` or imported under its name): the figures the check compares with.
-    ``given`` names what the student may use instead."""
+    ``given`` names what the student may use instead; ``name``, the module as the notebook
+    calls it (default: its own name)."""
     code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
     if code is None:
         return
@@ -239,6 +241,6 @@ def forbid_calls(fn, what: str, module, answers: tuple[str, ...], given: str):
         used += [a for a in answers if a in names]
     if used:
         from .compare import CheckFailure
-        name = module.__name__.rpartition(".")[2]
+        name = name or module.__name__.rpartition(".")[2]
         raise CheckFailure(f"{what}: calls {name}.{used[0]}, the answer the check compares "
                            f"with; compute it yourself ({given}).")

@@ -96,7 +96,7 @@ def _fail(why):
 
 def forward_rows(ns=None, ns_n=FORWARD_N, dims=(64, 128),
                  dtypes=(torch.float16, torch.bfloat16)) -> list[Row]:
-    from flashbook.chapters.ch6 import gluon_fa3
+    from flashbook import fa3_launch as gluon_fa3
     rows = []
     for dtype in dtypes:
         for d in dims:

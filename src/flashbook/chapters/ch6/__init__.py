@@ -3,18 +3,19 @@
 Exercise 1's K/V ring (``ring``, graded by ``ring_checks``) and Exercise 4's FA3-shaped kernel
 (``fa3_pallas``, ``fa3_checks``) are Pallas Mosaic GPU, graded in JAX's interpret mode in a child
 process (``interpret``); Exercise 2 schedules one producer and two consumers on a model
-(``pipeline``, ``pipeline_checks``); Exercise 3 plans the Gluon kernel (``gluon_fa3``, imported
-on demand: it needs Gluon and an sm_90 GPU) against ``planner`` and its compiled table
-(``planner_checks``)."""
+(``pipeline``, ``pipeline_checks``); Exercise 3 plans the chapter's Gluon kernel (the toolkit's
+``fa3_launch``, imported on demand: it needs Gluon and an sm_90 GPU) against ``planner`` (the
+toolkit's ``fa3_planner``) and its compiled table (``planner_checks``)."""
 from __future__ import annotations
 
+from flashbook import fa3_planner as planner
 from flashbook.contract import Chapter
+from flashbook.fa3_planner import Config
 
-from . import benchmark, planner, recorded
+from . import benchmark, recorded
 from .fa3_checks import check_fa3_consumer
 from .pipeline import Timing, simulate
 from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
-from .planner import Config
 from .planner_checks import H100_PROPS, H200_PROPS, MBARRIER_BYTES, PRODUCER_REGS, \
     REGISTERS_PER_SM, WARP_SPECIALIZE_BYTES, check_planner, choice_table
 from .ring_checks import check_kv_ring
@@ -28,7 +29,7 @@ __all__ = ["CHAPTER", "planner", "check_kv_ring", "check_ring_protocol", "check_
 def __getattr__(name):
     """``attention_fa3``, imported on first use (it needs Triton's Gluon dialect)."""
     if name == "attention_fa3":
-        from .gluon_fa3 import attention_fa3
+        from flashbook.fa3_launch import attention_fa3
         return attention_fa3
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -145,7 +145,7 @@ def gluon_setup(case: Case, x: Inputs):
     """``attention_fa3`` with the planner's config for this problem, checked once."""
     def setup():
         from flashbook.bench import compiled, registers
-        from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, fa3_kernel, pick_config
+        from flashbook.fa3_launch import attention_fa3, fa3_kernel, pick_config
         B, H, N, d = case.shape
         cfg = pick_config(d, case.dtype, case.causal, B, H, N, N)
         before = compiled(fa3_kernel)
@@ -207,7 +207,7 @@ def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
                                check=x.check(case.causal) if name != kernel else None)
         rows.append(measure(kernel, role, case, setup))
         if kernel == OURS:              # the call as a reader makes it: no config, launched
-            from flashbook.chapters.ch6.gluon_fa3 import attention_fa3
+            from flashbook.fa3_launch import attention_fa3
             rows.append(public_row(rows[-1], functools.partial(
                 attention_fa3, x.q, x.k, x.v, case.causal), "attention_fa3(q, k, v, causal)"))
         free_cuda_cache()

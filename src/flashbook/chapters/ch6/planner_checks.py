@@ -22,11 +22,10 @@ import dataclasses
 
 from flashbook.aot import FIELDS, compile_provenance, cubin_resources
 from flashbook.check import CheckFailure, as_int, report, require_implemented
+from flashbook import fa3_planner as planner
+from flashbook.fa3_planner import Config
 from flashbook.planning import (H100_PROPS, H200_PROPS, MBARRIER_BYTES,
                                 CompiledTable, Device, as_bool, forbid_calls)
-
-from . import planner
-from .planner import Config
 
 __all__ = ["Device", "H100_PROPS", "H200_PROPS", "MBARRIER_BYTES", "WARP_SPECIALIZE_BYTES",
            "REGISTERS_PER_SM", "PRODUCER_REGS", "SMEM_SLACK", "COMPILED_PATH", "TABLE_CONFIGS",
@@ -75,10 +74,10 @@ def compiled_entry(config: Config, path=None) -> dict | None:
 
 
 def compile_entry(d: int, dtype: str, bm: int, bn: int, stages: int) -> dict:
-    """Compile the kernel for one config (``gluon_fa3.compile_for_sm90``, non-causal, FA3's
+    """Compile the kernel for one config (``fa3_launch.compile_for_sm90``, non-causal, FA3's
     order; no GPU) and read ``metadata.shared`` and, with ``cuobjdump``, the cubin's registers,
     stack and spill instructions."""
-    from . import gluon_fa3
+    from flashbook import fa3_launch as gluon_fa3
     c = Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages).for_inputs(d, dtype)
     k = gluon_fa3.compile_for_sm90(c, causal=False)
     entry = dict(d=d, dtype=dtype, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
@@ -89,11 +88,11 @@ def compile_entry(d: int, dtype: str, bm: int, bn: int, stages: int) -> dict:
 
 
 def _provenance(command: str) -> dict:
-    from . import fa3_kernel
+    from flashbook import fa3_kernel
     return dict(
-        what="Chapter 6's Gluon FA3 kernel (flashbook.chapters.ch6.gluon_fa3.fa3_kernel) "
+        what="Chapter 6's Gluon FA3 kernel (flashbook.fa3_launch.fa3_kernel) "
              "compiled ahead of time, non-causal, OVERLAP=True, two consumer warpgroups, with "
-             "the launch options and setmaxnreg budgets of gluon_fa3.kernel_args",
+             "the launch options and setmaxnreg budgets of fa3_launch.kernel_args",
         target="GPUTarget('cuda', 90, 32): sm_90a (H100/H200)",
         **compile_provenance(command, fa3_kernel.__file__),     # the device code's source
         fields=dict(
@@ -391,8 +390,8 @@ def check_planner(smem_bytes, register_budget, consumer_register_need, fits, cho
                      (consumer_register_need, "consumer_register_need"), (fits, "fits"),
                      (choose, "choose")):
         require_implemented(fn, name)
-        forbid_calls(fn, name, planner, _ANSWERS,
-                     "planner.predict and planner.Config are yours to use")
+        forbid_calls(fn, name, planner, _ANSWERS,      # the notebook's name for fa3_planner
+                     "planner.predict and planner.Config are yours to use", name="planner")
     configs = planner_configs(hidden)
     compiled = _check_smem(smem_bytes, configs)
     budgets = _check_budget(register_budget, hidden)

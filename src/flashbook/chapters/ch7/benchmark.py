@@ -191,7 +191,7 @@ def lazy_rows(attention_lazy, q, k, v, want, cap, **kw) -> list[Row]:
 
 
 def run(case_list=None) -> list[Row]:
-    from flashbook.chapters.ch6.gluon_fa3 import attention_fa3, pick_config as gluon_config
+    from flashbook.fa3_launch import attention_fa3, pick_config as gluon_config
 
     from .gluon_tricks import hooks                 # Gluon, imported when the run needs it
     cap = torch.cuda.get_device_capability(0)

@@ -1,6 +1,7 @@
 """Chapter 6's fastest Hopper kernel, FlashAttention-3's structure in Triton Gluon: the host side
 (configs, launch arguments, ``attention_fa3``, the ahead-of-time compile) of ``fa3_kernel``, the
-entry that runs the toolkit's roles (``flashbook.fa3_roles``).
+entry that runs the toolkit's roles (``flashbook.fa3_roles``). In the toolkit because Chapter 7's
+benchmark runs it with its tricks as hooks; Chapter 6 re-exports ``attention_fa3``.
 
 One program owns ``2 * BLOCK_M`` query rows of one (batch, head), in three roles
 (``gl.warp_specialize``): a producer warp (24 registers a thread, ``setmaxnreg``) TMA-loads the
@@ -35,9 +36,9 @@ from flashbook.gluon_kit import head_descriptors, rebased, validate_dense_qkv
 from flashbook.plans import Launch, Plans, key
 from flashbook.tiles import LOG2E
 
-from . import planner
+from . import fa3_planner as planner
 from .fa3_kernel import fa3_kernel                     # the device code
-from .planner import Config
+from .fa3_planner import Config
 
 __all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args", "tile_layout",
            "DTYPES", "HEAD_DIMS", "compile_for_sm90"]

@@ -1,6 +1,7 @@
 """The device code of Chapter 6's Gluon FA3 kernel: ``fa3_kernel`` runs the toolkit's
 FlashAttention-3 roles (``flashbook.fa3_roles``) with FA3's softmax (exp2 on the special-function
-unit, O rescaled at every tile). ``gluon_fa3`` is its host side and describes it.
+unit, O rescaled at every tile). ``fa3_launch`` is its host side and describes it; Chapter 7's
+benchmark runs it too, with its tricks as hooks.
 """
 from __future__ import annotations
 

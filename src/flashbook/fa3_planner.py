@@ -1,6 +1,7 @@
-"""Chapter 6's config planner for the Gluon FA3 kernel (``gluon_fa3``), a configuration of the
+"""Chapter 6's config planner for the Gluon FA3 kernel (``fa3_launch``), a configuration of the
 toolkit's ``flashbook.planning``: what a config costs in shared memory and registers, whether an
-H100/H200 runs it, which feasible config a simple model expects fastest. Pure Python.
+H100/H200 runs it, which feasible config a simple model expects fastest (``chapters.ch6``
+re-exports it as ``planner``). Pure Python.
 
 A config: head dim d, dtype (2 bytes), BLOCK_M query rows per consumer warpgroup, BLOCK_N keys
 per K/V tile, STAGES ring slots, two consumer warpgroups plus a producer warp padded to one.
