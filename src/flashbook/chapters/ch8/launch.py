@@ -23,7 +23,8 @@ from flashbook.cases import MAX_ELEMENTS, cdiv, element_span, host_values, next_
     validate_scale, validate_tensor, values_checked
 from flashbook.device import current
 from flashbook.plans import Launch, Plans, Workspace, contiguous_strides, key, validate_once
-from flashbook.tiles import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, decode_block_m
+from flashbook.tiles import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, SHARED_MEMORY_PER_BLOCK, \
+    decode_block_m
 
 __all__ = ["choose_num_splits", "split_config", "launch_split_kv", "launch_combine",
            "sequences_per_launch", "validate_split_decode", "sm_count"]
@@ -86,12 +87,13 @@ def split_config(capability: tuple | None, itemsize: int = 2,
     if capability is None:
         return 16, 4, 1
     if tuple(capability) >= (9, 0):
-        stages = 3 if 3 * 2 * 128 * head_dim * itemsize <= SHARED_MEMORY_SM90 else 2
-        return 128, 4, stages
+        rings = 3 * 2 * 128 * head_dim * itemsize     # three stages of K and V tiles
+        room = SHARED_MEMORY_PER_BLOCK[(9, 0)] - Q_AND_LAYOUT
+        return 128, 4, 3 if rings <= room else 2
     return 64, 4, 3
 
 
-SHARED_MEMORY_SM90 = 200 * 1024     # of the 227 KB a block may use: room for Q and the layout
+Q_AND_LAYOUT = 27 * 1024    # split_config: what the rings leave for Q, barriers and the layout
 
 
 _SPLIT_PLANS = Plans()
