@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from . import sources as chapter_sources
@@ -201,7 +202,10 @@ def run_nbclient(cells, workdir: Path, env: dict, timeout: float) -> dict:
         try:
             client.execute(env=env)         # the kernel's whole environment
         except Exception as e:  # noqa: BLE001 - a cell's error, a timeout, a dead kernel
-            error = f"{type(e).__name__}: {e}"[-ERROR_TAIL:]
+            error = f"{type(e).__name__}: {e}"
+            if not str(e):         # an error of nbclient's own: where it was raised says more
+                error = clip(error, traceback.format_exc())
+            error = error[-ERROR_TAIL:]
         finally:
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
