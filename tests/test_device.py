@@ -1,5 +1,6 @@
 """flashbook.setup()'s CPU mode: the Triton interpreter turns a loaded scalar into a loop bound
-(Triton 3.6 keeps it as an array of shape (1,), which NumPy 2.4 will not convert with int())."""
+(Triton 3.6 keeps it as an array of shape (1,), which NumPy 2.4 will not convert with int()),
+and patches triton.language once per launch, not again at every call of a helper."""
 import operator
 
 import numpy as np
@@ -37,3 +38,39 @@ def test_a_kernel_loops_up_to_a_loaded_length_in_cpu_mode():
     out = torch.zeros(1, dtype=torch.int32)
     count_up_to[(1,)](torch.tensor([5], dtype=torch.int32), out)
     assert out.item() == 10
+
+
+@triton.jit
+def _scaled(x, factor):
+    return x * factor
+
+
+@triton.jit
+def _helper_in_a_loop(x_ptr, out_ptr, N: tl.constexpr, CALLS: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    for _ in range(CALLS):
+        x = _scaled(x, 2.0)
+    tl.store(out_ptr + offs, x)
+
+
+def test_a_helper_called_in_a_kernel_loop_does_not_patch_the_language_again(monkeypatch):
+    """CPU mode patches triton.language once per launch: a launch whose kernel calls a helper
+    four times patches as much as one that calls it never; the kernel still computes, and after
+    the launch the language is Triton's again."""
+    import torch
+    flashbook.setup(verbose=False)
+    original_load = tl.load
+    patched = []
+    inner = interpreter._patch_builtin
+    monkeypatch.setattr(interpreter, "_patch_builtin",
+                        lambda pkg, *a: (patched.append(pkg), inner(pkg, *a))[1])
+    x, out = torch.arange(8, dtype=torch.float32), torch.empty(8)
+    _helper_in_a_loop[(1,)](x, out, N=8, CALLS=0)
+    torch.testing.assert_close(out, x)
+    without_calls = len(patched)
+    assert without_calls > 0                        # the launch patched the language
+    _helper_in_a_loop[(1,)](x, out, N=8, CALLS=4)
+    torch.testing.assert_close(out, x * 16)
+    assert len(patched) == 2 * without_calls        # per launch, never per helper call
+    assert tl.load is original_load                 # restored when each launch ended
