@@ -74,3 +74,21 @@ def test_a_helper_called_in_a_kernel_loop_does_not_patch_the_language_again(monk
     torch.testing.assert_close(out, x * 16)
     assert len(patched) == 2 * without_calls        # per launch, never per helper call
     assert tl.load is original_load                 # restored when each launch ended
+
+
+@triton.jit
+def _times_2_to_the_20(x_ptr, out_ptr):
+    tl.store(out_ptr, tl.load(x_ptr) * 1048576)
+
+
+def test_no_unread_overflow_check_on_each_integer_op():
+    """With debug off the interpreter drops its int32 overflow assert, so CPU mode skips the
+    int64 arithmetic that fed it; integer results are unchanged: 2**12 * 2**20 wraps to 0, as
+    in a GPU build."""
+    import torch
+    flashbook.setup(verbose=False)
+    options = interpreter.interpreter_builder.options
+    assert not options.debug and not options.sanitize_overflow
+    out = torch.ones(1, dtype=torch.int32)
+    _times_2_to_the_20[(1,)](torch.tensor([4096], dtype=torch.int32), out)
+    assert out.item() == 0
