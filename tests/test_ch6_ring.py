@@ -6,7 +6,8 @@ The solution passing and each known-wrong producer losing points are the chapter
 tests (tests/test_chapters.py); these test the harness: a race report names both lines, a
 consumer that reads before its barrier is caught, a hang becomes a failed check within the
 time limit even with the deadlock detector off, an error names the student's line, without
-JAX the check says how to install it, and the prefetch check reads the producer's order log.
+JAX the check says how to install it, the prefetch check reads the producer's order log, and a
+script that runs the check as it is imported is told to guard it.
 """
 from __future__ import annotations
 
@@ -215,3 +216,36 @@ def test_the_order_log_of_a_real_run_is_the_producers_program_order():
         waits = [e for e in order if e["thread"] == c and e["op"] == "wait"]
         assert [(e["barrier"], e["phase"]) for e in waits] == \
             [(f"full[{i % 3}]", i // 3 + 1) for i in range(8)]
+
+
+UNGUARDED_SCRIPT = '''
+import flashbook as fb
+fb.setup(verbose=False)
+from flashbook.chapters.ch6 import ring_checks
+from flashbook.check import CheckFailure
+
+
+def kv_producer(*args):
+    pass
+
+
+try:
+    ring_checks.check_kv_ring(kv_producer)
+except CheckFailure as e:
+    print("CHECK FAILED:", e)
+'''
+
+
+@needs_jax
+@pytest.mark.slow
+def test_a_script_that_runs_the_check_unguarded_is_told_to_guard_it(tmp_path):
+    """A plain script that calls the check as it is imported: the fork server imports it again
+    and stops; the check says to put the call under ``if __name__ == "__main__":``."""
+    import subprocess
+    import sys
+    script = tmp_path / "my_ring.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300).stdout
+    assert "CHECK FAILED: K/V ring: the check's process ended before it ran your kernel" in out
+    assert 'if __name__ == "__main__":' in out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import linecache
 import re
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -162,6 +163,20 @@ def _pending_text(w: dict, names, shipped) -> str:
             f"has completed {_times(w['phase'])}")
 
 
+_SCRIPT_HINT = (" From a Python script, run the check under `if __name__ == \"__main__\":`: "
+                "the check's process comes from multiprocessing's fork server, which imports "
+                "the script again, and a script that runs the check as it is imported stops "
+                "it (\"An attempt has been made to start a new process before the current "
+                "process has finished its bootstrapping phase\", printed above).")
+
+
+def _running_a_script() -> bool:
+    """Whether ``__main__`` is a script of the user's (not a notebook kernel, nor a tool such
+    as pytest run from its installed package)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return path.endswith(".py") and "site-packages" not in path
+
+
 def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | None:
     """None if the job ran every call with no race and no barrier misuse; otherwise the
     message: what happened (in the order the student should fix it), then ``hint``."""
@@ -221,7 +236,10 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
             head = (f"the kernel hung: it did not finish within the time limit "
                     f"({result.limit_s:g} s) and was stopped")
         parts.append(head + (":\n    " + ";\n    ".join(waits) + "." if waits else "."))
-    if result.status == "died" and not parts:
+    if result.status == "died" and not parts and not result.log.strip():
+        parts.append("the check's process ended before it ran your kernel, with no output."
+                     + _SCRIPT_HINT * _running_a_script())
+    elif result.status == "died" and not parts:
         parts.append("the check's process ended unexpectedly (out of memory, or a crash in "
                      f"JAX). Its last output:\n{result.log[-1500:]}")
     if not parts:
