@@ -306,6 +306,11 @@ class Child:
         threading.Thread(target=self.watchdog, args=(parent,), daemon=True).start()
         try:
             os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+            # The interpreted kernel runs as Python callbacks; what XLA compiles around them is
+            # bookkeeping, so LLVM's optimisation of it only costs compile time (about a tenth
+            # of a ring check). Read when this process first uses XLA, after the fork.
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                       + " --xla_backend_optimization_level=0").strip()
             import jax
             jax.config.update("jax_platforms", "cpu")
             jax.config.update("jax_enable_x64", False)
