@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import linecache
+import subprocess
+import sys
 from multiprocessing import forkserver
 
 import numpy as np
@@ -241,8 +243,6 @@ except CheckFailure as e:
 def test_a_script_that_runs_the_check_unguarded_is_told_to_guard_it(tmp_path):
     """A plain script that calls the check as it is imported: the fork server imports it again
     and stops; the check says to put the call under ``if __name__ == "__main__":``."""
-    import subprocess
-    import sys
     script = tmp_path / "my_ring.py"
     script.write_text(UNGUARDED_SCRIPT)
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,

@@ -236,12 +236,13 @@ def failure(result: Run, call: Call | None = None, *, hint: str = "") -> str | N
             head = (f"the kernel hung: it did not finish within the time limit "
                     f"({result.limit_s:g} s) and was stopped")
         parts.append(head + (":\n    " + ";\n    ".join(waits) + "." if waits else "."))
-    if result.status == "died" and not parts and not result.log.strip():
-        parts.append("the check's process ended before it ran your kernel, with no output."
-                     + _SCRIPT_HINT * _running_a_script())
-    elif result.status == "died" and not parts:
-        parts.append("the check's process ended unexpectedly (out of memory, or a crash in "
-                     f"JAX). Its last output:\n{result.log[-1500:]}")
+    if result.status == "died" and not parts:
+        if result.log.strip():
+            parts.append("the check's process ended unexpectedly (out of memory, or a crash in "
+                         f"JAX). Its last output:\n{result.log[-1500:]}")
+        else:
+            parts.append("the check's process ended before it ran your kernel, with no output."
+                         + (_SCRIPT_HINT if _running_a_script() else ""))
     if not parts:
         parts.append(f"the check's process ended unexpectedly. Its output:\n{result.log[-1500:]}")
     text = "\n  ".join(parts)
