@@ -15,6 +15,7 @@ case, which positions are wrong, by how much, and a hint about the usual cause.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import itertools
 import operator
@@ -75,7 +76,7 @@ def run_student(fn: Callable, *args, what: str, guard: bool = False,
 
 
 def _source(obj) -> str:
-    fn = getattr(obj, "py_func", getattr(obj, "fn", obj))
+    fn = _python_function(obj)
     try:
         return inspect.getsource(fn)
     except (OSError, TypeError):
@@ -84,8 +85,28 @@ def _source(obj) -> str:
 
 def is_stub(obj) -> bool:
     """True when a function or kernel is still the exercise stub (its body raises
-    NotImplementedError). Kernels run in simulators, where a stub would fail obscurely."""
-    src = _source(obj)
+    NotImplementedError). Kernels run in simulators, where a stub would fail obscurely.
+    Launchers ask on every call, so the answer is kept per Python function: reading its source
+    (``inspect.getsource`` tokenizes the file) costs about 1 ms, more than many launches, and a
+    function's source never changes (a redefined one is a new function)."""
+    fn = _python_function(obj)
+    try:
+        return _function_is_stub(fn)
+    except TypeError:           # unhashable: ask afresh
+        return _source_is_stub(_source(fn))
+
+
+def _python_function(obj):
+    """The Python function under a Numba dispatcher (``py_func``) or a Triton kernel (``fn``)."""
+    return getattr(obj, "py_func", getattr(obj, "fn", obj))
+
+
+@functools.lru_cache(maxsize=256)
+def _function_is_stub(fn) -> bool:
+    return _source_is_stub(_source(fn))
+
+
+def _source_is_stub(src: str) -> bool:
     return "raise NotImplementedError" in src and "BEGIN SOLUTION" not in src
 
 
