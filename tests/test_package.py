@@ -167,3 +167,14 @@ def test_execute_passes_env_to_the_kernel_and_leaves_os_environ_alone(monkeypatc
     assert nb.cells[0].outputs[0]["text"].split() == ["parent", "kernel", "kernel"]
     assert not leaked, "execute() changed os.environ while the notebook ran"
     assert dict(os.environ) == before
+
+
+def test_the_grading_commands_start_without_torch():
+    """``flashbook collect/autograde/export`` parse their arguments without importing torch or
+    matplotlib (about 1.5 s each start: an instructor's every command, a class's every shard);
+    the kernels that run the notebooks import what the chapter needs."""
+    code = "import sys, flashbook.cli; print(sorted({'torch', 'matplotlib'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
