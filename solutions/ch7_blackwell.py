@@ -24,19 +24,25 @@
 #   FlashAttention-4's two numerical answers {cite}`zadouri2026flashattention4`: **lazy
 #   rescaling** (rescale O only when the running max has grown past a threshold; exact after the
 #   final normalisation) and **exp2 by a polynomial** on the FMA units (range reduction and a
-#   cubic), with their error analysis.
+#   cubic), with their error analysis; why the two softmax warpgroups' **shared exponential
+#   unit** makes the polynomial pay on a B200, and not on a B300.
+# - Blackwell's **ordering rules**: `tcgen05.ld` and `tcgen05.st` are asynchronous, and a
+#   hand-off through tensor memory needs `tcgen05.wait::ld`/`wait::st` and the two
+#   `tcgen05.fence`s around the mbarrier; the allocation handshake. Then 2-CTA MMAs and the
+#   cluster-launch-control tile scheduler, in prose.
 #
 # **What you need**: Chapter 3 (the online softmax, its Triton kernel) and Chapter 6 (warp
 # specialization, mbarriers, `setmaxnreg`); torch >= 2.11 and triton >= 3.6 (Gluon's
 # `warp_specialize` signature changed in 3.5 and 3.6). No Blackwell GPU: every exercise runs on
 # a CPU (the Triton ones in the interpreter) and on any GPU. About 4-6 hours.
 #
-# **Exercises** (18 points): (1) a TMEM column map for the example's tile shapes (3); (2) lazy
+# **Exercises** (21 points): (1) a TMEM column map for the example's tile shapes (3); (2) lazy
 # rescaling in Chapter 3's Triton kernel, exact on adversarial logits, with a count of the
 # rescales it avoids (4); (3) exp2 by a polynomial in float32, (3a) with torch (2) and (3b) as a
 # Triton function inside a kernel (2); (4) the MMA and correction roles of a five-role schedule,
 # simulated (4); (5) the resources of the chapter's Gluon kernel, against what the compiler
-# reports for sm_100a (3).
+# reports for sm_100a (3); (6) the softmax warpgroup at the instruction level, with its tcgen05
+# waits and fences, checked by the simulator (3).
 
 # %%
 import flashbook as fb
@@ -129,6 +135,29 @@ print(f"B200: emulate {ch7.best_emulated_fraction():.0%} of the exponentials to 
 fig = ch7.plot_unit_cycles()
 
 # %% [markdown]
+# **One exponential unit for two softmax warpgroups.** The model counts one tile. A CTA of the
+# example works on two query tiles at every key step, and both softmax warpgroups run on the
+# same SM: the 16 exponentials a clock are the SM's, so the two tiles' exp phases do not
+# overlap, they add up (Section 3's `s0_s1_sequence` makes them take turns, and Section 7's
+# simulator has the same one unit). Per key step of two tiles, at d = 64 on a B200, the tensor
+# cores need 1,024 cycles and the one exponential unit 2,048; with a unit per warpgroup the
+# two tiles' exponentials would overlap and take 1,024, and the tensor cores would set the
+# pace. The sharing is what makes the polynomial of Section 6 pay: with the best share (32 %)
+# of the exponentials on the FMA units, both units need about 1,390 cycles and the step is
+# 1.47x shorter in the model. At d = 128 the tensor cores' 2,048 cycles already match the
+# exponentials'.
+#
+# **Blackwell Ultra (B300, sm_103)** doubles the exponential rate: 32 a clock per SM in the
+# model, which keeps the B200's tensor-core rate. The exponential unit then needs 1,024 cycles
+# a step, no more than the tensor cores at d = 64; the best share to emulate falls to 5 % and
+# buys nothing, and FlashAttention-4 turns the polynomial off on sm_103. Every number of the
+# table is the model's (`ch7.design`: its per-SM rates are the assumptions stated above), not
+# a measurement.
+
+# %% tags=["demo"]
+print(ch7.exp_unit_table())
+
+# %% [markdown]
 # ## 3. The example kernel: warp roles, barriers, registers, scheduler
 #
 # The seed is a persistent, warp-specialized forward kernel for SM100 written in CuTe DSL (the
@@ -194,6 +223,35 @@ tiles = ch7.work_tiles(seqlen_q=1024, heads=3, batch=2)
 for cta, mine in enumerate(ch7.static_schedule(tiles, sms=5)):
     print(f"CTA {cta}: tiles {mine} = (m_block, head, batch) "
           f"{[ch7.tile_coord(t, 1024, 3) for t in mine]}")
+
+# %% [markdown]
+# ### The CLC tile scheduler
+#
+# The static schedule fixes every CTA's tiles at launch. **Cluster launch control** (CLC),
+# new on Blackwell, lets a persistent kernel keep the hardware scheduler's load balance
+# instead. The grid is launched with one CTA per tile, as a kernel that is not persistent
+# would be; a running CTA that has finished a tile executes `clusterlaunchcontrol.try_cancel`,
+# which asks to cancel the launch of a CTA (of a cluster) that has not started yet. The answer
+# is written asynchronously into shared memory and completes an mbarrier's transaction count;
+# `clusterlaunchcontrol.query_cancel.is_canceled` says whether the cancel succeeded and
+# `query_cancel.get_first_ctaid` gives the cancelled CTA's coordinates. The running CTA then
+# processes that tile itself, with its tensor memory, barriers and warp roles already set up;
+# when the cancel fails, every tile has started and the CTA exits. So a tile goes to whichever
+# SM frees up first, as in an ordinary launch: tiles of different cost (causal masks) balance
+# themselves without a precomputed order, and CTAs not yet launched still leave room for
+# another kernel on the GPU.
+#
+# ### 2-CTA MMA (`cta_group::2`)
+#
+# A pair of CTAs of a cluster, on two SMs, can share one MMA: `tcgen05.mma.cta_group::2`,
+# issued by one thread for the pair, computes a tile of M = 256 rows, the 128 rows of each CTA
+# accumulated in its own tensor memory. Each CTA holds its 128 rows of A and **half of B** in
+# its shared memory, and the tensor cores of both SMs read both halves, so each CTA loads half
+# of every B tile: for attention, half of each K and V tile, which halves the K and V traffic
+# per CTA for the same 256 query rows. The pair allocates tensor memory together
+# (`tcgen05.alloc.cta_group::2`, one warp in each CTA) and a `tcgen05.commit` of the pair can
+# signal the mbarriers of both CTAs. The example's forward does not use it (Section 1);
+# FlashAttention-4 uses 2-CTA MMAs in its backward pass {cite}`zadouri2026flashattention4`.
 
 # %% [markdown]
 # ## 4. Tensor memory: the column map
@@ -1005,6 +1063,121 @@ else:
     print("The Gluon Blackwell kernel needs an sm_100 GPU (B200, GB200); this runtime has "
           + (torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU") + ".")
 
+# %% [markdown]
+# ### Ordering inside the roles: tcgen05's waits and fences (Exercise 6)
+#
+# Exercise 4's roles talk through barriers, and the simulator took a barrier's word for it: once
+# `s_ready[t]` completes, S is there. On the hardware a barrier orders *ordinary* memory
+# operations, and the tcgen05 instructions are not ordinary: `tcgen05.ld` (tensor memory to
+# registers) and `tcgen05.st` (registers to tensor memory) are **asynchronous**, like the MMA.
+# A softmax thread that issues `tcgen05.st` of P goes on at once; the registers a `tcgen05.ld`
+# fills are undefined until the thread executes `tcgen05.wait::ld`, and its stores have landed
+# only after `tcgen05.wait::st`. To hand tensor memory from one role to another, the PTX ISA's
+# pattern is, in the producer, the wait, then `tcgen05.fence::before_thread_sync` (the tcgen05
+# instructions before it are ordered before the synchronisation that follows), then the
+# mbarrier arrive; in the consumer, the mbarrier wait, then `tcgen05.fence::after_thread_sync`
+# (the tcgen05 instructions after it are ordered after the synchronisation before it), then its
+# `tcgen05.ld` or `tcgen05.mma`. Without the after-fence the hardware may start the load before
+# the wait has returned; without the wait::st or the before-fence, the consumer may see the
+# barrier complete before the data is in tensor memory. An MMA's `tcgen05.commit` needs
+# neither: it arrives once the MMAs before it have completed, with the before-fence built in.
+#
+# | hand-off | producer, before its arrive | consumer, after its wait |
+# |---|---|---|
+# | the TMEM address: MMA warp -> every role (`tmem_ready`) | `tcgen05.alloc`, `fence::before_thread_sync` | `fence::after_thread_sync`, then its first tcgen05 op |
+# | S_t: QK MMA -> softmax t (`s_ready`) | `tcgen05.commit` | `fence::after_thread_sync`, `tcgen05.ld` |
+# | the row max: softmax t -> correction (`stats`) | `tcgen05.st`, `wait::st`, `fence::before_thread_sync` | `fence::after_thread_sync`, `tcgen05.ld` |
+# | P_t: softmax t -> MMA warp (`p_ready`) | `tcgen05.st`, `wait::st`, `fence::before_thread_sync` | `fence::after_thread_sync`, `tcgen05.mma` |
+# | O_t rescaled: correction -> MMA warp (`o_ready`) | `tcgen05.st`, `wait::st`, `fence::before_thread_sync` | `fence::after_thread_sync`, `tcgen05.mma` |
+# | O_t accumulated: MMA -> correction (`o_done`) | `tcgen05.commit` | `fence::after_thread_sync`, `tcgen05.ld` |
+#
+# The first row is the **allocation handshake**: one warp (the MMA warp) executes
+# `tcgen05.alloc`, which writes the address of the allocation into shared memory; it fences and
+# synchronises with the other roles through a barrier (here an mbarrier, `tmem_ready`), and
+# each role fences after that barrier before it uses the address. A role that skips it may
+# read the address before it was written.
+#
+# `ch7.ordering` checks these rules in the simulator, for the softmax warpgroups, which you now
+# write at the level of instructions. Their actions: `pipe.load_s(t, j)` (`tcgen05.ld` of S_t),
+# `pipe.wait_ld()`, `pipe.rowmax(t, j)` (the max from the registers, and a `tcgen05.st` of it
+# into the statistics columns), `pipe.exp(t, j)` (P from the registers, and a `tcgen05.st` of P
+# into S's columns), `pipe.rowsum(t)` (a `tcgen05.st` of the sum), `pipe.wait_st()`,
+# `pipe.fence_before()` and `pipe.fence_after()`; the barriers are Exercise 4's and
+# `bars.tmem_ready`, on which the MMA warp arrives once after its `tcgen05.alloc` (the chapter
+# adds that prologue to your `mma`). A rule broken is a hazard of kind *ordering*, whose message
+# names the role, the instruction, what is missing and what could go wrong on a GPU. Your MMA
+# warp and correction of Exercise 4 run beside it; their fences follow the same table and the
+# simulator takes them as given.
+#
+# **Exercise 6 (3 points).** Write `softmax_ordered(pipe, t, bars)`, softmax warpgroup t with
+# every wait and fence it needs: first the allocation handshake, then for every key step `j`
+# the scores (wait on `s_ready[t]`, parity `j % 2`), the row max for the correction (arrive on
+# `stats[t]`) before the exponentials, so that the correction can rescale while the
+# exponentials run, and P for the MMA warp (arrive on `p_ready[t]`); after the loop, the row
+# sum (arrive on `l_ready[t]`). Each arrive publishes what the role stored in tensor memory.
+# The check runs it with your Exercise 4 roles over rings of 2 slots, 1 to 5 steps and two
+# timings (the hidden test: Exercise 4's rings, lengths and timings), wants every step done and
+# the tensor core as busy as Exercise 4's schedule keeps it. About 20 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch7_ordering", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def softmax_ordered(pipe, t, bars):
+    """Softmax warpgroup t at the instruction level: tcgen05.ld of S, the row max and P stored
+    into tensor memory with tcgen05.st, each hand-off with its tcgen05 waits and fences."""
+    ### BEGIN SOLUTION
+    yield pipe.wait(bars.tmem_ready, 0)            # the MMA warp's tcgen05.alloc is done
+    yield pipe.fence_after()                       # ... and the address is ours to read
+    for j in range(pipe.n_steps):
+        yield pipe.wait(bars.s_ready[t], j % 2)    # commit: QK_t of step j has completed
+        yield pipe.fence_after()                   # the tcgen05.ld comes after that wait
+        yield pipe.load_s(t, j)                    # tcgen05.ld: S_t into registers
+        yield pipe.wait_ld()                       # tcgen05.wait::ld: the registers hold S
+        yield pipe.rowmax(t, j)                    # the max, tcgen05.st into the stats columns
+        yield pipe.wait_st()                       # tcgen05.wait::st: the max has landed
+        yield pipe.fence_before()                  # order the stores before the arrive
+        yield pipe.arrive(bars.stats[t])           # the correction may read the max
+        yield pipe.exp(t, j)                       # P, tcgen05.st into S_t's columns
+        yield pipe.wait_st()                       # tcgen05.wait::st: P has landed
+        yield pipe.fence_before()                  # tcgen05.fence::before_thread_sync
+        yield pipe.arrive(bars.p_ready[t])         # the MMA warp may read P
+    yield pipe.rowsum(t)                           # the sum, tcgen05.st
+    yield pipe.wait_st()                           # tcgen05.wait::st: the sum has landed
+    yield pipe.fence_before()                      # then fence, then publish
+    yield pipe.arrive(bars.l_ready[t])             # the correction may read the sum
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch7_ordering_test", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+ch7.check_ordering(softmax_ordered, mma, correction)
+### BEGIN HIDDEN TESTS
+ch7.check_ordering(softmax_ordered, mma, correction, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# What the rules catch: your softmax without its `tcgen05.wait::st` before the arrive on
+# `p_ready`. In the simulator's time the store had landed (an `exp` takes its time); on a GPU
+# nothing says so, and the MMA warp could multiply S's old scores by V.
+
+# %% tags=["demo"]
+def drop_second_wait_st(softmax):
+    """softmax with the second tcgen05.wait::st of each step (the one after exp) left out."""
+    def role(pipe, t, bars):
+        after_exp = False
+        for action in softmax(pipe, t, bars):
+            if str(action).startswith("exp("):
+                after_exp = True
+            elif str(action) == "wait_st()" and after_exp:
+                after_exp = False
+                continue
+            yield action
+    return role
+
+
+try:
+    broken = ch7.simulate_ordered(drop_second_wait_st(softmax_ordered), mma, correction,
+                                  stages=2, n_steps=3)
+    print(broken.error)
+except NotImplementedError:
+    print("Finish Exercises 4 and 6 to see what the ordering rules catch.")
+
 # %% tags=["remove-cell"]
 # The figures the prose quotes, from the recorded H200 data: the book pastes each into its
 # glue:text role (myst-nb's glue); elsewhere this does nothing.
@@ -1097,7 +1270,8 @@ else:
 # ## What was measured, and what is left
 #
 # Nothing in this chapter was measured on a Blackwell GPU. The cycle model of Section 2 is
-# arithmetic on published per-SM throughputs; the exactness of lazy rescaling and the error of
+# arithmetic on published per-SM throughputs (the B300's doubled exponential rate included);
+# the ordering rules of Exercise 6 are the PTX ISA's, checked in a simulator, not on a GPU; the exactness of lazy rescaling and the error of
 # the polynomial exp2 were checked in float32 on a CPU, against float64, on the inputs the
 # checks list: the cubic's largest relative error is $7.5 \cdot 10^{-5}$ on every input tried,
 # and the lazy rescale stays within float32 rounding of the reference, as the eager one does,

@@ -129,6 +129,33 @@ VARIANTS = (
         ('KV_STAGES = 2 ', 'KV_STAGES = 3 '),
     ), expect='shared memory'),
 
+    # ----------------------------------------------------------------- ch7_ordering
+    # P published before its tcgen05.st has completed: no tcgen05.wait::st after exp
+    Variant('arrive_before_wait_st', 'ch7_ordering', (
+        ('        yield pipe.wait_st()                       # tcgen05.wait::st: P has landed\n',
+         ''),
+    ), expect='before tcgen05.wait::st'),
+    # the consumer's half missing: the tcgen05.ld of S right after the wait on s_ready
+    Variant('no_fence_after_the_wait', 'ch7_ordering', (
+        ('        yield pipe.fence_after()                   # the tcgen05.ld comes after that '
+         'wait\n', ''),
+    ), expect='no tcgen05.fence::after_thread_sync in between'),
+    # the producer's half missing: stats published with no fence after the tcgen05.wait::st
+    Variant('no_fence_before_the_arrive', 'ch7_ordering', (
+        ('        yield pipe.fence_before()                  # order the stores before the '
+         'arrive\n', ''),
+    ), expect='no tcgen05.fence::before_thread_sync since'),
+    # the row max from registers the tcgen05.ld has not filled yet
+    Variant('rowmax_before_wait_ld', 'ch7_ordering', (
+        ('        yield pipe.wait_ld()                       # tcgen05.wait::ld: the registers '
+         'hold S\n', ''),
+    ), expect='no tcgen05.wait::ld in between'),
+    # tensor memory used before the allocation handshake
+    Variant('no_allocation_handshake', 'ch7_ordering', (
+        ('    yield pipe.wait(bars.tmem_ready, 0)            # the MMA warp\'s tcgen05.alloc is '
+         'done\n', ''),
+    ), expect='before the allocation handshake'),
+
     # one Q tile for the CTA: but each softmax warpgroup owns its own 128 rows
     Variant('one_q_tile', 'ch7_resources', (
         ('[("q", 2 * config.BLOCK_M * d * size)', '[("q", config.BLOCK_M * d * size)'),

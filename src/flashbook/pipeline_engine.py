@@ -158,6 +158,7 @@ class Engine:
             if not isinstance(a, pipe.actions):
                 raise Hazard("protocol", self.now, f"{_cap(pipe.who(p.name))} yielded {a}, "
                              f"{pipe.foreign_help}")
+            pipe.in_order(p.name, a, self.now)      # a configuration's program-order rules
             if isinstance(a, Wait):
                 if not self.do_wait(p, a):
                     return

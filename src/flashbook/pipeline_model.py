@@ -52,6 +52,11 @@ class BasePipeline:
     def deadlock_report(self, stuck, finished: dict) -> str:
         return deadlock_text(self.noun, stuck, self.who, finished, ".")
 
+    def in_order(self, program: str, action, now: float) -> None:
+        """Called with every action a program yields, in its program order, before it runs (a
+        wait that came before it has passed): a configuration whose rules are about program
+        order (Chapter 7's tcgen05 waits and fences) raises its ``Hazard`` here."""
+
     # ------------------------------------------------------------- for the programs
     def barrier(self, name: str, arrivals: int = 1) -> Barrier:
         """A new barrier whose phases complete after ``arrivals`` arrivals each."""

@@ -1,7 +1,8 @@
 """How the pipeline engine runs an ``Op``, the action a configuration defines by its ``Spec``:
 asynchronous copies that arrive on a barrier when they land, ops queued on an in-order unit
 (one at a time, in issue order) with commits that arrive once the ops before them have finished,
-and work the issuing program runs itself, on a unit the programs queue for if it names one. Each
+work the issuing program runs itself, on a unit the programs queue for if it names one, and
+marks (instant, no unit, no buffer: their place in the program order is what counts). Each
 op's accesses to the configuration's buffers are checked when it starts (``pipeline_buffers``)
 and its bars are drawn on the unit's row (and the issuer's, for work)."""
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Ops:
         if complaint:
             raise Hazard("protocol", e.now, f"{who[:1].upper() + who[1:]}: {complaint}")
         spec = pipe.spec(a)
-        if spec.how != "commit":
+        if spec.how not in ("commit", "mark"):
             key = (a.name,) + a.args
             if key in self.issued:
                 raise Hazard("protocol", e.now, f"{who[:1].upper() + who[1:]} issued {a} a "
@@ -83,6 +84,11 @@ class Ops:
 
     def _mark(self, spec, start):
         self.engine.done[spec.done] = (start, start + spec.duration)
+
+    def mark(self, p, a: Op, spec):
+        """An instruction that takes no time and touches no buffer (a fence, a wait for the
+        program's own asynchronous ops): only its place in the program order counts, which the
+        configuration's ``in_order`` checks. It may repeat."""
 
     # ------------------------------------------------------------------ copies
     def copy(self, p, a: Op, spec):

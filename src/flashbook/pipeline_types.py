@@ -31,7 +31,8 @@ class Timing:
 
 class Hazard(Exception):
     """A run stopped at a protocol error. ``kind``: overwrite, read before ready, phase overrun,
-    deadlock, dataflow, protocol or runaway; ``time``: simulated time."""
+    deadlock, dataflow, protocol, runaway or a configuration's own (Chapter 7's ordering);
+    ``time``: simulated time."""
 
     def __init__(self, kind: str, time: float, message: str):
         super().__init__(message)
@@ -132,7 +133,8 @@ class Spec:
     which runs its ops one at a time in issue order; the issuer goes on), "commit" (one arrival
     on the op's barrier once every op issued to ``unit`` so far has finished) or "work" (the
     issuer runs it; with a ``unit``, that unit is one resource the programs queue for, first
-    come first served). ``accesses``: (buffer, mode "r"/"w"/"rw", the contents a read expects,
+    come first served) or "mark" (no time, no unit, no buffer: a fence, whose place in the
+    program order the configuration's ``in_order`` checks). ``accesses``: (buffer, mode "r"/"w"/"rw", the contents a read expects,
     the contents a write leaves, the labels of the readers those contents await), checked
     when the op starts (``pipeline_buffers``); ``require``: (buffer, contents, text(found)),
     the contents a buffer must still hold when the op starts."""

@@ -1,8 +1,10 @@
 """Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL example, FlashAttention-4's
 structure): warp roles and registers, the pipelines between roles, the persistent scheduler, and
-a cycle model of one tile that shows why the exponentials, not the MMAs, set the pace on
+a cycle model of one tile (and of one key step of two tiles, whose softmax warpgroups share the
+SM's exponential unit) that shows why the exponentials, not the MMAs, set the pace on
 Blackwell. Per SM and clock: 16-bit tensor-core FLOPs (H100 4,096 = 989 TFLOP/s / 132 SMs / 1.83
-GHz; B200 8,192), 16 exponentials (MUFU), 128 fp32 FMAs. A model for reasoning: no latencies,
+GHz; B200 and, in this model, B300 8,192), 16 exponentials (MUFU; 32 on the B300), 128 fp32
+FMAs. A model for reasoning: no latencies,
 shared-memory traffic or overlap limits. Pure Python.
 """
 from __future__ import annotations
@@ -94,16 +96,23 @@ def static_schedule(num_tiles: int, sms: int) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------- cycle model
+# The model's numbers, all in one place. They are the chapter's stated assumptions (Sections 1
+# and 2: per-SM throughputs from the CUDA guide's tables, and for the B300 the doubled
+# exponential rate Section 2 states), not measurements: nothing here was timed on a GPU.
 @dataclasses.dataclass(frozen=True)
 class SM:
     name: str
     mma_flops: int      # dense 16-bit tensor-core FLOP per clock per SM
-    mufu: int = 16      # exponentials per clock per SM (special-function unit)
+    mufu: int = 16      # exponentials per clock per SM (special-function unit, MUFU.EX2)
     fma: int = 128      # fp32 FMA (and other ALU) operations per clock per SM
+    poly: bool = True   # whether FlashAttention-4 emulates a share of exp2 by the polynomial
 
 
 H100 = SM("H100 (sm_90)", 4096)
 B200 = SM("B200 (sm_100)", 8192)
+# Blackwell Ultra: twice the exponentials per clock; the model keeps the B200's tensor-core
+# rate, and FlashAttention-4 turns the polynomial off there
+B300 = SM("B300 (sm_103)", 8192, mufu=32, poly=False)
 
 # fp32 ALU operations per score besides the exponential: the scale-and-subtract FMA, the max,
 # the sum, and half a conversion to 16 bits (two values are packed per instruction)
@@ -129,6 +138,43 @@ def best_emulated_fraction(sm: SM = B200) -> float:
     """The fraction of exponentials to emulate so that MUFU and the FMA units finish together."""
     # (1 - r) / mufu = (other + poly r) / fma
     return (sm.fma / sm.mufu - OTHER_OPS_PER_SCORE) / (sm.fma / sm.mufu + POLY_OPS)
+
+
+def step_cycles(sm: SM, head_dim: int, emulated: float = 0.0, tiles: int = 2,
+                block_n: int = 128) -> dict[str, float]:
+    """Cycles of one key step of a CTA with ``tiles`` Q tiles of 128 rows, per unit. The tiles'
+    softmax warpgroups share the SM's one exponential unit (MUFU) and its FMA units, so their
+    exp phases add up instead of overlapping; ``step`` is the slowest unit (perfect overlap
+    otherwise), ``unshared_exp`` what the exponentials would take if each warpgroup had a
+    unit of its own (the period would not add them)."""
+    one = tile_cycles(sm, head_dim, block_n=block_n, emulated=emulated)
+    out = {unit: tiles * c for unit, c in one.items()}
+    out["step"] = max(out["mma"], out["exp"], out["fma"])
+    out["unshared_exp"] = one["exp"]
+    return out
+
+
+def emulation_gain(sm: SM, head_dim: int) -> float:
+    """How much shorter a key step gets when the best share of exponentials runs as the
+    polynomial: the step without it over the step with it (1.0: no gain)."""
+    r = max(0.0, best_emulated_fraction(sm))
+    return step_cycles(sm, head_dim)["step"] / step_cycles(sm, head_dim, emulated=r)["step"]
+
+
+def exp_unit_table(head_dims=(64, 128), sms=(B200, B300)) -> str:
+    """A markdown table: per key step of two Q tiles, the cycles of the tensor cores and of the
+    one exponential unit both softmax warpgroups share, with and without the polynomial."""
+    rows = ["| GPU | d | tensor cores | exp unit (2 tiles) | FMA units | best share emulated | "
+            "exp unit | FMA units | step gain | FlashAttention-4's polynomial |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for sm in sms:
+        r = max(0.0, best_emulated_fraction(sm))
+        for d in head_dims:
+            a, b = step_cycles(sm, d), step_cycles(sm, d, emulated=r)
+            rows.append(f"| {sm.name} | {d} | {a['mma']:,.0f} | {a['exp']:,.0f} | "
+                        f"{a['fma']:,.0f} | {r:.0%} | {b['exp']:,.0f} | {b['fma']:,.0f} | "
+                        f"{emulation_gain(sm, d):.2f}x | {'on' if sm.poly else 'off'} |")
+    return "\n".join(rows)
 
 
 def plot_unit_cycles(head_dims=(64, 128)):

@@ -147,6 +147,10 @@ class RolePipeline(BasePipeline):
         """Epilogue warp: TMA store of the normalised O tile."""
         return self.op("store", tile)
 
+    def make_barriers(self) -> types.SimpleNamespace:
+        """The barriers the role programs are given (``make_barriers``)."""
+        return make_barriers(self)
+
     # ------------------------------------------------------------------ for the engine
     titles = {"load warp": "the load warp", "MMA warp": "the MMA warp",
               "correction": "the correction warpgroup", "epilogue warp": "the epilogue warp"}
@@ -426,11 +430,14 @@ def epilogue(pipe: RolePipeline, bars):
 
 
 def simulate(mma, correction, *, stages: int, n_steps: int, timing: Timing | None = None,
-             max_actions: int = 20000, roles: dict | None = None) -> Run:
+             max_actions: int = 20000, roles: dict | None = None,
+             pipe_type: type | None = None) -> Run:
     """Run the five roles: the chapter's load warp, softmax warpgroups and epilogue warp (or
     ``roles``' replacements, keyed by role name) with ``mma(pipe, bars)`` and
-    ``correction(pipe, bars)``. Returns the Run; a hazard is ``run.error``, never raised."""
-    pipe = RolePipeline(stages, n_steps, timing, max_actions)
+    ``correction(pipe, bars)``, on a ``pipe_type`` (``RolePipeline``, or a configuration of it
+    with rules of its own: ``ordering``). Returns the Run; a hazard is ``run.error``, never
+    raised."""
+    pipe = (pipe_type or RolePipeline)(stages, n_steps, timing, max_actions)
     given = {"load warp": lambda: load(pipe, bars),
              "MMA warp": lambda: mma(pipe, bars),
              "softmax 0": lambda: softmax(pipe, 0, bars),
@@ -440,7 +447,7 @@ def simulate(mma, correction, *, stages: int, n_steps: int, timing: Timing | Non
     for name, fn in (roles or {}).items():
         given[name] = (lambda fn=fn: fn(pipe, bars))
     try:
-        bars = make_barriers(pipe)
+        bars = pipe.make_barriers()
         programs = {name: make() for name, make in given.items()}
         return pipe.run(programs)
     except Hazard as h:

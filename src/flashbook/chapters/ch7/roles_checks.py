@@ -12,7 +12,7 @@ from flashbook.planning import B200
 from .roles import Run, Timing, fa4_model, serial_model, simulate
 
 __all__ = ["check_roles_schedule", "protocol_cases", "utilisation_cases", "steady_window",
-           "steady_utilisation", "plot_schedule", "TOLERANCE", "SMEM_LIMIT"]
+           "steady_utilisation", "plot_schedule", "complete", "TOLERANCE", "SMEM_LIMIT"]
 
 TOLERANCE = 0.02                      # absolute, on a utilisation in [0, 1]
 UTIL_STEPS = 14                       # key steps of a utilisation run
@@ -61,7 +61,7 @@ def _ring_fits(stages) -> None:
             f"fewest that keep the tensor core busy.")
 
 
-def _complete(run: Run, what: str):
+def complete(run: Run, what: str):
     """Every load, MMA, softmax step, rescale, finish and store of the run happened once."""
     n = run.n_steps
     want = [("load_q", t) for t in (0, 1)]
@@ -135,7 +135,7 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
         run = simulate(mma, correction, stages=stages, n_steps=n_steps, timing=timing)
         if run.error is not None:
             raise CheckFailure(f"{what}:\n{run.error}")
-        _complete(run, what)
+        complete(run, what)
         n += 1
     shown = None
     for timing in utilisation_cases(hidden):
