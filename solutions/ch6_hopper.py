@@ -27,11 +27,14 @@
 # - How to write such a kernel and have it checked on a laptop: JAX Pallas Mosaic GPU's
 #   interpret mode runs warp-specialized, barrier-driven kernels on a CPU and reports races and
 #   barrier misuse.
+# - FP8 attention, FlashAttention-3's third contribution: e4m3 operands with one scale per
+#   block, V transposed for `wgmma`, the scales carried through the online softmax, and the
+#   random Hadamard rotation that tames outlier channels.
 #
 # **What you need**: Chapters 3 and 4 (the online softmax, two query tiles per program);
 # torch >= 2.11 and triton >= 3.6 (the Gluon kernel needs 3.6). The exercises run on any
-# machine: Exercises 1 and 4 in JAX's interpret mode (no GPU needed), Exercises 2 and 3 in plain
-# Python. The setup cell below installs JAX (CPU wheels) when it is missing, keeps an installed
+# machine: Exercises 1 and 4 in JAX's interpret mode (no GPU needed), Exercises 2, 3 and 5-7 in
+# plain Python and PyTorch. The setup cell below installs JAX (CPU wheels) when it is missing, keeps an installed
 # one (Colab's), and prints which JAX versions the checks are proven on. The chapter's kernel
 # runs for real on an H100 or H200.
 #
@@ -39,10 +42,12 @@
 # Triton 3.9 (which compiles it for sm_90a in the test suite, without a GPU); the few names that
 # differ between the two are mapped at the top of `flashbook/gluon_kit.py`.
 #
-# **Exercises** (15 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
+# **Exercises** (19 points): (1) the producer of a K/V ring in Pallas Mosaic GPU (3); (2) the
 # schedule of one producer and two consumers, (2a) the ring's barriers (3) and (2b) the
 # consumers' ping-pong (2); (3) a config planner for the chapter's kernel (3); (4) the consumer
-# warpgroups of an FA3-shaped kernel in Pallas Mosaic GPU (4). About 4-6 hours.
+# warpgroups of an FA3-shaped kernel in Pallas Mosaic GPU (4); FP8: (5) block quantization (1),
+# (6) the incoherent-processing rotation (1), (7) the scale bookkeeping of the online softmax
+# (2). About 5-7 hours.
 
 # %%
 import flashbook as fb
@@ -866,6 +871,182 @@ if backend.capability is not None and tuple(backend.capability) >= (9, 0) and \
         print(f"causal={causal}: max |O - SDPA| = {(o - want).abs().max().item():.1e}")
 else:
     print(f"The Gluon kernel needs an sm_90 GPU (H100, H200); this runtime: {backend}.")
+
+# %% [markdown]
+# ## 8. FP8: twice the tensor-core rate, paid for in scales
+#
+# Hopper's `wgmma` multiplies e4m3 operands (1 sign, 4 exponent and 3 mantissa bits, largest
+# finite value 448) at twice its fp16 rate, and an fp8 operand is half the bytes to load. That
+# is FlashAttention-3's third contribution {cite}`shah2024flashattention3`; what it takes:
+#
+# - **Scales.** e4m3 keeps about two significant decimal digits over a narrow range, so a
+#   tensor is stored as e4m3 values times a scale. One scale per block of rows (the rows a
+#   program loads as one tile) adapts to each block's range: `scale = amax / 448` sends the
+#   block's largest element to +-448 and the rounding error of every element is at most half a
+#   unit in its last place, $2^{-4}|x|$, or $2^{-10}$ of the scale near zero (e4m3's subnormal
+#   spacing is $2^{-9}$).
+# - **V transposed.** `wgmma` reads its B operand from shared memory; for fp8 only in
+#   K-major order (the reduction dimension contiguous). In $QK^T$ the reduction runs over $d$,
+#   which K's rows already hold contiguously; in $PV$ it runs over the keys, so V must be
+#   stored as $V^T$ `(d, N)`. FA3 transposes V in shared memory inside the kernel; here it is
+#   done once on the way in.
+# - **The bookkeeping.** $S = (Q_8 K_8^T)\, s_q s_k$: the scales multiply the fp32 accumulator,
+#   one pair per tile. $P = \exp(S - m)$ lies in $[0, 1]$, so it is cast to e4m3 as it is; and
+#   $P_8 V_8$ is multiplied by V's block scale before it joins the accumulator. The row sum
+#   $\ell$ adds the unrounded $P$.
+# - **Incoherent processing.** Large language models have *outlier channels*: a few features of
+#   Q and K far larger than the rest. One of them sets the whole block's amax, and every other
+#   element is rounded on that coarse grid. Multiplying Q and K by the same random orthogonal
+#   $M$ changes nothing exactly, $(QM)(KM)^T = Q K^T$, but spreads each outlier over all $d$
+#   channels first. FA3 uses $M = H_d\, \mathrm{diag}(s) / \sqrt{d}$: a Hadamard matrix (entries
+#   $\pm 1$, built by doubling, $H_{2n} = [[H_n, H_n], [H_n, -H_n]]$) times random signs,
+#   which a fast transform applies in $O(d \log d)$ per row; the paper reports 2.6x lower error.
+
+# %%
+from flashbook.chapters import ch6
+
+# %% [markdown]
+# **Exercise 5 (1 point).** Write `quantize_blocks(x, block)`: `x` `(..., N, d)` float, `N` a
+# multiple of `block` -> `(values, scales)`: `values` like `x` in `torch.float8_e4m3fn`,
+# `scales` float32 `(..., N // block)`, one per block of `block` rows, `amax / 448` (1 for an
+# all-zero block). Divide each block by its scale, clamp to +-448, cast with
+# `.to(torch.float8_e4m3fn)`. The check computes each block's amax itself and holds every
+# element to the rounding bound above. About 6 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_fp8_quantize", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def quantize_blocks(x, block):
+    """x (..., N, d) -> (e4m3 values like x, float32 scales (..., N // block))."""
+    ### BEGIN SOLUTION
+    *lead, N, d = x.shape
+    rows = x.float().reshape(*lead, N // block, block * d)         # one row per block
+    amax = rows.abs().amax(dim=-1)
+    scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    values = (rows / scales[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return values.reshape(x.shape), scales
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_fp8_quantize_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch6.check_block_quantization(quantize_blocks)
+### BEGIN HIDDEN TESTS
+ch6.check_block_quantization(quantize_blocks, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Exercise 6 (1 point).** Write `random_rotation(d, seed)`: the `(d, d)` float32 matrix
+# $H_d\, \mathrm{diag}(s) / \sqrt{d}$ for `d` a power of two, with signs $s_j = \pm 1$ drawn from
+# `torch.Generator().manual_seed(seed)` (the same seed, the same matrix). The check asks for
+# $M M^T = I$, entries $\pm 1/\sqrt{d}$, $(QM)(KM)^T = Q K^T$, and on inputs with four outlier
+# channels at least 1.5x less error in the e4m3 $QK^T$ than without the rotation. About 6 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_fp8_rotation", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def random_rotation(d, seed):
+    """(d, d) float32 orthogonal: a Hadamard matrix times random signs, over sqrt(d)."""
+    ### BEGIN SOLUTION
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:                                          # H_2n = [[H, H], [H, -H]]
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)])
+    gen = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (d,), generator=gen).float() * 2 - 1
+    return h * signs / d ** 0.5
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_fp8_rotation_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+ch6.check_rotation(random_rotation)
+### BEGIN HIDDEN TESTS
+ch6.check_rotation(random_rotation, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# What the rotation buys, measured here in float64 on a CPU: the error of $QK^T$ computed from
+# block-quantized e4m3 Q and K (your two functions), on Gaussian inputs with four channels 20x
+# larger, against the same without outliers.
+
+# %% tags=["demo"]
+def qk_error(q, k, rotation=None, block=16):
+    """RMS error of Q K^T from block-quantized e4m3 Q and K, relative to its RMS."""
+    if rotation is not None:
+        q, k = q @ rotation, k @ rotation
+    exact = q.double() @ k.double().T
+    (q8, qs), (k8, ks) = quantize_blocks(q, block), quantize_blocks(k, block)
+    dq = q8.double() * qs.double().repeat_interleave(block)[:, None]
+    dk = k8.double() * ks.double().repeat_interleave(block)[:, None]
+    return ((dq @ dk.T - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
+
+try:
+    for d in (64, 128):
+        m = random_rotation(d, 0)
+        q, k = ch6.outlier_inputs((256, d), 1), ch6.outlier_inputs((256, d), 2)
+        plain, rotated = qk_error(q, k), qk_error(q, k, m)
+        print(f"d={d}: outlier channels {plain:.2e} -> rotated {rotated:.2e} "
+              f"({plain / rotated:.1f}x lower); no outliers {qk_error(torch.randn(256, d), torch.randn(256, d)):.2e}")
+except NotImplementedError:
+    print("Finish Exercises 5 and 6 to see the errors.")
+
+# %% [markdown]
+# **Exercise 7 (2 points).** Write `fp8_attention_tiles(q8, qs, k8, ks, v8, vs, block, scale)`,
+# the kernel's arithmetic for one head in PyTorch: `q8` `(n_q, d)`, `k8` and `v8` `(n_k, d)`
+# e4m3 with float32 scales per block of `block` rows (`qs` `(n_q // block,)`, ...), `scale`
+# the softmax's $1/\sqrt{d}$. Loop over the K/V blocks keeping the online softmax's `m`, `l`
+# and `acc` in float32: $S = (Q_8 K_{8,j}^T)$ times each query row's scale, K's block scale and
+# `scale`; then the Chapter 3 update, with $P$ cast to e4m3 before it meets $V_{8,j}$ and the
+# product times `vs[j]`. Return O `(n_q, d)` float32. (Multiply e4m3 tensors after
+# `.float()`: PyTorch's CPU matmul takes no fp8.) The check compares with float64 attention
+# over the values your inputs encode: only the rounding of $P$ may differ. About 14 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch6_fp8_tiles", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def fp8_attention_tiles(q8, qs, k8, ks, v8, vs, block, scale):
+    """One head's O (n_q, d) float32 from e4m3 Q, K, V with per-block scales."""
+    ### BEGIN SOLUTION
+    n_q, d = q8.shape
+    q = q8.float() * (qs.repeat_interleave(block) * scale)[:, None]   # Q's scales, once
+    m = torch.full((n_q,), float("-inf"))
+    l, acc = torch.zeros(n_q), torch.zeros(n_q, d)
+    for j in range(k8.shape[0] // block):
+        rows = slice(j * block, (j + 1) * block)
+        s = (q @ k8[rows].float().T) * ks[j]
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[:, None])
+        l = l * alpha + p.sum(dim=-1)                                 # the unrounded P
+        acc = acc * alpha[:, None] + (p.to(torch.float8_e4m3fn).float() @ v8[rows].float()) * vs[j]
+        m = m_new
+    return acc / l[:, None]
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch6_fp8_tiles_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch6.check_fp8_tiles(fp8_attention_tiles)
+### BEGIN HIDDEN TESTS
+ch6.check_fp8_tiles(fp8_attention_tiles, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **The kernel.** `ch6.attention_fp8(q8, qs, k8, ks, vt8, vs, causal)` is Exercise 7 as a Triton
+# kernel (`flashbook/chapters/ch6/fp8.py`): `tl.dot` of two e4m3 tiles runs on the fp8
+# tensor cores on sm_89 and newer, S and the accumulator stay fp32, and $P$ is cast with
+# `p.to(tl.float8e4nv)`. It takes what your `quantize_blocks` makes, with 128-row blocks and V
+# transposed. On an fp8 GPU the next cell compares it with fp16 SDPA against float64, with and
+# without your rotation, on inputs with outlier channels; elsewhere it says why it cannot run.
+
+# %% tags=["demo"]
+if backend.capability is not None and tuple(backend.capability) >= (8, 9):
+    def run_fp8(q, k, v, causal, rotation=None):
+        if rotation is not None:
+            q, k = q.float() @ rotation, k.float() @ rotation
+        (q8, qs), (k8, ks), (v8, vs) = (quantize_blocks(t, 128) for t in (q, k, v))
+        return ch6.attention_fp8(q8, qs, k8, ks, v8.transpose(-1, -2).contiguous(), vs, causal)
+    q, k = (ch6.outlier_inputs((1, 4, 2048, 128), s).cuda() for s in (3, 4))
+    v = torch.randn(1, 4, 2048, 128, device="cuda")
+    m = random_rotation(128, 0).cuda()
+    for causal in (False, True):
+        want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                                is_causal=causal)
+        rms = lambda o: (o.double() - want).pow(2).mean().sqrt().item()
+        fp16 = torch.nn.functional.scaled_dot_product_attention(q.half(), k.half(), v.half(),
+                                                                is_causal=causal)
+        print(f"causal={causal}: RMS error against float64: fp8 {rms(run_fp8(q, k, v, causal)):.2e}, "
+              f"fp8 rotated {rms(run_fp8(q, k, v, causal, m)):.2e}, fp16 SDPA {rms(fp16):.2e}")
+else:
+    print(f"The fp8 kernel needs a GPU with fp8 tensor cores (sm_89 or newer); this runtime: {backend}.")
 
 # %% tags=["remove-cell"]
 # The figures the prose quotes, from the recorded H200 data: the book pastes each into its

@@ -160,4 +160,46 @@ VARIANTS = (
     Variant('fa3_no_normalisation', 'ch6_fa3_consumer', (
         ('return acc / l[:, None],', 'return acc,'),
     ), expect='not divided by l'),
+    # ----------------------------------------------------------------- ch6_fp8_quantize
+    # the scale is the block's amax: values in [-1, 1] use an eighth of e4m3's exponents, and
+    # small elements fall to subnormals
+    Variant('fp8_scale_is_the_amax', 'ch6_fp8_quantize', (
+        ('amax / 448.0', 'amax'),
+    ), expect='should be amax / 448'),
+    # one scale for the whole tensor: an outlier block coarsens every other block
+    Variant('fp8_one_scale_per_tensor', 'ch6_fp8_quantize', (
+        ('amax = rows.abs().amax(dim=-1)\n',
+         'amax = rows.abs().amax(dim=-1).amax(dim=-1, keepdim=True).expand(rows.shape[:-1])\n'),
+    ), expect='should be amax / 448'),
+    # divided and clamped but never cast: float32 values, no quantization at all
+    Variant('fp8_values_not_cast', 'ch6_fp8_quantize', (
+        ('.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)', '.clamp(-448.0, 448.0)'),
+    ), expect='float8_e4m3fn'),
+    # ----------------------------------------------------------------- ch6_fp8_rotation
+    # the Hadamard matrix without 1 / sqrt(d): M M^T = d I, Q K^T scaled by d
+    Variant('fp8_rotation_not_normalised', 'ch6_fp8_rotation', (
+        ('return h * signs / d ** 0.5', 'return h * signs'),
+    ), expect='should be the identity'),
+    # no random signs: the same matrix for every seed
+    Variant('fp8_rotation_without_signs', 'ch6_fp8_rotation', (
+        ('return h * signs / d ** 0.5', 'return h / d ** 0.5'),
+    ), expect='the signs must be random'),
+    # a random signed permutation: orthogonal and exact, but it moves an outlier, never spreads it
+    Variant('fp8_rotation_is_a_permutation', 'ch6_fp8_rotation', (
+        ('return h * signs / d ** 0.5',
+         'return torch.eye(d)[torch.randperm(d, generator=gen)] * signs'),
+    ), expect='every entry should be +-1/sqrt(d)'),
+    # ----------------------------------------------------------------- ch6_fp8_tiles
+    # K's block scale left out of S: scores off by a factor per tile
+    Variant('fp8_tiles_forget_k_scale', 'ch6_fp8_tiles', (
+        ('s = (q @ k8[rows].float().T) * ks[j]', 's = q @ k8[rows].float().T'),
+    ), expect='only P\'s rounding to e4m3 may differ'),
+    # the accumulator not rescaled when the row max grows
+    Variant('fp8_tiles_acc_not_rescaled', 'ch6_fp8_tiles', (
+        ('acc = acc * alpha[:, None] + ', 'acc = acc + '),
+    ), expect='only P\'s rounding to e4m3 may differ'),
+    # the row sum not rescaled when the row max grows
+    Variant('fp8_tiles_l_not_rescaled', 'ch6_fp8_tiles', (
+        ('l = l * alpha + p.sum(dim=-1)', 'l = l + p.sum(dim=-1)'),
+    ), expect='only P\'s rounding to e4m3 may differ'),
 )

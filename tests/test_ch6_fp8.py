@@ -1,0 +1,72 @@
+"""Chapter 6's FP8 section: the launcher's argument checks on a CPU, the kernel compiled for the
+H100/H200 without a GPU (e4m3 ``tl.dot`` on both GEMMs, in the PTX), and the checks' own
+arithmetic (the rotation's gain is real on their inputs; the rounding bound holds for
+round-to-nearest e4m3). Each exercise's known-wrong variants are in solutions/variants/ch6.py
+(tests/test_chapters.py)."""
+import math
+
+import pytest
+import torch
+
+from aot_compile import compile_script, too_big
+from flashbook.chapters import ch6
+from flashbook.chapters.ch6 import fp8_checks
+
+
+def test_the_fp8_kernel_refuses_a_cpu_with_a_clear_error():
+    q8 = torch.zeros(1, 1, 128, 64).to(ch6.E4M3)
+    s = torch.ones(1, 1, 1)
+    with pytest.raises(ValueError, match="fp8 tensor cores"):
+        ch6.attention_fp8(q8, s, q8, s, q8.transpose(-1, -2).contiguous(), s)
+
+
+def test_e4m3_round_to_nearest_meets_the_bound_the_check_states():
+    """The bound of Exercise 5's check, max(2**-4 |x|, 2**-10 scale), on PyTorch's own cast over
+    e4m3's whole range, subnormals included (a bound the right answer could miss would fail
+    students for nothing)."""
+    x = torch.cat([torch.linspace(-448, 448, 200001), torch.linspace(-0.02, 0.02, 20001)])
+    back = x.to(ch6.E4M3).float()
+    assert bool(((back - x).abs() <= torch.maximum(2.0 ** -4 * x.abs(),
+                                                   torch.full_like(x, 2.0 ** -10)) * 1.0001).all())
+
+
+def test_the_rotation_check_rests_on_a_real_gain():
+    """On the check's outlier inputs a Sylvester Hadamard matrix with random signs cuts the
+    error of the e4m3 Q K^T by well over ROTATION_GAIN; a permutation does not cut it at all."""
+    for d in (16, 64, 128):
+        h = torch.ones(1, 1)
+        while h.shape[0] < d:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)])
+        m = (h * (torch.randint(0, 2, (d,)) * 2 - 1) / math.sqrt(d)).double()
+        q, k = fp8_checks.outlier_inputs((96, d), 7 + d), fp8_checks.outlier_inputs((80, d), 8 + d)
+        plain = fp8_checks._qk_error(q, k)
+        assert plain / fp8_checks._qk_error(q.double() @ m, k.double() @ m) > \
+            fp8_checks.ROTATION_GAIN * 1.2
+        perm = torch.eye(d, dtype=torch.float64)[torch.randperm(d)]
+        assert plain / fp8_checks._qk_error(q.double() @ perm, k.double() @ perm) < 1.1
+
+
+AOT = r'''
+from flashbook.chapters.ch6 import fp8
+k = fp8.fp8_attention_kernel
+res = []
+for d, causal in ((128, False), (128, True), (64, False)):
+    const = dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=128, CAUSAL=causal)
+    ptr = dict(Q="*fp8e4nv", K="*fp8e4nv", VT="*fp8e4nv", O="*fp16", QS="*fp32", KS="*fp32",
+               VS="*fp32", qk_scale="fp32")
+    c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
+    ptx = c.asm["ptx"]
+    res.append(dict(cc=90, d=d, causal=causal, shared=c.metadata.shared,
+                    fp8_mma=ptx.count("e4m3.e4m3")))
+print("RESULT" + json.dumps(res))
+'''
+
+
+@pytest.mark.slow
+def test_the_fp8_kernel_compiles_for_sm90_with_fp8_tensor_core_instructions(tmp_path):
+    """PTX for the H100/H200: both GEMMs are e4m3 wgmma (no silent upcast to fp16), and the
+    tiles fit the 227 KB of shared memory a block may use."""
+    res = compile_script(AOT, tmp_path, ptx_only_for=(90,))
+    assert len(res) == 3 and not too_big(res), res
+    assert all(r["fp8_mma"] >= 2 for r in res), res
