@@ -105,15 +105,20 @@ def test_paged_decode_equals_contiguous_and_the_reference(solution):
 
 
 @pytest.mark.parametrize("wrapper", ["attention_gqa", "attention_gqa_two_tiles"])
-@pytest.mark.parametrize("H_q, H_kv", [(6, 2), (6, 1), (5, 1), (7, 1)])
-def test_prefill_takes_group_sizes_that_do_not_divide_the_tile(solution, wrapper, H_q, H_kv):
-    """G = 3, 5, 6, 7 (Qwen2.5-7B's G is 7): launch_gqa refused them ("BLOCK_M=32 must be a
-    multiple of 1 x G=3"); it now folds the part of G that divides the tile."""
+@pytest.mark.parametrize("H_q, H_kv", [(6, 2), (6, 1), (5, 1), (7, 1), (71, 1)])
+def test_prefill_takes_group_sizes_that_do_not_divide_the_tile(solution, wrapper, H_q, H_kv,
+                                                               monkeypatch):
+    """G = 3, 5, 6, 7, 71 (Qwen2.5-7B's G is 7, Falcon-7B's 71): launch_gqa once refused them
+    ("BLOCK_M=32 must be a multiple of 1 x G=3"), then repeated K/V for the part of G that did
+    not divide the tile; the kernels now fold the flattened (position, head) pairs (PackGQA),
+    and nothing copies K or V."""
     case = AttnCase("t", seqlens=(16, 5), seqlens_k=(16, 21), H_q=H_q, H_kv=H_kv, d=32,
                     causal=True)
     q, k, v = make_inputs(case, 6)
-    o, lse = solution[wrapper](q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 16, 21,
-                               causal=True)
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "repeat_interleave", None)      # no copy of K and V
+        o, lse = solution[wrapper](q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 16,
+                                   21, causal=True)
     want, want_lse = expected(case, q, k, v)
     torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-4, rtol=1e-4)
