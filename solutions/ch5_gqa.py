@@ -718,6 +718,55 @@ from flashbook import quoted
 quoted.glue(ch5.CHAPTER)
 
 # %% [markdown]
+# ## 5. Smaller caches still: MLA's latent cache and FP8
+#
+# GQA shrinks the cache by sharing K/V heads. Multi-head latent attention (MLA), DeepSeek-V2's
+# and DeepSeek-V3's attention {cite}`deepseek2024v2,deepseek2024v3`, shrinks it by caching
+# something smaller than any head: per token and layer, one compressed **latent** $c$ of 512
+# values, shared by all 128 query heads, and one **decoupled RoPE key** $k^R$ of 64 values,
+# also shared. Each head's key and value are up-projections of the latent,
+# $k_h = W^{UK}_h c$ and $v_h = W^{UV}_h c$ (128 values each, plus the RoPE part for the key),
+# but decode never forms them. The up-projection is absorbed into the query: a score
+# $q_h^\top k_h = (W^{UK\top}_h q_h)^\top c$, so each head's query becomes a 512-value latent
+# query, and with its 64 RoPE values the score is one dot product of 576 values against the
+# cached $[c, k^R]$. The values are the latents themselves (the first 512 of those 576), and
+# $W^{UV}_h$ is applied to each head's output after attention (folded into the output
+# projection). Decode is then MQA with G = 128 query heads (fewer per GPU when heads are split
+# across GPUs), keys of d = 576 and values of 512: this chapter's M-fold decode with one K/V
+# head, wider heads, and V a slice of K. (The chapter's kernels take head dimensions that are
+# powers of two, and 576 is not one: a kernel for it tiles the head dimension in pieces, 512
+# and 64 say; DeepSeek's FlashMLA is such a decode kernel.) The cell computes the cache per token and layer at
+# DeepSeek-V3's shapes (61 layers, 128 heads; its heads' keys are 128 + 64 values wide, its
+# values 128) in bf16, beside MHA with the same heads and a GQA of 8 K/V heads of 128.
+
+# %% tags=["demo"]
+# KV cache per token: values per layer, bytes per layer (bf16: 2 bytes a value; FP8: 1), and
+# over DeepSeek-V3's 61 layers
+layers, heads, nope, rope, v_dim, latent = 61, 128, 128, 64, 128, 512
+caches = [("MHA, 128 heads (K 128 + 64, V 128)", heads * (nope + rope + v_dim), 2),
+          ("GQA, 8 K/V heads of 128", 2 * 8 * 128, 2),
+          ("MLA, latent 512 + RoPE key 64", latent + rope, 2),
+          ("MLA in FP8 (e4m3)", latent + rope, 1)]
+mha = caches[0][1] * caches[0][2]
+print(f"{'cache':36} {'values':>7} {'bytes/layer':>12} {'KiB/token':>10} {'vs MHA':>7}")
+for name, values, nbytes in caches:
+    per_layer = values * nbytes
+    print(f"{name:36} {values:7d} {per_layer:12,d} {per_layer * layers / 1024:10.1f} "
+          f"{mha / per_layer:6.0f}x")
+
+# %% [markdown]
+# **FP8 KV caches.** The other lever is the bytes per value. A serving engine can store K and V
+# (or MLA's latent) in float8 `e4m3` (4 exponent bits, 3 mantissa bits, largest value 448)
+# with a scale per tensor or per K/V head, set by calibration or from the values' running
+# maximum: the kernel loads the FP8 tile, converts it and multiplies by the scale (or folds
+# the scale into the scores and the output), and the rest is this chapter's decode. That halves
+# the cache again against bf16 (the last row above), and so, decode being memory-bound, about
+# halves a decode step, at the cost of precision (3 mantissa bits against bf16's 7); vLLM's `kv_cache_dtype="fp8"`
+# and FlashAttention-3's FP8 forward with per-(sequence, K/V head) descaling factors are two
+# implementations. GQA, MLA and FP8 multiply: what a decode step reads is the cache, and each
+# of them shrinks it.
+
+# %% [markdown]
 # ## What was measured, and what is left
 #
 # One run of `flashbook bench ch5` on an H200 (provenance in
@@ -759,5 +808,8 @@ quoted.glue(ch5.CHAPTER)
 # **Further reading**
 # * GQA {cite}`ainslie2023gqa` and MQA {cite}`shazeer2019mqa`.
 # * PagedAttention and vLLM {cite}`kwon2023vllm`: the paged KV cache.
+# * FlashAttention-3 {cite}`shah2024flashattention3`: PackGQA, the fold of Section 2 for any G.
+# * DeepSeek-V2 {cite}`deepseek2024v2` and DeepSeek-V3 {cite}`deepseek2024v3`: multi-head
+#   latent attention and its cache.
 # * FlashAttention-2 {cite}`dao2023flashattention2`: `flash_attn_with_kvcache`, the decode
 #   interface this chapter follows (with the new tokens already in the cache).
