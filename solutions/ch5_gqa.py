@@ -151,8 +151,9 @@ def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 # above) as Chapter 4's runs your checks, when it meets new metadata. The check runs
 # G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, and G = 3, whose
 # tiles start part-way into a position (the hidden cases add G = 5, 7 and 71), then seeded
-# random shapes (G from 1 to 8, lengths next to the edges of the H200's 128-row tile, in CPU mode too),
-# and counts the K tiles loaded in CPU mode: each K/V head's tiles exactly once. About 40 lines.
+# random shapes (G from 1 to 8, lengths next to the edges of the H200's 128-row tile, in CPU
+# mode too), and counts the K tiles loaded in CPU mode: each K/V head's tiles exactly once.
+# About 40 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch5_mfold_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit

@@ -4,8 +4,8 @@ by ``cu_seqlens`` (Chapter 4's layout). One program takes one K/V head of one se
 G query heads that share it, folded into the rows of its tiles (PackGQA: the (position, head)
 pairs flattened position-major, ``f = position * G + head in group``, and cut into tiles of
 BLOCK_M rows, so row r of tile m is pair ``m * BLOCK_M + r``), so every K/V tile is loaded once
-for G heads, for any G. ``launch_gqa`` checks what the launch needs; ``validate_packed`` is the public
-wrappers' argument check (``chapters.ch5`` re-exports all three)."""
+for G heads, for any G. ``launch_gqa`` checks what the launch needs; ``validate_packed`` is the
+public wrappers' argument check (``chapters.ch5`` re-exports all three)."""
 from __future__ import annotations
 
 import torch
