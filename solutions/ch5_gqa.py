@@ -132,10 +132,14 @@ def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 #
 # 1. `m_block, pid_bh = program_tile(heads_per_section)`; sequence `pid_bh // H_KV`, K/V head
 #    `pid_bh % H_KV`; the tile's folded rows start at `f0 = m_block * BLOCK_M`, its first
-#    position is `m0 = f0 // GROUP` (a program whose `m0` is past the sequence returns).
-# 2. Row `r` of the Q tile is folded row `f0 + r`: position `(f0 + r) // GROUP`, query head
-#    `kv_head * GROUP + (f0 + r) % GROUP`. Load Q with those, K and V from the K/V head (token
-#    `t` of head `h` of K is at `K + t * stride_kt + h * stride_kh`).
+#    position is `m0 = f0 // GROUP` (a program whose `m0` is past the sequence returns), and
+#    its first head in the group `c = f0 % GROUP`. Write `c` as the constant 0 when `GROUP`
+#    divides `BLOCK_M` (`0 if BLOCK_M % GROUP == 0 else f0 % GROUP`): then `r // GROUP` and
+#    `r % GROUP` below are known when the kernel compiles, which saves registers.
+# 2. Row `r` of the Q tile is folded row `f0 + r = m0 * GROUP + c + r`: position
+#    `m0 + (c + r) // GROUP`, query head `kv_head * GROUP + (c + r) % GROUP`. Load Q with
+#    those, K and V from the K/V head (token `t` of head `h` of K is at
+#    `K + t * stride_kt + h * stride_kh`).
 # 3. Chapter 4's three loops over `key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right,
 #    POS, BLOCK_N)` (`POS`, the most positions a tile touches, is given), the partial tiles
 #    masked with `visible_pairs` of the row positions.
@@ -173,17 +177,20 @@ def attn_gqa_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H_KV
     kv_head = pid_bh % H_KV
-    f0 = m_block * BLOCK_M                                # the tile's first flat row
-    m0 = f0 // GROUP                                      # and its position
+    f0 = m_block * BLOCK_M                                # the tile's first folded row:
+    m0 = f0 // GROUP                                      # its position
+    # and its head in the group: 0 whenever GROUP divides BLOCK_M, a constant then, which
+    # keeps r // GROUP and r % GROUP compile-time values per thread (fewer registers)
+    c = 0 if BLOCK_M % GROUP == 0 else f0 % GROUP
     q_start = tl.load(CU_Q + seq)
     seqlen_q = tl.load(CU_Q + seq + 1) - q_start
     if m0 >= seqlen_q:
         return
     k_start = tl.load(CU_K + seq)
     seqlen_k = tl.load(CU_K + seq + 1) - k_start
-    r = tl.arange(0, BLOCK_M)
-    rows = (f0 + r) // GROUP                              # each row's position
-    heads = kv_head * GROUP + (f0 + r) % GROUP            # each row's query head
+    r = tl.arange(0, BLOCK_M)                             # folded row f0 + r = m0 * G + c + r
+    rows = m0 + (c + r) // GROUP                          # each row's position
+    heads = kv_head * GROUP + (c + r) % GROUP             # each row's query head
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + heads[:, None] * stride_qh
@@ -328,26 +335,27 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H_KV
     kv_head = pid_bh % H_KV
-    f0 = m_block * BLOCK_M                                # the program's first flat row
+    f0 = m_block * BLOCK_M                                # the program's first folded row
     m0 = f0 // GROUP
+    c = 0 if BLOCK_M % GROUP == 0 else f0 % GROUP         # as in attn_gqa_kernel
     q_start = tl.load(CU_Q + seq)
     seqlen_q = tl.load(CU_Q + seq + 1) - q_start
     if m0 >= seqlen_q:
         return
     k_start = tl.load(CU_K + seq)
     seqlen_k = tl.load(CU_K + seq + 1) - k_start
-    fa = f0 + tl.arange(0, HALF)                          # tile A's flat rows
-    fb = fa + HALF                                        # tile B's: the next HALF
-    rows_a = fa // GROUP
-    rows_b = fb // GROUP
-    heads_a = kv_head * GROUP + fa % GROUP                # the same heads when GROUP | HALF
-    heads_b = kv_head * GROUP + fb % GROUP
+    r = tl.arange(0, HALF)
+    rows_a = m0 + (c + r) // GROUP                        # tile A: folded rows f0 + r
+    rows_b = m0 + (c + HALF + r) // GROUP                 # tile B: the next HALF
+    heads_a = kv_head * GROUP + (c + r) % GROUP           # the same heads when GROUP | HALF
+    heads_b = kv_head * GROUP + (c + HALF + r) % GROUP
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_a = tl.load(Q + (q_start + rows_a)[:, None] * stride_qt + heads_a[:, None] * stride_qh
-                  + offs_d[None, :], mask=(rows_a < seqlen_q)[:, None], other=0.0)
-    q_b = tl.load(Q + (q_start + rows_b)[:, None] * stride_qt + heads_b[:, None] * stride_qh
-                  + offs_d[None, :], mask=(rows_b < seqlen_q)[:, None], other=0.0)
+    # Q through a per-head base, then the rows (this form spilled least on sm_90)
+    q_ha = Q + q_start * stride_qt + heads_a[:, None] * stride_qh + offs_d[None, :]
+    q_hb = Q + q_start * stride_qt + heads_b[:, None] * stride_qh + offs_d[None, :]
+    q_a = tl.load(q_ha + rows_a[:, None] * stride_qt, mask=(rows_a < seqlen_q)[:, None], other=0.0)
+    q_b = tl.load(q_hb + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
     # Scalar bases; each tile's (d x BLOCK_N) pointers are rebuilt from them inside the loop.
     # Kept live across the loops, the two pointer tensors cost 128 registers a thread, and the
     # compiler spilled (sm_90: 22 spills against 2).
@@ -736,9 +744,10 @@ quoted.glue(ch5.CHAPTER)
 # across GPUs), keys of d = 576 and values of 512: this chapter's M-fold decode with one K/V
 # head, wider heads, and V a slice of K. (The chapter's kernels take head dimensions that are
 # powers of two, and 576 is not one: a kernel for it tiles the head dimension in pieces, 512
-# and 64 say; DeepSeek's FlashMLA is such a decode kernel.) The cell computes the cache per token and layer at
-# DeepSeek-V3's shapes (61 layers, 128 heads; its heads' keys are 128 + 64 values wide, its
-# values 128) in bf16, beside MHA with the same heads and a GQA of 8 K/V heads of 128.
+# and 64 say; DeepSeek's FlashMLA is such a decode kernel.) The cell computes the cache per
+# token and layer at DeepSeek-V3's shapes (61 layers, 128 heads; its heads' keys are 128 + 64
+# values wide, its values 128) in bf16, beside MHA with the same heads and a GQA of 8 K/V heads
+# of 128.
 
 # %% tags=["demo"]
 # KV cache per token: values per layer, bytes per layer (bf16: 2 bytes a value; FP8: 1), and
@@ -762,10 +771,10 @@ for name, values, nbytes in caches:
 # maximum: the kernel loads the FP8 tile, converts it and multiplies by the scale (or folds
 # the scale into the scores and the output), and the rest is this chapter's decode. That halves
 # the cache again against bf16 (the last row above), and so, decode being memory-bound, about
-# halves a decode step, at the cost of precision (3 mantissa bits against bf16's 7); vLLM's `kv_cache_dtype="fp8"`
-# and FlashAttention-3's FP8 forward with per-(sequence, K/V head) descaling factors are two
-# implementations. GQA, MLA and FP8 multiply: what a decode step reads is the cache, and each
-# of them shrinks it.
+# halves a decode step, at the cost of precision (3 mantissa bits against bf16's 7). vLLM's
+# `kv_cache_dtype="fp8"` and FlashAttention-3's FP8 forward with per-(sequence, K/V head)
+# descaling factors are two implementations. GQA, MLA and FP8 multiply: what a decode step
+# reads is the cache, and each of them shrinks it.
 
 # %% [markdown]
 # ## What was measured, and what is left

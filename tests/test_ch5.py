@@ -230,13 +230,18 @@ for cc in (75, 90):
             ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=dec[0]), dec[1],
              dec[2]),
             ("attn_gqa_two_tiles", dict(GROUP=4, BLOCK_M=two.BLOCK_M, BLOCK_N=two.BLOCK_N,
-                                        WINDOWED=True), two.num_warps, two.num_stages)):
+                                        WINDOWED=True), two.num_warps, two.num_stages),
+            # G = 7 (Qwen2.5-7B's), which divides no tile: PackGQA's fold, compiled
+            ("attn_gqa_kernel", dict(GROUP=7, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N),
+             cfg.num_warps, cfg.num_stages),
+            ("attn_gqa_two_tiles", dict(GROUP=7, BLOCK_M=two.BLOCK_M, BLOCK_N=two.BLOCK_N,
+                                        WINDOWED=False), two.num_warps, two.num_stages)):
         const.update(HEAD_DIM=128, DOT_PRECISION="tf32")
         k = ns[kernel]
         c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
                            target=GPUTarget("cuda", cc, 32),
                            options=dict(num_warps=warps, num_stages=stages))
-        res.append(dict(kernel=kernel, cc=cc, shared=c.metadata.shared))
+        res.append(dict(kernel=kernel, G=const.get("GROUP"), cc=cc, shared=c.metadata.shared))
 print("RESULT" + json.dumps(res))
 '''
 
@@ -244,9 +249,10 @@ print("RESULT" + json.dumps(res))
 @pytest.mark.slow
 def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     """A cubin for the T4; PTX for the H100, whose shared memory is known once LLVM lowers the
-    kernel (ptxas is skipped there)."""
+    kernel (ptxas is skipped there). The prefill kernels with G = 4 and with G = 7, which
+    divides no tile (the folded rows' positions and heads are computed, not constants)."""
     res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
-    assert len(res) == 6
+    assert len(res) == 10 and sorted({r["G"] for r in res}) == [4, 7]
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
 
 

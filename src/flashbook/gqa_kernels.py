@@ -49,26 +49,27 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H_KV
     kv_head = pid_bh % H_KV
-    f0 = m_block * BLOCK_M                                # the program's first flat row
+    f0 = m_block * BLOCK_M                                # the program's first folded row
     m0 = f0 // GROUP
+    c = 0 if BLOCK_M % GROUP == 0 else f0 % GROUP         # as in attn_gqa_kernel
     q_start = tl.load(CU_Q + seq)
     seqlen_q = tl.load(CU_Q + seq + 1) - q_start
     if m0 >= seqlen_q:
         return
     k_start = tl.load(CU_K + seq)
     seqlen_k = tl.load(CU_K + seq + 1) - k_start
-    fa = f0 + tl.arange(0, HALF)                          # tile A's flat rows
-    fb = fa + HALF                                        # tile B's: the next HALF
-    rows_a = fa // GROUP
-    rows_b = fb // GROUP
-    heads_a = kv_head * GROUP + fa % GROUP                # the same heads when GROUP | HALF
-    heads_b = kv_head * GROUP + fb % GROUP
+    r = tl.arange(0, HALF)
+    rows_a = m0 + (c + r) // GROUP                        # tile A: folded rows f0 + r
+    rows_b = m0 + (c + HALF + r) // GROUP                 # tile B: the next HALF
+    heads_a = kv_head * GROUP + (c + r) % GROUP           # the same heads when GROUP | HALF
+    heads_b = kv_head * GROUP + (c + HALF + r) % GROUP
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_a = tl.load(Q + (q_start + rows_a)[:, None] * stride_qt + heads_a[:, None] * stride_qh
-                  + offs_d[None, :], mask=(rows_a < seqlen_q)[:, None], other=0.0)
-    q_b = tl.load(Q + (q_start + rows_b)[:, None] * stride_qt + heads_b[:, None] * stride_qh
-                  + offs_d[None, :], mask=(rows_b < seqlen_q)[:, None], other=0.0)
+    # Q through a per-head base, then the rows (this form spilled least on sm_90)
+    q_ha = Q + q_start * stride_qt + heads_a[:, None] * stride_qh + offs_d[None, :]
+    q_hb = Q + q_start * stride_qt + heads_b[:, None] * stride_qh + offs_d[None, :]
+    q_a = tl.load(q_ha + rows_a[:, None] * stride_qt, mask=(rows_a < seqlen_q)[:, None], other=0.0)
+    q_b = tl.load(q_hb + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
     # Scalar bases; each tile's (d x BLOCK_N) pointers are rebuilt from them inside the loop.
     # Kept live across the loops, the two pointer tensors cost 128 registers a thread, and the
     # compiler spilled (sm_90: 22 spills against 2).
