@@ -15,13 +15,16 @@
 # - MHA, GQA and MQA: $h_q = G \cdot h_{kv}$ query heads share $h_{kv}$ K/V heads, and what that
 #   saves in KV-cache memory and bandwidth for real models.
 # - Prefill with the **M-fold**: the G query heads that share a K/V head fill the rows of one
-#   tile, so every K/V tile is loaded once for all of them, and why materialising the repeated
-#   K/V (`repeat_interleave`) is the mistake to avoid.
+#   tile, so every K/V tile is loaded once for all of them, for any G (FlashAttention-3's
+#   PackGQA: G = 7 or 71 as well as 4 or 8), and why materialising the repeated K/V
+#   (`repeat_interleave`) is the mistake to avoid.
 # - Decode against a KV cache: why it is memory-bound (its arithmetic intensity on the
 #   roofline), and a kernel that reads the cache exactly once, with per-sequence lengths.
 # - Paged KV caches as serving systems keep them: a `block_table` of pages and `cache_seqlens`,
 #   much as flash-attn's `flash_attn_with_kvcache` defines them (`decode`'s docstring says where
 #   it differs); what paging buys and what it costs.
+# - Smaller caches still: MLA's latent cache (DeepSeek-V2/V3) and FP8 KV caches, in bytes per
+#   token.
 #
 # **What you need**: Chapter 4 (packed batches, masks, `key_tiles`); torch >= 2.11 and
 # triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton interpreter at small sizes,
@@ -67,18 +70,47 @@ print(ch5.kv_table_markdown(tokens=8192, batch=32))
 #
 # One program per query head would load every K/V tile G times (from L2 if lucky). Instead, one
 # program takes one K/V head of one sequence and **folds** the G query heads that share it into
-# the rows of its tile: with `BLOCK_M` rows, row $r$ is query head `kv_head * G + r % G` at
-# position `m0 + r // G`, so a tile covers `BLOCK_M // G` positions of all G heads. The scores
-# `tl.dot(q, kT)` then use each K tile for G heads at once, and everything of Chapter 4 carries
-# over: `key_tiles` takes the `BLOCK_M // G` positions, `visible_pairs` the row positions.
-# The fold needs G to divide `BLOCK_M` (a power of two). For G = 3, 5, 6 or 7 (Qwen2.5-7B has
-# G = 7, Falcon-7B G = 71, both in the table above) `ch5.launch_gqa` folds the largest power of
-# two that divides G and repeats each K/V head for the rest: right answers, at that many times
-# the K/V traffic. FlashAttention-3's PackGQA folds (position, head) into M without the
-# divisibility condition; this chapter's kernels do not.
+# the rows of its tile. Number the (position, head) pairs of the group position-major, the
+# *folded row* `f = position * G + head`, `head` from 0 to G - 1: a sequence of `seqlen_q`
+# positions has `seqlen_q * G` of them, and tile `m_block` takes the `BLOCK_M` consecutive ones
+# from `f0 = m_block * BLOCK_M`. Row $r$ of the tile is folded row `f = f0 + r`: query head
+# `kv_head * G + f % G` at position `f // G`. The scores `tl.dot(q, kT)` then use each K tile
+# for G heads at once, and everything of Chapter 4 carries over, row by row: each row loads and
+# stores through its own (token, head) pointer, `visible_pairs` masks each row by its own
+# position, and the rows past `seqlen_q * G`, the last tile's tail, are the rows whose position
+# is past `seqlen_q` (`f < seqlen_q * G` exactly when `f // G < seqlen_q`), masked as in
+# Chapter 4. The grid has `cdiv(seqlen_q * G, BLOCK_M)` tiles per (sequence, K/V head).
+# FlashAttention-3 calls this **PackGQA** {cite}`shah2024flashattention3`.
+#
+# Nothing here needs G to divide `BLOCK_M`. When it does (G = 2, 4 or 8, tiles of 16 to 128
+# rows), every tile starts at head 0 and holds `BLOCK_M // G` whole positions: the picture
+# below. When it does not (Qwen2.5-7B has G = 7, Falcon-7B G = 71, both in the table above), a
+# tile may start part-way into a position. The cell after the picture lists the rows for G = 3
+# and `BLOCK_M = 8`: tile 0 holds positions 0 and 1 and heads 0 and 1 of position 2; tile 1
+# starts at `f0 = 8`, head 2 of position 2 (8 // 3 = 2, 8 % 3 = 2), then holds positions 3
+# and 4; its last row, `f = 15`, would be position 5, past the sequence: the tail.
+# Position 2 is split between two programs, and nothing needs merging: a row's softmax runs
+# over all of its keys inside its one program, whichever tile holds its neighbours. What
+# changes is how many positions a tile touches, which `key_tiles` takes as a constant: exactly
+# `BLOCK_M // G` when G divides `BLOCK_M`, else at most `(BLOCK_M + G - 2) // G + 1` (4 for
+# the example: tile 1's rows run from position 2 to 5, tile 0's from 0 to 2). The kernels take
+# that bound as `POS` and `key_tiles` the tile's first position, `m0 = f0 // G`; a tile that
+# touches one position fewer may visit one more key tile on its diagonal, whose pairs its
+# masks hide.
+# Every G runs with no copy of K and V: with Falcon-7B's 71 heads, a tile of 16 rows holds
+# part of one position or parts of two.
 
 # %% tags=["demo"]
 fig = ch5.plot_mfold(G=4, rows_per_head=4, block_m=16)
+
+# %% tags=["demo"]
+# PackGQA for G = 3, BLOCK_M = 8, a sequence of 5 positions: (position, head) of each row of
+# each tile, from its folded row f = m_block * BLOCK_M + r; "tail" rows (f >= 5 * 3) are masked
+G, BLOCK_M, seqlen = 3, 8, 5
+for m_block in range(-(-seqlen * G // BLOCK_M)):
+    f = [m_block * BLOCK_M + r for r in range(BLOCK_M)]
+    print(f"tile {m_block} (f0 = {f[0]}):", " ".join(
+        f"({i // G},{i % G})" if i < seqlen * G else "tail " for i in f))
 
 # %% [markdown]
 # The public wrapper checks its arguments first: `validate_gqa` is Chapter 4's `validate_varlen`
@@ -99,12 +131,18 @@ def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 # (Chapter 4's pieces are imported from `flashbook.kernels`):
 #
 # 1. `m_block, pid_bh = program_tile(heads_per_section)`; sequence `pid_bh // H_KV`, K/V head
-#    `pid_bh % H_KV`, positions from `m0 = m_block * POS` with `POS = BLOCK_M // GROUP`.
-# 2. Row `r` of the Q tile: position `m0 + r // GROUP`, query head `kv_head * GROUP + r % GROUP`.
-#    Load Q with those, K and V from the K/V head (token `t` of head `h` of K is at
+#    `pid_bh % H_KV`; the tile's folded rows start at `f0 = m_block * BLOCK_M`, its first
+#    position is `m0 = f0 // GROUP` (a program whose `m0` is past the sequence returns), and
+#    its first head in the group `c = f0 % GROUP`. Write `c` as the constant 0 when `GROUP`
+#    divides `BLOCK_M` (`0 if BLOCK_M % GROUP == 0 else f0 % GROUP`): then `r // GROUP` and
+#    `r % GROUP` below are known when the kernel compiles, which saves registers.
+# 2. Row `r` of the Q tile is folded row `f0 + r = m0 * GROUP + c + r`: position
+#    `m0 + (c + r) // GROUP`, query head `kv_head * GROUP + (c + r) % GROUP`. Load Q with
+#    those, K and V from the K/V head (token `t` of head `h` of K is at
 #    `K + t * stride_kt + h * stride_kh`).
 # 3. Chapter 4's three loops over `key_tiles(m0, seqlen_q, seqlen_k, window_left, window_right,
-#    POS, BLOCK_N)`, the partial tiles masked with `visible_pairs` of the row positions.
+#    POS, BLOCK_N)` (`POS`, the most positions a tile touches, is given), the partial tiles
+#    masked with `visible_pairs` of the row positions.
 # 4. Store O at (token, query head) and the LSE at `LSE + head * total_q + token`
 #    (`(h_q, total_q)`, natural log), rows inside the sequence only; rows without a visible key
 #    give O = 0, LSE = -inf.
@@ -115,9 +153,11 @@ def validate_gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 # max_seqlen_k, window=..., scale=softmax_scale, config=config, sections=sections,
 # validate=validate_gqa, validate_args=(window_size,))`: the launcher runs `validate_gqa` (given
 # above) as Chapter 4's runs your checks, when it meets new metadata. The check runs
-# G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, then seeded random
-# shapes (G from 1 to 8, lengths next to the edges of the H200's 128-row tile, in CPU mode too),
-# and counts the K tiles loaded in CPU mode: each K/V head's tiles exactly once. About 40 lines.
+# G = 1, 2, 4, 8 and MQA with Chapter 4's causal, windowed and packed cases, and G = 3, whose
+# tiles start part-way into a position (the hidden cases add G = 5, 7 and 71), then seeded
+# random shapes (G from 1 to 8, lengths next to the edges of the H200's 128-row tile, in CPU
+# mode too), and counts the K tiles loaded in CPU mode: each K/V head's tiles exactly once.
+# About 40 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch5_mfold_kernel", "locked": false, "schema_version": 3, "solution": true, "task": false}
 @triton.jit
@@ -128,21 +168,29 @@ def attn_gqa_kernel(Q, K, V, O, LSE, CU_Q, CU_K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """GQA forward with the M-fold. Q, O: (total_q, H_KV * GROUP, HEAD_DIM); K, V: (total_k,
     H_KV, HEAD_DIM); CU_Q, CU_K: int32 (batch + 1,); LSE: (H_KV * GROUP, total_q) float32."""
-    POS: tl.constexpr = BLOCK_M // GROUP                  # query positions per program
+    # A tile's BLOCK_M rows are BLOCK_M consecutive (position, head) pairs (PackGQA): they
+    # touch BLOCK_M // GROUP positions when GROUP divides BLOCK_M, else at most this many (a
+    # tile may start part-way into a position's GROUP rows).
+    POS: tl.constexpr = BLOCK_M // GROUP if BLOCK_M % GROUP == 0 else \
+        (BLOCK_M + GROUP - 2) // GROUP + 1
     ### BEGIN SOLUTION
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H_KV
     kv_head = pid_bh % H_KV
-    m0 = m_block * POS
+    f0 = m_block * BLOCK_M                                # the tile's first folded row:
+    m0 = f0 // GROUP                                      # its position
+    # and its head in the group: 0 whenever GROUP divides BLOCK_M, a constant then, which
+    # keeps r // GROUP and r % GROUP compile-time values per thread (fewer registers)
+    c = 0 if BLOCK_M % GROUP == 0 else f0 % GROUP
     q_start = tl.load(CU_Q + seq)
     seqlen_q = tl.load(CU_Q + seq + 1) - q_start
     if m0 >= seqlen_q:
         return
     k_start = tl.load(CU_K + seq)
     seqlen_k = tl.load(CU_K + seq + 1) - k_start
-    r = tl.arange(0, BLOCK_M)
-    rows = m0 + r // GROUP                                # each row's position
-    heads = kv_head * GROUP + r % GROUP                   # each row's query head
+    r = tl.arange(0, BLOCK_M)                             # folded row f0 + r = m0 * G + c + r
+    rows = m0 + (c + r) // GROUP                          # each row's position
+    heads = kv_head * GROUP + (c + r) % GROUP             # each row's query head
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + heads[:, None] * stride_qh
@@ -217,8 +265,8 @@ def attention_gqa_per_head(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # %% [markdown]
 # **Two query tiles per program.** Chapter 4's fastest kernel gave each program two query tiles
 # so that one tile's softmax runs while the other's matmul is on the tensor cores. The M-fold
-# combines with it: tile A holds the first half of the program's positions for all G heads,
-# tile B the second half. `attention_gqa_two_tiles` runs that kernel, and the benchmark
+# combines with it: tile A holds the first half of the program's folded rows, tile B the
+# second half. `attention_gqa_two_tiles` runs that kernel, and the benchmark
 # measures it beside your one-tile kernel.
 #
 # Two tiles of 128 rows keep two accumulators of 128 x 128 fp32 values in registers, and an
@@ -235,9 +283,9 @@ def attention_gqa_per_head(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # **Exercise 1b (optional, 1 point).** Write `store_folded_rows`, the last step of your
 # `attn_gqa_kernel` as a function of the rows' positions and query heads, and
 # `attn_gqa_two_tiles`, that kernel with two query tiles of `HALF = BLOCK_M // 2` rows. The
-# program takes the `POS = BLOCK_M // GROUP` positions from `m0 = m_block * POS`, as your kernel
-# does: tile A folds the first `POS // 2` of them with the `GROUP` heads, tile B the next
-# `POS // 2` with the same heads. Call `key_tiles` once for all `POS` positions and run
+# program takes the `BLOCK_M` folded rows from `f0 = m_block * BLOCK_M`, as your kernel does:
+# tile A the first `HALF` of them, tile B the next `HALF` (B's heads are A's only when `GROUP`
+# divides `HALF`). Call `key_tiles` once for all `POS` positions from `m0 = f0 // GROUP` and run
 # Chapter 4's three loops with `attn_two_tile_step` (imported from `flashbook.kernels`), each
 # tile's partial key tiles masked with `visible_pairs` of its own positions; keep the two
 # details above (scalar K and V bases; with `WINDOWED` False, the full tiles from key 0 and the
@@ -274,16 +322,22 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
                        WINDOWED: tl.constexpr):
     """attn_gqa_kernel with two query tiles of BLOCK_M // 2 rows: A holds the program's first
-    BLOCK_M // (2 * GROUP) positions for all GROUP heads, B the next ones. WINDOWED False
+    BLOCK_M // 2 folded (position, head) rows, B the next ones. WINDOWED False
     (no causal mask, no window): every row sees every key, so only the last tile needs a mask,
     and only on the keys."""
-    POS: tl.constexpr = BLOCK_M // GROUP
+    # The program's BLOCK_M rows are BLOCK_M consecutive (position, head) pairs (PackGQA): they
+    # touch BLOCK_M // GROUP positions when GROUP divides BLOCK_M, else at most this many (a
+    # tile may start part-way into a position's GROUP rows).
+    POS: tl.constexpr = BLOCK_M // GROUP if BLOCK_M % GROUP == 0 else \
+        (BLOCK_M + GROUP - 2) // GROUP + 1
     HALF: tl.constexpr = BLOCK_M // 2
     ### BEGIN SOLUTION
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H_KV
     kv_head = pid_bh % H_KV
-    m0 = m_block * POS
+    f0 = m_block * BLOCK_M                                # the program's first folded row
+    m0 = f0 // GROUP
+    c = 0 if BLOCK_M % GROUP == 0 else f0 % GROUP         # as in attn_gqa_kernel
     q_start = tl.load(CU_Q + seq)
     seqlen_q = tl.load(CU_Q + seq + 1) - q_start
     if m0 >= seqlen_q:
@@ -291,14 +345,17 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     k_start = tl.load(CU_K + seq)
     seqlen_k = tl.load(CU_K + seq + 1) - k_start
     r = tl.arange(0, HALF)
-    rows_a = m0 + r // GROUP
-    rows_b = rows_a + POS // 2
-    heads = kv_head * GROUP + r % GROUP                   # the same heads in both tiles
+    rows_a = m0 + (c + r) // GROUP                        # tile A: folded rows f0 + r
+    rows_b = m0 + (c + HALF + r) // GROUP                 # tile B: the next HALF
+    heads_a = kv_head * GROUP + (c + r) % GROUP           # the same heads when GROUP | HALF
+    heads_b = kv_head * GROUP + (c + HALF + r) % GROUP
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_h = Q + q_start * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q_a = tl.load(q_h + rows_a[:, None] * stride_qt, mask=(rows_a < seqlen_q)[:, None], other=0.0)
-    q_b = tl.load(q_h + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
+    # Q through a per-head base, then the rows (this form spilled least on sm_90)
+    q_ha = Q + q_start * stride_qt + heads_a[:, None] * stride_qh + offs_d[None, :]
+    q_hb = Q + q_start * stride_qt + heads_b[:, None] * stride_qh + offs_d[None, :]
+    q_a = tl.load(q_ha + rows_a[:, None] * stride_qt, mask=(rows_a < seqlen_q)[:, None], other=0.0)
+    q_b = tl.load(q_hb + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
     # Scalar bases; each tile's (d x BLOCK_N) pointers are rebuilt from them inside the loop.
     # Kept live across the loops, the two pointer tensors cost 128 registers a thread, and the
     # compiler spilled (sm_90: 22 spills against 2).
@@ -349,9 +406,9 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
             k_base + cols[None, :] * stride_kt + offs_d[:, None],
             v_base + cols[:, None] * stride_vt + offs_d[None, :], cols < seqlen_k, vis_a, vis_b,
             qk_scale, True, DOT_PRECISION)
-    store_folded_rows(O, LSE, acc_a, l_a, m_a, q_start, rows_a, heads, seqlen_q, stride_ot,
+    store_folded_rows(O, LSE, acc_a, l_a, m_a, q_start, rows_a, heads_a, seqlen_q, stride_ot,
                       stride_oh, total_q, offs_d)
-    store_folded_rows(O, LSE, acc_b, l_b, m_b, q_start, rows_b, heads, seqlen_q, stride_ot,
+    store_folded_rows(O, LSE, acc_b, l_b, m_b, q_start, rows_b, heads_b, seqlen_q, stride_ot,
                       stride_oh, total_q, offs_d)
     ### END SOLUTION
 
@@ -670,6 +727,56 @@ from flashbook import quoted
 quoted.glue(ch5.CHAPTER)
 
 # %% [markdown]
+# ## 5. Smaller caches still: MLA's latent cache and FP8
+#
+# GQA shrinks the cache by sharing K/V heads. Multi-head latent attention (MLA), DeepSeek-V2's
+# and DeepSeek-V3's attention {cite}`deepseek2024v2,deepseek2024v3`, shrinks it by caching
+# something smaller than any head: per token and layer, one compressed **latent** $c$ of 512
+# values, shared by all 128 query heads, and one **decoupled RoPE key** $k^R$ of 64 values,
+# also shared. Each head's key and value are up-projections of the latent,
+# $k_h = W^{UK}_h c$ and $v_h = W^{UV}_h c$ (128 values each, plus the RoPE part for the key),
+# but decode never forms them. The up-projection is absorbed into the query: a score
+# $q_h^\top k_h = (W^{UK\top}_h q_h)^\top c$, so each head's query becomes a 512-value latent
+# query, and with its 64 RoPE values the score is one dot product of 576 values against the
+# cached $[c, k^R]$. The values are the latents themselves (the first 512 of those 576), and
+# $W^{UV}_h$ is applied to each head's output after attention (folded into the output
+# projection). Decode is then MQA with G = 128 query heads (fewer per GPU when heads are split
+# across GPUs), keys of d = 576 and values of 512: this chapter's M-fold decode with one K/V
+# head, wider heads, and V a slice of K. (The chapter's kernels take head dimensions that are
+# powers of two, and 576 is not one: a kernel for it tiles the head dimension in pieces, 512
+# and 64 say; DeepSeek's FlashMLA is such a decode kernel.) The cell computes the cache per
+# token and layer at DeepSeek-V3's shapes (61 layers, 128 heads; its heads' keys are 128 + 64
+# values wide, its values 128) in bf16, beside MHA with the same heads and a GQA of 8 K/V heads
+# of 128.
+
+# %% tags=["demo"]
+# KV cache per token: values per layer, bytes per layer (bf16: 2 bytes a value; FP8: 1), and
+# over DeepSeek-V3's 61 layers
+layers, heads, nope, rope, v_dim, latent = 61, 128, 128, 64, 128, 512
+caches = [("MHA, 128 heads (K 128 + 64, V 128)", heads * (nope + rope + v_dim), 2),
+          ("GQA, 8 K/V heads of 128", 2 * 8 * 128, 2),
+          ("MLA, latent 512 + RoPE key 64", latent + rope, 2),
+          ("MLA in FP8 (e4m3)", latent + rope, 1)]
+mha = caches[0][1] * caches[0][2]
+print(f"{'cache':36} {'values':>7} {'bytes/layer':>12} {'KiB/token':>10} {'vs MHA':>7}")
+for name, values, nbytes in caches:
+    per_layer = values * nbytes
+    print(f"{name:36} {values:7d} {per_layer:12,d} {per_layer * layers / 1024:10.1f} "
+          f"{mha / per_layer:6.0f}x")
+
+# %% [markdown]
+# **FP8 KV caches.** The other lever is the bytes per value. A serving engine can store K and V
+# (or MLA's latent) in float8 `e4m3` (4 exponent bits, 3 mantissa bits, largest value 448)
+# with a scale per tensor or per K/V head, set by calibration or from the values' running
+# maximum: the kernel loads the FP8 tile, converts it and multiplies by the scale (or folds
+# the scale into the scores and the output), and the rest is this chapter's decode. That halves
+# the cache again against bf16 (the last row above), and so, decode being memory-bound, about
+# halves a decode step, at the cost of precision (3 mantissa bits against bf16's 7). vLLM's
+# `kv_cache_dtype="fp8"` and FlashAttention-3's FP8 forward with per-(sequence, K/V head)
+# descaling factors are two implementations. GQA, MLA and FP8 multiply: what a decode step
+# reads is the cache, and each of them shrinks it.
+
+# %% [markdown]
 # ## What was measured, and what is left
 #
 # One run of `flashbook bench ch5` on an H200 (provenance in
@@ -711,5 +818,8 @@ quoted.glue(ch5.CHAPTER)
 # **Further reading**
 # * GQA {cite}`ainslie2023gqa` and MQA {cite}`shazeer2019mqa`.
 # * PagedAttention and vLLM {cite}`kwon2023vllm`: the paged KV cache.
+# * FlashAttention-3 {cite}`shah2024flashattention3`: PackGQA, the fold of Section 2 for any G.
+# * DeepSeek-V2 {cite}`deepseek2024v2` and DeepSeek-V3 {cite}`deepseek2024v3`: multi-head
+#   latent attention and its cache.
 # * FlashAttention-2 {cite}`dao2023flashattention2`: `flash_attn_with_kvcache`, the decode
 #   interface this chapter follows (with the new tokens already in the cache).

@@ -105,15 +105,20 @@ def test_paged_decode_equals_contiguous_and_the_reference(solution):
 
 
 @pytest.mark.parametrize("wrapper", ["attention_gqa", "attention_gqa_two_tiles"])
-@pytest.mark.parametrize("H_q, H_kv", [(6, 2), (6, 1), (5, 1), (7, 1)])
-def test_prefill_takes_group_sizes_that_do_not_divide_the_tile(solution, wrapper, H_q, H_kv):
-    """G = 3, 5, 6, 7 (Qwen2.5-7B's G is 7): launch_gqa refused them ("BLOCK_M=32 must be a
-    multiple of 1 x G=3"); it now folds the part of G that divides the tile."""
+@pytest.mark.parametrize("H_q, H_kv", [(6, 2), (6, 1), (5, 1), (7, 1), (71, 1)])
+def test_prefill_takes_group_sizes_that_do_not_divide_the_tile(solution, wrapper, H_q, H_kv,
+                                                               monkeypatch):
+    """G = 3, 5, 6, 7, 71 (Qwen2.5-7B's G is 7, Falcon-7B's 71): launch_gqa once refused them
+    ("BLOCK_M=32 must be a multiple of 1 x G=3"), then repeated K/V for the part of G that did
+    not divide the tile; the kernels now fold the flattened (position, head) pairs (PackGQA),
+    and nothing copies K or V."""
     case = AttnCase("t", seqlens=(16, 5), seqlens_k=(16, 21), H_q=H_q, H_kv=H_kv, d=32,
                     causal=True)
     q, k, v = make_inputs(case, 6)
-    o, lse = solution[wrapper](q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 16, 21,
-                               causal=True)
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "repeat_interleave", None)      # no copy of K and V
+        o, lse = solution[wrapper](q, k, v, case.cu_seqlens(), case.cu_seqlens(keys=True), 16,
+                                   21, causal=True)
     want, want_lse = expected(case, q, k, v)
     torch.testing.assert_close(o.double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-4, rtol=1e-4)
@@ -225,13 +230,18 @@ for cc in (75, 90):
             ("decode_kernel", dict(GROUP=4, PAGED=True, BLOCK_M=16, BLOCK_N=dec[0]), dec[1],
              dec[2]),
             ("attn_gqa_two_tiles", dict(GROUP=4, BLOCK_M=two.BLOCK_M, BLOCK_N=two.BLOCK_N,
-                                        WINDOWED=True), two.num_warps, two.num_stages)):
+                                        WINDOWED=True), two.num_warps, two.num_stages),
+            # G = 7 (Qwen2.5-7B's), which divides no tile: PackGQA's fold, compiled
+            ("attn_gqa_kernel", dict(GROUP=7, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N),
+             cfg.num_warps, cfg.num_stages),
+            ("attn_gqa_two_tiles", dict(GROUP=7, BLOCK_M=two.BLOCK_M, BLOCK_N=two.BLOCK_N,
+                                        WINDOWED=False), two.num_warps, two.num_stages)):
         const.update(HEAD_DIM=128, DOT_PRECISION="tf32")
         k = ns[kernel]
         c = triton.compile(ASTSource(fn=k, signature=signature(k, ptr, const), constexprs=const),
                            target=GPUTarget("cuda", cc, 32),
                            options=dict(num_warps=warps, num_stages=stages))
-        res.append(dict(kernel=kernel, cc=cc, shared=c.metadata.shared))
+        res.append(dict(kernel=kernel, G=const.get("GROUP"), cc=cc, shared=c.metadata.shared))
 print("RESULT" + json.dumps(res))
 '''
 
@@ -239,9 +249,10 @@ print("RESULT" + json.dumps(res))
 @pytest.mark.slow
 def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     """A cubin for the T4; PTX for the H100, whose shared memory is known once LLVM lowers the
-    kernel (ptxas is skipped there)."""
+    kernel (ptxas is skipped there). The prefill kernels with G = 4 and with G = 7, which
+    divides no tile (the folded rows' positions and heads are computed, not constants)."""
     res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
-    assert len(res) == 6
+    assert len(res) == 10 and sorted({r["G"] for r in res}) == [4, 7]
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
 
 

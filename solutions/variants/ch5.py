@@ -5,9 +5,24 @@ from flashbook.contract import Variant
 VARIANTS = (
     # ----------------------------------------------------------------- ch5_mfold_kernel
     Variant('mfold_wrong_kv_head', 'ch5_mfold_kernel', (
-        ('heads = kv_head * GROUP + r % GROUP                   # each row',
-         'heads = (r % GROUP) * H_KV + kv_head                  # each row'),
+        ('heads = kv_head * GROUP + (c + r) % GROUP             # each row',
+         'heads = ((c + r) % GROUP) * H_KV + kv_head            # each row'),
     ), expect='output O'),               # query head h reads K/V head h % h_kv, not h // G
+    # PackGQA's index arithmetic. The position without the first row's head c, m0 + r // GROUP
+    # (the power-of-two fold's): right while GROUP divides BLOCK_M (every tile starts at head
+    # 0); for G = 3 a tile that starts part-way into a position leaves pairs unwritten.
+    Variant('mfold_position_from_the_tiles_first_position', 'ch5_mfold_kernel', (
+        ('rows = m0 + (c + r) // GROUP', 'rows = m0 + r // GROUP'),
+    ), expect='start part-way into a position'),
+    # Heads that restart at 0 in every tile: the same mistake in the other index.
+    Variant('mfold_heads_restart_at_each_tile', 'ch5_mfold_kernel', (
+        ('heads = kv_head * GROUP + (c + r) % GROUP', 'heads = kv_head * GROUP + r % GROUP'),
+    ), expect='start part-way into a position'),
+    # The tail: rows past seqlen_q * GROUP (the last tile's, unless BLOCK_M divides it) stored
+    # anyway, into the next sequence's tokens or past the end of O.
+    Variant('mfold_tail_rows_stored', 'ch5_mfold_kernel', (
+        ('o.to(O.dtype.element_ty), mask=ok[:, None])', 'o.to(O.dtype.element_ty))'),
+    ), expect='out-of-bounds store'),
     Variant('mfold_repeats_kv_per_query_head', 'ch5_mfold_kernel', (
         ('    window = ch4.window_bounds(',
          '    k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))\n'
@@ -49,8 +64,12 @@ VARIANTS = (
     ), expect='left edge'),
     # ----------------------------------------------------------------- ch5_two_tiles
     Variant('two_tiles_b_a_whole_program_late', 'ch5_two_tiles', (
-        ('rows_b = rows_a + POS // 2', 'rows_b = rows_a + POS'),
-    ), expect='never wrote some of its rows'),   # the positions between A and B: never written
+        ('rows_b = m0 + (c + HALF + r) // GROUP', 'rows_b = m0 + (c + BLOCK_M + r) // GROUP'),
+    ), expect='never wrote some of its rows'),   # the rows between A and B: never written
+    # The power-of-two fold's shortcut: B's heads are A's only when GROUP divides HALF.
+    Variant('two_tiles_b_reuses_a_heads', 'ch5_two_tiles', (
+        ('heads_b = kv_head * GROUP + (c + HALF + r) % GROUP', 'heads_b = heads_a'),
+    ), expect='start part-way into a position'),
     Variant('two_tiles_b_masked_with_a_positions', 'ch5_two_tiles', (
         ('vis_b = visible_pairs(rows_b, cols,', 'vis_b = visible_pairs(rows_a, cols,'),
     ), expect='visible_pairs of its own positions'),   # B's diagonal band masked as A's

@@ -1,13 +1,12 @@
 """The packed grouped-query prefill launch that Chapter 5 teaches and Chapter 9's forward
 runs: q ``(total_q, h_q, d)``, k and v ``(total_k, h_kv, d)``, ``h_q = G * h_kv``, sequences
 by ``cu_seqlens`` (Chapter 4's layout). One program takes one K/V head of one sequence and the
-G query heads that share it, folded into the rows of its tile (row r: query head
-``kv_head * G + r % G`` at position ``m0 + r // G``), so every K/V tile is loaded once for G
-heads. ``launch_gqa`` checks what the launch needs; ``validate_packed`` is the public
-wrappers' argument check (``chapters.ch5`` re-exports all three)."""
+G query heads that share it, folded into the rows of its tiles (PackGQA: the (position, head)
+pairs flattened position-major, ``f = position * G + head in group``, and cut into tiles of
+BLOCK_M rows, so row r of tile m is pair ``m * BLOCK_M + r``), so every K/V tile is loaded once
+for G heads, for any G. ``launch_gqa`` checks what the launch needs; ``validate_packed`` is the
+public wrappers' argument check (``chapters.ch5`` re-exports all three)."""
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -42,7 +41,7 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     both tiles, and which takes ``WINDOWED``: False compiles the masked bands out when no causal
     mask or window applies); returns (O, LSE (h_q, total_q)).
 
-    Grid: ``(cdiv(max_seqlen_q, BLOCK_M // G) * S, batch * h_kv // S)``: Chapter 4's sections,
+    Grid: ``(cdiv(max_seqlen_q * G, BLOCK_M) * S, batch * h_kv // S)``: Chapter 4's sections,
     over (sequence, K/V head) pairs. ``window``: non-negative ``(left, right)``
     (``window_bounds``). ``dtypes``: those accepted (default ``prefill_dtypes()``). The checks,
     config and grid are remembered by the inputs' metadata (``plans``). ``validate``: the public
@@ -60,21 +59,19 @@ def launch_gqa(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         plan = _GQA_PLANS.remember(plan_key, _gqa_plan(
             kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window,
             scale, config, sections, out, two_tiles, dtypes))
-    repeat, launch = plan
+    launch = plan
     if out is None:
         o = output(q.shape, dtype=q.dtype, device=q.device)
         lse = output((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if launch is not None:
-        if repeat > 1:      # see _gqa_plan: a group that does not divide the tile's rows
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
     return o, lse
 
 
 def _gqa_plan(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window,
               scale, config, sections, out, two_tiles, dtypes):
-    """launch_gqa's checks, config and grid: (how many times each K/V head is repeated, the
-    ``Launch`` or None)."""
+    """launch_gqa's checks, config and grid: the ``Launch``, or None when there is nothing to
+    compute."""
     name = "launch_gqa"
     for label, t in (("q", q), ("k", k), ("v", v)):
         validate_tensor(label, t, dims=3, dtypes=dtypes or prefill_dtypes(), name=name)
@@ -90,28 +87,21 @@ def _gqa_plan(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     tiles = 2 if two_tiles else 1
     if cfg.BLOCK_M // tiles < 16:
         raise ValueError(f"{name}: BLOCK_M={cfg.BLOCK_M} gives tiles of fewer than 16 rows.")
-    fold = math.gcd(G, cfg.BLOCK_M // tiles)
-    repeat = G // fold
-    k_strides = k.stride()
-    if fold < G:
-        # The fold needs G | the tile's rows (powers of two); for G = 3, 5, 6, 7 ... fold the
-        # largest group that divides them and repeat each K/V head G // fold times: right
-        # answers, at G // fold times the K/V traffic (and a copy of K and V, made per call).
-        h_kv, G = h_kv * repeat, fold
-        k_strides = contiguous_strides((k.shape[0], h_kv, d))
-    v_strides = k_strides if repeat > 1 else v.stride()
+    # Any G: the kernels fold the flattened (position, head) pairs, so no group size needs a
+    # copy of K and V (G = 3, 5, 7 or 71 as much as 4 or 8).
+    k_strides, v_strides = k.stride(), v.stride()
     scale = validate_scale(scale, d, name)
     o_strides = contiguous_strides(q.shape) if out is None else out[0].stride()
     n_bkv = (cu_seqlens_q.numel() - 1) * h_kv
     if n_bkv == 0 or max_seqlen_q == 0:
-        return repeat, None
+        return None
     S = sections or heads_per_section(n_bkv, 2 * max(max_seqlen_k, 1) * d * k.element_size(),
                                       q.device)
-    grid = (cdiv(max_seqlen_q, cfg.BLOCK_M // G) * S, n_bkv // S)
+    grid = (cdiv(max_seqlen_q * G, cfg.BLOCK_M) * S, n_bkv // S)    # tiles of folded rows
     # every row sees every key when the window reaches past both ends (no causal mask)
     windowed = window[0] < max_seqlen_k or window[1] < max_seqlen_q
     specialised = dict(WINDOWED=windowed) if two_tiles else {}
-    return repeat, Launch(
+    return Launch(
         kernel, grid,
         (q.stride(0), q.stride(1), k_strides[0], k_strides[1], v_strides[0], v_strides[1],
          o_strides[0], o_strides[1], h_kv, total_q, scale * LOG2E, window[0], window[1], S),

@@ -37,15 +37,21 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
                        WINDOWED: tl.constexpr):
     """attn_gqa_kernel with two query tiles of BLOCK_M // 2 rows: A holds the program's first
-    BLOCK_M // (2 * GROUP) positions for all GROUP heads, B the next ones. WINDOWED False
+    BLOCK_M // 2 folded (position, head) rows, B the next ones. WINDOWED False
     (no causal mask, no window): every row sees every key, so only the last tile needs a mask,
     and only on the keys."""
-    POS: tl.constexpr = BLOCK_M // GROUP
+    # The program's BLOCK_M rows are BLOCK_M consecutive (position, head) pairs (PackGQA): they
+    # touch BLOCK_M // GROUP positions when GROUP divides BLOCK_M, else at most this many (a
+    # tile may start part-way into a position's GROUP rows).
+    POS: tl.constexpr = BLOCK_M // GROUP if BLOCK_M % GROUP == 0 else \
+        (BLOCK_M + GROUP - 2) // GROUP + 1
     HALF: tl.constexpr = BLOCK_M // 2
     m_block, pid_bh = program_tile(heads_per_section)
     seq = pid_bh // H_KV
     kv_head = pid_bh % H_KV
-    m0 = m_block * POS
+    f0 = m_block * BLOCK_M                                # the program's first folded row
+    m0 = f0 // GROUP
+    c = 0 if BLOCK_M % GROUP == 0 else f0 % GROUP         # as in attn_gqa_kernel
     q_start = tl.load(CU_Q + seq)
     seqlen_q = tl.load(CU_Q + seq + 1) - q_start
     if m0 >= seqlen_q:
@@ -53,14 +59,17 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
     k_start = tl.load(CU_K + seq)
     seqlen_k = tl.load(CU_K + seq + 1) - k_start
     r = tl.arange(0, HALF)
-    rows_a = m0 + r // GROUP
-    rows_b = rows_a + POS // 2
-    heads = kv_head * GROUP + r % GROUP                   # the same heads in both tiles
+    rows_a = m0 + (c + r) // GROUP                        # tile A: folded rows f0 + r
+    rows_b = m0 + (c + HALF + r) // GROUP                 # tile B: the next HALF
+    heads_a = kv_head * GROUP + (c + r) % GROUP           # the same heads when GROUP | HALF
+    heads_b = kv_head * GROUP + (c + HALF + r) % GROUP
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_h = Q + q_start * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q_a = tl.load(q_h + rows_a[:, None] * stride_qt, mask=(rows_a < seqlen_q)[:, None], other=0.0)
-    q_b = tl.load(q_h + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
+    # Q through a per-head base, then the rows (this form spilled least on sm_90)
+    q_ha = Q + q_start * stride_qt + heads_a[:, None] * stride_qh + offs_d[None, :]
+    q_hb = Q + q_start * stride_qt + heads_b[:, None] * stride_qh + offs_d[None, :]
+    q_a = tl.load(q_ha + rows_a[:, None] * stride_qt, mask=(rows_a < seqlen_q)[:, None], other=0.0)
+    q_b = tl.load(q_hb + rows_b[:, None] * stride_qt, mask=(rows_b < seqlen_q)[:, None], other=0.0)
     # Scalar bases; each tile's (d x BLOCK_N) pointers are rebuilt from them inside the loop.
     # Kept live across the loops, the two pointer tensors cost 128 registers a thread, and the
     # compiler spilled (sm_90: 22 spills against 2).
@@ -111,7 +120,7 @@ def attn_gqa_two_tiles(Q, K, V, O, LSE, CU_Q, CU_K,
             k_base + cols[None, :] * stride_kt + offs_d[:, None],
             v_base + cols[:, None] * stride_vt + offs_d[None, :], cols < seqlen_k, vis_a, vis_b,
             qk_scale, True, DOT_PRECISION)
-    store_folded_rows(O, LSE, acc_a, l_a, m_a, q_start, rows_a, heads, seqlen_q, stride_ot,
+    store_folded_rows(O, LSE, acc_a, l_a, m_a, q_start, rows_a, heads_a, seqlen_q, stride_ot,
                       stride_oh, total_q, offs_d)
-    store_folded_rows(O, LSE, acc_b, l_b, m_b, q_start, rows_b, heads, seqlen_q, stride_ot,
+    store_folded_rows(O, LSE, acc_b, l_b, m_b, q_start, rows_b, heads_b, seqlen_q, stride_ot,
                       stride_oh, total_q, offs_d)

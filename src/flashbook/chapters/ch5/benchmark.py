@@ -38,6 +38,9 @@ wrapper with its checks and no config, launched (``bench.public_row``).
    GB/s), and ``d2d_copy``, ``dst.copy_(src)`` of 2 GiB.
 3. Batch 1, context 131072: ``ch5_decode`` and ``sdpa_cudnn`` (note ``batch 1``): one program
    per (sequence, K/V head) keeps only h_kv = 8 SMs busy; Chapter 8 splits the keys.
+4. Prefill with a group that divides no tile, G = 7 (Qwen2.5-7B's heads, (1, 28, 4, 16384,
+   128)): the rows of 1., told apart by their H_q and H_kv columns (PackGQA: the kernels fold
+   (position, head) pairs for any G, with no copy of K and V; ``recorded`` reads 1.'s G = 4).
 
 Decode and ceiling rows: FLOPs ``decode_flops`` = 4 * B * h_q * n_new * context * d; ``gbps``
 = bytes of K and V read per second, ``kv_bytes`` = B * context * h_kv * d * 2 bytes * 2
@@ -67,6 +70,7 @@ DTYPE = torch.float16
 PREFILL = (1, 32, 8, 16384, 128)         # (B, h_q, h_kv, N, d)
 DECODE = (32, 32, 8, 8192, 128)          # (B, h_q, h_kv, context, d), one new token
 LONG = (1, 32, 8, 131072, 128)           # batch 1, long context
+PREFILL_G7 = (1, 28, 4, 16384, 128)      # Qwen2.5-7B's heads: G = 7 divides no tile
 PAGE_SIZES = (256, 64)
 READ_BYTES, COPY_BYTES = bench_setups.READ_BYTES, bench_setups.COPY_BYTES
 MATH_LIMIT = 2**30                       # bytes of fp32 S past which sdpa_math is skipped
@@ -86,7 +90,7 @@ def measure(kernel, role, setup, **kw) -> Row:
 
 def run(prefill=PREFILL, decode=DECODE, long_decode=LONG, page_sizes=PAGE_SIZES,
         read_bytes=READ_BYTES, copy_bytes=COPY_BYTES, device="cuda", ns=None,
-        compile_flex=True) -> list[Row]:
+        compile_flex=True, prefill_g7=PREFILL_G7) -> list[Row]:
     """Every row; a section whose shape is None is left out. ``ns``: the solution namespace
     (default ``sources.solution_namespace("ch5")``)."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -106,6 +110,9 @@ def run(prefill=PREFILL, decode=DECODE, long_decode=LONG, page_sizes=PAGE_SIZES,
         if long_decode:
             rows += decode_rows(ns, flex, *long_decode, page_sizes=(), device=device,
                                 full=False, note="batch 1: see Chapter 8 (split-KV)")
+            free_cuda_cache()
+        if prefill_g7:
+            rows += prefill_rows(ns, flex, *prefill_g7, device=device)
             free_cuda_cache()
     return rows
 

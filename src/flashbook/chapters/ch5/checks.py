@@ -23,8 +23,9 @@ from flashbook.varlen import window_bounds
 
 from .launch import Config, decode_block_m, decode_config, launch_decode, launch_gqa, paged_cache
 
-_HINT = ("row r of the tile is query head kv_head * GROUP + r % GROUP at position m0 + r // GROUP; "
-         "K and V come from head kv_head = pid_bh % H_KV; masks and tile ranges as in Chapter 4.")
+_HINT = ("row r of tile m_block is folded row f = m_block * BLOCK_M + r: query head "
+         "kv_head * GROUP + f % GROUP at position f // GROUP; K and V come from head "
+         "kv_head = pid_bh % H_KV; masks and tile ranges as in Chapter 4.")
 
 
 def gqa_cases(hidden: bool = False) -> list[AttnCase]:
@@ -43,12 +44,24 @@ def gqa_cases(hidden: bool = False) -> list[AttnCase]:
         AttnCase("G=4, causal, every score -96000", seqlens=(20,), seqlens_k=(30,), H_q=4,
                  H_kv=1, d=16, causal=True, scale=6000.0, constant_scores=True),
         AttnCase("G=8, causal", seqlens=(9, 20), H_q=8, H_kv=1, d=16, causal=True),
+        # G does not divide the tile: most tiles start part-way into a position's G rows
+        AttnCase("G=3, causal, packed: tiles that start part-way into a position",
+                 seqlens=(25, 6), seqlens_k=(25, 9), H_q=3, H_kv=1, d=16, causal=True),
     ]
     if hidden:
         cases += [AttnCase("G=8, causal, float16", seqlens=(3, 25), seqlens_k=(3, 30), H_q=8,
                            H_kv=1, d=32, causal=True, dtype=torch.float16, logit_boost=4.0),
                   AttnCase("G=2, h_kv=3, d=64, scale 0.2", seqlens=(19,), H_q=6, H_kv=3, d=64,
-                           scale=0.2)]
+                           scale=0.2),
+                  # PackGQA's group sizes: Qwen2.5-7B's 7, Falcon-7B's 71 (MQA), and 3 and 5
+                  AttnCase("G=3, h_kv=2, window (6, 2)", seqlens=(11,), seqlens_k=(14,), H_q=6,
+                           H_kv=2, d=16, window=(6, 2)),
+                  AttnCase("G=5, causal, packed", seqlens=(7, 4), seqlens_k=(7, 10), H_q=5,
+                           H_kv=1, d=16, causal=True),
+                  AttnCase("G=7, causal, float16", seqlens=(9,), H_q=14, H_kv=2, d=16,
+                           causal=True, dtype=torch.float16),
+                  AttnCase("G=71 (MQA), causal", seqlens=(3,), seqlens_k=(5,), H_q=71, H_kv=1,
+                           d=16, causal=True)]
     return cases
 
 
@@ -155,10 +168,9 @@ def check_gqa_prefill(attention_gqa, hidden: bool = False):
 
 # --------------------------------------------------- Exercise 1b (optional): two query tiles
 
-_HINT_TWO = ("tile A holds the program's first POS // 2 positions for all GROUP heads (row r: "
-             "position m0 + r // GROUP, query head kv_head * GROUP + r % GROUP), tile B the next "
-             "POS // 2 with the same heads; each tile's partial key tiles take visible_pairs of "
-             "its own positions.")
+_HINT_TWO = ("tile A holds the program's first HALF folded rows (row r: f = m_block * BLOCK_M "
+             "+ r, position f // GROUP, query head kv_head * GROUP + f % GROUP), tile B the "
+             "next HALF; each tile's partial key tiles take visible_pairs of its own positions.")
 
 
 def two_tile_wrapper(kernel):
@@ -271,6 +283,12 @@ CONSTANT_SCORE_CASE = "contiguous, G=4, every score -96000"
 CONSTANT_SCALE = 6000.0
 
 
+_HINT_DECODE = ("row r of the tile is query head kv_head * GROUP + r % GROUP at position new "
+                "token r // GROUP; K and V come from head kv_head = pid_bh % H_KV; masks and "
+                "tile ranges as in Chapter 4. Keys: cache_seqlens[b] of them, through "
+                "cache_rows.")
+
+
 def decode_cases(hidden: bool = False):
     """(name, B, n_new, h_q, h_kv, d, lengths, max_len, page_size or None, dtype, BLOCK_N or
     None: the launcher's)."""
@@ -351,8 +369,7 @@ def check_decode_kernel(kernel, hidden: bool = False):
                              scale=scale, what=what, guard=True)
         no_nan(o, what + ", O (NaN: a slot past cache_seqlens was read, or a wrong page)")
         assert_close(o, want_o.to(o.device), what=what + ", O", dims=("b", "new", "head", "col"),
-                     dtype=dtype, hint=_HINT.replace("m0 + r // GROUP", "new token r // GROUP")
-                     + " Keys: cache_seqlens[b] of them, through cache_rows.")
+                     dtype=dtype, hint=_HINT_DECODE)
         assert_close(lse, want_lse.to(lse.device), what=what + ", LSE",
                      dims=("b", "head", "new"), dtype=torch.float32, atol=2e-4, rtol=1e-4,
                      hint="LSE (B, h_q, n_new) at (b * h_q + head) * n_new + t, natural log.")

@@ -2,13 +2,14 @@
 
 Prefill takes Chapter 4's packed layout with fewer K/V heads: q ``(total_q, h_q, d)``, k and v
 ``(total_k, h_kv, d)``, ``h_q = G * h_kv``. One program takes one K/V head of one sequence and
-the G query heads that share it, folded into the rows of its tile (row r: query head
-``kv_head * G + r % G`` at position ``m0 + r // G``), so every K/V tile is loaded once for G
-heads. Decode follows flash-attn's ``flash_attn_with_kvcache``: q ``(B, n_new, h_q, d)``, a
-contiguous cache ``(B, max_len, h_kv, d)`` or a paged one ``(num_pages, page_size, h_kv, d)``
-with ``block_table (B, max_pages)`` int32, and ``cache_seqlens (B,)`` int32, the valid length of
-each sequence's cache (the new tokens included). O ``(B, n_new, h_q, d)``, LSE
-``(B, h_q, n_new)`` float32.
+the G query heads that share it, folded into the rows of its tile (PackGQA, for any G: row r
+of tile m is folded row ``f = m * BLOCK_M + r``, query head ``kv_head * G + f % G`` at position
+``f // G``), so every K/V tile is loaded once for G heads. Decode's one tile starts at row 0
+(row r: query head ``kv_head * G + r % G`` of new token ``r // G``) and follows flash-attn's
+``flash_attn_with_kvcache``: q ``(B, n_new, h_q, d)``, a contiguous cache ``(B, max_len, h_kv,
+d)`` or a paged one ``(num_pages, page_size, h_kv, d)`` with ``block_table (B, max_pages)``
+int32, and ``cache_seqlens (B,)`` int32, the valid length of each sequence's cache (the new
+tokens included). O ``(B, n_new, h_q, d)``, LSE ``(B, h_q, n_new)`` float32.
 
 Like Chapter 4's ``launch_varlen`` these check only what the launch needs; the public wrappers
 (the chapter's last exercise) validate the arguments. The prefill launch (``launch_gqa``,

@@ -11,9 +11,9 @@ from flashbook.bench import PEAKS
 from .figures import decode_intensity, prefill_intensity
 
 
-def _row(rows, kernel, *, causal=None, decode=False, B=None, note=""):
+def _row(rows, kernel, *, causal=None, decode=False, B=None, note="", group=4):
     for r in rows:
-        if r.kernel == kernel and r.role != "public" and \
+        if r.kernel == kernel and r.role != "public" and r.H_q == group * r.H_kv and \
                 (causal is None or r.causal == causal) and (r.N_q == 1) == decode and \
                 (B is None or r.B == B) and note in (r.note or "") and r.ms is not None:
             return r
@@ -25,12 +25,12 @@ def _name(r) -> str:
     return r.kernel + ("_public" if r.role == "public" else "")
 
 
-def prefill(rows, causal: bool) -> dict:
-    """{kernel: TFLOP/s} of the prefill rows (the expanded-K/V cuDNN row as sdpa_cudnn_expanded,
-    a public row as <kernel>_public)."""
+def prefill(rows, causal: bool, group: int = 4) -> dict:
+    """{kernel: TFLOP/s} of the prefill rows of this group size (the expanded-K/V cuDNN row as
+    sdpa_cudnn_expanded, a public row as <kernel>_public)."""
     out = {}
     for r in rows:
-        if r.N_q > 1 and r.causal == causal and r.tflops:
+        if r.N_q > 1 and r.causal == causal and r.tflops and r.H_q == group * r.H_kv:
             name = _name(r) + ("_expanded" if "expanded" in (r.note or "") else "")
             out[name] = r.tflops
     return out
