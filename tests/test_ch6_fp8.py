@@ -70,3 +70,9 @@ def test_the_fp8_kernel_compiles_for_sm90_with_fp8_tensor_core_instructions(tmp_
     res = compile_script(AOT, tmp_path, ptx_only_for=(90,))
     assert len(res) == 3 and not too_big(res), res
     assert all(r["fp8_mma"] >= 2 for r in res), res
+
+
+def test_the_fp8_benchmark_says_what_it_needs_on_a_cpu(capsys):
+    from flashbook import fp8_bench
+    assert fp8_bench.main(["--out", "/nonexistent"]) == 2
+    assert "fp8 tensor cores" in capsys.readouterr().err

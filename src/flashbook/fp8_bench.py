@@ -1,0 +1,114 @@
+"""Chapter 6's FP8 forward on a GPU: its speed beside the book's fp16 forward and cuDNN, and its
+error with and without the incoherent-processing rotation.
+
+``python -m flashbook.fp8_bench --out DIR`` (a GPU with fp8 tensor cores) writes
+``DIR/<gpu>.json``: its provenance and
+
+* ``speed``: TFLOP/s at ``SHAPE`` (fp16 inputs), non-causal and causal, of ``ch6.attention_fp8``
+  on inputs quantized once by the solution's ``quantize_blocks`` (block 128; the kernel alone
+  is timed, as a model keeping fp8 activations would call it) for each of ``CONFIGS``, and of
+  the fp16 ``attention_fa3`` (as a reader calls it) and cuDNN SDPA;
+* ``accuracy``: RMS error against float64 SDPA at ``ACCURACY_SHAPE`` on Gaussian Q and K with
+  four channels 20x larger (``ch6.outlier_inputs``), of the fp8 kernel without and with the
+  solution's ``random_rotation``, and of fp16 SDPA.
+
+Timed with ``triton.testing.do_bench`` medians (launched, not replayed from a graph).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from . import results, sources
+
+DATA_DIR = Path(__file__).resolve().parent / "data" / "fp8"
+SHAPE = (1, 16, 16384, 128)
+ACCURACY_SHAPE = (1, 4, 2048, 128)
+BLOCK = 128
+CONFIGS = ((128, 128, 8, 3), (64, 128, 4, 3))      # (BLOCK_M, BLOCK_N, warps, stages)
+
+
+def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
+    if rotation is not None:
+        q, k = q.float() @ rotation, k.float() @ rotation
+    (q8, qs), (k8, ks), (v8, vs) = (ns["quantize_blocks"](t, b) for t, b in
+                                    ((q, block_m), (k, block_n), (v, block_n)))
+    return q8, qs, k8, ks, v8.transpose(-1, -2).contiguous(), vs
+
+
+def measure() -> dict:
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashbook.chapters import ch6
+    from flashbook.fa3_launch import attention_fa3
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    ns = sources.solution_namespace("ch6")
+    B, H, N, d = SHAPE
+    q, k, v = (torch.randn(*SHAPE, device="cuda", dtype=torch.float16) for _ in range(3))
+    speed = []
+    for causal in (False, True):
+        flops = 4 * B * H * N * N * d / (2 if causal else 1)
+
+        def row(kernel, fn, note=""):
+            fn()
+            ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+            speed.append(dict(kernel=kernel, causal=causal, ms=round(ms, 4),
+                              tflops=round(flops / ms / 1e9, 1), note=note))
+        for bm, bn, w, s in CONFIGS:
+            inputs = _prepared(ns, q, k, v, bm, bn)
+            row("ch6_attention_fp8", lambda: ch6.attention_fp8(
+                *inputs, causal=causal, block_m=bm, block_n=bn, num_warps=w, num_stages=s),
+                f"BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={s}")
+        row("ch6_attention_fa3_fp16", lambda: attention_fa3(q, k, v, causal=causal))
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return sdpa(q, k, v, is_causal=causal)
+        row("sdpa_cudnn_fp16", cudnn)
+    q, k = (ch6.outlier_inputs(ACCURACY_SHAPE, seed).cuda() for seed in (3, 4))
+    v = torch.randn(*ACCURACY_SHAPE, device="cuda")
+    rotation = ns["random_rotation"](ACCURACY_SHAPE[-1], 0).cuda()
+    accuracy = []
+    for causal in (False, True):
+        want = sdpa(q.double(), k.double(), v.double(), is_causal=causal)
+        outputs = {
+            "fp8": ch6.attention_fp8(*_prepared(ns, q, k, v, BLOCK, BLOCK), causal=causal),
+            "fp8_rotated": ch6.attention_fp8(*_prepared(ns, q, k, v, BLOCK, BLOCK, rotation),
+                                             causal=causal),
+            "fp16_sdpa": sdpa(q.half(), k.half(), v.half(), is_causal=causal)}
+        for name, o in outputs.items():
+            rms = (o.double() - want).pow(2).mean().sqrt().item()
+            accuracy.append(dict(kernel=name, causal=causal, rms_error=rms))
+    return dict(shape=SHAPE, accuracy_shape=ACCURACY_SHAPE, speed=speed, accuracy=accuracy)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=DATA_DIR)
+    p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
+    args = p.parse_args(argv)
+    from flashbook import setup
+    backend = setup()
+    if backend.capability is None or tuple(backend.capability) < (8, 9):
+        print(f"fp8_bench needs a GPU with fp8 tensor cores (sm_89 or newer); this runtime: "
+              f"{backend}.", file=sys.stderr)
+        return 2
+    command = "python -m flashbook.fp8_bench " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    record = dict(provenance=dict(results.provenance(command), commit=args.commit), **measure())
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{results.gpu_slug(torch.cuda.get_device_name(0))}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record["speed"] + record["accuracy"], indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
