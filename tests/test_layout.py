@@ -174,7 +174,7 @@ def test_a_case_type_in_a_chapter_is_found(tmp_path):
 # ``grade.cellmeta`` (the nbgrader metadata of the chapter sources: ``sources``, ``given``);
 # the chapters import the toolkit, never a command; the commands tie them together.
 COMMANDS = {"book", "cli", "conformance", "graded_variants", "grading_commands", "notebooks",
-            "overhead", "selftest", "sweep"}
+            "overhead", "selftest", "sweep", "fp8_bench"}
 LEAF = "flashbook.grade.cellmeta"
 
 
