@@ -111,9 +111,6 @@ def check_ulysses(ulysses_attention, hidden: bool = False, timeout: float = ring
             if i in must_raise:
                 _check_raise(out, case, P, what)
                 continue
-            if "raised" in out:
-                raise CheckFailure(f"{what}: it raised {out['raised']}, but P = {P} divides "
-                                   f"h_kv = {case.H_kv}.")
             _check_case(out, case, P, r, what)
             sent.append(_check_traffic(out, case, P, what))
             calls.append(sum(out["collective_calls"].get(c, 0) for c in A2A))
