@@ -1,6 +1,6 @@
-"""Exercise 4's harness: a student's ``ring_attention`` run by P CPU processes over gloo
-(``torch.distributed``), started as ``torchrun`` starts them (one fresh Python per rank), every one torn down
-whatever the student's code does.
+"""Exercises 4b and 5's harness: a student's ``ring_attention`` (or ``ulysses_attention``) run
+by P CPU processes over gloo (``torch.distributed``), started as ``torchrun`` starts them (one
+fresh Python per rank), every one torn down whatever the student's code does.
 
 The parent sends the student's function by value (``flashbook.shipping``: a notebook's
 function cannot be imported by another process) to P spawned workers. Each worker
