@@ -595,8 +595,8 @@ ch8.check_ring_attention(ring_attention, hidden=True)
 # A ring keeps each rank's queries in place and moves K and V past them. DeepSpeed-Ulysses
 # {cite}`jacobs2023ulysses` moves everything once instead: each rank starts with a sequence shard
 # of q, k and v, all heads, and one **all-to-all** turns them into head shards over the whole
-# sequence: rank $j$ receives heads $[jH/P, (j+1)H/P)$ of every rank's positions. Attention of a
-# head does not mix heads, so each rank then runs ordinary single-GPU attention over the full
+# sequence: rank $j$ receives heads $[jH/P, (j+1)H/P)$ of every rank's positions. Attention
+# does not mix heads, so each rank then runs ordinary single-GPU attention over the full
 # sequence for its heads (any mask, any kernel, no merge, and no causal imbalance to fix), and a
 # second all-to-all sends O (and its LSE) back to sequence shards. Under GQA a rank must hold
 # whole groups, its $h_q/P$ query heads with the $h_{kv}/P$ K/V heads they read, so $P$ must
@@ -618,7 +618,7 @@ ch8.check_ring_attention(ring_attention, hidden=True)
 # $10^{-10}$), and counts what each rank sends: exactly $(P-1)/P$ of its q, k and v shards and of
 # its O and LSE (the part for itself stays), through all-to-alls; no point-to-point ring, no
 # all-gather of K/V. It also gives your function a world size that does not divide $h_{kv}$ and
-# expects the ValueError. About 15 lines.
+# expects the ValueError. About 20 lines.
 
 # %% nbgrader={"grade": false, "grade_id": "ch8_ulysses", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ulysses_attention(q, k, v, q_pos, k_pos, causal=False):
