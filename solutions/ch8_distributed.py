@@ -26,17 +26,19 @@
 #   of processing elements, its critical path, the deadlock it has when the group does not fill
 #   its last row, and a tree; messages and latency of each.
 # - **Ring attention** with `torch.distributed`: K/V blocks travel around a ring of processes
-#   while each merges; causal balance with zig-zag shards; what context parallelism costs in
-#   memory and bandwidth as the sequence grows.
+#   while each merges; causal balance with zig-zag shards; Ulysses (all-to-alls to head shards)
+#   and all-gather context parallelism beside the ring: bytes and steps of each, and when each
+#   wins; what context parallelism costs in memory and bandwidth as the sequence grows.
 #
 # **What you need**: Chapter 3 (the online softmax and its merge), Chapter 5 (the M-fold and
 # decode); torch >= 2.11 and triton >= 3.6. Any runtime: on a CPU the kernels run in the Triton
 # interpreter and the ring runs as 2 and 4 CPU processes over gloo; GPUs add the benchmarks.
 # About 4-6 hours.
 #
-# **Exercises** (12 points): (1) `merge` (2); (2) the split-KV kernel and its combine kernel
+# **Exercises** (14 points): (1) `merge` (2); (2) the split-KV kernel and its combine kernel
 # (3); (3) a chain reduction without the mesh kernel's deadlock (2) and a tree (1); (4) the zig-zag
-# layout (1) and ring attention over `torch.distributed` (3).
+# layout (1) and ring attention over `torch.distributed` (3); (5) Ulysses attention, all-to-alls
+# from sequence shards to head shards and back (2).
 
 # %%
 import flashbook as fb
@@ -588,6 +590,162 @@ ch8.check_ring_attention(ring_attention, hidden=True)
 # forward, and records per step the compute time and the time the GPU waited for the
 # transfer. Section 7 quotes its recording on two H200s and draws the timeline.
 #
+# ### Ulysses: shard the heads, not the sequence
+#
+# A ring keeps each rank's queries in place and moves K and V past them. DeepSpeed-Ulysses
+# {cite}`jacobs2023ulysses` moves everything once instead: each rank starts with a sequence shard
+# of q, k and v, all heads, and one **all-to-all** turns them into head shards over the whole
+# sequence: rank $j$ receives heads $[jH/P, (j+1)H/P)$ of every rank's positions. Attention
+# does not mix heads, so each rank then runs ordinary single-GPU attention over the full
+# sequence for its heads (any mask, any kernel, no merge, and no causal imbalance to fix), and a
+# second all-to-all sends O (and its LSE) back to sequence shards. Under GQA a rank must hold
+# whole groups, its $h_q/P$ query heads with the $h_{kv}/P$ K/V heads they read, so $P$ must
+# divide $h_{kv}$: Ulysses stops at $P = h_{kv}$ (8 for Llama-3-70B), where a ring does not stop.
+#
+# `dist.all_to_all_single(out, inp)` (gloo runs it on CPU processes, NCCL on GPUs) cuts `inp`
+# along its first dimension into $P$ equal parts, sends part $j$ to rank $j$, and writes the part
+# received from rank $j$ into `out[j]`. So cut a tensor `(B, H, n, ...)` into `(P, B, H/P, n,
+# ...)`, heads grouped by the rank they go to, exchange, and lay what came back along the
+# sequence: rank 0's positions, then rank 1's. The positions travel too (`dist.all_gather`, a few
+# bytes), so `block_attention` can apply the causal mask to zig-zag shards.
+#
+# **Exercise 5 (2 points).** Write `ulysses_attention(q, k, v, q_pos, k_pos, causal=False)`, with
+# the arguments and the result of `ring_attention`: this rank's sequence shard in, this rank's
+# `(O, LSE)` out. Raise `ValueError` (saying that P must divide h_kv) when the world size does not
+# divide `k.shape[1]`. Send $h_{kv}$ heads of K and V, not K/V repeated for the query heads. The
+# check runs it in 2 processes (4 in the hidden tests), GQA, causal and not, zig-zag and
+# contiguous shards, compares every rank's O and LSE with single-process attention (fp64 to
+# $10^{-10}$), and counts what each rank sends: exactly $(P-1)/P$ of its q, k and v shards and of
+# its O and LSE (the part for itself stays), through all-to-alls; no point-to-point ring, no
+# all-gather of K/V. It also gives your function a world size that does not divide $h_{kv}$ and
+# expects the ValueError. About 20 lines.
+
+# %% nbgrader={"grade": false, "grade_id": "ch8_ulysses", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def ulysses_attention(q, k, v, q_pos, k_pos, causal=False):
+    """This rank's sequence shard of attention, computed as head shards of the whole sequence."""
+    ### BEGIN SOLUTION
+    P = dist.get_world_size()
+    if k.shape[1] % P:
+        raise ValueError(f"Ulysses needs P to divide h_kv (whole GQA groups per rank): "
+                         f"P = {P}, h_kv = {k.shape[1]}")
+
+    def to_heads(t):          # (B, H, n, ...) -> (B, H/P, P n, ...): head group j to rank j
+        parts = t.unflatten(1, (P, -1)).movedim(1, 0).contiguous()      # (P, B, H/P, n, ...)
+        got = torch.empty_like(parts)
+        dist.all_to_all_single(got, parts)                  # got[j]: rank j's positions
+        return got.movedim(0, 2).flatten(2, 3)
+
+    def to_sequence(t):       # (B, H/P, P n, ...) -> (B, H, n, ...): positions back to owners
+        parts = t.unflatten(2, (P, -1)).movedim(2, 0).contiguous()      # (P, B, H/P, n, ...)
+        got = torch.empty_like(parts)
+        dist.all_to_all_single(got, parts)                  # got[j]: head group j
+        return got.movedim(0, 1).flatten(1, 2)
+
+    def gather(pos):
+        parts = [torch.empty_like(pos) for _ in range(P)]
+        dist.all_gather(parts, pos)
+        return torch.cat(parts)
+
+    o, lse = block_attention(to_heads(q), to_heads(k), to_heads(v), gather(q_pos),
+                             gather(k_pos), causal)
+    return to_sequence(o), to_sequence(lse)
+    ### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ch8_ulysses_test", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+ch8.check_ulysses(ulysses_attention)
+### BEGIN HIDDEN TESTS
+ch8.check_ulysses(ulysses_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### All-gather: what PyTorch's `context_parallel` does by default
+#
+# The third way gathers instead of passing: every rank all-gathers K and V (`dist.all_gather`,
+# one collective) and attends its own queries to the whole sequence at once. Under GQA this is
+# cheap: K and V have $h_{kv}$ heads, 8 where Llama-3-70B has 64 query heads, so gathering all
+# of K and V sends the same bytes as the ring ($2 (N/P) h_{kv} d$ per rank to each of the
+# $P - 1$ others) in one call, and the attention needs no merge. What it gives up is the
+# overlap: nothing computes while the gather runs (unless the next layer's gather is started
+# under this layer's attention), and each rank holds all of K and V for the layer, $O(N)$ memory
+# rather than $O(N/P)$. PyTorch's prototype `context_parallel` does this by default
+# (`rotate_method` ALL_GATHER); its other method passes K/V round a ring. The cell below runs the
+# three methods over gloo on one small problem and prints the bytes each rank sent, counted by
+# the checks' counter, beside the formulas of the next table.
+
+# %%
+def allgather_attention(q, k, v, q_pos, k_pos, causal=False):
+    """All-gather context parallelism: gather K, V (h_kv heads) and their positions, attend."""
+    P = dist.get_world_size()
+    ks, vs, ps = ([torch.empty_like(t) for _ in range(P)] for t in (k, v, k_pos))
+    for parts, t in ((ks, k), (vs, v), (ps, k_pos)):
+        dist.all_gather(parts, t)
+    return block_attention(q, torch.cat(ks, 2), torch.cat(vs, 2), q_pos, torch.cat(ps), causal)
+
+# %% tags=["demo"]
+case = ch8.ShardedCase("traffic demo", 64, H_q=8, H_kv=2, d=16, causal=True, layout="zigzag")
+methods = {name: fn for name, fn in (("ring", ring_attention), ("all-gather", allgather_attention),
+                                     ("Ulysses", ulysses_attention)) if not fb.check.is_stub(fn)}
+counted = ch8.counted_traffic(methods, case, world_size=2)
+formula = ch8.cp_traffic(case.n, 2, case.H_q, case.H_kv, case.d, itemsize=8)
+print(f"N={case.n}, P=2, h_q={case.H_q}, h_kv={case.H_kv}, d={case.d}, float64; rank 0 sent:")
+for name, c in counted.items():
+    print(f"{name:10s} {c['bytes']:6d} bytes counted, {formula[name]['bytes']:6d} by the formula "
+          f"(+ positions), calls {c['calls']}")
+
+# %% [markdown]
+# ### Bytes and steps: the ring, all-gather and Ulysses
+#
+# Per rank, for one attention forward over $N$ tokens on $P$ ranks, in elements sent to other
+# ranks (multiply by the element size; the positions are a few bytes more):
+#
+# | method | elements sent per rank | communication steps | constraint |
+# |---|---|---|---|
+# | ring | $2 \frac{N}{P} h_{kv} d\,(P-1)$ | $P - 1$ point-to-point, each under a block of compute | none |
+# | all-gather | $2 \frac{N}{P} h_{kv} d\,(P-1)$ | 1 all-gather, exposed | holds all of K, V |
+# | Ulysses | $\frac{N}{P}\,(2h_q + 2h_{kv})\,d\,\frac{P-1}{P}$ (+ $\frac{N}{P} h_q \frac{P-1}{P}$ of LSE) | 2 all-to-alls, exposed | $P$ divides $h_{kv}$ |
+#
+# The ring and the all-gather send every K/V element to every other rank: about $2 N h_{kv} d$
+# per rank whatever $P$. Ulysses sends each of q, k, v and O once, minus the part that stays:
+# about $2 N (h_q + h_{kv}) d / P$ per rank, which falls as $P$ grows. Their ratio is
+# $\text{Ulysses} / \text{ring} = (h_q + h_{kv}) / (P\,h_{kv}) = (G + 1)/P$ with $G = h_q/h_{kv}$:
+# Ulysses moves fewer bytes when $P > G + 1$. Without GQA ($G = 1$) that is every $P > 2$ (equal
+# at $P = 2$), and at $P = 8$ a quarter of the ring's bytes. With GQA the K/V heads are few and
+# the ring's traffic small, while Ulysses must also move the $h_q$ heads of q and O; and
+# $P \le h_{kv}$ caps $P$ at $h_{kv}$, so with $G + 1 > h_{kv}$ Ulysses can never move fewer
+# bytes than a ring: for Llama-3-70B ($G = 8$, $h_{kv} = 8$) it sends about $9/8$ of the ring's bytes
+# at $P = 8$ and $4.5$ times at $P = 2$ (the cell below). Bytes are not the whole story: the
+# ring's $P - 1$ steps hide under compute once a step's FLOPs per byte pass the GPU's FLOP/s over
+# its link bandwidth (Section 6), while the all-gather's and Ulysses' transfers are exposed (or
+# hidden only by overlapping them with other layers' work) but are one or two calls, with no
+# compute step to wait on between hops (NCCL may still run an all-gather as a ring inside). What
+# the formulas say, then: under GQA the ring and the all-gather move the fewest bytes; at short
+# $N/P$, where a ring step's compute is too short to hide its hop, the ring's $P - 1$ steps and
+# merges are overhead the all-gather's single call avoids, and at long $N/P$ the ring hides the
+# same bytes the all-gather exposes. Ulysses pays for models with few query heads per K/V head
+# (MHA, small $G$) on $P > G + 1$ GPUs with fast all-to-all links (within a node), where its
+# traffic falls as $1/P$ and each GPU runs a plain full-sequence kernel. Past $P = h_{kv}$ only
+# the ring and the all-gather remain (or a hybrid: Ulysses within a node, a ring across nodes).
+# These are byte counts, not measurements: this chapter times only the ring (Section 7).
+
+# %% tags=["demo"]
+print("Llama-3-70B attention (h_q=64, h_kv=8, d=128, fp16), MiB sent per GPU, one layer's forward")
+print("     N   P      ring  all-gather   Ulysses   steps (ring, all-gather, Ulysses)")
+for r in ch8.traffic_rows(sizes=(32768, 131072, 262144), worlds=(2, 8)):
+    print(f"{r['N']:6d}  {r['P']:2d}  {r['ring MiB']:8.0f}  {r['all-gather MiB']:10.0f}  "
+          f"{r['Ulysses MiB']:8.0f}   {r['ring steps']}, {r['all-gather steps']}, "
+          f"{r['Ulysses steps']}")
+
+# %% [markdown]
+# **The backward, and Chapter 9.** Ring attention's backward runs the same ring. Each rank keeps
+# its q, O, dO and LSE, and K/V blocks travel as before; at each step the rank computes, for the
+# block it holds, its share of dQ (accumulated locally) and the block's dK and dV from its own
+# queries. Those partial dK, dV belong to the block's owner, so they travel with the block: each
+# step a rank adds its contribution to the dK/dV buffers that arrived with the block and passes
+# them on, and after $P$ hops the block, and its gradients, complete, are back with their
+# owner. The backward sends twice the forward's bytes per step (K, V and dK, dV), and it needs
+# the LSE this chapter's forward returns. Chapter 9 derives the single-GPU backward these steps
+# are made of.
+#
 # ## 6. What context parallelism costs as N grows
 #
 # Per GPU, ring attention holds its $N/P$ rows of Q, K, V and O, one K/V block in flight and
@@ -693,7 +851,8 @@ else:
 #
 # On a CPU this chapter measured what its cells print: the merge's properties, the error of each
 # wire format, split-KV's independence of the split count, the mesh kernel's deadlock and the costs of
-# a chain and a tree, and a ring over 2 and 4 gloo processes exact against one process. On
+# a chain and a tree, a ring and Ulysses over 2 and 4 gloo processes exact against one process,
+# and the bytes each context-parallel method sends, counted against its formula. On
 # H200s, Section 7 recorded split-KV at a plain copy's read rate and the ring at 95.6 % scaling
 # efficiency on two GPUs, with its communication hidden; runs on 4 and 8 GPUs are the next
 # measurements this chapter needs.
@@ -702,5 +861,6 @@ else:
 # * Flash-Decoding {cite}`dao2023flashdecoding`: split-KV for long-context inference.
 # * Ring attention {cite}`liu2023ring`; striped attention {cite}`brandon2023striped`; zig-zag
 #   shards as ring-flash-attention implements them {cite}`zhu2024ringflash`.
+# * DeepSpeed-Ulysses {cite}`jacobs2023ulysses`: all-to-alls between sequence and head shards.
 # * Collective algorithms (chains, trees, recursive doubling) {cite}`thakur2005collectives`.
 # * The online softmax the merge generalises {cite}`milakov2018online`.

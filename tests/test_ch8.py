@@ -1,7 +1,8 @@
 """Chapter 8's own tests (the contract tests in test_chapters.py run its exercises, stubs and
 known-wrong variants): the merge references, the split count, the wrapper's argument checks,
 the mesh simulator, the ring harness's teardown (a hang and a raise in the student's code), the
-figures, and the split-KV kernels compiling ahead of time for sm_75 and sm_90."""
+traffic formulas of the ring, all-gather and Ulysses and the Ulysses check, the figures, and the
+split-KV kernels compiling ahead of time for sm_75 and sm_90."""
 import math
 from pathlib import Path
 
@@ -259,6 +260,78 @@ def test_a_raising_rank_is_named_and_the_others_are_killed(workers):
     with pytest.raises(CheckFailure, match="(?s)rank 1 failed .*student bug on rank 1"):
         ch8.check_ring_attention(_raises_on_rank_1, timeout=30)
     assert workers and not _alive(workers)
+
+
+# ------------------------------------------------- Ulysses, all-gather and their traffic
+
+def test_cp_traffic_formulas_for_llama_3_70b():
+    """Ring and all-gather send every K/V element to every other rank; Ulysses sends (P - 1)/P
+    of q, k, v, O and LSE: (G + 1)/P of the ring's bytes (plus the LSE), and needs P | h_kv."""
+    t = ch8.cp_traffic(131072, 8, h_q=64, h_kv=8, d=128, itemsize=2)
+    assert t["ring"]["bytes"] == t["all-gather"]["bytes"] == 2 * 16384 * 8 * 128 * 7 * 2
+    assert (t["ring"]["steps"], t["all-gather"]["steps"], t["Ulysses"]["steps"]) == (7, 1, 2)
+    lse = 16384 * 64 * 7 // 8
+    assert t["Ulysses"]["elements"] - lse == pytest.approx(t["ring"]["elements"] * (8 + 1) / 8)
+    mha = ch8.cp_traffic(131072, 8, h_q=16, h_kv=16, d=128)        # G = 1: a quarter at P = 8
+    assert (mha["Ulysses"]["elements"] - 16384 * 16 * 7 // 8) * 4 == mha["ring"]["elements"]
+    assert ch8.cp_traffic(4096, 16, h_q=64, h_kv=8, d=128)["Ulysses"] is None
+    assert ch8.cp_traffic(4096, 3, h_q=64, h_kv=8, d=128)["Ulysses"] is None
+    rows = ch8.traffic_rows()
+    assert [(r["N"], r["P"]) for r in rows] == [(N, P) for N in (32768, 131072, 262144)
+                                                for P in (2, 8)]
+    assert rows[3]["ring MiB"] == 448 and rows[2]["Ulysses MiB"] == pytest.approx(1156)
+
+
+def test_collective_bytes_are_what_a_rank_sends_to_the_others():
+    class Dist:
+        @staticmethod
+        def get_world_size():
+            return 4
+
+        @staticmethod
+        def get_rank():
+            return 1
+    x = torch.zeros(8, 3, dtype=torch.float64)                       # 24 bytes a row
+    assert ring._bytes_to_others(Dist, "all_to_all_single", (x.clone(), x), {}) == 6 * 24
+    assert ring._bytes_to_others(Dist, "all_to_all_single", (x.clone(), x, None, [1, 4, 2, 1]),
+                                 {}) == 4 * 24
+    assert ring._bytes_to_others(Dist, "all_gather", ([x] * 4, x), {}) == 3 * 192
+    assert ring._bytes_to_others(Dist, "all_to_all", ([x] * 4, [x, x[:1], x, x]), {}) == 3 * 192
+    assert ring._bytes_to_others(Dist, "all_reduce", (x,), {}) == 0
+
+
+def test_counted_traffic_matches_the_formulas_plus_the_positions(solution):
+    case = ch8.ShardedCase("traffic", 32, H_q=4, H_kv=2, d=8, causal=True, layout="zigzag")
+    methods = {m: solution[f] for m, f in (("ring", "ring_attention"),
+                                           ("all-gather", "allgather_attention"),
+                                           ("Ulysses", "ulysses_attention"))}
+    counted = ch8.counted_traffic(methods, case, world_size=2)
+    formula = ch8.cp_traffic(32, 2, 4, 2, 8, itemsize=8)
+    positions = 16 * 8                                               # one shard's int64 positions
+    assert counted["ring"]["bytes"] == formula["ring"]["bytes"] + positions
+    assert counted["all-gather"]["bytes"] == formula["all-gather"]["bytes"] + positions
+    assert counted["Ulysses"]["bytes"] == formula["Ulysses"]["bytes"] + 2 * positions
+    assert counted["ring"]["calls"] == {"isend": 3}
+    assert counted["Ulysses"]["calls"] == {"all_to_all_single": 5, "all_gather": 2}
+
+
+def test_ulysses_check_passes_the_solution_and_names_each_wrong_method(solution, capsys):
+    ch8.check_ulysses(solution["ulysses_attention"])
+    assert "PASSED Ulysses attention over gloo, 2 processes" in capsys.readouterr().out
+    for wrong, message in ((solution["allgather_attention"], "all-gather context parallelism"),
+                           (solution["ring_attention"], "point-to-point")):
+        with pytest.raises(CheckFailure, match=message):
+            ch8.check_ulysses(wrong)
+
+
+def _always_raises(q, k, v, q_pos, k_pos, causal=False):
+    raise ValueError("P must divide h_kv")
+
+
+def test_ulysses_check_wants_a_value_error_only_where_p_does_not_divide_h_kv():
+    """Where P divides h_kv a raise fails the check like any other, with its traceback."""
+    with pytest.raises(CheckFailure, match="(?s)rank [01] failed .*ValueError: P must divide"):
+        ch8.check_ulysses(_always_raises)
 
 
 # ------------------------------------------------------------------------------ figures

@@ -93,4 +93,31 @@ VARIANTS = (
          'torch.zeros_like(q))',
          '    state = as_state(*block_attention(q, k, v, q_pos, k_pos, causal))'),
     ), expect='ring attention'),
+    # ---------------------------------------------------------------------- ch8_ulysses
+    Variant('ulysses_splits_heads_strided', 'ch8_ulysses', (
+        ('parts = t.unflatten(1, (P, -1)).movedim(1, 0).contiguous()',
+         'parts = t.unflatten(1, (-1, P)).movedim(2, 0).contiguous()'),
+        ('return got.movedim(0, 1).flatten(1, 2)', 'return got.movedim(0, 2).flatten(1, 2)'),
+    ), expect='output O'),               # heads j, j + P, ...: exact for G = 1, but under GQA
+                                         # a rank's query heads read K/V heads it does not hold
+    Variant('ulysses_returns_head_shards', 'ch8_ulysses', (
+        ('return to_sequence(o), to_sequence(lse)', 'return o, lse'),
+    ), expect='all-to-all back'),        # the second all-to-all forgotten
+    Variant('ulysses_all_gathers_k_and_v', 'ch8_ulysses', (
+        ('    def to_heads(t):',
+         '    ks, vs, ps = ([torch.empty_like(t) for _ in range(P)] for t in (k, v, k_pos))\n'
+         '    for parts, t in ((ks, k), (vs, v), (ps, k_pos)):\n'
+         '        dist.all_gather(parts, t)\n'
+         '    return block_attention(q, torch.cat(ks, 2), torch.cat(vs, 2), q_pos, '
+         'torch.cat(ps), causal)\n\n'
+         '    def to_heads(t):'),
+    ), expect='all_gather'),             # right answer, but all-gather context parallelism
+    Variant('ulysses_without_the_divisibility_check', 'ch8_ulysses', (
+        ('    if k.shape[1] % P:\n', '    if False:\n'),
+    ), expect='must raise ValueError'),  # MQA on 2 ranks: a RuntimeError from unflatten
+    Variant('ulysses_sends_kv_repeated_for_the_query_heads', 'ch8_ulysses', (
+        ('to_heads(k), to_heads(v)',
+         'to_heads(k.repeat_interleave(q.shape[1] // k.shape[1], 1)), '
+         'to_heads(v.repeat_interleave(q.shape[1] // k.shape[1], 1))'),
+    ), expect='repeat_interleave'),      # right answer, G times K/V's bytes on the wire
 )

@@ -1,6 +1,6 @@
-"""Exercise 4's harness: a student's ``ring_attention`` run by P CPU processes over gloo
-(``torch.distributed``), started as ``torchrun`` starts them (one fresh Python per rank), every one torn down
-whatever the student's code does.
+"""Exercises 4b and 5's harness: a student's ``ring_attention`` (or ``ulysses_attention``) run
+by P CPU processes over gloo (``torch.distributed``), started as ``torchrun`` starts them (one
+fresh Python per rank), every one torn down whatever the student's code does.
 
 The parent sends the student's function by value (``flashbook.shipping``: a notebook's
 function cannot be imported by another process) to P spawned workers. Each worker
@@ -8,8 +8,10 @@ joins a gloo process group (a file store in a scratch directory, so no port can 
 the function, and runs every case of the job in one go (a process start costs seconds: one per
 world size per check). For each case every worker builds the same seeded full problem, takes its
 shard (zig-zag or contiguous positions), calls ``ring_attention(q, k, v, q_pos, k_pos, causal)``
-and saves its (O, LSE) and the P2P traffic it sent (``batch_isend_irecv`` is counted). The parent
-compares each rank's shard with single-process float64 attention of the whole problem.
+(or the case's own entry: Ulysses, the traffic demo) and saves its (O, LSE) and the traffic it
+sent: point-to-point (``batch_isend_irecv``) and the bytes each collective sent to other ranks.
+A case the check expects to raise (a world size the method cannot use) saves the exception
+instead. The parent compares each rank's shard with single-process float64 attention.
 
 Teardown: a worker that raises writes its traceback and exits at once; the parent then kills the
 others (blocked in a send or receive that will never complete). A job that runs past its time
@@ -43,7 +45,8 @@ TIMEOUT_S = 60.0             # one job (every case of one world size), process s
 class RingRun:
     status: str                  # ok | raised | timeout | died
     outputs: dict                # (case index, rank) -> dict(o, lse, sent_bytes, sent_msgs,
-                                 #   collectives: the names of those it called)
+                                 #   collectives: the names of those it called, collective_bytes
+                                 #   and collective_calls: per name; raised: an expected error)
     error: str = ""              # the traceback of the first worker that raised
     rank: int | None = None      # which worker raised
     wall_s: float = 0.0
@@ -52,16 +55,19 @@ class RingRun:
 # ------------------------------------------------------------------------- the parent
 
 def run_ring(functions: dict, cases: list, world_size: int, timeout: float = TIMEOUT_S,
-             entry: str = "ring_attention") -> RingRun:
+             entry: str | list = "ring_attention", may_raise=()) -> RingRun:
     """Run ``functions[entry]`` on every case in ``world_size`` fresh processes (this file run
-    as a script, one process per rank, as ``torchrun`` starts them), then tear them down."""
+    as a script, one process per rank, as ``torchrun`` starts them), then tear them down.
+    ``entry`` may be a list, one name per case; a case whose index is in ``may_raise`` saves
+    the exception its call raises (``outputs[i, r]["raised"]``) and the job goes on."""
+    entries = [entry] * len(cases) if isinstance(entry, str) else list(entry)
     import json
     import subprocess
     from flashbook import shipping
     job = Path(tempfile.mkdtemp(prefix="flashbook-ring-"))
     (job / "functions.pkl").write_bytes(shipping.dumps(functions))
     (job / "job.json").write_text(json.dumps(dict(
-        entry=entry, cases=[dataclasses.asdict(c) for c in cases],
+        entries=entries, may_raise=list(may_raise), cases=[dataclasses.asdict(c) for c in cases],
         timeout=timeout, world_size=world_size)))
     src = str(Path(__file__).resolve().parents[3])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -144,14 +150,37 @@ def _die_with_parent():
         pass
 
 
-COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-               "all_to_all_single", "broadcast", "all_reduce", "reduce", "reduce_scatter",
-               "reduce_scatter_tensor", "gather", "scatter")
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object",
+               "all_to_all", "all_to_all_single", "broadcast", "all_reduce", "reduce",
+               "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter")
+
+
+def _bytes_to_others(dist, name: str, args, kwargs) -> int:
+    """The bytes a collective call sends from this rank to the others, as if sent directly
+    (an all-gather of t: t to each of the P - 1 others; an all-to-all: every part but this
+    rank's own). Collectives no chapter exercise uses count 0: their names are recorded."""
+    P, rank = dist.get_world_size(), dist.get_rank()
+    a = list(args) + [None] * 4
+
+    def nbytes(t):
+        return t.numel() * t.element_size()
+    if name in ("all_gather", "all_gather_into_tensor", "all_gather_single"):
+        return (P - 1) * nbytes(kwargs.get("tensor", kwargs.get("input_tensor", a[1])))
+    if name == "all_to_all":
+        parts = kwargs.get("input_tensor_list", a[1])
+        return sum(nbytes(t) for j, t in enumerate(parts) if j != rank)
+    if name == "all_to_all_single":
+        x = kwargs.get("input", a[1])
+        splits = kwargs.get("input_split_sizes", a[3])
+        rows = list(splits) if splits else [x.shape[0] // P] * P
+        return (sum(rows) - rows[rank]) * nbytes(x) // max(x.shape[0], 1)
+    return 0
 
 
 def _count_traffic(dist, counter: dict):
     """Wrap ``dist.batch_isend_irecv`` to count the messages and bytes this rank sends, and the
-    collectives to record their use (a ring passes K/V with point-to-point messages only).
+    collectives to record their use, their calls and the bytes they send to other ranks (a ring
+    passes K/V with point-to-point messages only; Ulysses with all-to-alls).
     Returns the function that puts the originals back."""
     from torch.distributed import distributed_c10d as c10d
     originals = {name: getattr(dist, name) for name in ("batch_isend_irecv", *COLLECTIVES)
@@ -167,6 +196,9 @@ def _count_traffic(dist, counter: dict):
     def recorded(name):
         def collective(*args, **kwargs):
             counter["collectives"].add(name)
+            counter["calls"][name] = counter["calls"].get(name, 0) + 1
+            counter["coll_bytes"][name] = (counter["coll_bytes"].get(name, 0)
+                                           + _bytes_to_others(dist, name, args, kwargs))
             return originals[name](*args, **kwargs)
         return collective
     dist.batch_isend_irecv = counted
@@ -188,30 +220,42 @@ def _worker(job_dir: Path, rank: int):
     import torch.distributed as dist
     spec = json.loads((job_dir / "job.json").read_text())
     world_size, timeout, cases = spec["world_size"], spec["timeout"], spec["cases"]
-    entry = spec["entry"]
+    entries, may_raise = spec["entries"], set(spec["may_raise"])
     try:
         dist.init_process_group("gloo", init_method=f"file://{job_dir / 'store'}", rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        fn = shipping.loads((job_dir / "functions.pkl").read_bytes())[entry]
-        for i, c in enumerate(cases):
+        functions = shipping.loads((job_dir / "functions.pkl").read_bytes())
+        for i, (c, entry) in enumerate(zip(cases, entries)):
             case = ShardedCase(**c)
             q, k, v = case.inputs()
             pos = case.positions(world_size, rank)
-            counter = {"msgs": 0, "bytes": 0, "collectives": set()}
+            counter = {"msgs": 0, "bytes": 0, "collectives": set(), "calls": {},
+                       "coll_bytes": {}}
             restore = _count_traffic(dist, counter)
             try:
-                out = fn(q[:, :, pos].contiguous(), k[:, :, pos].contiguous(),
-                         v[:, :, pos].contiguous(), pos.clone(), pos.clone(), case.causal)
+                out = functions[entry](q[:, :, pos].contiguous(), k[:, :, pos].contiguous(),
+                                       v[:, :, pos].contiguous(), pos.clone(), pos.clone(),
+                                       case.causal)
+            except Exception as e:  # noqa: BLE001 - an error this case expects is its result
+                if i not in may_raise:
+                    raise
+                out = f"{type(e).__name__}: {e}"
             finally:
                 restore()
+            traffic = {"sent_msgs": counter["msgs"], "sent_bytes": counter["bytes"],
+                       "collectives": sorted(counter["collectives"]),
+                       "collective_calls": counter["calls"],
+                       "collective_bytes": counter["coll_bytes"]}
+            if isinstance(out, str):
+                torch.save(dict(traffic, raised=out), job_dir / f"out_case{i}_rank{rank}.pt")
+                dist.barrier()
+                continue
             if not (isinstance(out, tuple) and len(out) == 2
                     and all(isinstance(t, torch.Tensor) for t in out)):
-                raise TypeError(f"ring_attention must return a tuple (O, LSE) of tensors, got "
+                raise TypeError(f"{entry} must return a tuple (O, LSE) of tensors, got "
                                 f"{type(out).__name__}")
-            torch.save({"o": out[0].detach().clone(), "lse": out[1].detach().clone(),
-                        "sent_msgs": counter["msgs"], "sent_bytes": counter["bytes"],
-                        "collectives": sorted(counter["collectives"])},
+            torch.save(dict(traffic, o=out[0].detach().clone(), lse=out[1].detach().clone()),
                        job_dir / f"out_case{i}_rank{rank}.pt")
             dist.barrier()
         dist.destroy_process_group()
