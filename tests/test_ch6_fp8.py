@@ -50,7 +50,7 @@ AOT = r'''
 from flashbook.chapters.ch6 import fp8
 k = fp8.fp8_attention_kernel
 res = []
-for d, causal in ((128, False), (128, True), (64, False)):
+for d, causal in ((128, True), (64, False)):      # the masked loop, and the other d
     const = dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=128, CAUSAL=causal)
     ptr = dict(Q="*fp8e4nv", K="*fp8e4nv", VT="*fp8e4nv", O="*fp16", QS="*fp32", KS="*fp32",
                VS="*fp32", qk_scale="fp32")
@@ -68,7 +68,7 @@ def test_the_fp8_kernel_compiles_for_sm90_with_fp8_tensor_core_instructions(tmp_
     """PTX for the H100/H200: both GEMMs are e4m3 wgmma (no silent upcast to fp16), and the
     tiles fit the 227 KB of shared memory a block may use."""
     res = compile_script(AOT, tmp_path, ptx_only_for=(90,))
-    assert len(res) == 3 and not too_big(res), res
+    assert len(res) == 2 and not too_big(res), res
     assert all(r["fp8_mma"] >= 2 for r in res), res
 
 
