@@ -423,6 +423,14 @@ def test_ring_bench_rows_and_benchmark_summary():
     assert rows[0].pct_peak == pytest.approx(100 * rows[0].tflops / (2 * 989.0))
     assert "scaling efficiency 87.5 %" in rows[0].note
     assert "split-KV" not in benchmark.summary(rows)
+    both = dict(case, ulysses_ms=50.0, allgather_ms=45.0, max_err_ulysses=2e-3,
+                max_err_allgather=0.5)
+    rows = ring_bench.rows_of([both], 989.0)
+    assert [r.kernel for r in rows] == ["ch8_ulysses", "ch8_allgather", "ch8_ring",
+                                        "ch5_two_tiles"]
+    assert rows[0].tflops == pytest.approx(case["flops"] / 50e-3 / 1e12)
+    assert "all-to-all" in rows[0].note and "WRONG" not in rows[0].note
+    assert "zig-zag" in rows[1].note and "WRONG" in rows[1].note      # 0.5 > TOLERANCE
 
 
 SANDBOXED_RING = r'''

@@ -1,5 +1,6 @@
-"""Chapter 8's multi-GPU benchmark: ring attention over NCCL on any number of GPUs, against one
-GPU running the whole problem with the same kernel.
+"""Chapter 8's multi-GPU benchmark: ring attention over NCCL on any number of GPUs, beside
+Ulysses and all-gather context parallelism (``cp_methods``) and one GPU running the whole problem,
+all with the same kernel.
 
 Run with ``torchrun`` (one process per GPU; keep NVLink multicast off)::
 
@@ -25,8 +26,10 @@ Measured (CUDA events, after a warm-up, median of ``REPS`` runs, the slowest ran
 time; the same kernel on one GPU over the whole problem (``ch5_two_tiles`` rows); per step, the
 time in attention and merge and the time the stream then waited for the K/V transfer (the
 exposed communication: the timeline); and the transfer alone, without compute. Exactness: each
-rank's O and LSE against the one-GPU result at the same positions. Rank 0 writes
-``DIR/<gpu>x<P>.csv`` (``results.Row``s: ``ch8_ring`` reference, ``ch5_two_tiles`` variant,
+rank's O and LSE against the one-GPU result at the same positions; the same for Ulysses (on
+contiguous shards) and all-gather (on the ring's shards), timed alike. Rank 0 writes
+``DIR/<gpu>x<P>.csv`` (``results.Row``s: ``ch8_ring`` reference, ``ch8_ulysses`` and
+``ch8_allgather`` variants, ``ch5_two_tiles`` variant,
 and last, once those are written, ``context_parallel`` baselines: PyTorch's prototype around SDPA
 where it runs, a noted row where it fails)
 and ``<gpu>x<P>.json`` (provenance, world size, NCCL version, per-step timeline), and a
@@ -43,6 +46,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from flashbook.chapters.ch8 import cp_methods
 
 SIZES = (32768, 131072, 262144)
 H, D = 16, 128
@@ -238,9 +243,21 @@ def run_case(attention, n: int, causal: bool, reps: int, profile_dir: Path | Non
     o_ring, lse_ring = ring.forward(q_loc, kv)
     err_o = (o_ring.float() - shard(o_full, n, P, rank, causal).float()).abs().max()
     err_lse = (lse_ring - shard_lse(lse_full, n, P, rank, causal)).abs().max()
-    errs = torch.stack([err_o, err_lse])
+    # Ulysses on contiguous shards (it needs no zig-zag), all-gather on the ring's shards
+    contiguous = [(rank * (n // P), (rank + 1) * (n // P))]
+    qc, kc, vc = (shard(t, n, P, rank, False) for t in (q, k, v))
+    others = {"ulysses": (lambda: cp_methods.ulysses(attention, qc, kc, vc, causal), False),
+              "allgather": (lambda: cp_methods.allgather(
+                  attention, q_loc, kv[0], kv[1], causal,
+                  zigzag_ranges(n, P, rank) if causal else contiguous), causal)}
+    errs = [err_o, err_lse]
+    for fn, zigzag in others.values():
+        o, lse = fn()
+        errs += [(o.float() - shard(o_full, n, P, rank, zigzag).float()).abs().max(),
+                 (lse - shard_lse(lse_full, n, P, rank, zigzag)).abs().max()]
+    errs = torch.stack(errs)
     dist.all_reduce(errs, op=dist.ReduceOp.MAX)
-    o_full = lse_full = q = k = v = one = None            # free the one-GPU problem
+    o_full = lse_full = q = k = v = one = o = lse = None  # free the one-GPU problem
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     tp, times = _time(lambda: ring.forward(q_loc, kv), reps)
@@ -269,7 +286,10 @@ def run_case(attention, n: int, causal: bool, reps: int, profile_dir: Path | Non
         ring.forward(q_loc, kv)
         _sync()
     flops = attention_flops(1, H, n, n, D, causal)
+    methods = {f"{name}_ms": _time(fn, reps)[0] for name, (fn, _) in others.items()}
+    methods.update(max_err_ulysses=errs[2:4].max().item(), max_err_allgather=errs[4:6].max().item())
     return dict(N=n, causal=causal, world_size=P, ring_ms=tp, ring_runs_ms=times, one_gpu_ms=t1,
+                **methods,
                 efficiency=t1 / (P * tp) if tp else float("nan"), max_err_o=errs[0].item(),
                 max_err_lse=errs[1].item(),
                 hop_ms=t_hop, hop_bytes=kv.numel() * kv.element_size(), steps_rank0=steps,
@@ -284,7 +304,15 @@ def rows_of(cases: list, peak_tflops: float | None):
         base = dict(B=1, H_q=H, H_kv=H, N_q=c["N"], N_k=c["N"], d=D, dtype="float16",
                     causal=c["causal"], gbps=None)
         exposed = sum(s["wait_ms"] for s in c["steps_rank0"])
-        for kernel, role, ms, gpus, note in (
+        others = tuple(
+            (f"ch8_{name}", "variant", c[f"{name}_ms"], P,
+             f"world_size={P}; {what}; max|O-1gpu| and |LSE-1gpu| {c[f'max_err_{name}']:.1e}"
+             + ("; WRONG" if not c[f"max_err_{name}"] < TOLERANCE else ""))
+            for name, what in (("ulysses", "contiguous shards, all-to-all of Q, K, V and O"),
+                               ("allgather", "all-gather of K and V, "
+                                + ("zig-zag" if c["causal"] else "contiguous") + " shards"))
+            if f"{name}_ms" in c)
+        for kernel, role, ms, gpus, note in others + (
                 ("ch8_ring", "reference", c["ring_ms"], P,
                  f"world_size={P}; {'zig-zag' if c['causal'] else 'contiguous'} shards; scaling "
                  f"efficiency {100 * c['efficiency']:.1f} % (1-GPU {c['one_gpu_ms']:.2f} ms); "
@@ -327,9 +355,11 @@ def cpu_check(n: int = 64, profile_dir: Path | None = None) -> float:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     for causal in (True, False):                 # the measuring code, end to end (times are 0)
         c = run_case(reference_attention, n, causal, reps=1, profile_dir=profile_dir)
-        worst = max(worst, c["max_err_o"], c["max_err_lse"])
+        worst = max(worst, c["max_err_o"], c["max_err_lse"], c["max_err_ulysses"],
+                    c["max_err_allgather"])
         if rank == 0:
-            rows_of([dict(c, ring_ms=1.0, one_gpu_ms=1.0)], None)
+            rows_of([dict(c, ring_ms=1.0, one_gpu_ms=1.0, ulysses_ms=1.0, allgather_ms=1.0)],
+                    None)
     return max(t.item(), worst)
 
 
