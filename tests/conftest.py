@@ -149,12 +149,19 @@ _CHAPTER_IN_NODEID = re.compile(r"(?<![a-z0-9])(ch\d+)(?![0-9])")
 _seconds_by_chapter: dict = collections.defaultdict(float)
 
 
+_CHAPTER_FILE = re.compile(r"tests/test_(ch\d+)(?![0-9])")
+
+
 def pytest_runtest_logreport(report):
     """Add each test's time to the chapter its id names (``test_ch3.py``, ``[ch3-...]``,
-    ``[ch3_attn_test]``). Setup phases build what every chapter shares (the book, a release),
-    and the grading pipeline's end-to-end tests are the pipeline's: both count as shared."""
+    ``[ch3_attn_test]``). Setup phases count to the chapter of their test file (its own
+    fixtures: a compile, its solution's namespace); elsewhere they build what every chapter
+    shares (the book, a release), and the grading pipeline's end-to-end tests are the
+    pipeline's: both count as shared."""
     m = _CHAPTER_IN_NODEID.search(report.nodeid)
-    shared = report.when == "setup" or "tests/test_grading" in report.nodeid or m is None
+    if report.when == "setup":
+        m = _CHAPTER_FILE.search(report.nodeid)
+    shared = "tests/test_grading" in report.nodeid or m is None
     _seconds_by_chapter["shared" if shared else m.group(1)] += report.duration
 
 

@@ -249,26 +249,25 @@ def check_barrier_protocol(ttgir: str, stages: int, q_bytes: int, kv_bytes: int)
         and w0 != w1, f"the ping-pong token does not pass between the consumers: {tokens}"
 
 
-TTGIR = r"""
-from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
-res = []
-for d, dtype, bm, bn, stages, overlap, causal in CASES:
-    c = planner.Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, OVERLAP=overlap).for_inputs(d, dtype)
-    res.append(dict(case=[d, dtype, bm, bn, stages, overlap, causal],
-                    ttgir=gluon_fa3.compile_for_sm90(c, causal).asm["ttgir"]))
-print("RESULT" + json.dumps(res))
-"""
 RING_CASES = [(128, "float16", 64, 128, 2, True, False), (64, "bfloat16", 64, 64, 3, False, True)]
 
 
-# the tests of the compiled TTGIR share one compile: on one pytest-xdist worker
+# the tests of the compiled kernels share one compile (``AOT`` below, every case of CASES and
+# RING_CASES once): on one pytest-xdist worker
 SHARES_THE_TTGIR = pytest.mark.xdist_group("ch6-ttgir")
 
 
 @pytest.fixture(scope="module")
-def compiled_ttgir(tmp_path_factory):
-    return compile_script(f"CASES = {RING_CASES!r}\n" + TTGIR, tmp_path_factory.mktemp("ttgir"),
-                          ptx_only_for=(90,))
+def compiled_sm90(tmp_path_factory):
+    """{case: what compiling it for sm_90a gives} for CASES and RING_CASES, in one subprocess."""
+    cases = list(dict.fromkeys(CASES + RING_CASES))
+    res = compile_script(f"CASES = {cases!r}\n" + AOT, tmp_path_factory.mktemp("sm90"))
+    return {tuple(r["case"]): r for r in res}
+
+
+@pytest.fixture(scope="module")
+def compiled_ttgir(compiled_sm90):
+    return [compiled_sm90[c] for c in RING_CASES]
 
 
 @pytest.mark.slow
@@ -375,7 +374,7 @@ for d, dtype, bm, bn, stages, overlap, causal in CASES:
                                           if "setmaxnreg" in x)),
                     maxnreg=".maxnreg 168" in ptx, sass=bool(sass), hgmma=sass.count("HGMMA"),
                     depbar=sass.count("WARPGROUP.DEPBAR"),
-                    local=sass.count("STL") + sass.count("LDL")))
+                    local=sass.count("STL") + sass.count("LDL"), ttgir=k.asm["ttgir"]))
 print("RESULT" + json.dumps(res))
 '''
 
@@ -385,9 +384,9 @@ CASES = [(128, "float16", 64, 128, 2, True, False),     # the planner's pick for
 
 
 @pytest.mark.slow
-def test_kernel_compiles_for_sm90a_with_the_planned_shared_memory(tmp_path):
-    res = compile_script(f"CASES = {CASES!r}\n" + AOT, tmp_path)
-    assert len(res) == len(CASES)
+@SHARES_THE_TTGIR
+def test_kernel_compiles_for_sm90a_with_the_planned_shared_memory(compiled_sm90):
+    res = [compiled_sm90[c] for c in CASES]
     for r in res:
         assert r["target"].startswith("sm_90a"), r
         assert r["shared"] == r["planned"], f"planner off for {r['case']}: {r}"
