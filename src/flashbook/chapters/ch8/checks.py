@@ -397,6 +397,18 @@ def _check_traffic(out: dict, case, P: int, q, pos, what: str) -> None:
                            "the ring; more: blocks were sent to more than one rank.")
 
 
+def raise_if_unfinished(run, title: str, timeout: float, deadlock_hint: str) -> None:
+    """The CheckFailure of a gloo run (``ring.run_ring``) that hung (with ``deadlock_hint``) or
+    whose rank raised or died (the last lines of its traceback); nothing for a finished run."""
+    if run.status == "timeout":
+        raise CheckFailure(f"{title}: no result within {timeout:.0f} s: a deadlock? "
+                           f"{deadlock_hint} (All processes were killed.)")
+    if run.status in ("raised", "died"):
+        tail = "\n".join(run.error.strip().splitlines()[-12:])
+        who = f"rank {run.rank}" if run.rank is not None else "a worker"
+        raise CheckFailure(f"{title}: {who} failed (the others were killed):\n{tail}")
+
+
 def check_ring_attention(ring_attention, hidden: bool = False, timeout: float = ring.TIMEOUT_S):
     """Exercise 4b: ring_attention in P processes over gloo, every rank's (O, LSE) against
     single-process float64 attention; a raise or a hang fails the check, and every process is
@@ -405,15 +417,9 @@ def check_ring_attention(ring_attention, hidden: bool = False, timeout: float = 
     P, cases = ring_cases(hidden)
     run = ring.run_ring({"ring_attention": ring_attention}, cases, P, timeout=timeout)
     title = f"ring attention over gloo, {P} processes"
-    if run.status == "timeout":
-        raise CheckFailure(f"{title}: no result within {timeout:.0f} s: a deadlock? Every rank "
-                           "must post its send and its receive together (batch_isend_irecv), "
-                           "and every rank must run the same number of steps. (All processes "
-                           "were killed.)")
-    if run.status in ("raised", "died"):
-        tail = "\n".join(run.error.strip().splitlines()[-12:])
-        who = f"rank {run.rank}" if run.rank is not None else "a worker"
-        raise CheckFailure(f"{title}: {who} failed (the others were killed):\n{tail}")
+    raise_if_unfinished(run, title, timeout, "Every rank must post its send and its receive "
+                        "together (batch_isend_irecv), and every rank must run the same number "
+                        "of steps.")
     sent = []
     for i, case in enumerate(cases):
         q, k, v = case.inputs()

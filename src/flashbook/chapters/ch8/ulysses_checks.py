@@ -10,6 +10,7 @@ from flashbook.check import CheckFailure, assert_close, report, require_implemen
 from flashbook.sharding import ShardedCase
 
 from . import ring
+from .checks import raise_if_unfinished
 from .state import block_attention
 
 __all__ = ["check_ulysses", "ulysses_cases"]
@@ -93,14 +94,8 @@ def check_ulysses(ulysses_attention, hidden: bool = False, timeout: float = ring
     run = ring.run_ring({"ulysses_attention": ulysses_attention}, cases, P, timeout=timeout,
                         entry="ulysses_attention", may_raise=must_raise)
     title = f"Ulysses attention over gloo, {P} processes"
-    if run.status == "timeout":
-        raise CheckFailure(f"{title}: no result within {timeout:.0f} s: a deadlock? Every rank "
-                           "must call the same collectives in the same order. (All processes "
-                           "were killed.)")
-    if run.status in ("raised", "died"):
-        tail = "\n".join(run.error.strip().splitlines()[-12:])
-        who = f"rank {run.rank}" if run.rank is not None else "a worker"
-        raise CheckFailure(f"{title}: {who} failed (the others were killed):\n{tail}")
+    raise_if_unfinished(run, title, timeout,
+                        "Every rank must call the same collectives in the same order.")
     sent, calls = [], []
     for i, case in enumerate(cases):
         for r in range(P):
