@@ -16,10 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashbook.tiles import LOG2E
-
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
+LOG2E = 1.4426950408889634
 
 __all__ = ["E4M3", "E4M3_MAX", "attention_fp8", "fp8_attention_kernel"]
 
