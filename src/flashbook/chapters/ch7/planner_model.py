@@ -29,7 +29,7 @@ __all__ = ["Config", "B200", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_RE
            "shared_memory_layout", "shared_memory", "tmem_map", "tmem_columns_used",
            "tmem_columns", "partition_warps", "warps", "threads", "register_budget", "feasible",
            "best", "compiled_table", "compiled_entry", "TILE_ALIGN", "BARRIER_ALIGN",
-           "PER_TILE_BARRIERS", "PER_SLOT_BARRIERS", "TABLE", "TABLE_CONFIGS"]
+           "PER_TILE_BARRIERS", "PER_SLOT_BARRIERS", "BARRIERS", "TABLE", "TABLE_CONFIGS"]
 
 SOFTMAX_REGS = 192                  # what the kernel asks setmaxnreg for, per softmax thread
 SINGLE_WARP_REGS = 24               # ... and for the MMA, load and epilogue warps
@@ -40,6 +40,9 @@ PARTITION_WARPS = (("correction", 4), ("softmax 0", 4), ("softmax 1", 4), ("mma"
 PER_TILE_BARRIERS = ("q_full", "s_ready", "p_ready", "stats", "o_done", "o_ready", "l_ready",
                      "epi_ready")
 PER_SLOT_BARRIERS = ("k_full", "k_free", "v_full", "v_free")
+# every mbarrier array, in the order the kernel (and the simulator's make_barriers) allocates them
+BARRIERS = ("q_full", "k_full", "k_free", "v_full", "v_free", "s_ready", "p_ready", "stats",
+            "o_done", "o_ready", "l_ready", "epi_ready")
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,8 @@ def smem_buffers(config: Config) -> list[tuple[str, int, int]]:
     bufs = [("q", 2 * tile_bytes(config, "q"), TILE_ALIGN),
             ("k", s * tile_bytes(config, "k"), TILE_ALIGN),
             ("v", s * tile_bytes(config, "v"), TILE_ALIGN)]
-    order = ("q_full", "k_full", "k_free", "v_full", "v_free", "s_ready", "p_ready", "stats",
-             "o_done", "o_ready", "l_ready", "epi_ready")
-    for name in order:
-        n = 2 if name in PER_TILE_BARRIERS else s
-        bufs.append((name, n * MBARRIER_BYTES, BARRIER_ALIGN))
-    return bufs
+    return bufs + [(name, (2 if name in PER_TILE_BARRIERS else s) * MBARRIER_BYTES,
+                    BARRIER_ALIGN) for name in BARRIERS]
 
 
 def _capture_bytes(config: Config) -> int:
