@@ -175,8 +175,8 @@ class RolePipeline(BasePipeline):
         return None
 
     def buffers(self) -> dict:
-        """The CTA's buffers: Q_t (SMEM, O's staging tile at the end), S/P_t, O_t and the row
-        statistics of tile t (TMEM), the K and V slots (SMEM)."""
+        """The CTA's buffers: Q_t (SMEM, O's staging tile ``Ostage{t}`` at the end: the same
+        buffer), S/P_t, O_t and the row statistics of tile t (TMEM), the K and V slots (SMEM)."""
         bufs = {f"{x}{t}": Buffer(f"{x}{t}", "SMEM" if x == "Q" else "TMEM")
                 for t in TILES for x in "QSOml"}
         bufs.update({f"Ostage{t}": bufs[f"Q{t}"] for t in TILES})
@@ -250,11 +250,10 @@ class RolePipeline(BasePipeline):
     def newer(have, want) -> bool:
         """Whether contents ``have`` come later than ``want`` (an overwrite, not a read too
         early)."""
-        order = {"S": 0, "P": 1}
         if have is None or want is None:
             return False
         if have[0] in ("S", "P") and want[0] in ("S", "P"):
-            return (have[1], order[have[0]]) > (want[1], order[want[0]])
+            return (have[1], have[0] == "P") > (want[1], want[0] == "P")
         if have[0] in ("O", "O~") and want[0] in ("O", "O~"):
             return (have[1], have[0] == "O") > (want[1], want[0] == "O")
         if len(have) > 1 and len(want) > 1 and have[0] == want[0]:
@@ -266,17 +265,15 @@ class RolePipeline(BasePipeline):
         name = buf.name
         if name[0] == "Q":
             return f"Q_{name[-1]}'s tile (SMEM; O's staging tile at the end)"
-        if name[0] in "SOml" and name[-1] in "01" and not name.startswith("Ostage"):
-            what = {"S": "S", "O": "O", "m": "the row max", "l": "the row sum"}[name[0]]
-            what = f"{what}_{name[-1]}" if name[0] in "SO" else f"{what} of tile {name[-1]}"
-            return f"{what} ({buf.memory})"
-        if name.startswith("Ostage"):
-            return f"the O staging tile {name[-1]} (SMEM)"
+        if name[0] in "SO":
+            return f"{name[0]}_{name[-1]} ({buf.memory})"
+        if name[0] in "ml":
+            return f"the row {'max' if name[0] == 'm' else 'sum'} of tile {name[-1]} ({buf.memory})"
         return f"{name[0]} slot {name[2:-1]} (SMEM)"
 
     @staticmethod
     def race_note(buf: Buffer, acc, other) -> str:
-        if buf.name[0] == "O" and not buf.name.startswith("Ostage"):
+        if buf.name[0] == "O":
             labels = acc.label + " " + other.label
             if "rescale(" in labels:
                 return " O rescaled while an MMA accumulates into it."
@@ -302,7 +299,7 @@ class RolePipeline(BasePipeline):
         if name[0] == "S" and ("rowmax(" in who or "exp(" in who):
             return (f" Softmax {t} reads S_{t} once the MMA warp's commit on s_ready[{t}] says "
                     f"QK{t}(j) has finished.")
-        if name[0] == "O" and not name.startswith("Ostage"):
+        if name[0] == "O":
             if who.startswith("PV"):
                 return (f" The PV MMA accumulated into O_{t} before the correction rescaled "
                         f"it: before issuing PV{t}(j), j > 0, the MMA warp waits on "
