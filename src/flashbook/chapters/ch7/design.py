@@ -1,11 +1,7 @@
 """Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL example, FlashAttention-4's
 structure): warp roles and registers, the pipelines between roles, the persistent scheduler, and
-a cycle model of one tile (and of one key step of two tiles, whose softmax warpgroups share the
-SM's exponential unit) that shows why the exponentials, not the MMAs, set the pace on
-Blackwell. Per SM and clock: 16-bit tensor-core FLOPs (H100 4,096 = 989 TFLOP/s / 132 SMs / 1.83
-GHz; B200 and, in this model, B300 8,192), 16 exponentials (MUFU; 32 on the B300), 128 fp32
-FMAs. A model for reasoning: no latencies,
-shared-memory traffic or overlap limits. Pure Python.
+a cycle model of one tile and of one key step of two tiles (Section 2's rates: ``SM``). A model
+for reasoning: no latencies, shared-memory traffic or overlap limits. Pure Python.
 """
 from __future__ import annotations
 
@@ -108,7 +104,7 @@ class SM:
     poly: bool = True   # whether FlashAttention-4 emulates a share of exp2 by the polynomial
 
 
-H100 = SM("H100 (sm_90)", 4096)
+H100 = SM("H100 (sm_90)", 4096)          # 989 TFLOP/s / 132 SMs / 1.83 GHz
 B200 = SM("B200 (sm_100)", 8192)
 # Blackwell Ultra: twice the exponentials per clock; the model keeps the B200's tensor-core
 # rate, and FlashAttention-4 turns the polynomial off there

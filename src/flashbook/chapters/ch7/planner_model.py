@@ -5,14 +5,9 @@ kernel compiled for sm_100a (``data/ch7_compiled.json``, ``compiled_table``).
 
 A config: d (64, 128), a 16-bit dtype, ``BLOCK_M = 128`` rows a Q tile (two a CTA), ``BLOCK_N``
 keys a K/V tile, ``STAGES`` slots a ring, causal or not (the workers then capture N_Q too).
-Shared memory, placed by ``planning.place``: Q ``2 * BLOCK_M * d * 2`` (reused for O), K and V
-``STAGES * BLOCK_N * d * 2`` each, the mbarrier arrays, the workers' captures (320 bytes, 324
-causal) and a state byte per worker warp: d = 128, 2 stages: 197,132 of 232,448 bytes. Tensor
-memory: S0, S1 (``BLOCK_N`` columns), O0, O1 (d), P and the statistics inside S (``tmem_map``),
-rounded up to a power of two: 512 at d = 128 and 64. Registers: 4 + 4 + 4 + 1 + 1 + 1 warps
-padded to 16 (setmaxnreg works per warpgroup), 128 a thread at launch; then softmax 192 (a row of
-fp32 scores), single-warp roles 24, the correction the rest: 104 (it moves O in 32-column
-chunks). 8 correction warps is a what-if the planner answers and the kernel does not build.
+Shared memory: ``smem_buffers`` and ``gl.warp_specialize``'s own, placed by ``planning.place``
+(d = 128, 2 stages: 197,132 of 232,448 bytes); tensor memory: ``tmem_map``; registers:
+``register_budget`` (8 correction warps is a what-if the kernel does not build).
 """
 from __future__ import annotations
 
