@@ -18,10 +18,8 @@ from flashbook.device import current
 from flashbook.lazy_kernels import attn_fwd_lazy, hw_exp2
 from flashbook.plans import Launch, Plans, contiguous_strides, key
 from flashbook.reference import attention
-from flashbook.tiles import HEAD_DIMS_WHY, LOG2E, Config, pick_config as tile_config
-
-DTYPES = (torch.float16, torch.float32)
-HEAD_DIMS = (16, 32, 64, 128)
+from flashbook.tiles import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
+    pick_config as tile_config
 
 
 def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:

@@ -25,10 +25,7 @@ __all__ = ["OrderedRolePipeline", "simulate_ordered", "check_ordering", "MARKS",
 
 MARKS = ("wait_ld", "wait_st", "fence_before", "fence_after")
 STORES = {"rowmax": "the row max", "exp": "P", "rowsum": "the row sum"}   # op: what it stores
-_PTX = {"wait_ld": "tcgen05.wait::ld", "wait_st": "tcgen05.wait::st",
-        "fence_before": "tcgen05.fence::before_thread_sync",
-        "fence_after": "tcgen05.fence::after_thread_sync", "load_s": "tcgen05.ld",
-        "alloc": "tcgen05.alloc"}
+_PTX = {"wait_ld": "tcgen05.wait::ld", "wait_st": "tcgen05.wait::st"}
 # barriers that hand tensor memory (or its address) from one role to another
 _TMEM_BARRIERS = ("tmem_ready", "s_ready", "p_ready", "stats", "o_done", "o_ready", "l_ready")
 

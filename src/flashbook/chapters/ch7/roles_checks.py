@@ -1,8 +1,5 @@
-"""Chapter 7, Exercise 4's check and Gantt chart. The student writes ``KV_STAGES`` and the two
-roles with no Hopper counterpart, ``mma(pipe, bars)`` and ``correction(pipe, bars)``; the check
-wants the ring to fit in shared memory, no hazard, deadlock or missing action over many rings,
-lengths and timings, and with ``KV_STAGES`` slots a steady-state tensor-core utilisation of at
-least ``fa4_model(timing)``.
+"""Chapter 7, Exercise 4's check (``check_roles_schedule``: the student's ``KV_STAGES``, ``mma``
+and ``correction`` with the chapter's other roles) and the Gantt chart of a run.
 """
 from __future__ import annotations
 
