@@ -48,11 +48,6 @@ PIPELINES = (
 )
 
 
-def warp_roles() -> dict[int, str]:
-    """{warp: role} for the 16 warps."""
-    return {w: r.name for r in ROLES for w in r.warps}
-
-
 def register_split() -> list[tuple[str, int, int]]:
     """[(warpgroup, threads, registers per thread)]: the four warpgroups' setmaxnreg counts."""
     return [("softmax0 (warps 0-3)", 128, 192), ("softmax1 (warps 4-7)", 128, 192),
@@ -60,15 +55,12 @@ def register_split() -> list[tuple[str, int, int]]:
             ("mma, load, epilogue, empty (warps 12-15)", 128, 32)]
 
 
-def registers_used() -> int:
-    return sum(threads * regs for _, threads, regs in register_split())
-
-
 def register_table() -> str:
     rows = ["| warpgroup | threads | registers / thread | registers |", "|---|---|---|---|"]
-    for name, threads, regs in register_split():
-        rows.append(f"| {name} | {threads} | {regs} | {threads * regs:,} |")
-    rows.append(f"| **total** | 512 | | **{registers_used():,}** of {REGISTERS_PER_SM:,} |")
+    rows += [f"| {name} | {threads} | {regs} | {threads * regs:,} |"
+             for name, threads, regs in register_split()]
+    used = sum(threads * regs for _, threads, regs in register_split())
+    rows.append(f"| **total** | 512 | | **{used:,}** of {REGISTERS_PER_SM:,} |")
     return "\n".join(rows)
 
 

@@ -204,9 +204,9 @@ def plot_schedule(*runs: Run, titles=None, t_max: float | None = None):
             h = 0.8 / n_lanes
             y0 = y_of[span.row] + 0.4 - h * (span.lane + 1)
             width = span.end - span.start
-            color = _COLORS.get(span.kind, "#cccccc")
-            ax.broken_barh([(span.start, width)], (y0 + 0.03 * h, 0.94 * h), facecolors=color,
-                           edgecolors="white", linewidth=0.5,
+            ax.broken_barh([(span.start, width)], (y0 + 0.03 * h, 0.94 * h),
+                           facecolors=_COLORS.get(span.kind, "#cccccc"), edgecolors="white",
+                           linewidth=0.5,
                            hatch="..." if span.kind in ("wait", "exp wait") else None,
                            zorder=2)
             if span.kind in ("QK", "PV") and width > 0.02 * end and span.end <= end:
@@ -225,8 +225,7 @@ def plot_schedule(*runs: Run, titles=None, t_max: float | None = None):
         ax.set_xlim(0, end)
         ax.grid(axis="x", color="#eeeeee", zorder=0)
         ax.set_axisbelow(True)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
         if title is None:
             title = (f"{run.stages}-slot K and V rings, {run.n_steps} steps: tensor core busy "
                      f"{run.utilisation():.0%} from the first MMA to the last")
