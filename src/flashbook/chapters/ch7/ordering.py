@@ -156,17 +156,17 @@ class OrderedRolePipeline(RolePipeline):
         if a.name == "rowmax":
             if st.loaded != (tile, step):
                 raise Hazard("ordering", now, (
-                    f"{who.capitalize()} computes rowmax({tile}, {step}) without a tcgen05.ld of S_{tile} "
-                    f"of step {step}: the scores are in tensor memory, and a thread reads them "
-                    f"only through tcgen05.ld. `yield pipe.load_s({tile}, {step})`, then "
+                    f"{who.capitalize()} computes rowmax({tile}, {step}) without a tcgen05.ld of "
+                    f"S_{tile} of step {step}: the scores are in tensor memory, and a thread reads "
+                    f"them only through tcgen05.ld. `yield pipe.load_s({tile}, {step})`, then "
                     f"`yield pipe.wait_ld()`, then the row max."))
             if st.loads:
                 raise Hazard("ordering", now, (
                     f"{who.capitalize()} computes rowmax({tile}, {step}) from the registers its "
-                    f"tcgen05.ld of S_{tile} ({st.loads[-1][1]}) fills, with no tcgen05.wait::ld in between: tcgen05.ld is "
-                    f"asynchronous, and its destination registers are undefined until "
-                    f"tcgen05.wait::ld (the max of stale registers, on a real GPU). "
-                    f"`yield pipe.wait_ld()` after load_s."))
+                    f"tcgen05.ld of S_{tile} ({st.loads[-1][1]}) fills, with no tcgen05.wait::ld "
+                    f"in between: tcgen05.ld is asynchronous, and its destination registers are "
+                    f"undefined until tcgen05.wait::ld (the max of stale registers, on a real "
+                    f"GPU). `yield pipe.wait_ld()` after load_s."))
         if a.name == "load_s":
             st.loads.append((f"S_{tile}", a))
             st.loaded = (tile, step)

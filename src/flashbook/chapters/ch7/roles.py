@@ -39,9 +39,7 @@ class Timing:
     qk: float = 1.0           # S = Q K^T of one Q tile, on the tensor core
     pv: float = 1.0           # O += P V of one Q tile, on the tensor core
     rowmax: float = 0.5       # softmax: read S from TMEM, row max, publish it
-    exp: float = 1.5          # softmax: exp2 of one tile on the SM's exponential unit (one
-    #                           tile at a time: the two softmax warpgroups share it), P to 16
-    #                           bits, P stored in place of S
+    exp: float = 1.5          # softmax: exp2 of one tile on the shared exp unit, P in place of S
     rescale: float = 1.0      # correction: O *= exp2(m_old - m_new), O through registers
     rowsum: float = 0.25      # softmax, after its last step: publish the row sum
     finish: float = 1.0       # correction: O / l into shared memory

@@ -9,7 +9,8 @@ from flashbook.planning import B200
 from .roles import Run, Timing, fa4_model, serial_model, simulate
 
 __all__ = ["check_roles_schedule", "protocol_cases", "utilisation_cases", "steady_window",
-           "steady_utilisation", "plot_schedule", "complete", "ran", "check_protocol", "TOLERANCE", "SMEM_LIMIT"]
+           "steady_utilisation", "plot_schedule", "complete", "ran", "check_protocol",
+           "TOLERANCE", "SMEM_LIMIT"]
 
 TOLERANCE = 0.02                      # absolute, on a utilisation in [0, 1]
 UTIL_STEPS = 14                       # key steps of a utilisation run
