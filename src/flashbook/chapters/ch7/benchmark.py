@@ -1,21 +1,13 @@
 """Chapter 7 benchmark (``flashbook bench ch7``, an H100/H200): FlashAttention-4's two numerical
-tricks, each on and off, in two kernels:
-
-* ``ch3_two_tiles*``: the solution's ``attn_fwd_two_tiles`` of Chapter 3 with its
-  ``attn_update`` rebound (``triton_namespace``) to Exercise 2's ``lazy_update`` (``TAU``: O is
-  rescaled once an exponential would pass 2^TAU = 256) and/or Exercise 3b's ``exp2_poly_tl``;
-  launched directly (``launch_two_tiles``), since Chapter 3's wrappers take no bf16;
-* ``ch6_gluon_fa3*``: Chapter 6's Gluon FA3 kernel with the tricks as hooks (``gluon_tricks``).
-
-Suffixes: ``_lazy``, ``_poly`` (every exponential of P by the cubic), ``_lazy_poly``,
-``_poly_half`` (Triton only: the cubic on every second column, FA4's split between the units),
-and two timing probes that are not attention: ``_exp_x2`` (two MUFU.EX2 per score) and
-``_no_exp`` (a clamp instead; O is wrong): they bound the exponentials' share of the time.
-Cases: ``bench.FORWARD_SHAPES``, non-causal, fp16 and bf16; ``sdpa_cudnn`` the baseline. The
-chapter's ``attention_lazy`` is timed on the fp16 cases with its config from a CUDA graph
-(``ch7_attention_lazy``) and as a reader calls it (a ``public`` row). Each note gives the
-config and ``err``, max |O - O_ref| on head (0, 0) against float64 attention. Rows are measured
-by ``bench_setups.measure`` (a failed row has ``ms`` empty and a note saying why).
+tricks, each on and off (``TRICKS``), in Chapter 3's ``attn_fwd_two_tiles`` (``ch3_two_tiles*``:
+``attn_update`` rebound by ``triton_namespace`` to the solution's ``lazy_update`` and
+``exp2_poly_tl``, launched by ``launch_two_tiles``, since Chapter 3's wrappers take no bf16) and
+in Chapter 6's Gluon FA3 kernel with the tricks as hooks (``ch6_gluon_fa3*``, ``gluon_tricks``).
+``_poly_half`` (Triton only) puts the cubic on every second column; the probes ``_exp_x2`` (two
+MUFU.EX2 a score) and ``_no_exp`` (a clamp; O is wrong) bound the exponentials' share of the
+time. Cases: ``bench.FORWARD_SHAPES``, non-causal, fp16 and bf16, against ``sdpa_cudnn``; the
+chapter's ``attention_lazy`` on the fp16 cases, from a CUDA graph and as a reader calls it. Each
+note gives the config and ``err``, max |O - O_ref| on head (0, 0) against float64 attention.
 """
 from __future__ import annotations
 
@@ -154,10 +146,6 @@ def error(o, want) -> float:
     return (o[0, 0].double() - want).abs().max().item()
 
 
-def cases():
-    return [(s, dtype) for dtype in (torch.float16, torch.bfloat16) for s in SHAPES]
-
-
 def columns(B, H, N, d, dtype) -> dict:
     """``bench_setups.measure``'s keywords for one non-causal case."""
     return dict(B=B, H_q=H, N_q=N, d=d, dtype=dtype, causal=False,
@@ -168,8 +156,8 @@ def columns(B, H, N, d, dtype) -> dict:
 def _row(name, fn, want, note, **kw) -> Row:
     """One row of ``fn()`` (O of one forward), its error on head (0, 0) in the note."""
     def setup():
-        probe = "a timing probe, not attention" if name.endswith(PROBES) else ""
-        return fn, f"err={error(fn(), want):.1e}" + (f"; {probe}" if probe else "")
+        probe = "; a timing probe, not attention" if name.endswith(PROBES) else ""
+        return fn, f"err={error(fn(), want):.1e}{probe}"
     role = "reference" if name in REFERENCES else "variant"
     return measure(name, role, setup, note=note, **kw)
 
@@ -198,7 +186,8 @@ def run(case_list=None) -> list[Row]:
     namespaces = {suffix: triton_namespace(*trick) for suffix, trick in TRICKS.items()}
     attention_lazy = sources.solution_namespace("ch7")["attention_lazy"]
     rows = []
-    for (B, H, N, d), dtype in case_list or cases():
+    cases = [(s, dtype) for dtype in (torch.float16, torch.bfloat16) for s in SHAPES]
+    for (B, H, N, d), dtype in case_list or cases:
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype, generator=g)
                    for _ in range(3))

@@ -1,11 +1,7 @@
 """Chapter 7's model of the Blackwell forward kernel (CUTLASS's CuTe DSL example, FlashAttention-4's
 structure): warp roles and registers, the pipelines between roles, the persistent scheduler, and
-a cycle model of one tile (and of one key step of two tiles, whose softmax warpgroups share the
-SM's exponential unit) that shows why the exponentials, not the MMAs, set the pace on
-Blackwell. Per SM and clock: 16-bit tensor-core FLOPs (H100 4,096 = 989 TFLOP/s / 132 SMs / 1.83
-GHz; B200 and, in this model, B300 8,192), 16 exponentials (MUFU; 32 on the B300), 128 fp32
-FMAs. A model for reasoning: no latencies,
-shared-memory traffic or overlap limits. Pure Python.
+a cycle model of one tile and of one key step of two tiles (Section 2's rates: ``SM``). A model
+for reasoning: no latencies, shared-memory traffic or overlap limits. Pure Python.
 """
 from __future__ import annotations
 
@@ -52,11 +48,6 @@ PIPELINES = (
 )
 
 
-def warp_roles() -> dict[int, str]:
-    """{warp: role} for the 16 warps."""
-    return {w: r.name for r in ROLES for w in r.warps}
-
-
 def register_split() -> list[tuple[str, int, int]]:
     """[(warpgroup, threads, registers per thread)]: the four warpgroups' setmaxnreg counts."""
     return [("softmax0 (warps 0-3)", 128, 192), ("softmax1 (warps 4-7)", 128, 192),
@@ -64,15 +55,12 @@ def register_split() -> list[tuple[str, int, int]]:
             ("mma, load, epilogue, empty (warps 12-15)", 128, 32)]
 
 
-def registers_used() -> int:
-    return sum(threads * regs for _, threads, regs in register_split())
-
-
 def register_table() -> str:
     rows = ["| warpgroup | threads | registers / thread | registers |", "|---|---|---|---|"]
-    for name, threads, regs in register_split():
-        rows.append(f"| {name} | {threads} | {regs} | {threads * regs:,} |")
-    rows.append(f"| **total** | 512 | | **{registers_used():,}** of {REGISTERS_PER_SM:,} |")
+    rows += [f"| {name} | {threads} | {regs} | {threads * regs:,} |"
+             for name, threads, regs in register_split()]
+    used = sum(threads * regs for _, threads, regs in register_split())
+    rows.append(f"| **total** | 512 | | **{used:,}** of {REGISTERS_PER_SM:,} |")
     return "\n".join(rows)
 
 
@@ -108,7 +96,7 @@ class SM:
     poly: bool = True   # whether FlashAttention-4 emulates a share of exp2 by the polynomial
 
 
-H100 = SM("H100 (sm_90)", 4096)
+H100 = SM("H100 (sm_90)", 4096)          # 989 TFLOP/s / 132 SMs / 1.83 GHz
 B200 = SM("B200 (sm_100)", 8192)
 # Blackwell Ultra: twice the exponentials per clock; the model keeps the B200's tensor-core
 # rate, and FlashAttention-4 turns the polynomial off there

@@ -1,13 +1,7 @@
 """Chapter 7, Exercise 3: 2^x by a polynomial on the FMA units (FlashAttention-4's second trick),
-in float32, first in torch, then as a Triton function.
-
-The method: clamp x at -126 (float32's smallest normal; a weight that small is 0 in 16 bits),
-x = n + f with n an integer, p(f) ~ 2^f by Horner's rule, and 2^n exactly by writing n + 127 into
-the exponent field. ``fit_exp2`` minimises the largest *relative* error (what survives the
-multiplication by 2^n; Lawson's iteration), rounded to float32. The reduction and the fit must
-agree: n = round(x) puts f in [-1/2, 1/2], n = floor(x) in [0, 1).
-
-The checks measure against float64 on a dense set (``dense_points``) and state ``BOUND``.
+in float32, in torch and as a Triton function: the fit (``fit_exp2``, Lawson's iteration on the
+largest relative error), the checks against float64 on a dense set (``dense_points``, ``BOUND``)
+and the picture. ``reference_exp2`` is the method: clamp at -126, x = n + f, 2^n p(f).
 """
 from __future__ import annotations
 

@@ -1,28 +1,24 @@
 """Chapter 7's Blackwell kernel, host side: Exercise 4's five roles written in Triton Gluon for
-sm_100a (the device code, ``fa4_kernel`` and its roles, is in ``fa4_kernel``, re-exported here).
-
-One CTA owns ``2 * BLOCK_M`` query rows of one (batch, head) as two Q tiles of 128 rows and
-forks (``gl.warp_specialize``) into: the correction (default partition, 4 warps: rescales O_t in
-TMEM between PV MMAs, then O / l into Q_t's shared tile and the LSE), softmax 0 and 1 (4 warps
-each, a thread per row: P = exp2(S * scale - m) in 16 bits written into S_t's own columns), the
-MMA warp (``tcgen05_mma``, issue order ``QK0(j), PV1(j-1), QK1(j), PV0(j)``, completions
-committed to barriers), the load warp (TMA into K and V rings of ``STAGES`` slots) and the
-epilogue warp (TMA stores of O). The barriers are ``roles.make_barriers``'. Tensor memory, 32-bit
-columns of 128 lanes: S0 at 0, S1 at ``BLOCK_N``, O0 and O1 after them (d each); P_t is S_t's
-first ``BLOCK_N / 2`` columns, alpha its column ``BLOCK_N / 2``, the final row max and sum the
-two after: at d = 128 all 512 columns.
+sm_100a (the device code, ``fa4_kernel`` and its roles, is in ``fa4_kernel``, re-exported here;
+the notebook's Section 8 walks through it). One CTA owns two Q tiles of ``BLOCK_M = 128`` rows of
+one (batch, head) and forks into the correction (the default partition, 4 warps), softmax 0 and
+1 (4 warps each), and the MMA, load and epilogue warps, with ``roles.make_barriers``' barriers.
+Tensor memory, 32-bit columns: S0 at 0, S1 at ``BLOCK_N``, O0 and O1 after them (d each); P_t
+is S_t's first ``BLOCK_N / 2`` columns, alpha its column ``BLOCK_N / 2``, the final row max and
+sum the two after (``planner.tmem_map``).
 
 Inputs ``(B, H, N, d)`` contiguous fp16/bf16, d in {64, 128}; returns O and the LSE ``(B, H,
 N_q)`` (natural log); ``causal`` aligns bottom-right; a row with no key gets O = 0, LSE = -inf.
-It needs an sm_100 GPU (no tensor memory on sm_90, no Gluon interpreter): ``compile_for_sm100``
-builds it on any machine, and ``tests/test_ch7_gluon.py`` checks its PTX and its resources
-against ``planner``. Written for triton 3.9 and 3.6 (``SHIM`` names what differs).
+It needs an sm_100 GPU; ``compile_for_sm100`` builds it on any machine, and
+``tests/test_ch7_gluon.py`` checks its PTX and resources against ``planner``. Written for
+triton 3.9 and 3.6 (``SHIM`` names what differs).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
+import torch
 import triton
 from triton.experimental.gluon import language as gl
 
@@ -75,7 +71,6 @@ def compile_for_sm100(config: Config):
 
 
 def _validate(q, k, v, causal, softmax_scale, config):
-    import torch
     name = "attention_fa4"
     B, H, N_q, d = validate_dense_qkv(
         name, q, k, v, HEAD_DIMS,
@@ -114,7 +109,6 @@ def attention_fa4(q, k, v, causal: bool = False, softmax_scale: float | None = N
     """softmax(scale * Q K^T [+ causal mask]) V with the chapter's Gluon kernel on a B200: q
     ``(B, H, N_q, d)``, k, v ``(B, H, N_k, d)`` -> O, LSE (as the module docstring says). Never
     run by the book's tests: no sm_100 GPU was available."""
-    import torch
     from triton.experimental.gluon.nvidia.blackwell import TensorDescriptor
     config, scale = _validate(q, k, v, causal, softmax_scale, config)
     B, H, N_q, d = q.shape

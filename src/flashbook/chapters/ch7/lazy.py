@@ -1,10 +1,8 @@
 """Chapter 7, Exercise 2: lazy rescaling (FlashAttention-4's first trick) in Chapter 3's Triton
-kernel: launcher, check, the rule replayed, and the picture. The kernel ``attn_fwd_lazy``
-(``flashbook.lazy_kernels``, generated from the chapter's cell) takes the student's
-``lazy_update`` as ``UPDATE`` (it also returns whether it moved the reference max) and its
-exponential as ``EXP2``, and stores each program's rescale count (int32). The rule: a step
-rescales only when some row's exponentials would grow past ``2**tau`` (base 2, as Chapter 3
-keeps m); then every row moves its reference to its new max (``simulate_rescales``, float64).
+kernel ``attn_fwd_lazy`` (``flashbook.lazy_kernels``, generated from the chapter's cell, with the
+student's ``lazy_update`` as ``UPDATE`` and an exponential as ``EXP2``; it stores each program's
+rescale count): its launcher, the check, the rule replayed in float64 (``simulate_rescales``)
+and the picture.
 """
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ from flashbook.device import current
 from flashbook.lazy_kernels import attn_fwd_lazy, hw_exp2
 from flashbook.plans import Launch, Plans, contiguous_strides, key
 from flashbook.reference import attention
-from flashbook.tiles import HEAD_DIMS_WHY, LOG2E, Config, pick_config as tile_config
-
-DTYPES = (torch.float16, torch.float32)
-HEAD_DIMS = (16, 32, 64, 128)
+from flashbook.tiles import DTYPES, HEAD_DIMS, HEAD_DIMS_WHY, LOG2E, Config, \
+    pick_config as tile_config
 
 
 def pick_config(d: int, dtype: torch.dtype, capability: tuple | None) -> Config:

@@ -1,24 +1,14 @@
-"""Blackwell's ordering rules (Chapter 7, Exercise 6): the tcgen05 waits and fences, as a
-configuration of the five-role simulator (``roles``) on the toolkit's engine.
+"""Blackwell's ordering rules (Chapter 7, Exercise 6; Section 8 states them): the tcgen05 waits
+and fences, as a configuration of the five-role simulator (``roles``) on the toolkit's engine.
 
-``tcgen05.ld`` and ``tcgen05.st`` (tensor memory <-> registers) are asynchronous: registers a
-``tcgen05.ld`` fills are defined only after ``tcgen05.wait::ld``, a ``tcgen05.st`` has landed
-only after ``tcgen05.wait::st``. Across threads the PTX ISA's pattern is, in the producer,
-``tcgen05.wait::{ld,st}`` then ``tcgen05.fence::before_thread_sync`` then the mbarrier arrive;
-in the consumer, the mbarrier wait then ``tcgen05.fence::after_thread_sync`` then its tcgen05
-op. A ``tcgen05.commit`` arrives only once the MMAs before it completed, with the before-fence
-built in. The address of tensor memory comes the same way: the MMA warp's ``tcgen05.alloc``
-writes it into shared memory, fences before and arrives on ``tmem_ready``; a role waits there
-and fences after before its first tcgen05 op.
-
-``OrderedRolePipeline`` checks these rules in program order (``in_order``) for the softmax
+``OrderedRolePipeline`` checks the rules in program order (``in_order``) for the softmax
 warpgroups, which the exercise writes at the instruction level: ``load_s`` (tcgen05.ld of S),
 ``wait_ld``, ``rowmax`` (a tcgen05.st of the row max), ``exp`` (a tcgen05.st of P into S's
 columns), ``rowsum`` (a tcgen05.st of the row sum), ``wait_st``, ``fence_before``,
-``fence_after``. The MMA warp and the correction of Exercise 4 are written at the level of
-barriers; their fences follow the same rules and are taken as given. A broken rule is a
-hazard of kind *ordering* whose message names the role, the op, what is missing and what can
-go wrong on the hardware.
+``fence_after``; the MMA warp's ``alloc`` hands over the TMEM address on ``tmem_ready``. The MMA
+warp and the correction of Exercise 4 are written at the level of barriers; their fences follow
+the same rules and are taken as given. A broken rule is a hazard of kind *ordering* whose
+message names the role, the op, what is missing and what can go wrong on the hardware.
 """
 from __future__ import annotations
 
@@ -28,16 +18,14 @@ from flashbook.check import CheckFailure, report, require_implemented
 from flashbook.pipeline_types import Arrive, Hazard, Op, Spec, Wait
 
 from .roles import RolePipeline, Run, Timing, fa4_model, make_barriers, simulate
-from .roles_checks import TOLERANCE, UTIL_STEPS, complete, protocol_cases, steady_window
+from .roles_checks import TOLERANCE, UTIL_STEPS, check_protocol, protocol_cases, ran, \
+    steady_window
 
 __all__ = ["OrderedRolePipeline", "simulate_ordered", "check_ordering", "MARKS", "STORES"]
 
 MARKS = ("wait_ld", "wait_st", "fence_before", "fence_after")
 STORES = {"rowmax": "the row max", "exp": "P", "rowsum": "the row sum"}   # op: what it stores
-_PTX = {"wait_ld": "tcgen05.wait::ld", "wait_st": "tcgen05.wait::st",
-        "fence_before": "tcgen05.fence::before_thread_sync",
-        "fence_after": "tcgen05.fence::after_thread_sync", "load_s": "tcgen05.ld",
-        "alloc": "tcgen05.alloc"}
+_PTX = {"wait_ld": "tcgen05.wait::ld", "wait_st": "tcgen05.wait::st"}
 # barriers that hand tensor memory (or its address) from one role to another
 _TMEM_BARRIERS = ("tmem_ready", "s_ready", "p_ready", "stats", "o_done", "o_ready", "l_ready")
 
@@ -148,7 +136,7 @@ class OrderedRolePipeline(RolePipeline):
             step = ("it waited on tmem_ready but executed no tcgen05.fence::after_thread_sync "
                     "since" if st.address == "waited" else "it never waited on tmem_ready")
             raise Hazard("ordering", now, (
-                f"{_cap(who)} issues {ptx} before the allocation handshake: {step}. The "
+                f"{who.capitalize()} issues {ptx} before the allocation handshake: {step}. The "
                 f"address of tensor memory is what the MMA warp's tcgen05.alloc wrote into "
                 f"shared memory; the MMA warp then executes tcgen05.fence::before_thread_sync "
                 f"and arrives on tmem_ready. Until {who} has waited on tmem_ready (parity 0) "
@@ -157,7 +145,7 @@ class OrderedRolePipeline(RolePipeline):
                 f"`yield pipe.wait(bars.tmem_ready, 0)` and `yield pipe.fence_after()`."))
         if st.synced is not None:
             raise Hazard("ordering", now, (
-                f"{_cap(who)} issues {ptx} after its wait on {st.synced} with no "
+                f"{who.capitalize()} issues {ptx} after its wait on {st.synced} with no "
                 f"tcgen05.fence::after_thread_sync in between (the consumer's half of the "
                 f"hand-off). An mbarrier wait does not order the asynchronous tcgen05 "
                 f"instructions after it: the hardware may start the tcgen05.ld before the wait "
@@ -168,17 +156,17 @@ class OrderedRolePipeline(RolePipeline):
         if a.name == "rowmax":
             if st.loaded != (tile, step):
                 raise Hazard("ordering", now, (
-                    f"{_cap(who)} computes rowmax({tile}, {step}) without a tcgen05.ld of S_{tile} "
-                    f"of step {step}: the scores are in tensor memory, and a thread reads them "
-                    f"only through tcgen05.ld. `yield pipe.load_s({tile}, {step})`, then "
+                    f"{who.capitalize()} computes rowmax({tile}, {step}) without a tcgen05.ld of "
+                    f"S_{tile} of step {step}: the scores are in tensor memory, and a thread reads "
+                    f"them only through tcgen05.ld. `yield pipe.load_s({tile}, {step})`, then "
                     f"`yield pipe.wait_ld()`, then the row max."))
             if st.loads:
                 raise Hazard("ordering", now, (
-                    f"{_cap(who)} computes rowmax({tile}, {step}) from the registers its "
-                    f"tcgen05.ld of S_{tile} ({st.loads[-1][1]}) fills, with no tcgen05.wait::ld in between: tcgen05.ld is "
-                    f"asynchronous, and its destination registers are undefined until "
-                    f"tcgen05.wait::ld (the max of stale registers, on a real GPU). "
-                    f"`yield pipe.wait_ld()` after load_s."))
+                    f"{who.capitalize()} computes rowmax({tile}, {step}) from the registers its "
+                    f"tcgen05.ld of S_{tile} ({st.loads[-1][1]}) fills, with no tcgen05.wait::ld "
+                    f"in between: tcgen05.ld is asynchronous, and its destination registers are "
+                    f"undefined until tcgen05.wait::ld (the max of stale registers, on a real "
+                    f"GPU). `yield pipe.wait_ld()` after load_s."))
         if a.name == "load_s":
             st.loads.append((f"S_{tile}", a))
             st.loaded = (tile, step)
@@ -195,14 +183,14 @@ class OrderedRolePipeline(RolePipeline):
             wait = "tcgen05.wait::st" if st.stores else "tcgen05.wait::ld"
             harm = _HARM[what if st.stores else "S"].format(bar=bar)
             raise Hazard("ordering", now, (
-                f"{_cap(who)} arrives on {bar} before {wait}: its {pending} may still be in "
+                f"{who.capitalize()} arrives on {bar} before {wait}: its {pending} may still be in "
                 f"flight. tcgen05.ld and tcgen05.st are asynchronous; the arrive tells another "
                 f"role the data is ready, and {harm}. Before the arrive: "
                 f"`yield pipe.{'wait_st' if st.stores else 'wait_ld'}()`, then "
                 f"`yield pipe.fence_before()`."))
         if st.unfenced:
             raise Hazard("ordering", now, (
-                f"{_cap(who)} arrives on {bar} after {', '.join(st.unfenced[-3:])} with no "
+                f"{who.capitalize()} arrives on {bar} after {', '.join(st.unfenced[-3:])} with no "
                 f"tcgen05.fence::before_thread_sync since (the producer's half of the "
                 f"hand-off). The arrive is an ordinary memory operation, not ordered after the "
                 f"tcgen05 instructions before it: the consumer may see {bar} complete before "
@@ -218,10 +206,6 @@ _HARM = {"P": "the MMA warp, once it waited on {bar}, may read S's columns befor
                         "that has not landed",
          "S": "the MMA warp, once it waited on {bar}, may overwrite S with the next QK while "
               "the load still reads it"}
-
-
-def _cap(text: str) -> str:
-    return text[:1].upper() + text[1:]
 
 
 def with_alloc(mma):
@@ -257,21 +241,13 @@ def check_ordering(softmax, mma, correction, hidden: bool = False):
                            f"fail on their own (pass Exercise 4 first):\n{alone.error}")
     cases = protocol_cases(hidden) if hidden else \
         [(s, n, t) for s, n, t in protocol_cases() if s == 2]
-    for stages, n_steps, timing in cases:
-        what = (f"ordered softmax, {stages}-slot rings, n_steps={n_steps}, timing "
-                f"({timing.describe()})")
-        run = simulate_ordered(softmax, mma, correction, stages=stages, n_steps=n_steps,
-                               timing=timing)
-        if run.error is not None:
-            raise CheckFailure(f"{what}:\n{run.error}")
-        complete(run, what)
+    check_protocol(lambda **kw: simulate_ordered(softmax, mma, correction, **kw), cases,
+                   "ordered softmax")
     timings = [Timing()] + ([Timing(tma=2, exp=3.5), Timing(exp=1, rescale=2)] if hidden else [])
     for timing in timings:
-        run = simulate_ordered(softmax, mma, correction, stages=2, n_steps=UTIL_STEPS,
-                               timing=timing)
-        if run.error is not None:
-            raise CheckFailure(f"ordered softmax, utilisation run ({timing.describe()}):\n"
-                               f"{run.error}")
+        run = ran(simulate_ordered(softmax, mma, correction, stages=2, n_steps=UTIL_STEPS,
+                                   timing=timing),
+                  f"ordered softmax, utilisation run ({timing.describe()})")
         u, want = run.utilisation(*steady_window(run)), fa4_model(timing)
         if u < want - TOLERANCE:
             raise CheckFailure(

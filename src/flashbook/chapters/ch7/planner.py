@@ -1,11 +1,7 @@
 """Chapter 7's resource planner (``planner_model``, re-exported), Exercise 5's check and the
 compiled table's regeneration (``python -m flashbook.chapters.ch7.planner --out
-src/flashbook/data/ch7_compiled.json``: about a minute, no GPU).
-
-Exercise 5 grades the kernel's shared memory (byte-exact once placed), TMEM columns, threads,
-launch and correction registers against the sm_100a compile (``compiled_table``) and, for more
-configs, the model. ``WHAT_IFS`` change the split of warps and registers: without them threads
-and registers would be the same for every config, and a hard-coded answer would pass."""
+src/flashbook/data/ch7_compiled.json``: about a minute, no GPU). ``WHAT_IFS`` change the split
+of warps and registers: without them a hard-coded answer would pass every config."""
 from __future__ import annotations
 
 from collections import Counter
@@ -225,7 +221,8 @@ def _check_registers(got: dict, config: Config, what: str, truth: dict, source: 
 
 
 def check_resources(kernel_resources, hidden: bool = False):
-    """Exercise 5 (the module docstring says what it grades)."""
+    """Exercise 5: shared memory (byte-exact once placed), TMEM columns, threads, launch and
+    correction registers, against the sm_100a compile (``compiled_table``) or the model."""
     require_implemented(kernel_resources, "kernel_resources")
     cases = resource_cases(hidden)
     first = None

@@ -5,14 +5,9 @@ kernel compiled for sm_100a (``data/ch7_compiled.json``, ``compiled_table``).
 
 A config: d (64, 128), a 16-bit dtype, ``BLOCK_M = 128`` rows a Q tile (two a CTA), ``BLOCK_N``
 keys a K/V tile, ``STAGES`` slots a ring, causal or not (the workers then capture N_Q too).
-Shared memory, placed by ``planning.place``: Q ``2 * BLOCK_M * d * 2`` (reused for O), K and V
-``STAGES * BLOCK_N * d * 2`` each, the mbarrier arrays, the workers' captures (320 bytes, 324
-causal) and a state byte per worker warp: d = 128, 2 stages: 197,132 of 232,448 bytes. Tensor
-memory: S0, S1 (``BLOCK_N`` columns), O0, O1 (d), P and the statistics inside S (``tmem_map``),
-rounded up to a power of two: 512 at d = 128 and 64. Registers: 4 + 4 + 4 + 1 + 1 + 1 warps
-padded to 16 (setmaxnreg works per warpgroup), 128 a thread at launch; then softmax 192 (a row of
-fp32 scores), single-warp roles 24, the correction the rest: 104 (it moves O in 32-column
-chunks). 8 correction warps is a what-if the planner answers and the kernel does not build.
+Shared memory: ``smem_buffers`` and ``gl.warp_specialize``'s own, placed by ``planning.place``
+(d = 128, 2 stages: 197,132 of 232,448 bytes); tensor memory: ``tmem_map``; registers:
+``register_budget`` (8 correction warps is a what-if the kernel does not build).
 """
 from __future__ import annotations
 
@@ -29,7 +24,7 @@ __all__ = ["Config", "B200", "REGISTERS_PER_SM", "SOFTMAX_REGS", "SINGLE_WARP_RE
            "shared_memory_layout", "shared_memory", "tmem_map", "tmem_columns_used",
            "tmem_columns", "partition_warps", "warps", "threads", "register_budget", "feasible",
            "best", "compiled_table", "compiled_entry", "TILE_ALIGN", "BARRIER_ALIGN",
-           "PER_TILE_BARRIERS", "PER_SLOT_BARRIERS", "TABLE", "TABLE_CONFIGS"]
+           "PER_TILE_BARRIERS", "PER_SLOT_BARRIERS", "BARRIERS", "TABLE", "TABLE_CONFIGS"]
 
 SOFTMAX_REGS = 192                  # what the kernel asks setmaxnreg for, per softmax thread
 SINGLE_WARP_REGS = 24               # ... and for the MMA, load and epilogue warps
@@ -40,6 +35,9 @@ PARTITION_WARPS = (("correction", 4), ("softmax 0", 4), ("softmax 1", 4), ("mma"
 PER_TILE_BARRIERS = ("q_full", "s_ready", "p_ready", "stats", "o_done", "o_ready", "l_ready",
                      "epi_ready")
 PER_SLOT_BARRIERS = ("k_full", "k_free", "v_full", "v_free")
+# every mbarrier array, in the order the kernel (and the simulator's make_barriers) allocates them
+BARRIERS = ("q_full", "k_full", "k_free", "v_full", "v_free", "s_ready", "p_ready", "stats",
+            "o_done", "o_ready", "l_ready", "epi_ready")
 
 
 @dataclass(frozen=True)
@@ -82,12 +80,8 @@ def smem_buffers(config: Config) -> list[tuple[str, int, int]]:
     bufs = [("q", 2 * tile_bytes(config, "q"), TILE_ALIGN),
             ("k", s * tile_bytes(config, "k"), TILE_ALIGN),
             ("v", s * tile_bytes(config, "v"), TILE_ALIGN)]
-    order = ("q_full", "k_full", "k_free", "v_full", "v_free", "s_ready", "p_ready", "stats",
-             "o_done", "o_ready", "l_ready", "epi_ready")
-    for name in order:
-        n = 2 if name in PER_TILE_BARRIERS else s
-        bufs.append((name, n * MBARRIER_BYTES, BARRIER_ALIGN))
-    return bufs
+    return bufs + [(name, (2 if name in PER_TILE_BARRIERS else s) * MBARRIER_BYTES,
+                    BARRIER_ALIGN) for name in BARRIERS]
 
 
 def _capture_bytes(config: Config) -> int:

@@ -1,23 +1,14 @@
-"""The Blackwell design's five roles, simulated (Chapter 7, Exercise 4). They talk only through
-mbarriers:
-
-* the **load warp**: TMA copies of the two Q tiles, then K and V of step j into slot
-  ``j % stages`` of the K ring and of the V ring;
-* the **MMA warp** (one thread) issues every ``tcgen05`` MMA, ``S_t = Q_t K_j^T`` into tensor
-  memory (TMEM) and ``O_t (+)= P_t V_j`` with P from TMEM, without waiting: the tensor core runs
-  them **in issue order**, and ``commit(bar)`` arrives once every MMA issued before has finished;
-* two **softmax** warpgroups, one per Q tile: S_t from TMEM, the row max (``rowmax``), ``P_t =
-  exp2(S_t - m)`` **in place of S_t** (``exp``), at the end the row sum (``rowsum``). Both share
-  the SM's exponential unit (MUFU), one tile's ``exp`` at a time (the Gantt's "exp wait");
-* the **correction** warpgroup rescales O_t in TMEM between two PV MMAs (``rescale``), then
-  normalises O_t into shared memory (``finish``); the **epilogue warp** stores it (``store``).
+"""The Blackwell design's five roles, simulated (Chapter 7, Exercise 4; the notebook's table says
+what each role does). They talk only through mbarriers. The MMA warp's ``tcgen05`` MMAs return
+at once, the tensor core runs them **in issue order**, and ``commit(bar)`` arrives once every MMA
+issued before has finished; the two softmax warpgroups share the SM's exponential unit (MUFU),
+one tile's ``exp`` at a time (the Gantt's "exp wait").
 
 ``RolePipeline`` configures the toolkit's engine (Chapter 6's): the actions, what each does
 (``spec``: unit, duration, accesses to buffers in shared memory and TMEM) and the words of its
-hazards. A hazard ends the run naming the time, roles and buffer: *read before ready*,
-*overwrite*, *race* (overlapping accesses, one a write), and Chapter 6's *deadlock*, *phase
-overrun*, *protocol*, *runaway*. Time is in abstract units (``Timing``); issuing an MMA, a TMA
-copy or an arrival takes none.
+hazards: *read before ready*, *overwrite*, *race* (overlapping accesses, one a write), and
+Chapter 6's *deadlock*, *phase overrun*, *protocol*, *runaway*. Time is in abstract units
+(``Timing``); issuing an MMA, a TMA copy or an arrival takes none.
 """
 from __future__ import annotations
 
@@ -28,6 +19,8 @@ from flashbook.pipeline_buffers import Buffer
 from flashbook.pipeline_engine import deadlock_text
 from flashbook.pipeline_model import BasePipeline
 from flashbook.pipeline_types import Barrier, Hazard, Run, Spec, Span
+
+from .planner_model import BARRIERS, PER_TILE_BARRIERS
 
 __all__ = ["Timing", "RolePipeline", "Run", "Hazard", "Barrier", "Span", "ROLE_NAMES", "TILES",
            "fa4_model", "serial_model", "make_barriers", "load", "softmax", "epilogue",
@@ -46,9 +39,7 @@ class Timing:
     qk: float = 1.0           # S = Q K^T of one Q tile, on the tensor core
     pv: float = 1.0           # O += P V of one Q tile, on the tensor core
     rowmax: float = 0.5       # softmax: read S from TMEM, row max, publish it
-    exp: float = 1.5          # softmax: exp2 of one tile on the SM's exponential unit (one
-    #                           tile at a time: the two softmax warpgroups share it), P to 16
-    #                           bits, P stored in place of S
+    exp: float = 1.5          # softmax: exp2 of one tile on the shared exp unit, P in place of S
     rescale: float = 1.0      # correction: O *= exp2(m_old - m_new), O through registers
     rowsum: float = 0.25      # softmax, after its last step: publish the row sum
     finish: float = 1.0       # correction: O / l into shared memory
@@ -182,8 +173,8 @@ class RolePipeline(BasePipeline):
         return None
 
     def buffers(self) -> dict:
-        """The CTA's buffers: Q_t (SMEM, O's staging tile at the end), S/P_t, O_t and the row
-        statistics of tile t (TMEM), the K and V slots (SMEM)."""
+        """The CTA's buffers: Q_t (SMEM, O's staging tile ``Ostage{t}`` at the end: the same
+        buffer), S/P_t, O_t and the row statistics of tile t (TMEM), the K and V slots (SMEM)."""
         bufs = {f"{x}{t}": Buffer(f"{x}{t}", "SMEM" if x == "Q" else "TMEM")
                 for t in TILES for x in "QSOml"}
         bufs.update({f"Ostage{t}": bufs[f"Q{t}"] for t in TILES})
@@ -257,11 +248,10 @@ class RolePipeline(BasePipeline):
     def newer(have, want) -> bool:
         """Whether contents ``have`` come later than ``want`` (an overwrite, not a read too
         early)."""
-        order = {"S": 0, "P": 1}
         if have is None or want is None:
             return False
         if have[0] in ("S", "P") and want[0] in ("S", "P"):
-            return (have[1], order[have[0]]) > (want[1], order[want[0]])
+            return (have[1], have[0] == "P") > (want[1], want[0] == "P")
         if have[0] in ("O", "O~") and want[0] in ("O", "O~"):
             return (have[1], have[0] == "O") > (want[1], want[0] == "O")
         if len(have) > 1 and len(want) > 1 and have[0] == want[0]:
@@ -273,17 +263,15 @@ class RolePipeline(BasePipeline):
         name = buf.name
         if name[0] == "Q":
             return f"Q_{name[-1]}'s tile (SMEM; O's staging tile at the end)"
-        if name[0] in "SOml" and name[-1] in "01" and not name.startswith("Ostage"):
-            what = {"S": "S", "O": "O", "m": "the row max", "l": "the row sum"}[name[0]]
-            what = f"{what}_{name[-1]}" if name[0] in "SO" else f"{what} of tile {name[-1]}"
-            return f"{what} ({buf.memory})"
-        if name.startswith("Ostage"):
-            return f"the O staging tile {name[-1]} (SMEM)"
+        if name[0] in "SO":
+            return f"{name[0]}_{name[-1]} ({buf.memory})"
+        if name[0] in "ml":
+            return f"the row {'max' if name[0] == 'm' else 'sum'} of tile {name[-1]} ({buf.memory})"
         return f"{name[0]} slot {name[2:-1]} (SMEM)"
 
     @staticmethod
     def race_note(buf: Buffer, acc, other) -> str:
-        if buf.name[0] == "O" and not buf.name.startswith("Ostage"):
+        if buf.name[0] == "O":
             labels = acc.label + " " + other.label
             if "rescale(" in labels:
                 return " O rescaled while an MMA accumulates into it."
@@ -309,7 +297,7 @@ class RolePipeline(BasePipeline):
         if name[0] == "S" and ("rowmax(" in who or "exp(" in who):
             return (f" Softmax {t} reads S_{t} once the MMA warp's commit on s_ready[{t}] says "
                     f"QK{t}(j) has finished.")
-        if name[0] == "O" and not name.startswith("Ostage"):
+        if name[0] == "O":
             if who.startswith("PV"):
                 return (f" The PV MMA accumulated into O_{t} before the correction rescaled "
                         f"it: before issuing PV{t}(j), j > 0, the MMA warp waits on "
@@ -347,14 +335,10 @@ class RolePipeline(BasePipeline):
 
 
 def fa4_model(t: Timing) -> float:
-    """Steady-state tensor-core utilisation of the two-tile schedule, when the K/V ring hides the
-    TMA latency. Per key step the tensor core has ``2g`` of work. One tile's chain is
-    ``QK_t(j) -> rowmax -> [exp, and the correction's rescale of O_t] -> PV_t(j) -> QK_t(j+1)``:
-    S_t and P_t share TMEM columns, so the next QK of a tile waits for its PV. While one tile
-    waits for its softmax the tensor core runs the other tile's PV and QK (g), so a period lasts
-    ``max(2g, g + rowmax + max(exp, rescale))``; the correction warpgroup rescales both tiles,
-    ``2 * rescale`` a period, and the SM's one exponential unit computes both tiles'
-    exponentials, ``2 * exp`` a period. Utilisation = 2g / period."""
+    """Steady-state tensor-core utilisation of the two-tile schedule when the K/V ring hides the
+    TMA latency: 2g / period, the period ``max(2g, g + rowmax + max(exp, rescale), 2 rescale,
+    2 exp)`` (a tile's next QK waits for its PV, as S and P share TMEM columns; the other tile's
+    MMAs fill the wait; the correction and the one exponential unit serve both tiles)."""
     g = t.g
     period = max(2 * g, g + t.rowmax + max(t.exp, t.rescale), 2 * t.rescale, 2 * t.exp)
     return min(1.0, 2 * g / period)
@@ -383,17 +367,9 @@ def make_barriers(pipe: RolePipeline) -> types.SimpleNamespace:
     * ``l_ready[t]``: softmax t has published its row sum (softmax t -> correction);
     * ``epi_ready[t]``: the normalised O_t is in shared memory (correction -> epilogue warp).
     """
-    def per_tile(name):
-        return [pipe.barrier(f"{name}[{t}]") for t in TILES]
-
-    def per_slot(name):
-        return [pipe.barrier(f"{name}[{s}]") for s in range(pipe.stages)]
-    return types.SimpleNamespace(
-        q_full=per_tile("q_full"), k_full=per_slot("k_full"), k_free=per_slot("k_free"),
-        v_full=per_slot("v_full"), v_free=per_slot("v_free"), s_ready=per_tile("s_ready"),
-        p_ready=per_tile("p_ready"), stats=per_tile("stats"), o_done=per_tile("o_done"),
-        o_ready=per_tile("o_ready"), l_ready=per_tile("l_ready"),
-        epi_ready=per_tile("epi_ready"))
+    count = {name: len(TILES) if name in PER_TILE_BARRIERS else pipe.stages for name in BARRIERS}
+    return types.SimpleNamespace(**{name: [pipe.barrier(f"{name}[{i}]") for i in range(n)]
+                                    for name, n in count.items()})
 
 
 def load(pipe: RolePipeline, bars):
@@ -438,17 +414,12 @@ def simulate(mma, correction, *, stages: int, n_steps: int, timing: Timing | Non
     with rules of its own: ``ordering``). Returns the Run; a hazard is ``run.error``, never
     raised."""
     pipe = (pipe_type or RolePipeline)(stages, n_steps, timing, max_actions)
-    given = {"load warp": lambda: load(pipe, bars),
-             "MMA warp": lambda: mma(pipe, bars),
-             "softmax 0": lambda: softmax(pipe, 0, bars),
-             "softmax 1": lambda: softmax(pipe, 1, bars),
-             "correction": lambda: correction(pipe, bars),
-             "epilogue warp": lambda: epilogue(pipe, bars)}
-    for name, fn in (roles or {}).items():
-        given[name] = (lambda fn=fn: fn(pipe, bars))
+    given = {"load warp": load, "MMA warp": mma, "softmax 0": lambda p, b: softmax(p, 0, b),
+             "softmax 1": lambda p, b: softmax(p, 1, b), "correction": correction,
+             "epilogue warp": epilogue, **(roles or {})}
     try:
         bars = pipe.make_barriers()
-        programs = {name: make() for name, make in given.items()}
+        programs = {name: fn(pipe, bars) for name, fn in given.items()}
         return pipe.run(programs)
     except Hazard as h:
         return Run(stages, n_steps, 0, pipe.timing, False, [], [], [], [], {}, 0.0, h)

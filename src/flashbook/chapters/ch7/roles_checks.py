@@ -1,8 +1,5 @@
-"""Chapter 7, Exercise 4's check and Gantt chart. The student writes ``KV_STAGES`` and the two
-roles with no Hopper counterpart, ``mma(pipe, bars)`` and ``correction(pipe, bars)``; the check
-wants the ring to fit in shared memory, no hazard, deadlock or missing action over many rings,
-lengths and timings, and with ``KV_STAGES`` slots a steady-state tensor-core utilisation of at
-least ``fa4_model(timing)``.
+"""Chapter 7, Exercise 4's check (``check_roles_schedule``: the student's ``KV_STAGES``, ``mma``
+and ``correction`` with the chapter's other roles) and the Gantt chart of a run.
 """
 from __future__ import annotations
 
@@ -12,7 +9,8 @@ from flashbook.planning import B200
 from .roles import Run, Timing, fa4_model, serial_model, simulate
 
 __all__ = ["check_roles_schedule", "protocol_cases", "utilisation_cases", "steady_window",
-           "steady_utilisation", "plot_schedule", "complete", "TOLERANCE", "SMEM_LIMIT"]
+           "steady_utilisation", "plot_schedule", "complete", "ran", "check_protocol",
+           "TOLERANCE", "SMEM_LIMIT"]
 
 TOLERANCE = 0.02                      # absolute, on a utilisation in [0, 1]
 UTIL_STEPS = 14                       # key steps of a utilisation run
@@ -81,11 +79,9 @@ def complete(run: Run, what: str):
 
 def _diagnose_slow(run: Run, t0: float, t1: float, stages: int) -> str:
     """Why the tensor core idled: what the MMA warp waited on most in the steady state."""
-    waits = {}
-    for s in run.spans:
-        if s.row == "MMA warp" and s.kind == "wait":
-            name = s.note.split("[")[0]
-            waits[name] = waits.get(name, 0.0) + max(0.0, min(s.end, t1) - max(s.start, t0))
+    names = dict.fromkeys(s.note.split("[")[0] for s in run.spans
+                          if s.row == "MMA warp" and s.kind == "wait")
+    waits = {name: run.blocked_time("MMA warp", name, t0, t1) for name in names}
     if not waits or max(waits.values()) <= 1e-9:
         return ""
     worst = max(waits, key=waits.get)
@@ -105,6 +101,21 @@ def _diagnose_slow(run: Run, t0: float, t1: float, stages: int) -> str:
         text += (" It waits for the correction: does the correction wait for something it does "
                  "not need before its rescale (the next step's data, the other tile)?")
     return text
+
+
+def ran(run: Run, what: str) -> Run:
+    """``run``, unless it stopped at a hazard: then a CheckFailure that quotes it."""
+    if run.error is not None:
+        raise CheckFailure(f"{what}:\n{run.error}")
+    return run
+
+
+def check_protocol(simulate_roles, cases, label: str) -> int:
+    """Every case's run has no hazard and is ``complete``; returns how many cases ran."""
+    for stages, n_steps, timing in cases:
+        what = f"{label}, {stages}-slot rings, n_steps={n_steps}, timing ({timing.describe()})"
+        complete(ran(simulate_roles(stages=stages, n_steps=n_steps, timing=timing), what), what)
+    return len(cases)
 
 
 def steady_window(run: Run, skip: int = 3) -> tuple[float, float]:
@@ -128,22 +139,14 @@ def check_roles_schedule(KV_STAGES, mma, correction, hidden: bool = False):
     says it can."""
     require_implemented(mma, "mma"), require_implemented(correction, "correction")
     _ring_fits(KV_STAGES)
-    n = 0
-    for stages, n_steps, timing in protocol_cases(hidden):
-        what = (f"five roles, {stages}-slot rings, n_steps={n_steps}, timing "
-                f"({timing.describe()})")
-        run = simulate(mma, correction, stages=stages, n_steps=n_steps, timing=timing)
-        if run.error is not None:
-            raise CheckFailure(f"{what}:\n{run.error}")
-        complete(run, what)
-        n += 1
+    n = check_protocol(lambda **kw: simulate(mma, correction, **kw), protocol_cases(hidden),
+                       "five roles")
     shown = None
     for timing in utilisation_cases(hidden):
         what = (f"tensor-core utilisation with KV_STAGES = {KV_STAGES}, timing "
                 f"({timing.describe()})")
-        run = simulate(mma, correction, stages=KV_STAGES, n_steps=UTIL_STEPS, timing=timing)
-        if run.error is not None:
-            raise CheckFailure(f"{what}:\n{run.error}")
+        run = ran(simulate(mma, correction, stages=KV_STAGES, n_steps=UTIL_STEPS, timing=timing),
+                  what)
         t0, t1 = steady_window(run)
         u, want = run.utilisation(t0, t1), fa4_model(timing)
         if u < want - TOLERANCE:
@@ -202,9 +205,9 @@ def plot_schedule(*runs: Run, titles=None, t_max: float | None = None):
             h = 0.8 / n_lanes
             y0 = y_of[span.row] + 0.4 - h * (span.lane + 1)
             width = span.end - span.start
-            color = _COLORS.get(span.kind, "#cccccc")
-            ax.broken_barh([(span.start, width)], (y0 + 0.03 * h, 0.94 * h), facecolors=color,
-                           edgecolors="white", linewidth=0.5,
+            ax.broken_barh([(span.start, width)], (y0 + 0.03 * h, 0.94 * h),
+                           facecolors=_COLORS.get(span.kind, "#cccccc"), edgecolors="white",
+                           linewidth=0.5,
                            hatch="..." if span.kind in ("wait", "exp wait") else None,
                            zorder=2)
             if span.kind in ("QK", "PV") and width > 0.02 * end and span.end <= end:
@@ -223,8 +226,7 @@ def plot_schedule(*runs: Run, titles=None, t_max: float | None = None):
         ax.set_xlim(0, end)
         ax.grid(axis="x", color="#eeeeee", zorder=0)
         ax.set_axisbelow(True)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
         if title is None:
             title = (f"{run.stages}-slot K and V rings, {run.n_steps} steps: tensor core busy "
                      f"{run.utilisation():.0%} from the first MMA to the last")

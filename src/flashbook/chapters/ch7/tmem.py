@@ -1,12 +1,6 @@
 """Chapter 7, Exercise 1: a tensor-memory (TMEM) column map for the Blackwell forward kernel, its
-rules (``problems``), the check and a picture.
-
-TMEM is 128 lanes x 512 columns of 32 bits per SM; lane i holds row i of a 128-row tile, so a
-buffer is a range of columns. A plan is ``(alloc_cols, {name: (first column, width)})`` for
-``NAMES``. P_i and stats_i alias S_i (the softmax overwrites the scores it has read); every
-buffer starts on a 32-column granule (the example's offsets: 0, 32, 128, 160, 256, 384); the
-allocation is the smallest power of two that any map of this shape needs (S0, S1, O0, O1 side
-by side), so the rest stays free for another CTA.
+rules (``problems``), the check and a picture. A plan is ``(alloc_cols, {name: (first column,
+width)})`` for ``NAMES``, in TMEM's 512 columns of 32 bits (a lane per row of a 128-row tile).
 """
 from __future__ import annotations
 
