@@ -30,7 +30,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data" / "fp8"
 SHAPE = (1, 16, 16384, 128)
 ACCURACY_SHAPE = (1, 4, 2048, 128)
 BLOCK = 128
-CONFIGS = ((128, 128, 8, 3), (64, 128, 4, 3))      # (BLOCK_M, BLOCK_N, warps, stages)
+CONFIGS = ((128, 128, 8, 3), (64, 128, 4, 3), (64, 128, 4, 4))      # (BLOCK_M, BLOCK_N, warps, stages)
 
 
 def _prepared(ns, q, k, v, block_m, block_n, rotation=None):

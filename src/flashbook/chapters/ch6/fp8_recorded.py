@@ -1,0 +1,79 @@
+"""Chapter 6's FP8 record (``python -m flashbook.fp8_bench``), read back: the figures Section 8
+quotes and its plot. One JSON per GPU in ``DATA_DIR``; like the chapter's benchmark, the prose
+quotes one GPU's record (None until one exists)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "fp8"
+FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp16"
+ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp16_sdpa": "fp16 SDPA"}
+
+
+def record() -> dict | None:
+    """The one GPU's FP8 record, or None; several records are an error (the prose quotes one)."""
+    found = sorted(DATA_DIR.glob("*.json"))
+    if len(found) > 1:
+        raise ValueError(f"ch6: FP8 records of several GPUs {[p.stem for p in found]}; the "
+                         "prose quotes one")
+    return json.loads(found[0].read_text()) if found else None
+
+
+def best(rec: dict, kernel: str, causal: bool) -> dict:
+    """The fastest row of ``kernel`` (over its tile configs) at the record's shape."""
+    rows = [r for r in rec["speed"] if r["kernel"] == kernel and r["causal"] == causal]
+    if not rows:
+        raise ValueError(f"ch6: the FP8 record has no {kernel} row, causal={causal}")
+    return max(rows, key=lambda r: r["tflops"])
+
+
+def error(rec: dict, kernel: str, causal: bool) -> float:
+    return next(r["rms_error"] for r in rec["accuracy"]
+                if r["kernel"] == kernel and r["causal"] == causal)
+
+
+def values(rec: dict) -> dict:
+    """Glue key -> figure (``flashbook.quoted``): the GPU, the fp8 kernel's TFLOP/s and its ratio
+    to the fp16 forward and cuDNN, its RMS error without and with the rotation and the gain."""
+    out = {"ch6_fp8_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", "")}
+    for causal in (False, True):
+        label = "causal" if causal else "noncausal"
+        fp8 = best(rec, FP8, causal)["tflops"]
+        out[f"ch6_fp8_tflops_{label}"] = fp8
+        out[f"ch6_fp8_vs_fp16_{label}"] = fp8 / best(rec, FP16, causal)["tflops"]
+        out[f"ch6_fp8_vs_cudnn_{label}"] = fp8 / best(rec, CUDNN, causal)["tflops"]
+        plain, rotated = error(rec, "fp8", causal), error(rec, "fp8_rotated", causal)
+        out[f"ch6_fp8_err_plain_{label}"] = plain
+        out[f"ch6_fp8_err_rotated_{label}"] = rotated
+        out[f"ch6_fp8_err_gain_{label}"] = plain / rotated
+    return out
+
+
+def plot(rec: dict):
+    """Left: TFLOP/s of the fp8 kernel (its best config), the fp16 forward and cuDNN; right: RMS
+    error against float64 on inputs with outlier channels (log scale)."""
+    fig, (speed, err) = plt.subplots(1, 2, figsize=(12, 3.8))
+    labels = {FP8: "fp8 (Triton, e4m3)", FP16: "fp16 (Gluon FA3)", CUDNN: "fp16 cuDNN"}
+    width = 0.25
+    for i, (kernel, label) in enumerate(labels.items()):
+        ys = [best(rec, kernel, c)["tflops"] for c in (False, True)]
+        bars = speed.bar([x + i * width for x in (0, 1)], ys, width, label=label)
+        speed.bar_label(bars, fmt="%.0f", fontsize=8)
+    speed.set_xticks([width, 1 + width], ["non-causal", "causal"])
+    speed.set_ylabel("TFLOP/s")
+    speed.set_title(f"{tuple(rec['shape'])}, {rec['provenance']['gpu']}")
+    speed.legend(fontsize=8, loc="lower right")
+    for i, (kernel, label) in enumerate(ERRORS.items()):
+        ys = [error(rec, kernel, c) for c in (False, True)]
+        bars = err.bar([x + i * width for x in (0, 1)], ys, width, label=label)
+        err.bar_label(bars, fmt="%.1e", fontsize=8)
+    err.set_yscale("log")
+    err.set_xticks([width, 1 + width], ["non-causal", "causal"])
+    err.set_ylabel("RMS error against float64")
+    err.set_title(f"outlier channels, {tuple(rec['accuracy_shape'])}")
+    err.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
