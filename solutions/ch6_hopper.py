@@ -1023,9 +1023,22 @@ ch6.check_fp8_tiles(fp8_attention_tiles, hidden=True)
 # **The kernel.** `ch6.attention_fp8(q8, qs, k8, ks, vt8, vs, causal)` is Exercise 7 as a Triton
 # kernel (`flashbook/chapters/ch6/fp8.py`): `tl.dot` of two e4m3 tiles runs on the fp8
 # tensor cores on sm_89 and newer, S and the accumulator stay fp32, and $P$ is cast with
-# `p.to(tl.float8e4nv)`. It takes what your `quantize_blocks` makes, with 128-row blocks and V
-# transposed. On an fp8 GPU the next cell compares it with fp16 SDPA against float64, with and
-# without your rotation, on inputs with outlier channels; elsewhere it says why it cannot run.
+# `p.to(tl.float8e4nv)`. Three changes to Exercise 7's arithmetic cost nothing and are worth
+# having on the GPU:
+#
+# - $P$ is computed as $2^8 \exp(S - m)$, in $[0, 256]$, by subtracting 8 more from the
+#   exponent. Most of $P$ is small, and below $2^{-6}$ e4m3 has only subnormals (3 bits or
+#   fewer); scaled, it keeps its 3 mantissa bits down to $2^{-14}$. The row sum $\ell$ carries
+#   the same $2^8$ and the final division cancels it.
+# - The accumulator is kept in units of the current V block's scale: each step multiplies it by
+#   $\alpha\, s_{v,\text{old}} / s_{v,\text{new}}$ (the rescale it needed anyway) and `tl.dot`
+#   adds $P_8 V_8$ into it in place; $s_v$ multiplies it once at the end, not once per tile.
+# - Causal: the tiles wholly below the diagonal run without a mask; only the diagonal ones
+#   compute it.
+#
+# It takes what your `quantize_blocks` makes, with 128-row blocks and V transposed. On an fp8
+# GPU the next cell compares it with fp16 SDPA against float64, with and without your rotation,
+# on inputs with outlier channels; elsewhere it says why it cannot run.
 
 # %% tags=["demo"]
 if backend.capability is not None and tuple(backend.capability) >= (8, 9):
@@ -1047,6 +1060,40 @@ if backend.capability is not None and tuple(backend.capability) >= (8, 9):
               f"fp8 rotated {rms(run_fp8(q, k, v, causal, m)):.2e}, fp16 SDPA {rms(fp16):.2e}")
 else:
     print(f"The fp8 kernel needs a GPU with fp8 tensor cores (sm_89 or newer); this runtime: {backend}.")
+
+# %% [markdown]
+# **Measured.** `python -m flashbook.fp8_bench` times the kernel on inputs quantized once (as a
+# model that keeps fp8 activations would call it) beside `attention_fa3` in fp16 as you call it
+# and cuDNN, and measures the error above on a larger case. On an
+# {glue:text}`ch6_fp8_gpu` at `(1, 16, 16384, 128)` the fp8 kernel reaches
+# {glue:text}`ch6_fp8_tflops_noncausal:.0f` TFLOP/s non-causal,
+# {glue:text}`ch6_fp8_vs_fp16_noncausal:.2f`x the book's fp16 forward and
+# {glue:text}`ch6_fp8_vs_cudnn_noncausal:.2f`x cuDNN's, and
+# {glue:text}`ch6_fp8_tflops_causal:.0f` TFLOP/s causal
+# ({glue:text}`ch6_fp8_vs_fp16_causal:.2f`x and {glue:text}`ch6_fp8_vs_cudnn_causal:.2f`x).
+# Twice the tensor-core rate does not make twice the speed: the matmuls take half the time, but
+# the softmax's work per element (a multiply-add, an exponential, the row max and sum, the cast
+# of $P$) does not shrink, so its share of each tile doubles. FlashAttention-3 hides it behind
+# the other warpgroup's matmuls with the ping-pong schedule of Section 4 and reports about
+# 1.2 PFLOP/s on an H100; this Triton kernel leaves that overlap to the compiler. On the
+# outlier inputs the rotation cuts the RMS error against float64 from
+# {glue:text}`ch6_fp8_err_plain_noncausal:.2e` to {glue:text}`ch6_fp8_err_rotated_noncausal:.2e`
+# non-causal ({glue:text}`ch6_fp8_err_gain_noncausal:.1f`x lower) and from
+# {glue:text}`ch6_fp8_err_plain_causal:.2e` to {glue:text}`ch6_fp8_err_rotated_causal:.2e`
+# causal ({glue:text}`ch6_fp8_err_gain_causal:.1f`x; the FA3 paper reports 2.6x).
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+from flashbook import results
+from flashbook.chapters.ch6 import fp8_recorded
+fp8_record = fp8_recorded.record()
+if fp8_record:
+    fig = fp8_recorded.plot(fp8_record)
+    fig.suptitle("FP8 forward (" + results.describe(fp8_record["provenance"]) + ")", fontsize=9)
+    fig.tight_layout()
+    plt.show()
+else:
+    print("No recorded FP8 data in this installation.")
 
 # %% tags=["remove-cell"]
 # The figures the prose quotes, from the recorded H200 data: the book pastes each into its

@@ -101,3 +101,49 @@ def test_the_fp8_benchmark_says_what_it_needs_on_a_cpu(capsys):
     from flashbook import fp8_bench
     assert fp8_bench.main(["--out", "/nonexistent"]) == 2
     assert "fp8 tensor cores" in capsys.readouterr().err
+
+
+def _fp8_record(f=1.0):
+    """An FP8 record as ``fp8_bench`` writes it, its numbers scaled by ``f``."""
+    speed = [dict(kernel=k, causal=c, ms=1.0, tflops=t * f * (0.8 if c else 1), note="")
+             for k, t in (("ch6_attention_fp8", 700), ("ch6_attention_fp8", 650),
+                          ("ch6_attention_fa3_fp16", 600), ("sdpa_cudnn_fp16", 610))
+             for c in (False, True)]
+    accuracy = [dict(kernel=k, causal=c, rms_error=e * f * (1.1 if c else 1))
+                for k, e in (("fp8", 0.3), ("fp8_rotated", 0.1), ("fp16_sdpa", 0.004))
+                for c in (False, True)]
+    return dict(provenance=dict(gpu="NVIDIA H100 80GB HBM3", date="2026-12-06", command="x"),
+                shape=[1, 16, 16384, 128], accuracy_shape=[1, 4, 2048, 128], speed=speed,
+                accuracy=accuracy)
+
+
+def test_the_fp8_figures_follow_the_record(tmp_path, monkeypatch):
+    """Section 8's quoted figures come from the FP8 record: the best config's speed over the
+    fp16 forward and cuDNN, the errors and their ratio; each moves when its data moves (the
+    chapter test exempts ch6_fp8_* from its benchmark-row perturbation for this test)."""
+    import json
+
+    from flashbook.chapters.ch6 import fp8_recorded
+    monkeypatch.setattr(fp8_recorded, "DATA_DIR", tmp_path)
+    assert fp8_recorded.record() is None
+    (tmp_path / "h100.json").write_text(json.dumps(_fp8_record()))
+    v = fp8_recorded.values(fp8_recorded.record())
+    assert v["ch6_fp8_gpu"] == "H100 80GB HBM3"
+    assert v["ch6_fp8_tflops_noncausal"] == 700 and v["ch6_fp8_tflops_causal"] == 560
+    assert v["ch6_fp8_vs_fp16_noncausal"] == pytest.approx(700 / 600)
+    assert v["ch6_fp8_vs_cudnn_causal"] == pytest.approx(700 / 610)
+    assert v["ch6_fp8_err_gain_noncausal"] == pytest.approx(3.0)
+    rec = _fp8_record()
+    rec["speed"][0]["tflops"] *= 1.01             # the fp8 rows, one field at a time
+    rec["speed"][1]["tflops"] *= 1.02
+    for r, g in zip(rec["speed"][4:], (1.03, 1.04, 1.05, 1.06)):
+        r["tflops"] *= g
+    for r, g in zip(rec["accuracy"], (1.07, 1.08, 1.09, 1.10, 1.11, 1.12)):
+        r["rms_error"] *= g
+    rec["provenance"]["gpu"] = "NVIDIA H200"
+    moved = fp8_recorded.values(rec)
+    assert {k for k in v if moved[k] == v[k]} == set()
+    assert fp8_recorded.plot(rec) is not None
+    (tmp_path / "h200.json").write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="several GPUs"):
+        fp8_recorded.record()

@@ -10,6 +10,8 @@ import matplotlib.pyplot as plt
 
 from flashbook import results
 
+from . import fp8_recorded
+
 OURS, PALLAS, JAX_FA3 = "ch6_gluon_fa3", "ch6_pallas_fa3", "jax_pallas_fa3"
 HEADLINE = (1, 16, 16384, 128)           # (B, H, N, d) of the sentences against cuDNN
 # The kernels in the plots' and summaries' order; Chapters 3 and 4's two-tile kernel share a bar.
@@ -115,7 +117,8 @@ def _key(s: tuple, causal: bool) -> str:
 def quoted_values(rows) -> dict:
     """The quoted figures by glue key (fp16; ``flashbook.quoted``): ours against cuDNN at
     ``HEADLINE`` and against JAX's FA3 where both were measured, ``attention_fa3`` as a reader
-    calls it where recorded (``results.as_called``). ValueError without the headline rows."""
+    calls it where recorded (``results.as_called``); and Section 8's (``fp8_recorded``, keys
+    ``ch6_fp8_*``). ValueError without the headline rows."""
     rows = results.as_called(rows)
     out = {}
     for causal in (False, True):
@@ -133,4 +136,5 @@ def quoted_values(rows) -> dict:
             if measured(ours) and measured(jax):
                 out[f"ch6_jax_{_key(s, causal)}"] = jax.tflops
                 out[f"ch6_vs_jax_{_key(s, causal)}"] = ours.tflops / jax.tflops
-    return out
+    fp8 = fp8_recorded.record()          # Section 8's figures, from the FP8 record, if any
+    return out | (fp8_recorded.values(fp8) if fp8 else {})
