@@ -28,7 +28,7 @@ import triton.language as tl
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 LOG2E = 1.4426950408889634
-P_SHIFT = 8.0              # P = 2^P_SHIFT exp(S - m) <= 256 < 448: e4m3's normal range
+P_SHIFT = tl.constexpr(8.0)  # P = 2^P_SHIFT exp(S - m) <= 256 < 448: e4m3's normal range
 
 __all__ = ["E4M3", "E4M3_MAX", "P_SHIFT", "attention_fp8", "fp8_attention_kernel"]
 
