@@ -2,8 +2,9 @@
 subprocess: the kernel cases ``tests/test_ch6.py`` reads (PTX, SASS, TTGIR, shared memory) and
 the entries of the stored compile table that ``tests/test_ch6_planner.py`` recompiles
 (``planner_checks.compile_entry``). One subprocess pays the interpreter's start, the imports
-and Triton's first compile once for all six kernels (about 15 s on two cores, where two took
-about 18 s); the tests that read it are on one pytest-xdist worker (``SHARES_THE_COMPILE``)."""
+and Triton's first compile once for all six kernels (about 17 s on two cores; two subprocesses
+took about 18.5 s); the tests that read it are on one pytest-xdist worker
+(``SHARES_THE_COMPILE``)."""
 import functools
 import tempfile
 from pathlib import Path

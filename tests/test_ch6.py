@@ -339,7 +339,7 @@ def test_launcher_defaults_come_from_the_planner(fa3):
 
 
 # --------------------------------------------------------------------------------------------
-# ahead of time for sm_90a (slow: ``ch6_aot``'s subprocess compiles, ~15 s on two cores)
+# ahead of time for sm_90a (slow: ``ch6_aot``'s subprocess compiles, ~17 s on two cores)
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @SHARES_THE_COMPILE
