@@ -22,7 +22,7 @@ from flashbook import fa3_planner as planner
 from flashbook import sources
 from flashbook.fa3_planner import Config, kv_tiles
 
-from aot_compile import compile_script
+from ch6_aot import CASES, RING_CASES, SHARES_THE_COMPILE, compiled
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -249,20 +249,12 @@ def check_barrier_protocol(ttgir: str, stages: int, q_bytes: int, kv_bytes: int)
         and w0 != w1, f"the ping-pong token does not pass between the consumers: {tokens}"
 
 
-RING_CASES = [(128, "float16", 64, 128, 2, True, False), (64, "bfloat16", 64, 64, 3, False, True)]
-
-
-# the tests of the compiled kernels share one compile (``AOT`` below, every case of CASES and
-# RING_CASES once): on one pytest-xdist worker
-SHARES_THE_TTGIR = pytest.mark.xdist_group("ch6-ttgir")
-
-
+# the tests of the compiled kernels share one compile (``ch6_aot``: every case of CASES and
+# RING_CASES once, with the compile table's entries that test_ch6_planner.py recompiles)
 @pytest.fixture(scope="module")
-def compiled_sm90(tmp_path_factory):
-    """{case: what compiling it for sm_90a gives} for CASES and RING_CASES, in one subprocess."""
-    cases = list(dict.fromkeys(CASES + RING_CASES))
-    res = compile_script(f"CASES = {cases!r}\n" + AOT, tmp_path_factory.mktemp("sm90"))
-    return {tuple(r["case"]): r for r in res}
+def compiled_sm90():
+    """{case: what compiling it for sm_90a gives} for CASES and RING_CASES."""
+    return compiled()["cases"]
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +263,7 @@ def compiled_ttgir(compiled_sm90):
 
 
 @pytest.mark.slow
-@SHARES_THE_TTGIR
+@SHARES_THE_COMPILE
 def test_the_compiled_kernels_barrier_protocol(compiled_ttgir):
     for r in compiled_ttgir:
         d, _, bm, bn, stages, _, _ = r["case"]
@@ -279,7 +271,7 @@ def test_the_compiled_kernels_barrier_protocol(compiled_ttgir):
 
 
 @pytest.mark.slow
-@SHARES_THE_TTGIR
+@SHARES_THE_COMPILE
 @pytest.mark.parametrize("edit, text", [
     (lambda ir: re.sub(r"(ttng\.init_barrier %\w+), 2 :", r"\1, 1 :", ir), "k_empty"),
     (lambda ir: _drop_producer_wait(ir), "without waiting on"),
@@ -347,44 +339,10 @@ def test_launcher_defaults_come_from_the_planner(fa3):
 
 
 # --------------------------------------------------------------------------------------------
-# ahead of time for sm_90a (slow: a subprocess compiles, ~30 s on two cores)
+# ahead of time for sm_90a (slow: ``ch6_aot``'s subprocess compiles, ~17 s on two cores)
 # --------------------------------------------------------------------------------------------
-AOT = r'''
-import os, subprocess, tempfile
-from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
-bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-res = []
-for d, dtype, bm, bn, stages, overlap, causal in CASES:
-    c = planner.Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, OVERLAP=overlap).for_inputs(d, dtype)
-    k = gluon_fa3.compile_for_sm90(c, causal)
-    ptx = k.asm["ptx"]
-    sass = ""
-    tool = os.path.join(bin_dir, "cuobjdump")
-    if os.path.exists(tool):
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(k.asm["cubin"])
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-        os.unlink(f.name)
-    res.append(dict(case=[d, dtype, bm, bn, stages, overlap, causal], shared=k.metadata.shared,
-                    planned=planner.shared_memory(c), target=ptx.split(".target", 1)[1].split()[0],
-                    wgmma=ptx.count("wgmma.mma_async"), tma_load=ptx.count("cp.async.bulk.tensor") -
-                    ptx.count("cp.async.bulk.tensor.3d.global.shared"),
-                    tma_store=ptx.count("cp.async.bulk.tensor.3d.global.shared"),
-                    setmaxnreg=sorted(set(int(x.split()[-1].rstrip(";")) for x in ptx.splitlines()
-                                          if "setmaxnreg" in x)),
-                    maxnreg=".maxnreg 168" in ptx, sass=bool(sass), hgmma=sass.count("HGMMA"),
-                    depbar=sass.count("WARPGROUP.DEPBAR"),
-                    local=sass.count("STL") + sass.count("LDL"), ttgir=k.asm["ttgir"]))
-print("RESULT" + json.dumps(res))
-'''
-
-CASES = [(128, "float16", 64, 128, 2, True, False),     # the planner's pick for d=128
-         (128, "bfloat16", 64, 128, 3, False, True),    # the largest ring that fits
-         (64, "float16", 64, 128, 2, True, True)]       # the planner's pick for d=64
-
-
 @pytest.mark.slow
-@SHARES_THE_TTGIR
+@SHARES_THE_COMPILE
 def test_kernel_compiles_for_sm90a_with_the_planned_shared_memory(compiled_sm90):
     res = [compiled_sm90[c] for c in CASES]
     for r in res:

@@ -15,7 +15,7 @@ from flashbook.chapters.ch6 import planner_checks as pc
 from flashbook.check import CheckFailure
 from flashbook.fa3_planner import Config
 
-from aot_compile import compile_script
+from ch6_aot import REGENERATE, SHARES_THE_COMPILE, compiled
 
 
 # ------------------------------------------------------------------------------ a right planner
@@ -216,19 +216,14 @@ def test_the_choice_table_marks_the_choice():
 
 
 # ------------------------------------------------------------------------------ slow: recompile
-REGENERATE = [(128, "float16", 64, 128, 3),      # the largest ring that fits: no spill
-              (128, "float16", 128, 64, 2)]      # 128-row consumers: ptxas spills
-
-
 @pytest.mark.slow
-def test_the_compiled_table_is_what_compiling_gives(tmp_path):
-    """Recompile two entries ahead of time for sm_90a (a subprocess, ~15 s on two cores): the
-    stored figures must be what the compiler reports now, or the table is stale (regenerate it
-    with the command in its provenance)."""
-    body = ("from flashbook.chapters.ch6 import planner_checks\n"
-            f"print('RESULT' + json.dumps([planner_checks.compile_entry(*c) "
-            f"for c in {REGENERATE!r}]))\n")
-    fresh = compile_script(body, tmp_path)
+@SHARES_THE_COMPILE
+def test_the_compiled_table_is_what_compiling_gives():
+    """Recompile two entries (``ch6_aot.REGENERATE``) ahead of time for sm_90a, in the
+    subprocess that compiles test_ch6.py's kernels: the stored figures must be what the compiler
+    reports now, or the table is stale (regenerate it with the command in its provenance)."""
+    fresh = compiled()["entries"]
+    assert len(fresh) == len(REGENERATE)
     prov = pc.compiled_table()["provenance"]
     for new in fresh:
         c = Config(BLOCK_M=new["BLOCK_M"], BLOCK_N=new["BLOCK_N"], STAGES=new["STAGES"]
