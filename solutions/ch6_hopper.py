@@ -1036,16 +1036,18 @@ ch6.check_fp8_tiles(fp8_attention_tiles, hidden=True)
 # - Causal: the tiles wholly below the diagonal run without a mask; only the diagonal ones
 #   compute it.
 #
-# It takes what your `quantize_blocks` makes, with 128-row blocks and V transposed. On an fp8
-# GPU the next cell compares it with fp16 SDPA against float64, with and without your rotation,
-# on inputs with outlier channels; elsewhere it says why it cannot run.
+# It takes what your `quantize_blocks` makes (Q in blocks of 64 rows, its query tile; K and V in
+# blocks of 128, its key tile) and V transposed. On an fp8 GPU the next cell compares it with
+# fp16 SDPA against float64, with and without your rotation, on inputs with outlier channels;
+# elsewhere it says why it cannot run.
 
 # %% tags=["demo"]
 if backend.capability is not None and tuple(backend.capability) >= (8, 9):
     def run_fp8(q, k, v, causal, rotation=None):
         if rotation is not None:
             q, k = q.float() @ rotation, k.float() @ rotation
-        (q8, qs), (k8, ks), (v8, vs) = (quantize_blocks(t, 128) for t in (q, k, v))
+        (q8, qs), (k8, ks), (v8, vs) = quantize_blocks(q, 64), quantize_blocks(k, 128), \
+            quantize_blocks(v, 128)
         return ch6.attention_fp8(q8, qs, k8, ks, v8.transpose(-1, -2).contiguous(), vs, causal)
     q, k = (ch6.outlier_inputs((1, 4, 2048, 128), s).cuda() for s in (3, 4))
     v = torch.randn(1, 4, 2048, 128, device="cuda")

@@ -5,14 +5,16 @@ error with and without the incoherent-processing rotation.
 ``DIR/<gpu>.json``: its provenance and
 
 * ``speed``: TFLOP/s at ``SHAPE`` (fp16 inputs), non-causal and causal, of ``ch6.attention_fp8``
-  on inputs quantized once by the solution's ``quantize_blocks`` (block 128; the kernel alone
-  is timed, as a model keeping fp8 activations would call it) for each of ``CONFIGS``, and of
+  on inputs quantized once by the solution's ``quantize_blocks`` (Q in blocks of BLOCK_M rows, K
+  and V of BLOCK_N; the kernel alone is timed, as a model keeping fp8 activations would call
+  it) for each of ``CONFIGS``, and of
   the fp16 ``attention_fa3`` (as a reader calls it) and cuDNN SDPA;
 * ``accuracy``: RMS error against float64 SDPA at ``ACCURACY_SHAPE`` on Gaussian Q and K with
   four channels 20x larger (``ch6.outlier_inputs``), of the fp8 kernel without and with the
   solution's ``random_rotation``, and of fp16 SDPA.
 
-Timed with ``triton.testing.do_bench`` medians (launched, not replayed from a graph).
+Timed with ``bench.time_ms`` (``triton.testing.do_bench`` medians, launched, not replayed from a
+graph).
 """
 from __future__ import annotations
 
@@ -24,13 +26,12 @@ from pathlib import Path
 
 import torch
 
-from . import results, sources
+from . import bench, results, sources
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "fp8"
 SHAPE = (1, 16, 16384, 128)
 ACCURACY_SHAPE = (1, 4, 2048, 128)
-BLOCK = 128
-CONFIGS = ((128, 128, 8, 3), (64, 128, 4, 3), (64, 128, 4, 4))      # (BLOCK_M, BLOCK_N, warps, stages)
+CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3))    # (BLOCK_M, BLOCK_N, warps, stages): the default first
 
 
 def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
@@ -42,7 +43,6 @@ def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
 
 
 def measure() -> dict:
-    import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashbook.chapters import ch6
@@ -57,14 +57,15 @@ def measure() -> dict:
 
         def row(kernel, fn, note=""):
             fn()
-            ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+            ms = bench.time_ms(fn)          # the timer the provenance names
             speed.append(dict(kernel=kernel, causal=causal, ms=round(ms, 4),
                               tflops=round(flops / ms / 1e9, 1), note=note))
-        for bm, bn, w, s in CONFIGS:
+        for i, (bm, bn, w, s) in enumerate(CONFIGS):
             inputs = _prepared(ns, q, k, v, bm, bn)
             row("ch6_attention_fp8", lambda: ch6.attention_fp8(
                 *inputs, causal=causal, block_m=bm, block_n=bn, num_warps=w, num_stages=s),
-                f"BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={s}")
+                f"BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={s}" + (" (the default)" if i == 0
+                                                                      else ""))
         row("ch6_attention_fa3_fp16", lambda: attention_fa3(q, k, v, causal=causal))
 
         def cudnn():
@@ -78,8 +79,8 @@ def measure() -> dict:
     for causal in (False, True):
         want = sdpa(q.double(), k.double(), v.double(), is_causal=causal)
         outputs = {
-            "fp8": ch6.attention_fp8(*_prepared(ns, q, k, v, BLOCK, BLOCK), causal=causal),
-            "fp8_rotated": ch6.attention_fp8(*_prepared(ns, q, k, v, BLOCK, BLOCK, rotation),
+            "fp8": ch6.attention_fp8(*_prepared(ns, q, k, v, *CONFIGS[0][:2]), causal=causal),
+            "fp8_rotated": ch6.attention_fp8(*_prepared(ns, q, k, v, *CONFIGS[0][:2], rotation),
                                              causal=causal),
             "fp16_sdpa": sdpa(q.half(), k.half(), v.half(), is_causal=causal)}
         for name, o in outputs.items():

@@ -89,13 +89,15 @@ def fp8_attention_kernel(Q, K, VT, O, QS, KS, VS, qk_scale, N,
 
 
 def attention_fp8(q8, qs, k8, ks, vt8, vs, causal: bool = False, out_dtype=torch.float16,
-                  block_m: int = 128, block_n: int = 128, num_warps: int = 8,
+                  block_m: int = 64, block_n: int = 128, num_warps: int = 4,
                   num_stages: int = 3):
     """O (B, H, N, d) ``out_dtype`` of softmax(Q K^T / sqrt(d)) V from e4m3 inputs: q8, k8
     (B, H, N, d) with block scales qs (B, H, N / block_m), ks (B, H, N / block_n); V transposed,
     vt8 (B, H, d, N), with vs (B, H, N / block_n) (Exercise 5's ``quantize_blocks`` of V, then
     ``.transpose(-1, -2).contiguous()``: the kernel's P V reads V K-major). GPU only (compute
-    capability 8.9 or newer: fp8 tensor cores)."""
+    capability 8.9 or newer: fp8 tensor cores). The default tiles, 64 query rows against 128
+    keys in one warpgroup, were the fastest of those ``python -m flashbook.fp8_bench`` times:
+    two programs share an SM, and one's softmax overlaps the other's matmuls."""
     if not q8.is_cuda or torch.cuda.get_device_capability(q8.device) < (8, 9):
         raise ValueError("attention_fp8: needs a GPU with fp8 tensor cores (compute capability "
                          "8.9 or newer).")
