@@ -1067,7 +1067,9 @@ else:
 # **Measured.** `python -m flashbook.fp8_bench` times the kernel on inputs quantized once (as a
 # model that keeps fp8 activations would call it) beside `attention_fa3` in fp16 as you call it
 # and cuDNN, and measures the error above on a larger case. On an
-# {glue:text}`ch6_fp8_gpu` at `(1, 16, 16384, 128)` the fp8 kernel reaches
+# {glue:text}`ch6_fp8_gpu` at `(1, 16, 16384, 128)` the fp8 kernel, with its default tiles (64
+# query rows against 128 keys in one warpgroup; 128 rows in two warpgroups were slower, as the
+# figure below shows), reaches
 # {glue:text}`ch6_fp8_tflops_noncausal:.0f` TFLOP/s non-causal,
 # {glue:text}`ch6_fp8_vs_fp16_noncausal:.2f`x the book's fp16 forward and
 # {glue:text}`ch6_fp8_vs_cudnn_noncausal:.2f`x cuDNN's, and

@@ -97,7 +97,8 @@ def attention_fp8(q8, qs, k8, ks, vt8, vs, causal: bool = False, out_dtype=torch
     ``.transpose(-1, -2).contiguous()``: the kernel's P V reads V K-major). GPU only (compute
     capability 8.9 or newer: fp8 tensor cores). The default tiles, 64 query rows against 128
     keys in one warpgroup, were the fastest of those ``python -m flashbook.fp8_bench`` times:
-    two programs share an SM, and one's softmax overlaps the other's matmuls."""
+    with one warpgroup per program, several programs share an SM, and one's softmax can run
+    while another's matmuls do."""
     if not q8.is_cuda or torch.cuda.get_device_capability(q8.device) < (8, 9):
         raise ValueError("attention_fp8: needs a GPU with fp8 tensor cores (compute capability "
                          "8.9 or newer).")

@@ -3,10 +3,13 @@ quotes and its plot. One JSON per GPU in ``DATA_DIR``; like the chapter's benchm
 quotes one GPU's record (None until one exists)."""
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+
+from .fp8 import attention_fp8
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "fp8"
 FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp16"
@@ -22,11 +25,21 @@ def record() -> dict | None:
     return json.loads(found[0].read_text()) if found else None
 
 
-def best(rec: dict, kernel: str, causal: bool) -> dict:
-    """The fastest row of ``kernel`` (over its tile configs) at the record's shape."""
-    rows = [r for r in rec["speed"] if r["kernel"] == kernel and r["causal"] == causal]
+def default_config() -> str:
+    """The note ``fp8_bench`` gives the rows timed with ``attention_fp8``'s default tiles."""
+    p = inspect.signature(attention_fp8).parameters
+    return "BLOCK_M={} BLOCK_N={} warps={} stages={}".format(
+        *(p[k].default for k in ("block_m", "block_n", "num_warps", "num_stages")))
+
+
+def best(rec: dict, kernel: str, causal: bool, config: str | None = None) -> dict:
+    """The fastest row of ``kernel`` at the record's shape, over its tile configs or of the one
+    whose note starts with ``config``."""
+    rows = [r for r in rec["speed"] if r["kernel"] == kernel and r["causal"] == causal
+            and (config is None or r["note"].startswith(config))]
     if not rows:
-        raise ValueError(f"ch6: the FP8 record has no {kernel} row, causal={causal}")
+        raise ValueError(f"ch6: the FP8 record has no {kernel} row, causal={causal}"
+                         + (f", {config}" if config else ""))
     return max(rows, key=lambda r: r["tflops"])
 
 
@@ -36,12 +49,13 @@ def error(rec: dict, kernel: str, causal: bool) -> float:
 
 
 def values(rec: dict) -> dict:
-    """Glue key -> figure (``flashbook.quoted``): the GPU, the fp8 kernel's TFLOP/s and its ratio
-    to the fp16 forward and cuDNN, its RMS error without and with the rotation and the gain."""
+    """Glue key -> figure (``flashbook.quoted``): the GPU; the fp8 kernel's TFLOP/s with its
+    default tiles (as ``attention_fp8`` runs unless told otherwise) and its ratio to the fp16
+    forward and cuDNN; the RMS error without and with the rotation and the gain."""
     out = {"ch6_fp8_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", "")}
     for causal in (False, True):
         label = "causal" if causal else "noncausal"
-        fp8 = best(rec, FP8, causal)["tflops"]
+        fp8 = best(rec, FP8, causal, default_config())["tflops"]
         out[f"ch6_fp8_tflops_{label}"] = fp8
         out[f"ch6_fp8_vs_fp16_{label}"] = fp8 / best(rec, FP16, causal)["tflops"]
         out[f"ch6_fp8_vs_cudnn_{label}"] = fp8 / best(rec, CUDNN, causal)["tflops"]
@@ -53,19 +67,23 @@ def values(rec: dict) -> dict:
 
 
 def plot(rec: dict):
-    """Left: TFLOP/s of the fp8 kernel (its best config), the fp16 forward and cuDNN; right: RMS
-    error against float64 on inputs with outlier channels (log scale)."""
+    """Left: TFLOP/s of the fp8 kernel (each tile config timed), the fp16 forward and cuDNN;
+    right: RMS error against float64 on inputs with outlier channels (log scale)."""
     fig, (speed, err) = plt.subplots(1, 2, figsize=(12, 3.8))
-    labels = {FP8: "fp8 (Triton, e4m3)", FP16: "fp16 (Gluon FA3)", CUDNN: "fp16 cuDNN"}
-    width = 0.25
-    for i, (kernel, label) in enumerate(labels.items()):
-        ys = [best(rec, kernel, c)["tflops"] for c in (False, True)]
+    configs = list(dict.fromkeys(r["note"] for r in rec["speed"] if r["kernel"] == FP8))
+    bars_of = [(f"fp8, {c}", FP8, c) for c in configs] + [
+        ("fp16 (Gluon FA3)", FP16, None), ("fp16 cuDNN", CUDNN, None)]
+    width = 0.8 / len(bars_of)
+    for i, (label, kernel, config) in enumerate(bars_of):
+        ys = [best(rec, kernel, c, config)["tflops"] for c in (False, True)]
         bars = speed.bar([x + i * width for x in (0, 1)], ys, width, label=label)
-        speed.bar_label(bars, fmt="%.0f", fontsize=8)
-    speed.set_xticks([width, 1 + width], ["non-causal", "causal"])
+        speed.bar_label(bars, fmt="%.0f", fontsize=7)
+    centre = width * (len(bars_of) - 1) / 2
+    speed.set_xticks([centre, 1 + centre], ["non-causal", "causal"])
     speed.set_ylabel("TFLOP/s")
     speed.set_title(f"{tuple(rec['shape'])}, {rec['provenance']['gpu']}")
     speed.legend(fontsize=8, loc="lower right")
+    width = 0.25
     for i, (kernel, label) in enumerate(ERRORS.items()):
         ys = [error(rec, kernel, c) for c in (False, True)]
         bars = err.bar([x + i * width for x in (0, 1)], ys, width, label=label)
