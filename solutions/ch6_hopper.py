@@ -1023,13 +1023,14 @@ ch6.check_fp8_tiles(fp8_attention_tiles, hidden=True)
 # **The kernel.** `ch6.attention_fp8(q8, qs, k8, ks, vt8, vs, causal)` is Exercise 7 as a Triton
 # kernel (`flashbook/chapters/ch6/fp8.py`): `tl.dot` of two e4m3 tiles runs on the fp8
 # tensor cores on sm_89 and newer, S and the accumulator stay fp32, and $P$ is cast with
-# `p.to(tl.float8e4nv)`. Three changes to Exercise 7's arithmetic cost nothing and are worth
-# having on the GPU:
+# `p.to(tl.float8e4nv)`. Three changes to Exercise 7's arithmetic cost nothing:
 #
 # - $P$ is computed as $2^8 \exp(S - m)$, in $[0, 256]$, by subtracting 8 more from the
 #   exponent. Most of $P$ is small, and below $2^{-6}$ e4m3 has only subnormals (3 bits or
 #   fewer); scaled, it keeps its 3 mantissa bits down to $2^{-14}$. The row sum $\ell$ carries
-#   the same $2^8$ and the final division cancels it.
+#   the same $2^8$ and the final division cancels it. (On the outlier inputs below the rounding
+#   of Q and K dominates and the shift changes little; it counts where P's rounding is the
+#   largest error.)
 # - The accumulator is kept in units of the current V block's scale: each step multiplies it by
 #   $\alpha\, s_{v,\text{old}} / s_{v,\text{new}}$ (the rescale it needed anyway) and `tl.dot`
 #   adds $P_8 V_8$ into it in place; $s_v$ multiplies it once at the end, not once per tile.
