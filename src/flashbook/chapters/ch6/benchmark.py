@@ -120,15 +120,14 @@ def sort_rows(rows: list[Row], order: list[Case]) -> list[Row]:
 
 def namespace(namespaces: dict, chapter: str) -> dict:
     """A chapter's solution namespace, loaded once into ``namespaces`` (RuntimeError: why not)."""
-    if chapter not in namespaces and f"{chapter} error" not in namespaces:
+    if chapter not in namespaces:
         try:
             from flashbook import sources
             namespaces[chapter] = sources.solution_namespace(chapter)
         except Exception as e:  # noqa: BLE001 - its rows say why
-            namespaces[f"{chapter} error"] = f"the {chapter} solution did not load: " \
-                                             f"{why_failed(e)}"
-    if chapter not in namespaces:
-        raise RuntimeError(namespaces[f"{chapter} error"])
+            namespaces[chapter] = f"the {chapter} solution did not load: {why_failed(e)}"
+    if isinstance(namespaces[chapter], str):
+        raise RuntimeError(namespaces[chapter])
     return namespaces[chapter]
 
 

@@ -17,9 +17,7 @@ import numpy as np
 
 from flashbook.check import CheckFailure, report, require_implemented
 
-from . import fa3_pallas, interpret
-
-__all__ = ["check_fa3_consumer", "Fa3Case", "fa3_cases", "simulate", "BUGS"]
+from . import fa3_pallas, interpret, ring
 
 TARGET = "flashbook.chapters.ch6.fa3_pallas:run_fa3_interpret"
 TITLE = "FA3 consumer"
@@ -64,8 +62,7 @@ def _inputs(case: Fa3Case, seed: int):
     (a missing rescale shows)."""
     rng = np.random.default_rng(seed)
     q = (1.5 * rng.standard_normal((1, 1, N_Q, case.d))).astype(np.float16)
-    k = rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16)
-    v = rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16) for _ in "kv")
     return q, k, v
 
 
@@ -74,7 +71,7 @@ def _call(case: Fa3Case, seed: int) -> interpret.Call:
     kT = np.ascontiguousarray(np.swapaxes(k, -1, -2))
     return interpret.Call(case.describe(), {"q": q, "kT": kT, "v": v},
                           dict(causal=case.causal, stages=case.stages, block_kv=case.block_kv),
-                          thread_names=fa3_pallas.thread_names(),
+                          thread_names=ring.thread_names(fa3_pallas.CONSUMERS),
                           barrier_names=fa3_pallas.barrier_names(case.stages),
                           smem_names=fa3_pallas.SMEM_NAMES)
 
@@ -152,8 +149,7 @@ def _compare(case: Fa3Case, call: interpret.Call, out: dict | None):
     what = f"{TITLE}, case {case.describe()}"
     q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
     want_o, want_lse = fa3_pallas.reference(q, kT.T, v, causal=case.causal)
-    got_o = None if out is None else out.get("o")
-    got_lse = None if out is None else out.get("lse2")
+    got_o, got_lse = (out or {}).get("o"), (out or {}).get("lse2")
     if got_o is None or got_lse is None:
         raise CheckFailure(f"{what}: the kernel returned no output.")
     got_o, got_lse = got_o[0, 0].astype(np.float64), got_lse[0, 0].astype(np.float64)

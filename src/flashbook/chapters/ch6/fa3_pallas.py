@@ -1,16 +1,7 @@
 """Chapter 6, Exercise 4: a FlashAttention-3-shaped forward kernel in Pallas Mosaic GPU, the
-given code around the student's consumer warpgroups.
-
-One CTA computes two 64-row query tiles of one (batch, head) with three warpgroups:
-
-* warpgroup 2, the **producer** (given), streams K^T and V tiles of ``block_kv`` keys through
-  rings of ``stages`` SMEM slots, each slot with a *full* barrier (the TMA copy arrives) and a
-  *consumed* barrier (two arrivals, one per consumer), separately for K and V, so K can be
-  released early (right after the QK^T GEMM) and refilled while the PV GEMM still reads V;
-* warpgroups 0 and 1, the **consumers**, each load their own Q tile (given), then run the
-  student's ``consumer``: per K/V step, S = Q K^T (wgmma), the online softmax in base 2, P to
-  SMEM, O += P V (wgmma), ping-ponged by one *schedule* barrier; it returns the normalised O tile
-  and the base-2 LSE of its rows, which the given epilogue stores (O through the Q tile's SMEM).
+given code around the student's consumer warpgroups (the notebook's Section 6 describes them).
+One CTA: two 64-row consumers (warpgroups 0 and 1) and the producer (warpgroup 2), whose K^T and
+V rings have their own full and consumed barriers, so K is released right after the QK^T GEMM.
 
 Conventions: tensors are ``(B, H, N, d)`` fp16 (the book's), K is passed **transposed**,
 ``(B, H, d, N_k)`` (``plgpu.transpose_ref`` is not supported by JAX 0.10.2's interpret mode, so
@@ -53,23 +44,11 @@ def barrier_names(stages: int) -> list[str]:
             + [f"v_consumed[{s}]" for s in range(stages)] + ["schedule"])
 
 
-def thread_names() -> dict[int, str]:
-    names = {w: f"consumer warpgroup {w}" for w in range(CONSUMERS)}
-    names[CONSUMERS] = f"the producer (warpgroup {CONSUMERS})"
-    return names
-
-
 def default_config(d: int) -> tuple[int, int]:
     """(block_kv, stages) for the compiled kernel: 64-key tiles in a 2-slot ring, the
-    configuration the interpret-mode checks use (``smem_bytes``: 113 KB of SMEM at d = 128)."""
+    configuration the interpret-mode checks use (113 KB of SMEM at d = 128: Q, the K^T and V
+    rings, P and the LSE)."""
     return 64, 2
-
-
-def smem_bytes(d: int, block_kv: int, stages: int, itemsize: int = 2) -> int:
-    q = CONSUMERS * BLOCK_Q * d * itemsize
-    kv = 2 * stages * block_kv * d * itemsize
-    p = CONSUMERS * BLOCK_Q * block_kv * itemsize
-    return q + kv + p + CONSUMERS * BLOCK_Q * 4
 
 
 # ------------------------------------------------------------------------------ the given kernel
@@ -296,6 +275,7 @@ def track_wgmma_reads() -> bool:
     try:
         import inspect
         import threading
+        import jax
         from jax._src.pallas.mosaic.interpret import vector_clock as vc
         from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks as gc
         issue0, wait0 = gc.wgmma, gc.wgmma_accumulator_deref
@@ -329,7 +309,8 @@ def track_wgmma_reads() -> bool:
             reads = []
             for x in ("a", "b"):
                 key = gc.HostAllocationKey.from_array(kw[f"{x}_allocation_key_as_array"])
-                transforms = jax_tree_int(gc._remove_noop_transforms(kw[f"{x}_transforms"]))
+                noop_free = gc._remove_noop_transforms(kw[f"{x}_transforms"])
+                transforms = jax.tree.map(int, noop_free)
                 reads.append((key, gc.interpret_utils.to_range(transforms),
                               kw.get("source_info")))
             check(device_id, thread_id, reads)                     # read at the issue
@@ -348,10 +329,6 @@ def track_wgmma_reads() -> bool:
         except Exception:  # noqa: BLE001
             pass
         return wait0(**kw)
-
-    def jax_tree_int(t):
-        import jax
-        return jax.tree.map(int, t)
 
     gc.wgmma, gc.wgmma_accumulator_deref = wgmma, wgmma_accumulator_deref
     _INSTALLED.add("track")
