@@ -1,10 +1,10 @@
 """Chapter 6, Exercise 4's check: the consumer warpgroups of the FA3-shaped Pallas kernel
 (``fa3_pallas``), run in JAX's interpret mode (``interpret``), race detector on and told what
-each wgmma reads up to its wait (``fa3_pallas.track_wgmma_reads``). Each case is one CTA (two
-64-row consumers, N_q = 128): O within fp16 tolerance of a float64 reference, ``lse2 * ln 2``
-within 1e-3 of the natural-log LSE, no race, no barrier misuse, no hang. A wrong O is matched
-against the classic online-softmax mistakes (``simulate``, ``BUGS``). Right values cannot show
-two things, checked too: the proxy fence (``pallas_child.unfenced_reads``) and the ping-pong
+each wgmma reads up to its wait (``pallas_instruments``). Each case is one CTA (two 64-row
+consumers, N_q = 128): O within fp16 tolerance of a float64 reference, ``lse2 * ln 2`` within
+1e-3 of the natural-log LSE, no race, no barrier misuse, no hang. A wrong O is matched against
+the classic online-softmax mistakes (``simulate``, ``BUGS``). Right values cannot show two
+things, checked too: the proxy fence (``pallas_child.unfenced_reads``) and the ping-pong
 (``_pingpong``, from the order log).
 """
 from __future__ import annotations
