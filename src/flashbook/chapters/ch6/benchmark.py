@@ -188,17 +188,14 @@ def ch4_setup(case: Case, x: Inputs, namespaces: dict):
 def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
     rows = []
     for kernel, role, phase in KERNELS:
-        if phase != 1 or kernel not in kernels:
+        # the two-tile kernel once a case: Chapter 3's non-causal, Chapter 4's causal
+        if phase != 1 or kernel not in kernels or kernel == (CH3 if case.causal else CH4):
             continue
         if kernel == OURS:
             setup = gluon_setup(case, x)
         elif kernel == CH3:
-            if case.causal:
-                continue                       # no causal mask in Chapter 3: see ch4_two_tiles
             setup = ch3_setup(case, x, namespaces)
         elif kernel == CH4:
-            if not case.causal:
-                continue                       # non-causal: ch3_two_tiles is the same kernel
             setup = ch4_setup(case, x, namespaces)
         else:                                  # SDPA: its own reference's row has no check
             name = x.want.get(case.causal, ("", None))[0]

@@ -35,10 +35,6 @@ class Fa3Case:
     stages: int = 2
     why: str = ""
 
-    @property
-    def steps(self) -> int:
-        return self.n_k // self.block_kv
-
     def describe(self) -> str:
         return (f"'N_q={N_Q}, N_k={self.n_k}, d={self.d}{', causal' if self.causal else ''}, "
                 f"block_kv={self.block_kv}, {self.stages} stages"
@@ -128,9 +124,8 @@ BUGS = (
 
 def _diagnose(case: Fa3Case, call: interpret.Call, got: np.ndarray) -> str:
     q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
-    k = kT.T
     for _, flags, text in BUGS:
-        want, _ = simulate(q, k, v, block_kv=case.block_kv, causal=case.causal, **flags)
+        want, _ = simulate(q, kT.T, v, block_kv=case.block_kv, causal=case.causal, **flags)
         if np.isfinite(want).all() and np.allclose(got, want, atol=5e-3, rtol=5e-3):
             return " " + text
     return ""

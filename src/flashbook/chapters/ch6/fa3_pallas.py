@@ -13,9 +13,8 @@ log at the boundary (``lse = lse2 * ln 2``).
 
 Two ways to run it: ``run_fa3_interpret`` is the target of the Exercise 4 check (in a child
 process, ``pallas_interpret``: one CTA, JAX's GPU interpret mode, the race detector on) and
-``run_fa3`` compiles it for an sm_90 GPU (H100, H200) at full size. Differences from
-FlashAttention-3 that interpret mode forces (JAX 0.10.2): K^T comes from the host; the PV wgmma
-reads P from SMEM (the interpreter wants an SMEM A operand; FA3 keeps P in registers); the
+``run_fa3`` compiles it for an sm_90 GPU (H100, H200) at full size. Beside K^T, what interpret
+mode (JAX 0.10.2) forces: the PV wgmma reads P from SMEM (FA3 keeps P in registers); the
 accumulator is a scoped ``plgpu.ACC`` plus an add (``pl.run_state`` is not interpreted); the
 producer drains the final consumed phases (the interpreter insists every phase be observed).
 
@@ -275,13 +274,12 @@ def run_fa3(consumer, q, k, v, *, causal: bool = False, scale: float | None = No
     jax = import_jax()
     import jax.numpy as jnp
 
+    from ...pallas_interpret import params as interpret_params
+
     q, k, v = (_to_jax(x) for x in (q, k, v))
     B, H, n_q, d = q.shape
     d_block_kv, d_stages = default_config(d)
-    params = None
-    if interpret:
-        from ...pallas_interpret import params as interpret_params
-        params = interpret_params(CONSUMERS + 1)
+    params = interpret_params(CONSUMERS + 1) if interpret else None
     fn = fa3_kernel(consumer, batch=B, heads=H, n_q=n_q, n_k=k.shape[2], d=d,
                     block_kv=block_kv or d_block_kv, stages=stages or d_stages, causal=causal,
                     scale=scale, dtype=q.dtype, interpret=params, swizzle=swizzle)
@@ -319,6 +317,4 @@ def time_fa3(consumer, B: int, H: int, N: int, d: int, *, causal: bool = False,
 
 def _to_jax(x):
     import jax.numpy as jnp
-    if type(x).__module__.startswith("torch"):
-        x = x.detach().cpu().numpy()
-    return jnp.asarray(x)
+    return jnp.asarray(x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else x)
