@@ -17,12 +17,10 @@ Inputs ``torch.randn``, seeded, contiguous. Rows per case, in ``KERNELS`` order:
 
 Each note gives ``max|O-sdpa_cudnn|`` (``sdpa_flash``'s where cuDNN refuses), WRONG past
 ``TOLERANCE``; a row that fails has no ``ms`` and a note saying why. Torch rows are replayed
-from CUDA graphs (``results.GRAPH_TIMER``). JAX launches on its own stream through XLA, which a
-torch graph cannot capture: its rows use CUPTI kernel time (``benchmark_jax.jax_time``, as
-JAX's FA3 benchmark does), with ``do_bench`` of the blocking call in the note as a cross-check.
-The torch rows of every case run first, then the JAX rows, so no graph is captured while JAX's
-runtime is live; JAX starts without preallocating the GPU, and reads the torch inputs through
-DLPack without copies. FLOPs ``reference.attention_flops``, GB/s ``bench.attention_bytes``.
+from CUDA graphs; JAX's, launched through XLA on its own stream (no torch graph captures it),
+are timed by CUPTI (``benchmark_jax``). Every case's torch rows run before any JAX row, so no
+graph is captured while JAX's runtime is live. FLOPs ``reference.attention_flops``, GB/s
+``bench.attention_bytes``.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from flashbook.check import CheckFailure, report, require_implemented
 
-from . import fa3_pallas, interpret, ring
+from . import fa3_pallas, interpret
 
 TARGET = "flashbook.chapters.ch6.fa3_pallas:run_fa3_interpret"
 TITLE = "FA3 consumer"
@@ -67,7 +67,7 @@ def _call(case: Fa3Case, seed: int) -> interpret.Call:
     kT = np.ascontiguousarray(np.swapaxes(k, -1, -2))
     return interpret.Call(case.describe(), {"q": q, "kT": kT, "v": v},
                           dict(causal=case.causal, stages=case.stages, block_kv=case.block_kv),
-                          thread_names=ring.thread_names(fa3_pallas.CONSUMERS),
+                          thread_names=fa3_pallas.thread_names(),
                           barrier_names=fa3_pallas.barrier_names(case.stages),
                           smem_names=fa3_pallas.SMEM_NAMES)
 

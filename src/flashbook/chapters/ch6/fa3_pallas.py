@@ -1,7 +1,16 @@
 """Chapter 6, Exercise 4: a FlashAttention-3-shaped forward kernel in Pallas Mosaic GPU, the
-given code around the student's consumer warpgroups (the notebook's Section 6 describes them).
-One CTA: two 64-row consumers (warpgroups 0 and 1) and the producer (warpgroup 2), whose K^T and
-V rings have their own full and consumed barriers, so K is released right after the QK^T GEMM.
+given code around the student's consumer warpgroups.
+
+One CTA computes two 64-row query tiles of one (batch, head) with three warpgroups:
+
+* warpgroup 2, the **producer** (given), streams K^T and V tiles of ``block_kv`` keys through
+  rings of ``stages`` SMEM slots, each slot with a *full* barrier (the TMA copy arrives) and a
+  *consumed* barrier (two arrivals, one per consumer), separately for K and V, so K can be
+  released early (right after the QK^T GEMM) and refilled while the PV GEMM still reads V;
+* warpgroups 0 and 1, the **consumers**, each load their own Q tile (given), then run the
+  student's ``consumer``: per K/V step, S = Q K^T (wgmma), the online softmax in base 2, P to
+  SMEM, O += P V (wgmma), ping-ponged by one *schedule* barrier; it returns the normalised O tile
+  and the base-2 LSE of its rows, which the given epilogue stores (O through the Q tile's SMEM).
 
 Conventions: tensors are ``(B, H, N, d)`` fp16 (the book's), K is passed **transposed**,
 ``(B, H, d, N_k)`` (``plgpu.transpose_ref`` is not supported by JAX 0.10.2's interpret mode, so
@@ -13,8 +22,9 @@ log at the boundary (``lse = lse2 * ln 2``).
 
 Two ways to run it: ``run_fa3_interpret`` is the target of the Exercise 4 check (in a child
 process, ``pallas_interpret``: one CTA, JAX's GPU interpret mode, the race detector on) and
-``run_fa3`` compiles it for an sm_90 GPU (H100, H200) at full size. Beside K^T, what interpret
-mode (JAX 0.10.2) forces: the PV wgmma reads P from SMEM (FA3 keeps P in registers); the
+``run_fa3`` compiles it for an sm_90 GPU (H100, H200) at full size. Differences from
+FlashAttention-3 that interpret mode forces (JAX 0.10.2): K^T comes from the host; the PV wgmma
+reads P from SMEM (the interpreter wants an SMEM A operand; FA3 keeps P in registers); the
 accumulator is a scoped ``plgpu.ACC`` plus an add (``pl.run_state`` is not interpreted); the
 producer drains the final consumed phases (the interpreter insists every phase be observed).
 
@@ -43,11 +53,23 @@ def barrier_names(stages: int) -> list[str]:
             + [f"v_consumed[{s}]" for s in range(stages)] + ["schedule"])
 
 
+def thread_names() -> dict[int, str]:
+    names = {w: f"consumer warpgroup {w}" for w in range(CONSUMERS)}
+    names[CONSUMERS] = f"the producer (warpgroup {CONSUMERS})"
+    return names
+
+
 def default_config(d: int) -> tuple[int, int]:
     """(block_kv, stages) for the compiled kernel: 64-key tiles in a 2-slot ring, the
-    configuration the interpret-mode checks use (113 KB of SMEM at d = 128: Q, the K^T and V
-    rings, P and the LSE)."""
+    configuration the interpret-mode checks use (``smem_bytes``: 113 KB of SMEM at d = 128)."""
     return 64, 2
+
+
+def smem_bytes(d: int, block_kv: int, stages: int, itemsize: int = 2) -> int:
+    q = CONSUMERS * BLOCK_Q * d * itemsize
+    kv = 2 * stages * block_kv * d * itemsize
+    p = CONSUMERS * BLOCK_Q * block_kv * itemsize
+    return q + kv + p + CONSUMERS * BLOCK_Q * 4
 
 
 # ------------------------------------------------------------------------------ the given kernel

@@ -1,13 +1,18 @@
 """Chapter 6, Exercise 1: the K/V ring, the given kernel around the student's producer.
 
-The producer copies tile ``i`` into ring slot ``i % stages``; ``full[s]`` (1 arrival: the TMA
-copy's) says slot ``s`` has landed, ``consumed[s]`` (one arrival per consumer warpgroup) that
-every consumer is done with it (the notebook's Exercise 1 explains the protocol).
+FlashAttention-3's memory warpgroup streams K and V tiles from GMEM into a ring of SMEM slots;
+the compute warpgroups read them. Two arrays of mbarriers keep the ring honest:
 
-The ``steps`` tiles are ``(block, cols)`` float32 blocks of one GMEM array ``kv`` of shape
-``(steps * block, cols)``; consumer ``c`` computes ``sum_i (1 + (c + 1) * i) * tile_i`` (exact
-in float32 for the checks' small integers), so a tile read from the wrong step changes the
-answer. One CTA: warpgroups ``0 .. num_consumers - 1`` consume, the last one produces.
+* ``full[s]`` (1 arrival: the TMA copy's) completes when the tile copied into slot ``s`` has
+  landed; a consumer waits on it before reading the slot;
+* ``consumed[s]`` (one arrival per consumer warpgroup) completes when every consumer is done
+  with the tile in slot ``s``; the producer waits on it before refilling the slot.
+
+Tile ``i`` of ``steps`` goes into slot ``i % stages``. Here the "tiles" are ``(block, cols)``
+float32 blocks of one GMEM array ``kv`` of shape ``(steps * block, cols)``, and consumer ``c``
+computes ``sum_i (1 + (c + 1) * i) * tile_i`` (exact in float32 for the small integers the checks
+use), so a tile read from the wrong step changes the answer. The kernel is a single CTA with
+``num_consumers + 1`` warpgroups: ``0 .. num_consumers - 1`` consume, the last one produces.
 
 The student writes ``kv_producer(kv_gmem, ring, full, consumed, *, stages, steps, block)``.
 Everything here runs in the check's child process (``pallas_interpret``): JAX is imported inside
