@@ -78,7 +78,7 @@ def test_pyproject_lower_bounds_are_proven_versions():
 
 def test_jax_is_pinned_to_the_version_the_interpret_instruments_wrap():
     """Chapter 6's checks wrap JAX's private interpret-mode modules (``pallas_child``,
-    ``fa3_pallas``): every install pins the JAX they are written for, and it is this one."""
+    ``pallas_instruments``): every install pins the JAX they are written for, and it is this one."""
     import importlib.metadata
     hopper = _pyproject()["project"]["optional-dependencies"]["hopper"]
     for name in ("jax", "jaxlib"):

@@ -17,12 +17,10 @@ Inputs ``torch.randn``, seeded, contiguous. Rows per case, in ``KERNELS`` order:
 
 Each note gives ``max|O-sdpa_cudnn|`` (``sdpa_flash``'s where cuDNN refuses), WRONG past
 ``TOLERANCE``; a row that fails has no ``ms`` and a note saying why. Torch rows are replayed
-from CUDA graphs (``results.GRAPH_TIMER``). JAX launches on its own stream through XLA, which a
-torch graph cannot capture: its rows use CUPTI kernel time (``benchmark_jax.jax_time``, as
-JAX's FA3 benchmark does), with ``do_bench`` of the blocking call in the note as a cross-check.
-The torch rows of every case run first, then the JAX rows, so no graph is captured while JAX's
-runtime is live; JAX starts without preallocating the GPU, and reads the torch inputs through
-DLPack without copies. FLOPs ``reference.attention_flops``, GB/s ``bench.attention_bytes``.
+from CUDA graphs; JAX's, launched through XLA on its own stream (no torch graph captures it),
+are timed by CUPTI (``benchmark_jax``). Every case's torch rows run before any JAX row, so no
+graph is captured while JAX's runtime is live. FLOPs ``reference.attention_flops``, GB/s
+``bench.attention_bytes``.
 """
 from __future__ import annotations
 
@@ -120,15 +118,14 @@ def sort_rows(rows: list[Row], order: list[Case]) -> list[Row]:
 
 def namespace(namespaces: dict, chapter: str) -> dict:
     """A chapter's solution namespace, loaded once into ``namespaces`` (RuntimeError: why not)."""
-    if chapter not in namespaces and f"{chapter} error" not in namespaces:
+    if chapter not in namespaces:
         try:
             from flashbook import sources
             namespaces[chapter] = sources.solution_namespace(chapter)
         except Exception as e:  # noqa: BLE001 - its rows say why
-            namespaces[f"{chapter} error"] = f"the {chapter} solution did not load: " \
-                                             f"{why_failed(e)}"
-    if chapter not in namespaces:
-        raise RuntimeError(namespaces[f"{chapter} error"])
+            namespaces[chapter] = f"the {chapter} solution did not load: {why_failed(e)}"
+    if isinstance(namespaces[chapter], str):
+        raise RuntimeError(namespaces[chapter])
     return namespaces[chapter]
 
 
@@ -189,17 +186,14 @@ def ch4_setup(case: Case, x: Inputs, namespaces: dict):
 def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
     rows = []
     for kernel, role, phase in KERNELS:
-        if phase != 1 or kernel not in kernels:
+        # the two-tile kernel once a case: Chapter 3's non-causal, Chapter 4's causal
+        if phase != 1 or kernel not in kernels or kernel == (CH3 if case.causal else CH4):
             continue
         if kernel == OURS:
             setup = gluon_setup(case, x)
         elif kernel == CH3:
-            if case.causal:
-                continue                       # no causal mask in Chapter 3: see ch4_two_tiles
             setup = ch3_setup(case, x, namespaces)
         elif kernel == CH4:
-            if not case.causal:
-                continue                       # non-causal: ch3_two_tiles is the same kernel
             setup = ch4_setup(case, x, namespaces)
         else:                                  # SDPA: its own reference's row has no check
             name = x.want.get(case.causal, ("", None))[0]

@@ -16,20 +16,15 @@ from flashbook.results import GPU_TIMER
 
 from .fa3_pallas import import_jax
 
-__all__ = ["jax_calls", "jax_block_kv", "to_jax", "to_torch", "jax_time", "jax_fa3_setup",
-           "pallas_setup"]
-
 # JAX's FA3 kernel, tuned as its own benchmark (attention_mgpu.main) tunes it
 JAX_BLOCK_Q, JAX_BLOCK_KV, JAX_STEPS = 64, (256, 128, 64), 2
 # JAX rows: CUPTI-timed calls to fill about JAX_TARGET_MS, at least/most JAX_CALLS
 JAX_TARGET_MS, JAX_CALLS = 300.0, (10, 200)
 
 
-def jax_calls(estimate_ms: float, target_ms: float | None = None, limits=None) -> int:
-    """The CUPTI timing's calls: enough to fill ``target_ms`` within ``limits`` (defaults
-    ``JAX_TARGET_MS``, ``JAX_CALLS``)."""
-    target_ms = JAX_TARGET_MS if target_ms is None else target_ms
-    lo, hi = limits or JAX_CALLS
+def jax_calls(estimate_ms: float, target_ms: float = JAX_TARGET_MS, limits=JAX_CALLS) -> int:
+    """The CUPTI timing's calls: enough to fill ``target_ms`` within ``limits``."""
+    lo, hi = limits
     if not estimate_ms > 0 or math.isinf(estimate_ms):
         return hi
     return int(min(hi, max(lo, round(target_ms / estimate_ms))))
@@ -40,28 +35,23 @@ def jax_block_kv(N: int, candidates=JAX_BLOCK_KV) -> list[int]:
     return [b for b in candidates if N % b == 0]
 
 
-def to_jax(t: torch.Tensor):
-    """(JAX array on t's memory, shared) through DLPack without a copy; ``shared``: the buffer
-    pointers agree."""
+def to_jax(*tensors: torch.Tensor) -> tuple[list, str]:
+    """JAX arrays on the memory of ``tensors`` through DLPack (once the GPU is done writing
+    them), and the note's word: "zero-copy" where the buffer pointers agree, else "COPIED"."""
     import jax.dlpack
+    if tensors[0].is_cuda:
+        torch.cuda.synchronize()
+    arrays = [jax.dlpack.from_dlpack(t, copy=False) for t in tensors]
     try:
-        x = jax.dlpack.from_dlpack(t, copy=False)
-    except TypeError:                              # a JAX without the copy argument
-        x = jax.dlpack.from_dlpack(t)
-    try:
-        shared = x.unsafe_buffer_pointer() == t.data_ptr()
+        shared = all(x.unsafe_buffer_pointer() == t.data_ptr() for x, t in zip(arrays, tensors))
     except Exception:  # noqa: BLE001 - only for the note
         shared = False
-    return x, shared
+    return arrays, "zero-copy" if shared else "COPIED"
 
 
 def to_torch(o) -> torch.Tensor:
-    """A JAX array (or a torch tensor, or the first of a tuple) as a torch tensor, no copy."""
-    if isinstance(o, (tuple, list)):
-        o = o[0]
-    if isinstance(o, torch.Tensor):
-        return o
-    return torch.from_dlpack(o)
+    """A JAX array (or the first of a tuple) as a torch tensor, no copy."""
+    return torch.from_dlpack(o[0] if isinstance(o, (tuple, list)) else o)
 
 
 def jax_time(call: functools.partial) -> tuple[float, str]:
@@ -98,10 +88,7 @@ def jax_fa3_setup(case, x, block_kv=JAX_BLOCK_KV):
         from jax.experimental.pallas.ops.gpu import attention_mgpu as am
         if "q_scaled" not in x.extra:            # the kernel applies no softmax scale
             x.extra["q_scaled"] = (x.q_bnhd * (1.0 / math.sqrt(case.d))).contiguous()
-        if x.q.is_cuda:
-            torch.cuda.synchronize()
-        conv = [to_jax(t) for t in (x.extra["q_scaled"], x.k_bnhd, x.v_bnhd)]
-        args = [a for a, _ in conv]
+        args, copied = to_jax(x.extra["q_scaled"], x.k_bnhd, x.v_bnhd)
         fields = {f.name for f in dataclasses.fields(am.TuningConfig)}
         tried = []
         for bkv in jax_block_kv(case.N, block_kv):
@@ -123,8 +110,7 @@ def jax_fa3_setup(case, x, block_kv=JAX_BLOCK_KV):
         del o
         return functools.partial(f, *args), join_notes(
             f"block_q={JAX_BLOCK_Q} block_kv={bkv} max_concurrent_steps={JAX_STEPS} (JAX's "
-            "first fit)", "; ".join(tried), "(B, N, H, d) via DLPack, "
-            + ("zero-copy" if all(s for _, s in conv) else "COPIED"),
+            "first fit)", "; ".join(tried), f"(B, N, H, d) via DLPack, {copied}",
             "q pre-scaled by 1/sqrt(d)", check)
     return setup
 
@@ -146,15 +132,11 @@ def pallas_setup(case, x, solution):
                                    dtype=str(case.dtype).replace("torch.", "")))
         if "kT" not in x.extra:
             x.extra["kT"] = x.k.transpose(2, 3).contiguous()          # (B, H, d, N)
-        if x.q.is_cuda:
-            torch.cuda.synchronize()
-        conv = [to_jax(t) for t in (x.q, x.extra["kT"], x.v)]
-        args = [a for a, _ in conv]
+        args, copied = to_jax(x.q, x.extra["kT"], x.v)
         o = to_torch(jax.block_until_ready(f(*args)))            # compiles: once per case
         check = x.check(case.causal)(o)
         del o
         return functools.partial(f, *args), join_notes(
             f"block_kv={block_kv} stages={stages} (fa3_pallas.default_config); consumer "
-            f"{consumer.__name__}", "(B, H, N, d) and K^T via DLPack, "
-            + ("zero-copy" if all(s for _, s in conv) else "COPIED"), check)
+            f"{consumer.__name__}", f"(B, H, N, d) and K^T via DLPack, {copied}", check)
     return setup

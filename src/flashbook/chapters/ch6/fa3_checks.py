@@ -1,10 +1,10 @@
 """Chapter 6, Exercise 4's check: the consumer warpgroups of the FA3-shaped Pallas kernel
 (``fa3_pallas``), run in JAX's interpret mode (``interpret``), race detector on and told what
-each wgmma reads up to its wait (``fa3_pallas.track_wgmma_reads``). Each case is one CTA (two
-64-row consumers, N_q = 128): O within fp16 tolerance of a float64 reference, ``lse2 * ln 2``
-within 1e-3 of the natural-log LSE, no race, no barrier misuse, no hang. A wrong O is matched
-against the classic online-softmax mistakes (``simulate``, ``BUGS``). Right values cannot show
-two things, checked too: the proxy fence (``pallas_child.unfenced_reads``) and the ping-pong
+each wgmma reads up to its wait (``pallas_instruments``). Each case is one CTA (two 64-row
+consumers, N_q = 128): O within fp16 tolerance of a float64 reference, ``lse2 * ln 2`` within
+1e-3 of the natural-log LSE, no race, no barrier misuse, no hang. A wrong O is matched against
+the classic online-softmax mistakes (``simulate``, ``BUGS``). Right values cannot show two
+things, checked too: the proxy fence (``pallas_child.unfenced_reads``) and the ping-pong
 (``_pingpong``, from the order log).
 """
 from __future__ import annotations
@@ -18,8 +18,6 @@ import numpy as np
 from flashbook.check import CheckFailure, report, require_implemented
 
 from . import fa3_pallas, interpret
-
-__all__ = ["check_fa3_consumer", "Fa3Case", "fa3_cases", "simulate", "BUGS"]
 
 TARGET = "flashbook.chapters.ch6.fa3_pallas:run_fa3_interpret"
 TITLE = "FA3 consumer"
@@ -36,10 +34,6 @@ class Fa3Case:
     block_kv: int = 64
     stages: int = 2
     why: str = ""
-
-    @property
-    def steps(self) -> int:
-        return self.n_k // self.block_kv
 
     def describe(self) -> str:
         return (f"'N_q={N_Q}, N_k={self.n_k}, d={self.d}{', causal' if self.causal else ''}, "
@@ -64,8 +58,7 @@ def _inputs(case: Fa3Case, seed: int):
     (a missing rescale shows)."""
     rng = np.random.default_rng(seed)
     q = (1.5 * rng.standard_normal((1, 1, N_Q, case.d))).astype(np.float16)
-    k = rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16)
-    v = rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16) for _ in "kv")
     return q, k, v
 
 
@@ -131,9 +124,8 @@ BUGS = (
 
 def _diagnose(case: Fa3Case, call: interpret.Call, got: np.ndarray) -> str:
     q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
-    k = kT.T
     for _, flags, text in BUGS:
-        want, _ = simulate(q, k, v, block_kv=case.block_kv, causal=case.causal, **flags)
+        want, _ = simulate(q, kT.T, v, block_kv=case.block_kv, causal=case.causal, **flags)
         if np.isfinite(want).all() and np.allclose(got, want, atol=5e-3, rtol=5e-3):
             return " " + text
     return ""
@@ -152,8 +144,7 @@ def _compare(case: Fa3Case, call: interpret.Call, out: dict | None):
     what = f"{TITLE}, case {case.describe()}"
     q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
     want_o, want_lse = fa3_pallas.reference(q, kT.T, v, causal=case.causal)
-    got_o = None if out is None else out.get("o")
-    got_lse = None if out is None else out.get("lse2")
+    got_o, got_lse = (out or {}).get("o"), (out or {}).get("lse2")
     if got_o is None or got_lse is None:
         raise CheckFailure(f"{what}: the kernel returned no output.")
     got_o, got_lse = got_o[0, 0].astype(np.float64), got_lse[0, 0].astype(np.float64)

@@ -1,19 +1,13 @@
 """A discrete-event model of FlashAttention-3's warp-specialised pipeline (Chapter 6, Exercise 2).
 
 One producer warpgroup streams the K/V tiles of ``n_steps`` key steps into a ring of ``stages``
-SMEM slots with TMA; ``consumers`` warpgroups read every step (QK reads K, PV reads V, the
-softmax runs on their own CUDA cores). Programs are generators that ``yield`` the actions of
-the ``Pipeline`` they are given; the toolkit's engine (``flashbook.pipeline_engine``, with
-``pipeline_types`` and ``pipeline_model``) runs them in abstract time units.
-
-Why a model: a barrier protocol's bugs are races, on a GPU a wrong result once in a while or a
-hang; here each is reported deterministically (a ``Hazard``: overwrite, read before ready,
-phase overrun, deadlock, dataflow, protocol, runaway) with the time, warpgroups and barrier.
-Barriers follow ``mbarrier``: ``wait(bar, parity)`` returns once the latest phase of that
-parity completed (a fresh barrier's parity 1 counts as done); a TMA ``load`` arrives on its
-barrier ``timing.tma`` after its issue; GEMMs that overlap share the tensor cores (1/n speed
-each). Reads and writes are ordered by vector clocks carried through barriers, so a race is
-reported even when one run's timing hid it.
+SMEM slots with TMA; ``consumers`` warpgroups read every step. Programs are generators that
+``yield`` the actions of the ``Pipeline`` they are given; the toolkit's engine
+(``flashbook.pipeline_engine``, with ``pipeline_types`` and ``pipeline_model``) runs them in
+abstract time units, with barriers that follow ``mbarrier`` (the notebook's Section 4). Each
+barrier bug is a ``Hazard`` (overwrite, read before ready, phase overrun, deadlock, dataflow,
+protocol, runaway), reported deterministically: reads and writes are ordered by vector clocks
+carried through barriers, so a race shows even when one run's timing hid it.
 """
 from __future__ import annotations
 

@@ -12,10 +12,6 @@ from flashbook.check import CheckFailure, report, require_implemented
 
 from .pipeline import Run, Timing, lockstep_model, pingpong_model, simulate, single_model
 
-__all__ = ["check_ring_protocol", "check_pingpong", "given_consumer", "ring_cases",
-           "pingpong_cases", "MODES", "steady_window", "steady_utilisation", "plot_gantt",
-           "TOLERANCE"]
-
 # (consumers, ping-pong): FA3's two consumers taking turns, the same two without a schedule (the
 # ring alone must be right), and one consumer (FA2's single warpgroup)
 MODES = ((2, True), (2, False), (1, False))
@@ -90,7 +86,6 @@ def _complete(run: Run, what: str):
 def _protocol(make_barriers, producer, consumer, hidden: bool, whose: str) -> int:
     """Every ring case in every mode: no hazard, no deadlock, every step consumed. Returns the
     number of runs."""
-    n = 0
     for stages, n_steps, timing in ring_cases(hidden):
         for consumers, pingpong in MODES:
             what = (f"ring protocol, stages={stages}, n_steps={n_steps}, "
@@ -104,8 +99,7 @@ def _protocol(make_barriers, producer, consumer, hidden: bool, whose: str) -> in
                             "pipe.consumers arrivals?)")
                 raise CheckFailure(f"{what}:\n{run.error}{hint}")
             _complete(run, what)
-            n += 1
-    return n
+    return len(ring_cases(hidden)) * len(MODES)
 
 
 def check_ring_protocol(make_barriers, producer, hidden: bool = False):
@@ -240,22 +234,19 @@ def plot_gantt(*runs: Run, titles=None, unit: str | None = None, t_max: float | 
             if span.row not in y_of:
                 continue
             n_lanes = lanes.get(span.row, 1)
-            h = 0.8 / n_lanes
-            if span.kind == "shared":
-                y0, hh = y_of[span.row] - 0.4, 0.8
-            else:
-                y0, hh = y_of[span.row] + 0.4 - h * (span.lane + 1), h
-            width = span.end - span.start
-            if span.kind == "shared":
-                ax.broken_barh([(span.start, width)], (y0 - 0.05, hh + 0.1), facecolors="none",
-                               edgecolors=_COLORS["shared"], hatch="////", linewidth=1.0, zorder=3)
+            h, width = 0.8 / n_lanes, span.end - span.start
+            if span.kind == "shared":             # both lanes, outlined
+                ax.broken_barh([(span.start, width)], (y_of[span.row] - 0.4 - 0.05, 0.8 + 0.1),
+                               facecolors="none", edgecolors=_COLORS["shared"], hatch="////",
+                               linewidth=1.0, zorder=3)
                 continue
-            ax.broken_barh([(span.start, width)], (y0 + 0.03 * hh, 0.94 * hh),
+            y0 = y_of[span.row] + 0.4 - h * (span.lane + 1)
+            ax.broken_barh([(span.start, width)], (y0 + 0.03 * h, 0.94 * h),
                            facecolors=_COLORS[span.kind], edgecolors="white", linewidth=0.6,
                            hatch="..." if span.kind == "wait" else None, zorder=2)
             text = _label(span, width, end)
             if text:
-                ax.text(span.start + width / 2, y0 + hh / 2, text, ha="center", va="center",
+                ax.text(span.start + width / 2, y0 + h / 2, text, ha="center", va="center",
                         fontsize=7 if n_lanes == 1 else 6, zorder=4,
                         color="black" if span.kind in ("softmax", "wait") else "white")
         for w in run.writes:                     # the producer's issue of each TMA

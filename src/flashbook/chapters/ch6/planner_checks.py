@@ -27,11 +27,6 @@ from flashbook.fa3_planner import Config
 from flashbook.planning import (H100_PROPS, H200_PROPS, MBARRIER_BYTES,
                                 CompiledTable, Device, as_bool, forbid_calls)
 
-__all__ = ["Device", "H100_PROPS", "H200_PROPS", "MBARRIER_BYTES", "WARP_SPECIALIZE_BYTES",
-           "REGISTERS_PER_SM", "PRODUCER_REGS", "SMEM_SLACK", "COMPILED_PATH", "TABLE_CONFIGS",
-           "compiled_table", "compiled_entry", "compile_entry", "planner_configs",
-           "choice_problems", "check_planner", "choice_table", "main"]
-
 # gl.warp_specialize keeps, in shared memory, the arguments it hands the worker partitions
 # (220 bytes for this kernel, planner.CAPTURE_BYTES) and 4 state bytes per consumer warpgroup
 WARP_SPECIALIZE_BYTES = planner.CAPTURE_BYTES + 4 * 2
@@ -277,7 +272,6 @@ def _check_need(consumer_register_need, register_budget, configs) -> int:
 
 
 def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
-    n = 0
     for c in configs:
         verdict = planner.feasible(c, planner.H100)
         got = as_bool(fits(c, H100_PROPS), f"fits({_describe(c)}, H100_PROPS)")
@@ -297,11 +291,11 @@ def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
                             "block gets unless the kernel opts in; the kernel opts in (Triton "
                             "does it at launch) and may use shared_memory_per_block_optin.")
             raise CheckFailure(msg)
-        n += 1
     # at the limit: a device whose blocks may use exactly what the config needs, or a byte less
     edge = [c for c in configs if planner.consumer_registers(c) <= planner.register_budget(c)[
         "consumer"]]
-    for c in (edge if hidden else edge[:2]):
+    edge = edge if hidden else edge[:2]
+    for c in edge:
         need = as_int(smem_bytes(c), f"smem_bytes, {_describe(c)}")
         exact = dataclasses.replace(H100_PROPS, name=f"a GPU whose blocks may use {need:,} B",
                                     shared_memory_per_block_optin=need,
@@ -322,8 +316,7 @@ def _check_fits(fits, smem_bytes, configs, hidden: bool) -> int:
                 "most shared_memory_per_block_optin: the SM's total "
                 "(shared_memory_per_multiprocessor, 228 KB on an H100) less the 1 KB the system "
                 "reserves for every block, so 227 KB = 232,448 B on an H100/H200, not 228 KB.")
-        n += 2
-    return n
+    return len(configs) + 2 * len(edge)
 
 
 def _predicted(c: Config, problem: dict) -> float:

@@ -11,8 +11,7 @@ import matplotlib.pyplot as plt
 from flashbook import results
 
 from . import fp8_recorded
-
-OURS, PALLAS, JAX_FA3 = "ch6_gluon_fa3", "ch6_pallas_fa3", "jax_pallas_fa3"
+from .benchmark import JAX_FA3, OURS, PALLAS
 HEADLINE = (1, 16, 16384, 128)           # (B, H, N, d) of the sentences against cuDNN
 # The kernels in the plots' and summaries' order; Chapters 3 and 4's two-tile kernel share a bar.
 LABELS = {OURS: "ours (Gluon FA3)", PALLAS: "students' Pallas FA3",
