@@ -1067,7 +1067,7 @@ else:
 # %% [markdown]
 # **Measured.** `python -m flashbook.fp8_bench` times the kernel on inputs quantized once (as a
 # model that keeps fp8 activations would call it) beside `attention_fa3` in fp16 as you call it
-# and cuDNN, and measures the error above on a larger case. On an
+# and cuDNN, and records the errors of the cell above, at its shape. On an
 # {glue:text}`ch6_fp8_gpu` at `(1, 16, 16384, 128)` the fp8 kernel, with its default tiles (64
 # query rows against 128 keys in one warpgroup; 128 rows in two warpgroups were slower, as the
 # figure below shows), reaches
