@@ -66,12 +66,19 @@ def values(rec: dict) -> dict:
     return out
 
 
+def _label(note: str) -> str:
+    """'BLOCK_M=64 BLOCK_N=128 warps=4 stages=3' -> 'fp8 64x128, 4 warps, 3 stages (default)'."""
+    v = dict(part.split("=") for part in note.split() if "=" in part)
+    return (f"fp8 {v['BLOCK_M']}x{v['BLOCK_N']}, {v['warps']} warps, {v['stages']} stages"
+            + (" (default)" if note.startswith(default_config()) else ""))
+
+
 def plot(rec: dict):
     """Left: TFLOP/s of the fp8 kernel (each tile config timed), the fp16 forward and cuDNN;
     right: RMS error against float64 on inputs with outlier channels (log scale)."""
-    fig, (speed, err) = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, (speed, err) = plt.subplots(1, 2, figsize=(12, 4.6))
     configs = list(dict.fromkeys(r["note"] for r in rec["speed"] if r["kernel"] == FP8))
-    bars_of = [(f"fp8, {c}", FP8, c) for c in configs] + [
+    bars_of = [(_label(c), FP8, c) for c in configs] + [
         ("fp16 (Gluon FA3)", FP16, None), ("fp16 cuDNN", CUDNN, None)]
     width = 0.8 / len(bars_of)
     for i, (label, kernel, config) in enumerate(bars_of):
@@ -82,7 +89,7 @@ def plot(rec: dict):
     speed.set_xticks([centre, 1 + centre], ["non-causal", "causal"])
     speed.set_ylabel("TFLOP/s")
     speed.set_title(f"{tuple(rec['shape'])}, {rec['provenance']['gpu']}")
-    speed.legend(fontsize=8, loc="lower right")
+    speed.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     width = 0.25
     for i, (kernel, label) in enumerate(ERRORS.items()):
         ys = [error(rec, kernel, c) for c in (False, True)]
