@@ -22,6 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "grading"))
 import course as C  # noqa: E402
 
+from conftest import shared_once  # noqa: E402
 from flashbook import cli, notebooks, sources  # noqa: E402
 from flashbook.grade import autograde as AG  # noqa: E402
 from flashbook.grade import cellmeta, markers, merge, repair, worker  # noqa: E402
@@ -51,11 +52,25 @@ def gid(cell):
     return C.grade_id(cell)
 
 
+@pytest.fixture(scope="session")
+def fx1_courses(tmp_path_factory, worker_id) -> Path:
+    """fx1 released by nbgrader once per run, into ``course`` and, from its older source
+    fx1_basics_v0, into ``old_course``: templates, read only (copy a course before writing in it)."""
+    def release(out: Path):
+        C.release(out / "course", A, NB)
+        C.release(out / "old_course", A, "fx1_basics_v0", name=NB)
+    return shared_once(tmp_path_factory, worker_id, "fx1_courses", release)
+
+
+def released_course(fx1_courses: Path, into: Path, which: str = "course"):
+    """(a copy of a released fx1 course at ``into``, its released notebook)."""
+    course = Course(shutil.copytree(fx1_courses / which, into))
+    return course, course.release_notebook(A, NB)
+
+
 @pytest.fixture(scope="module")
-def released(tmp_path_factory):
-    root = tmp_path_factory.mktemp("course")
-    path = C.release(root, A, NB)
-    return Course(root), nbformat.read(path, as_version=4)
+def released(fx1_courses, tmp_path_factory):
+    return released_course(fx1_courses, tmp_path_factory.mktemp("course") / "course")
 
 
 # ------------------------------------------------------------------ unit tests (fast)
@@ -417,19 +432,23 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# s: an honest fx1 cell runs in milliseconds; "loop" hangs in its cell for this long, then for
+# as long again in the grader's probe (6 s made its submission take 18 s, 3 s 12 s)
+CELL_TIMEOUT = 3
+
+
 @pytest.fixture(scope="module")
-def graded_class(tmp_path_factory):
+def graded_class(fx1_courses, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("class")
-    course = Course(tmp / "course")                  # its own course: only this class in it
-    rel = nbformat.read(C.release(course.root, A, NB), as_version=4)
-    old_rel = nbformat.read(C.release(tmp / "old_course", A, "fx1_basics_v0", name=NB),
-                            as_version=4)
+    course, rel = released_course(fx1_courses, tmp / "course")   # only this class in it
+    _, old_rel = released_course(fx1_courses, tmp / "old_course", "old_course")
     src = tmp / "downloads"
     make_class(course, rel, old_rel, src)
     report = CO.collect(src, A, course)
     (course.root / "results" / A / "alice").mkdir(parents=True, exist_ok=True)
     db_before = _sha(course.root / "gradebook.db")
-    summary = AG.autograde(A, course, timeout=25, cell_timeout=6, workers=2, progress=False)
+    summary = AG.autograde(A, course, timeout=25, cell_timeout=CELL_TIMEOUT, workers=2,
+                           progress=False)
     pages = FB.feedback(A, course)
     out = EX.export(tmp / "grades.csv", course)
     return {"course": course, "src": src, "collect": report, "summary": summary,
@@ -571,8 +590,8 @@ def test_class_resume_and_shards_merge_to_the_same_grades(graded_class):
     shards = []
     for i in range(2):
         root = tmp / f"shard{i}"
-        AG.autograde(A, course, timeout=25, cell_timeout=6, shard=(i, 2), results_root=root,
-                     students=SHARD_SUBSET, progress=False)
+        AG.autograde(A, course, timeout=25, cell_timeout=CELL_TIMEOUT, shard=(i, 2),
+                     results_root=root, students=SHARD_SUBSET, progress=False)
         shards.append(root)
     assert all((s / A).is_dir() for s in shards)
     merged = tmp / "merged"
