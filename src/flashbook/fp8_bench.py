@@ -28,7 +28,6 @@ import torch
 
 from . import bench, results, sources
 
-DATA_DIR = Path(__file__).resolve().parent / "data" / "fp8"
 SHAPE = (1, 16, 16384, 128)
 ACCURACY_SHAPE = (1, 4, 2048, 128)
 CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3))    # (BLOCK_M, BLOCK_N, warps, stages): the default first
@@ -91,7 +90,8 @@ def measure() -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=DATA_DIR)
+    p.add_argument("--out", type=Path, help="default: the directory Chapter 6 reads the record "
+                   "from (fp8_recorded.DATA_DIR, in the package)")
     p.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
     args = p.parse_args(argv)
     from flashbook import setup
@@ -103,8 +103,10 @@ def main(argv=None) -> int:
     command = "python -m flashbook.fp8_bench " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     record = dict(provenance=dict(results.provenance(command), commit=args.commit), **measure())
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{results.gpu_slug(torch.cuda.get_device_name(0))}.json"
+    from flashbook.chapters.ch6 import fp8_recorded
+    out = args.out or fp8_recorded.DATA_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{results.gpu_slug(torch.cuda.get_device_name(0))}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record["speed"] + record["accuracy"], indent=1))
     print(f"wrote {path}")
