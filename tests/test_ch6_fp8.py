@@ -108,7 +108,8 @@ def _fp8_record(f=1.0):
     from flashbook.chapters.ch6 import fp8_recorded
     speed = [dict(kernel=k, causal=c, ms=1.0, tflops=t * f * (0.8 if c else 1), note=note)
              for k, t, note in (("ch6_attention_fp8", 700, fp8_recorded.default_config()),
-                                ("ch6_attention_fp8", 750, "BLOCK_M=128 BLOCK_N=128 warps=8 stages=3"),
+                                ("ch6_attention_fp8", 750,
+                                 "BLOCK_M=128 BLOCK_N=128 warps=8 stages=3"),
                                 ("ch6_attention_fa3_fp16", 600, ""),
                                 ("sdpa_cudnn_fp16", 610, ""))
              for c in (False, True)]

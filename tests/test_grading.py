@@ -55,7 +55,8 @@ def gid(cell):
 @pytest.fixture(scope="session")
 def fx1_courses(tmp_path_factory, worker_id) -> Path:
     """fx1 released by nbgrader once per run, into ``course`` and, from its older source
-    fx1_basics_v0, into ``old_course``: templates, read only (copy a course before writing in it)."""
+    fx1_basics_v0, into ``old_course``: templates, read only (copy a course before writing in
+    it)."""
     def release(out: Path):
         C.release(out / "course", A, NB)
         C.release(out / "old_course", A, "fx1_basics_v0", name=NB)

@@ -7,8 +7,8 @@ error with and without the incoherent-processing rotation.
 * ``speed``: TFLOP/s at ``SHAPE`` (fp16 inputs), non-causal and causal, of ``ch6.attention_fp8``
   on inputs quantized once by the solution's ``quantize_blocks`` (Q in blocks of BLOCK_M rows, K
   and V of BLOCK_N; the kernel alone is timed, as a model keeping fp8 activations would call
-  it) for each of ``CONFIGS``, and of
-  the fp16 ``attention_fa3`` (as a reader calls it) and cuDNN SDPA;
+  it) for each of ``CONFIGS``, and of the fp16 ``attention_fa3`` (as a reader calls it) and
+  cuDNN SDPA;
 * ``accuracy``: RMS error against float64 SDPA at ``ACCURACY_SHAPE`` on Gaussian Q and K with
   four channels 20x larger (``ch6.outlier_inputs``), of the fp8 kernel without and with the
   solution's ``random_rotation``, and of fp16 SDPA.
@@ -30,7 +30,8 @@ from . import bench, results, sources
 
 SHAPE = (1, 16, 16384, 128)
 ACCURACY_SHAPE = (1, 4, 2048, 128)
-CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3))    # (BLOCK_M, BLOCK_N, warps, stages): the default first
+# (BLOCK_M, BLOCK_N, warps, stages): attention_fp8's default first
+CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3))
 
 
 def _prepared(ns, q, k, v, block_m, block_n, rotation=None):

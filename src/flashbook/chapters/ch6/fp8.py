@@ -118,7 +118,8 @@ def launch(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, num_war
     if N % block_m or N % block_n or d not in (64, 128):
         raise ValueError(f"attention_fp8: needs N a multiple of {block_m} and {block_n} and d in "
                          f"(64, 128); got N = {N}, d = {d}.")
-    for name, t, n in (("qs", qs, N // block_m), ("ks", ks, N // block_n), ("vs", vs, N // block_n)):
+    for name, t, n in (("qs", qs, N // block_m), ("ks", ks, N // block_n),
+                       ("vs", vs, N // block_n)):
         if t.dtype != torch.float32 or tuple(t.shape) != (B, H, n) or not t.is_contiguous():
             raise ValueError(f"attention_fp8: {name} must be contiguous float32 of shape "
                              f"{(B, H, n)} (one scale per block); got {t.dtype} {tuple(t.shape)}.")
