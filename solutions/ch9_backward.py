@@ -516,25 +516,29 @@ ch9.check_autograd(FlashAttentionFn, hidden=True)
 # returns them packed with $S$, the number of sequences ($B$ or 1; where neither way fits it
 # copies, as `ch9.to_packed(t, layout)` does). Take the int32 offsets `arange(S + 1) * N_q` for
 # the queries and `* N_k` for the keys from `ch9.dense_offsets(S, N, device)` (made once per
-# shape: building them is two device ops per call), call the Function through
-# `ch9.apply_if_grad(FlashAttentionFn, ...)` (its `apply`'s arguments: it applies it when
-# autograd records the call and otherwise runs the forward kernel alone, which costs the
-# host less), and unpack O with `ch9.from_packed(o, B, layout, S)` and the LSE with
-# `ch9.lse_from_packed(lse, B, S)` (about 10 lines). The check compares O, the LSE and the
-# gradients with float64 autograd in both layouts, then trains the tiny transformer of
-# Section 6 for a few steps with your function and with SDPA: the losses must agree.
+# shape: building them is two device ops per call), call `FlashAttentionFn.apply`, and unpack
+# O with `ch9.from_packed(o, B, layout, S)` and the LSE with `ch9.lse_from_packed(lse, B, S)`
+# (about 10 lines). A call autograd records nothing of (`torch.no_grad()`, or inputs that need
+# no gradient: `ch9.forward_only(q, k, v)`) needs no Function: start with `return
+# ch9.dense_forward(q, k, v, causal, softmax_scale, layout, return_lse)` there, the forward
+# kernel's launch remembered by the inputs' shapes and strides and made again on your tensors
+# (the packing, the checks and the Function cost the host more than the launch itself). The
+# check compares O, the LSE and the gradients with float64 autograd in both layouts, then
+# trains the tiny transformer of Section 6 for a few steps with your function and with SDPA:
+# the losses must agree.
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_dense", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def flash_attention(q, k, v, causal=False, softmax_scale=None, layout="bhnd", return_lse=False):
     """q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d) (layout="bnhd": (B, N, h, d)) -> O like q,
     differentiable; return_lse: (O, LSE (B, h_q, N_q) float32, natural log)."""
     ### BEGIN SOLUTION
+    if ch9.forward_only(q, k, v):               # autograd records nothing: no Function
+        return ch9.dense_forward(q, k, v, causal, softmax_scale, layout, return_lse)
     seq = 2 if layout == "bhnd" else 1          # the sequence axis (packed_views checks layout)
     B, N_q, N_k = q.shape[0], q.shape[seq], k.shape[seq]
     q_p, k_p, v_p, S = ch9.packed_views(q, k, v, layout)       # views: S = B sequences, or 1
     cu_q, cu_k = ch9.dense_offsets(S, N_q, q.device), ch9.dense_offsets(S, N_k, q.device)
-    o, lse = ch9.apply_if_grad(FlashAttentionFn, q_p, k_p, v_p, cu_q, cu_k, N_q, N_k, causal,
-                               softmax_scale)
+    o, lse = FlashAttentionFn.apply(q_p, k_p, v_p, cu_q, cu_k, N_q, N_k, causal, softmax_scale)
     o = ch9.from_packed(o, B, layout, S)
     return (o, ch9.lse_from_packed(lse, B, S)) if return_lse else o
     ### END SOLUTION

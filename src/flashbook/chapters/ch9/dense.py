@@ -16,15 +16,18 @@ only (shapes, strides, ``requires_grad``): nothing waits for the device.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from flashbook.cases import validate_scale
-from flashbook.launcher import capturing
+from flashbook.device import current
+from flashbook.launcher import capturing, output
+from flashbook.plans import Plans, key, recorded_launches
 
 from .forward import forward
 
 __all__ = ["LAYOUTS", "to_packed", "from_packed", "lse_from_packed", "dense_offsets",
-           "packed_views", "apply_if_grad"]
+           "packed_views", "forward_only", "dense_forward"]
 
 LAYOUTS = ("bhnd", "bnhd")       # (B, H, N, d), and flash-attn's (B, N, H, d)
 
@@ -80,11 +83,10 @@ def _view(t, layout: str, fold: int):
     if not (t.requires_grad and torch.is_grad_enabled()):
         size = (B * N, H, d) if fold == _TOKENS else (N, B * H, d)
         return t.as_strided(size, (n_stride, h_stride, 1), t.storage_offset())
-    if layout == "bhnd":
-        t = t.transpose(1, 2)                                       # (B, N, H, d)
-    if fold == _TOKENS:
-        return t.view(B * N, H, d)
-    return t.transpose(1, 2).view(B * H, N, d).transpose(0, 1)     # (N, B*H, d)
+    if fold == _TOKENS:                 # through (B, N, H, d)
+        return (t.transpose(1, 2) if layout == "bhnd" else t).view(B * N, H, d)
+    t = t if layout == "bhnd" else t.transpose(1, 2)               # (B, H, N, d)
+    return t.view(B * H, N, d).transpose(0, 1)                     # (N, B*H, d)
 
 
 def packed_views(q, k, v, layout: str = "bhnd"):
@@ -152,15 +154,68 @@ def dense_offsets(B: int, N: int, device) -> torch.Tensor:
     return kept
 
 
-def apply_if_grad(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                  max_seqlen_k: int, causal: bool = False, softmax_scale=None):
-    """(O, LSE) of packed attention: ``function.apply(...)`` (the autograd Function) when
-    autograd records the call (grad mode on and q, k or v requires grad) or in float64 (the
-    Function's reference path), else the forward kernel alone (``forward``, which the
-    Function's forward runs): the same O and LSE without the Function's bookkeeping."""
-    if q.dtype == torch.float64 or torch.is_grad_enabled() and (
-            q.requires_grad or k.requires_grad or v.requires_grad):
-        return function.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              causal, softmax_scale)
-    return forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   causal=causal, softmax_scale=validate_scale(softmax_scale, q.shape[-1]))
+def forward_only(q, k, v) -> bool:
+    """True when autograd records nothing of a call on q, k, v (grad mode off, or none of them
+    requires grad) and the kernels take their dtype (float64 is the Function's reference
+    path): ``dense_forward`` then gives what the Function would, without it."""
+    return q.dtype != torch.float64 and not (torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad))
+
+
+class _Plan:
+    """What a dense forward remembers by its inputs' metadata: the forward's launch (None:
+    nothing to compute), its offsets, its output buffers' shapes and how O and the LSE are seen
+    in the caller's layout (size, stride)."""
+
+    __slots__ = ("launch", "cu_q", "cu_k", "o_shape", "lse_shape", "o_view", "lse_view")
+
+
+_PLANS = Plans()
+
+
+def dense_forward(q, k, v, causal: bool = False, softmax_scale=None, layout: str = "bhnd",
+                  return_lse: bool = False):
+    """O in q's layout (and the LSE (B, h_q, N_q)) of dense q, k, v, the forward alone (no
+    autograd Function: see ``forward_only``). The first call with inputs of this metadata
+    packs them (``packed_views``), runs ``forward`` (Chapter 5's checks and plan) and
+    remembers its launch; a later one launches it again on the caller's own tensors (a packed
+    view of a tensor starts at its data pointer; the strides are the plan's), with new output
+    buffers: no view, no check, no offsets made, nothing read from the device."""
+    plan_key = key(q, k, v, causal, softmax_scale, layout)
+    plan = _PLANS.get(plan_key)
+    if plan is None:
+        return _first_call(plan_key, q, k, v, causal, softmax_scale, layout, return_lse)
+    o = output(plan.o_shape, dtype=q.dtype, device=q.device)
+    lse = output(plan.lse_shape, dtype=torch.float32, device=q.device)
+    if plan.launch is not None:
+        if current().gpu:
+            plan.launch(q, k, v, o, lse, plan.cu_q, plan.cu_k)
+        else:
+            with np.errstate(divide="ignore"):      # the interpreter's log(0) = -inf
+                plan.launch(q, k, v, o, lse, plan.cu_q, plan.cu_k)
+    o = o.as_strided(*plan.o_view)
+    return (o, lse.as_strided(*plan.lse_view)) if return_lse else o
+
+
+def _first_call(plan_key, q, k, v, causal, softmax_scale, layout, return_lse):
+    """``dense_forward`` through ``forward`` on packed views, its launch remembered (not while
+    a CUDA graph is captured: its offsets would be filled only when the graph replays)."""
+    seq = 2 if layout == "bhnd" else 1
+    B, N_q, N_k = q.shape[0], q.shape[seq], k.shape[seq]
+    q_p, k_p, v_p, S = packed_views(q, k, v, layout)
+    cu_q, cu_k = dense_offsets(S, N_q, q.device), dense_offsets(S, N_k, q.device)
+    with recorded_launches() as made:
+        o_p, lse_p = forward(q_p, k_p, v_p, cu_q, cu_k, N_q, N_k, causal=causal,
+                             softmax_scale=validate_scale(softmax_scale, q.shape[-1]))
+    o, lse = from_packed(o_p, B, layout, S), lse_from_packed(lse_p, B, S)
+    views = (q_p, k_p, v_p)
+    if len(made) <= 1 and not capturing() and all(
+            a.data_ptr() == b.data_ptr() for a, b in zip(views, (q, k, v))):
+        plan = _Plan()
+        plan.launch = made[0][0] if made else None
+        plan.cu_q, plan.cu_k = cu_q, cu_k
+        plan.o_shape, plan.lse_shape = tuple(o_p.shape), tuple(lse_p.shape)
+        plan.o_view = (tuple(o.shape), o.stride(), o.storage_offset())
+        plan.lse_view = (tuple(lse.shape), lse.stride(), lse.storage_offset())
+        _PLANS.remember(plan_key, plan)
+    return (o, lse) if return_lse else o
