@@ -379,3 +379,70 @@ def test_the_benchmarks_training_step_is_the_chapters_call_with_autograd():
     want = torch.autograd.grad(ch9.dense_attention(*leaves, causal=True)[0], leaves, do.double())
     for got, ref in zip((dq, dk, dv), want):
         torch.testing.assert_close(got.double(), ref, atol=2e-4, rtol=2e-4)
+
+
+def _dense_qkv(layout, how, g, B=2, H_q=4, H_kv=2, N_q=12, N_k=20, d=16):
+    """q, k, v in ``layout``: as allocated, or transposed from the other layout (the batch
+    then folds the other way), or with a strided last dimension (copied)."""
+    def one(H, N):
+        shape = (B, H, N, d) if layout == "bhnd" else (B, N, H, d)
+        if how == "allocated":
+            return torch.randn(shape, generator=g)
+        if how == "transposed":
+            return torch.randn(shape[0], shape[2], shape[1], d, generator=g).transpose(1, 2)
+        return torch.randn(*shape, 2, generator=g)[..., 0]           # last stride 2
+    return one(H_q, N_q), one(H_kv, N_k), one(H_kv, N_k)
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+@pytest.mark.parametrize("how", ["allocated", "transposed", "strided"])
+def test_the_forward_without_autograd_gives_the_functions_values(solution, layout, how):
+    g = torch.Generator().manual_seed(7)
+    q, k, v = _dense_qkv(layout, how, g)
+    attn = solution["flash_attention"]
+    leaves = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    o_fn, lse_fn = attn(*leaves, True, 0.3, layout=layout, return_lse=True)
+    assert o_fn.grad_fn is not None                                  # through the Function
+    for _ in range(2):                                               # its plan, then again
+        o, lse = attn(q, k, v, True, 0.3, layout=layout, return_lse=True)
+        assert o.grad_fn is None and torch.equal(o, o_fn.detach()) and torch.equal(lse, lse_fn)
+    with torch.no_grad():
+        assert torch.equal(attn(*leaves, True, 0.3, layout=layout), o_fn.detach())
+    qb, kb, vb = (t if layout == "bhnd" else t.transpose(1, 2) for t in (q, k, v))
+    want, want_lse = ch9.dense_attention(qb.double(), kb.double(), vb.double(), 0.3, True)
+    got = o if layout == "bhnd" else o.transpose(1, 2)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout, how", [("bhnd", "allocated"), ("bhnd", "transposed"),
+                                         ("bnhd", "allocated"), ("bnhd", "transposed")])
+def test_the_dense_wrapper_hands_the_kernel_the_callers_tensors(solution, layout, how):
+    """No copy of q, k, v on the dense path: the forward kernel's launch gets tensors that start
+    at the caller's data pointers (a view's), with and without autograd, first call and
+    remembered plan alike."""
+    from flashbook import plans
+    g = torch.Generator().manual_seed(8)
+    q, k, v = _dense_qkv(layout, how, g)
+    attn = solution["flash_attention"]
+    for inputs in ((q, k, v), tuple(t.detach().requires_grad_() for t in (q, k, v))):
+        for _ in range(2):
+            with plans.recorded_launches() as made:
+                attn(*inputs, True, layout=layout)
+            assert len(made) == 1
+            assert [t.data_ptr() for t in made[0][1][:3]] == [t.data_ptr() for t in (q, k, v)]
+
+
+def test_packed_views_fold_the_batch_where_the_strides_allow(solution):
+    g = torch.Generator().manual_seed(9)
+    q, k, v = _dense_qkv("bhnd", "allocated", g)
+    *views, S = ch9.packed_views(q, k, v)
+    assert S == 1 and views[0].shape == (12, 8, 16)                  # one sequence, B*h heads
+    q, k, v = _dense_qkv("bnhd", "allocated", g)
+    *views, S = ch9.packed_views(q, k, v, "bnhd")
+    assert S == 2 and views[0].shape == (24, 4, 16)                  # B sequences
+    q, k, v = _dense_qkv("bhnd", "strided", g)
+    *views, S = ch9.packed_views(q, k, v)
+    assert S == 2 and all(t.is_contiguous() for t in views)          # copied
+    with pytest.raises(ValueError, match="layout"):
+        ch9.packed_views(q, k, v, "bshd")

@@ -76,18 +76,18 @@ VARIANTS = (
     ), expect='gradcheck'),
     # ----------------------------------------------------------------- ch9_dense
     Variant('dense_key_offsets_from_query_length', 'ch9_dense', (
-        ('ch9.dense_offsets(B, N_k, q.device)', 'ch9.dense_offsets(B, N_q, q.device)'),
+        ('ch9.dense_offsets(S, N_k, q.device)', 'ch9.dense_offsets(S, N_q, q.device)'),
     ), expect='N_k=20'),
     Variant('dense_drops_causal', 'ch9_dense', (
         ('N_q, N_k, causal,', 'N_q, N_k, False,'),
     ), expect='causal'),
     Variant('dense_unpacks_without_transpose', 'ch9_dense', (
-        ('o = ch9.from_packed(o, B, layout)', 'o = o.reshape(q.shape)'),
+        ('o = ch9.from_packed(o, B, layout, S)', 'o = o.reshape(q.shape)'),
     ), expect='output O'),
     Variant('dense_ignores_the_layout', 'ch9_dense', (
         ('seq = 2 if layout == "bhnd" else 1', 'seq, layout = 2, "bhnd"'),
     ), expect='bnhd'),
     Variant('dense_lse_reshaped_not_transposed', 'ch9_dense', (
-        ('ch9.lse_from_packed(lse, B)', 'lse.reshape(B, -1, N_q)'),
+        ('ch9.lse_from_packed(lse, B, S)', 'lse.reshape(B, -1, N_q)'),
     ), expect='LSE'),
 )

@@ -13,9 +13,11 @@ warm-up (the compile), the medians of:
   the ordinary way (``torch.empty`` of each tensor it returns, ``alloc_us``), then the same
   launches made the ordinary way, ``kernel[grid](...)`` with the same arguments
   (``plans.triton_launch``: Triton binds and specializes every argument); for a
-  differentiable function (a call with ``inputs``: Chapter 9's) also one empty
-  ``torch.autograd.Function.apply`` on its tensors (``autograd_us``), which every custom
-  autograd op, flash-attn's ``flash_attn_func`` included, pays before its kernel;
+  differentiable function (a call with ``inputs``: Chapter 9's, on inputs that require grad,
+  as its training step calls it) also one empty ``torch.autograd.Function.apply`` on its
+  tensors (``autograd_us``), which every custom autograd op, flash-attn's ``flash_attn_func``
+  included, pays before its kernel; Chapter 9's call on inputs that require no grad records
+  nothing, so its floor has no autograd op;
 * ``added_us = host_us - launch_us``: what the wrapper adds to that launch (checks, tile choice,
   output buffers); the book's target is at most ``TARGET_US``. Negative when the wrapper's
   remembered plan and direct launch (``plans.Launch``) save more than its own work costs;
@@ -181,6 +183,10 @@ def calls(quick: bool = False) -> dict:
     kc, vc = (_rand(B, max_len, 2, d, dtype=dt) for _ in range(2))
     seqlens = torch.tensor([max_len, max_len // 2, 7, max_len - 3], dtype=torch.int32,
                            device=q.device)
+    # Chapter 9's call as its training step makes it (``ch9.train``): (B, H, N, d) contiguous
+    # with B = 2, inputs that require grad (autograd records it); and with inputs that do not
+    dense = tuple(_rand(2, 4, N, d, dtype=dt) for _ in range(3))
+    leaves = tuple(t.detach().requires_grad_() for t in dense)
     from flashbook.chapters import ch5
     kpage, vpage, table = ch5.paged_cache(kc, vc, 64)
     table = table.to(q.device)
@@ -198,9 +204,11 @@ def calls(quick: bool = False) -> dict:
         "ch7.attention_lazy": lambda: ns["ch7"]["attention_lazy"](q, k, v),
         "ch8.decode_split_kv": lambda: ns["ch8"]["decode_split_kv"](qd, kc, vc, seqlens),
         "ch9.flash_attention (forward)": lambda: ns["ch9"]["flash_attention"](
-            q, k, v, causal=True),
+            *leaves, causal=True),
+        "ch9.flash_attention (forward, no grad)": lambda: ns["ch9"]["flash_attention"](
+            *dense, causal=True),
     }
-    out["ch9.flash_attention (forward)"].inputs = (q, k, v)     # differentiable: see measure
+    out["ch9.flash_attention (forward)"].inputs = leaves        # differentiable: see measure
     if gpu and torch.cuda.get_device_capability() == (9, 0):
         from flashbook import fa3_launch as gluon_fa3
         out["ch6.gluon_fa3.attention_fa3"] = lambda: gluon_fa3.attention_fa3(q, k, v, causal=True)

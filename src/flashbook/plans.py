@@ -94,13 +94,17 @@ _RECORDING: list | None = None
 @contextlib.contextmanager
 def recorded_launches():
     """Inside, every ``Launch`` made is also appended to the yielded list as ``(launch,
-    tensors)``: what ``flashbook.overhead`` replays to time a call's launches alone."""
+    tensors)``: what ``flashbook.overhead`` replays to time a call's launches alone. Nested,
+    the outer list gets the inner one's launches too."""
     global _RECORDING
     before, _RECORDING = _RECORDING, []
+    inner = _RECORDING
     try:
-        yield _RECORDING
+        yield inner
     finally:
         _RECORDING = before
+        if before is not None:
+            before.extend(inner)
 
 
 def triton_launch(launch: "Launch", tensors) -> None:

@@ -1,10 +1,11 @@
 """Chapter 9: the backward pass: D, recomputation from the LSE, a K/V-stationary dK/dV kernel
 and a Q-stationary dQ kernel, and an autograd Function that trains.
 
-The student writes the three Triton kernels (with their loop bodies) and the autograd
-Function; ``launch`` launches the kernels on the packed layout, ``forward`` is Chapter 5's GQA
-forward, ``grads`` holds the float64 reference gradients, ``checks`` grades, ``figures`` and
-``train`` make the chapter's table and loss curves, ``benchmark`` times forward + backward on
+The student writes the three Triton kernels (with their loop bodies), the autograd Function and
+the dense wrapper; ``launch`` launches the kernels on the packed layout, ``forward`` is Chapter
+5's GQA forward, ``dense`` sees dense tensors as packed ones without a copy and runs the
+forward alone, its launch remembered, when autograd records nothing, ``grads`` holds the float64 reference gradients,
+``checks`` grades, ``figures`` and ``train`` make the chapter's table and loss curves, ``benchmark`` times forward + backward on
 a GPU (``flashbook bench ch9``, with the one-kernel designs of the course's
 ``solutions/extras/ch9_one_kernel.py`` and ``ch9_gluon_bwd.py`` beside the student's), and
 ``recorded`` reads its H200 record back.
@@ -21,8 +22,9 @@ from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_
     check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
-from .grads import attention_grads, backward_inputs, dense_attention, dense_offsets, \
-    from_packed, lse_from_packed, to_packed
+from .dense import dense_forward, dense_offsets, forward_only, from_packed, lse_from_packed, \
+    packed_views, to_packed
+from .grads import attention_grads, backward_inputs, dense_attention
 from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_dkdv, launch_dq, \
     launch_preprocess
 from .train import TinyLM, repeat_batch, sdpa_attention, train
@@ -32,6 +34,7 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
            "check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
            "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
            "dense_attention", "dense_offsets", "to_packed", "from_packed", "lse_from_packed",
+           "packed_views", "forward_only", "dense_forward",
            "saved_bytes",
            "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
            "benchmark", "recorded"]

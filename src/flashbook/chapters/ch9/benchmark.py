@@ -44,7 +44,7 @@ from flashbook.reference import attention_flops
 from flashbook.results import Row, table
 
 from .forward import forward
-from .grads import from_packed, to_packed
+from .dense import from_packed, to_packed
 
 __all__ = ["run", "table", "CASES", "GRAPH_TIMER", "bwd_flops", "sdpa_grads_fn", "ours_fns",
            "one_kernel_fn", "gluon_fn"]

@@ -22,7 +22,8 @@ from flashbook.check import CheckFailure, assert_close, no_nan, report, require_
 from flashbook.device import current
 
 from . import launch
-from .grads import backward_inputs, from_packed, to_packed
+from .dense import from_packed, to_packed
+from .grads import backward_inputs
 
 __all__ = ["check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
            "autograd_cases", "training_cases", "GRAD_TOL"]
@@ -323,8 +324,10 @@ def training_cases(hidden: bool = False) -> list[tuple[AttnCase, str, bool]]:
 
 
 def _dense_call(flash_attention, case, layout, return_lse, q, k, v, what):
-    """O (and the LSE) in (B, H, N, d), from a call in ``layout``."""
-    args = [t.transpose(1, 2) if layout == "bnhd" else t for t in (q, k, v)]
+    """O (and the LSE) in (B, H, N, d), from a call in ``layout``: (B, N, H, d) tensors as
+    flash-attn's callers allocate them (contiguous), whose batch folds into the tokens; the
+    (B, H, N, d) ones, contiguous, fold into the heads (``dense.packed_views``)."""
+    args = [t.transpose(1, 2).contiguous() if layout == "bnhd" else t for t in (q, k, v)]
     kwargs = dict(layout=layout, return_lse=True) if return_lse else \
         (dict(layout=layout) if layout == "bnhd" else {})
     out = run_student(flash_attention, *args, case.causal, case.scale, what=what, **kwargs)

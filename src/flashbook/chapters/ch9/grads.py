@@ -12,11 +12,9 @@ import math
 import torch
 
 from flashbook.cases import AttnCase, make_inputs, seeded
-from flashbook.launcher import capturing
 from flashbook.reference import visible_mask
 
-__all__ = ["attention_grads", "backward_inputs", "dense_attention", "dense_offsets", "to_packed",
-           "from_packed", "lse_from_packed", "stored_p_bytes", "LAYOUTS"]
+__all__ = ["attention_grads", "backward_inputs", "dense_attention", "stored_p_bytes"]
 
 
 def dense_attention(q, k, v, scale=None, causal=False):
@@ -35,61 +33,6 @@ def dense_attention(q, k, v, scale=None, causal=False):
     else:
         p, lse = torch.softmax(s, -1), torch.logsumexp(s, -1)
     return torch.matmul(p, v), lse
-
-
-LAYOUTS = ("bhnd", "bnhd")       # (B, H, N, d), and flash-attn's (B, N, H, d)
-
-
-def _layout(layout: str) -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS} ((B, H, N, d) or flash-attn's "
-                         f"(B, N, H, d)), got {layout!r}.")
-    return layout
-
-
-def to_packed(t, layout: str = "bhnd"):
-    """(B, H, N, d) (``layout="bnhd"``: (B, N, H, d)) -> (B * N, H, d): a view where the batch
-    and sequence axes merge (one sequence, or flash-attn's layout), else a contiguous copy. The
-    kernels take the token and head strides (the last dimension is made contiguous)."""
-    B, X, Y, d = t.shape           # (B, H, N, d), or (B, N, H, d) for "bnhd"
-    if layout == "bhnd":           # compared inline: this runs three times a training step
-        packed = t.transpose(1, 2).reshape(B * Y, X, d)
-    elif _layout(layout) == "bnhd":
-        packed = t.reshape(B * X, Y, d)
-    return packed if packed.stride(2) == 1 else packed.contiguous()
-
-
-_OFFSETS: dict = {}
-
-
-def dense_offsets(B: int, N: int, device) -> torch.Tensor:
-    """``cu_seqlens`` of a dense batch of B sequences of N tokens: ``[0, N, 2N, ..., B*N]``
-    int32 on ``device``. Made once per (B, N, device) and shared (read it, never write it): a
-    new one costs two device ops (``arange``, a multiply) on every call. Made afresh while a
-    CUDA graph is captured (the graph's kernels would fill a kept one only when replayed)."""
-    if capturing():
-        return torch.arange(B + 1, dtype=torch.int32, device=device) * N
-    where = (B, N, torch.device(device))
-    kept = _OFFSETS.get(where)
-    if kept is None:
-        if len(_OFFSETS) >= 256:
-            _OFFSETS.clear()
-        kept = _OFFSETS[where] = torch.arange(B + 1, dtype=torch.int32, device=device) * N
-    return kept
-
-
-def from_packed(t, B, layout: str = "bhnd"):
-    """(B * N, H, d) -> (B, H, N, d) (``layout="bnhd"``: (B, N, H, d)), a view."""
-    total, H, d = t.shape
-    t = t.view(B, total // B if B else 0, H, d)
-    if layout != "bhnd" and _layout(layout) == "bnhd":
-        return t
-    return t.transpose(1, 2)
-
-
-def lse_from_packed(lse, B):
-    """A packed LSE (H, B * N) -> (B, H, N), a view."""
-    return lse.view(lse.shape[0], B, -1).transpose(0, 1)
 
 
 def _sequences(case: AttnCase, tensors, keys):
