@@ -218,6 +218,7 @@ def _step(i, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale, k_smem, 
     fence_async_shared()          # generic-proxy stores -> the wgmmas' (async-proxy) reads
     cta_barrier()                 # this warpgroup's stores all done before one thread arrives
     mbarrier.arrive(ds_full.index(p))
+    dv = warpgroup_mma_wait(1, deps=[dv])                  # P^T's registers free for dQ
     mbarrier.wait(ds_full.index(p), (i // 2) & 1)
     zero_q = gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout)
     dq = warpgroup_mma(ds_smem.index(p).permute((1, 0)),
@@ -226,7 +227,7 @@ def _step(i, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale, k_smem, 
     dq = warpgroup_mma(ds_smem.index(2 + p).permute((1, 0)),
                        k_smem.index(1).reshape([64, HEAD_DIM]).slice(WG * HALF, HALF, 1),
                        dq, is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(0, deps=[dv, dk, dq])
+    dk, dq = warpgroup_mma_wait(0, deps=[dk, dq])
     mbarrier.arrive(ds_empty.index(p))
     mbarrier.arrive(empty.index(s))                        # Q, dO read; LSE, D in registers
 
