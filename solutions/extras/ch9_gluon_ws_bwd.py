@@ -38,9 +38,9 @@ Shared memory at d = 128, BLOCK_M = 64, STAGES = 2: K, V 64 KB; ring 64 KB; dS^T
 dQ staging 2 x 16 KB: 192 KB of 227. At d = 64 the K and V tiles use a 64-byte swizzle so that
 the column half (32 elements) starts on a swizzle atom.
 
-Compiled for sm_90a on a CPU (ptxas of triton 3.9 / 3.6): d = 64 uses no local memory; d =
-128 spills 74 / 55 registers a thread non-causal and 89 / 141 causal (address arithmetic and,
-at the loops' edges, part of dK and dV), at the 240-register budget. Not yet measured on a GPU.
+Compiled for sm_90a by triton 3.6's ptxas: no local memory at d = 64; at d = 128 and 240
+registers, an unmasked step has 0 / 3 spill stores and 3 / 12 loads (non-causal / causal), the
+rest (51 / 101 stores in all) sits in the masked loop and at the loops' edges.
 
 Inputs dense ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}; k and v may have fewer
 heads (H_q a multiple of H_kv). LSE ``(B, H_q, N_q)`` fp32 in natural log. Runs only on sm_90.
@@ -74,9 +74,14 @@ CONSUMER_REGS, PRODUCER_REGS, LAUNCH_REGS = 240, 24, 168   # 384 threads (3 warp
 
 @dataclasses.dataclass(frozen=True)
 class WsBwdConfig:
-    """Query rows a tile and slots in the Q/dO ring."""
+    """Query rows a tile and slots in the Q/dO ring; the switches turn one design feature off
+    each (for an ablation): launch order, when dQ's reduce is waited for, the registers moved
+    from the producer to the consumers."""
     BLOCK_M: int
     STAGES: int
+    longest_first: bool = True    # causal: every head's first key tiles (the most work) first
+    dq_wait_late: bool = True     # dQ's staging buffer waited for a step later, not at once
+    setmaxnreg: bool = True       # 240 / 24 registers; off: every warp keeps the launch's 168
 
 
 def ws_bwd_config(d: int) -> WsBwdConfig:
@@ -116,15 +121,31 @@ def _tile_range(n0, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _item(i, n_iter, lo, GROUP: gl.constexpr, H_Q, BLOCK_M: gl.constexpr):
-    """Item i of the program's walk (group head i // n_iter, tile lo + i % n_iter): (row of
-    (B*H_q) in the descriptors, first query row, tile index)."""
+def _program(LONGEST_FIRST: gl.constexpr):
+    """(first key n0, row of (B*H_kv)) of this program. LONGEST_FIRST: grid (B*H_kv, key
+    tiles), so the GPU starts every head's first key tiles (causal: the most query tiles) before
+    any later one and the short programs fill the last wave; else (key tiles, B*H_kv)."""
+    if LONGEST_FIRST:
+        return gl.program_id(1) * 2 * 64, gl.program_id(0)
+    else:
+        return gl.program_id(0) * 2 * 64, gl.program_id(1)
+
+
+@gluon.jit
+def _item(i, lo, mid, tail, hi, bkv, GROUP: gl.constexpr, H_Q, BLOCK_M: gl.constexpr):
+    """Item i of the program's walk, group head i // (hi - lo); within a head the unmasked tiles
+    [mid, tail) first, then the masked ones, [lo, mid) and [tail, hi): (row of (B*H_q) in the
+    descriptors, first query row). Two copies of the step, not three: ptxas spilled in the
+    second and third loops (at d = 128, 20-30 spill stores an item), never in the first."""
+    n_iter = hi - lo
     g = i // n_iter
-    tile = lo + i - g * n_iter
-    bkv = gl.program_id(1)
+    p = i - g * n_iter
+    n_full = tail - mid
+    n_open = n_full + mid - lo
+    tile = gl.where(p < n_full, mid + p, gl.where(p < n_open, lo + p - n_full, tail + p - n_open))
     h_kv = H_Q // GROUP
     bh = (bkv // h_kv) * H_Q + (bkv % h_kv) * GROUP + g
-    return bh, tile * BLOCK_M, tile
+    return bh, tile * BLOCK_M
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,19 +155,17 @@ def _item(i, n_iter, lo, GROUP: gl.constexpr, H_Q, BLOCK_M: gl.constexpr):
 def _producer(q_desc, do_desc, lse_desc, dl_desc, k_desc, v_desc, k_smem, v_smem, q_ring,
               do_ring, lse_ring, dl_ring, kv_bar, full, empty, N_Q, N_K, H_Q,
               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-              CAUSAL: gl.constexpr):
-    n0 = gl.program_id(0) * 2 * 64
-    bkv = gl.program_id(1)
+              CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr):
+    n0, bkv = _program(LONGEST_FIRST)
     mbarrier.expect(kv_bar.index(0), 4 * k_desc.block_type.nbytes)
     for w in gl.static_range(2):
         tma_load(k_desc, [bkv, n0 + w * 64, 0], kv_bar.index(0), k_smem.index(w))
         tma_load(v_desc, [bkv, n0 + w * 64, 0], kv_bar.index(0), v_smem.index(w))
     lo, mid, tail, hi = _tile_range(n0, N_Q, N_K, BLOCK_M, CAUSAL)
-    n_iter = hi - lo
     nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
-    for i in range(GROUP * n_iter):
+    for i in range(GROUP * (hi - lo)):
         s = i % STAGES
-        bh, row, tile = _item(i, n_iter, lo, GROUP, H_Q, BLOCK_M)
+        bh, row = _item(i, lo, mid, tail, hi, bkv, GROUP, H_Q, BLOCK_M)
         # use u = i // STAGES of slot s waits for both consumers' release of use u - 1 (a fresh
         # barrier passes parity 1 at once)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -172,10 +191,11 @@ def _layouts_of(BLOCK_M, HEAD_DIM):
 
 
 @gluon.jit
-def _step(i, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale, k_smem, v_smem, q_ring,
-          do_ring, lse_ring, dl_ring, full, empty, ds_smem, ds_full, ds_empty, dq_stage, dq_desc,
-          WG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr,
-          BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+def _step(i, dk, dv, lo, mid, tail, hi, n0, bkv, N_Q, N_K, H_Q, qk_scale, sm_scale, k_smem,
+          v_smem, q_ring, do_ring, lse_ring, dl_ring, full, empty, ds_smem, ds_full, ds_empty,
+          dq_stage, dq_desc, WG: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+          GROUP: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+          STAGES: gl.constexpr, DQ_WAIT_LATE: gl.constexpr):
     """Item i for warpgroup WG: dK, dV accumulated, dQ's column half WG reduced into dq_acc."""
     dtype: gl.constexpr = q_ring.dtype
     s_layout: gl.constexpr = _layouts_of(BLOCK_M, HEAD_DIM)[0]
@@ -188,7 +208,7 @@ def _step(i, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale, k_smem, 
     HALF: gl.constexpr = HEAD_DIM // 2
 
     s = i % STAGES
-    bh, row0, tile = _item(i, n_iter, lo, GROUP, H_Q, BLOCK_M)
+    bh, row0 = _item(i, lo, mid, tail, hi, bkv, GROUP, H_Q, BLOCK_M)
     k_tile = k_smem.index(WG).reshape([64, HEAD_DIM])
     v_tile = v_smem.index(WG).reshape([64, HEAD_DIM])
     mbarrier.wait(full.index(s), (i // STAGES) & 1)
@@ -242,6 +262,8 @@ def _step(i, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale, k_smem, 
     fence_async_shared()
     cta_barrier()
     tma_reduce_add(dq_desc, [bh, row0, WG * HALF], dq_stage.index(WG))
+    if not DQ_WAIT_LATE:
+        tma.store_wait(0)         # the ablation: the buffer's reduce waited for at once
     return dk, dv
 
 
@@ -250,36 +272,30 @@ def _consumer(k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, kv_bar, full, 
               ds_full, ds_empty, fin, dq_stage, dq_desc, dk_desc, dv_desc, N_Q, N_K, H_Q,
               qk_scale, sm_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr, DQ_WAIT_LATE: gl.constexpr):
     dtype: gl.constexpr = q_ring.dtype
     kv_layout: gl.constexpr = _layouts_of(BLOCK_M, HEAD_DIM)[1]
-    n0 = gl.program_id(0) * 2 * 64
+    n0, bkv = _program(LONGEST_FIRST)
     lo, mid, tail, hi = _tile_range(n0, N_Q, N_K, BLOCK_M, CAUSAL)
     n_iter = hi - lo
+    n_full = tail - mid                          # the walk's unmasked tiles come first (_item)
     dk = gl.zeros([64, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([64, HEAD_DIM], gl.float32, kv_layout)
     mbarrier.wait(kv_bar.index(0), 0)
     for g in range(GROUP):
-        base = g * n_iter - lo                             # item of tile t: base + t
-        for t in range(lo, mid):                           # across the causal diagonal
-            dk, dv = _step(base + t, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale,
-                           k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, full, empty,
-                           ds_smem, ds_full, ds_empty, dq_stage, dq_desc, WG, True, CAUSAL,
-                           GROUP, BLOCK_M, HEAD_DIM, STAGES)
-        for t in range(mid, tail):                         # every key visible, every row real
-            dk, dv = _step(base + t, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale,
-                           k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, full, empty,
-                           ds_smem, ds_full, ds_empty, dq_stage, dq_desc, WG, False, CAUSAL,
-                           GROUP, BLOCK_M, HEAD_DIM, STAGES)
-        for t in range(tail, hi):                          # the last tile, rows past N_q
-            dk, dv = _step(base + t, dk, dv, n_iter, lo, n0, N_Q, N_K, H_Q, qk_scale, sm_scale,
-                           k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, full, empty,
-                           ds_smem, ds_full, ds_empty, dq_stage, dq_desc, WG, True, CAUSAL,
-                           GROUP, BLOCK_M, HEAD_DIM, STAGES)
+        for p in range(g * n_iter, g * n_iter + n_full):        # every key visible, rows real
+            dk, dv = _step(p, dk, dv, lo, mid, tail, hi, n0, bkv, N_Q, N_K, H_Q, qk_scale,
+                           sm_scale, k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, full,
+                           empty, ds_smem, ds_full, ds_empty, dq_stage, dq_desc, WG, False,
+                           CAUSAL, GROUP, BLOCK_M, HEAD_DIM, STAGES, DQ_WAIT_LATE)
+        for p in range(g * n_iter + n_full, (g + 1) * n_iter):  # diagonal, rows past N_q
+            dk, dv = _step(p, dk, dv, lo, mid, tail, hi, n0, bkv, N_Q, N_K, H_Q, qk_scale,
+                           sm_scale, k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, full,
+                           empty, ds_smem, ds_full, ds_empty, dq_stage, dq_desc, WG, True,
+                           CAUSAL, GROUP, BLOCK_M, HEAD_DIM, STAGES, DQ_WAIT_LATE)
 
     # dK (times the scale: S = scale Q K^T) and dV through my K and V tiles, clipped at N_k;
     # K is overwritten only once the other warpgroup's last dQ GEMM has read it
-    bkv = gl.program_id(1)
     v_smem.index(WG).reshape([64, HEAD_DIM]).store(dv.to(dtype))
     mbarrier.arrive(fin.index(0))
     mbarrier.wait(fin.index(0), 0)
@@ -295,9 +311,10 @@ def _consumer(k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, kv_bar, full, 
 def ws_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, dl_desc, dq_desc, dk_desc, dv_desc,
                   N_Q, N_K, H_Q, qk_scale, sm_scale, BLOCK_M: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-                  CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+                  DQ_WAIT_LATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                   PRODUCER_REGS: gl.constexpr):
-    """Grid (cdiv(N_k, 128), B*H_kv), 4 warps (+ a warpgroup and a warp). Descriptors: q, do
+    """Grid (B*H_kv, cdiv(N_k, 128)) if LONGEST_FIRST else its transpose, 4 warps (+ a warpgroup and a warp). Descriptors: q, do
     (B*H_q, N_q, d) boxes (1, BLOCK_M, d); k, v, dk, dv (B*H_kv, N_k, d) boxes (1, 64, d); lse,
     D (B*H_q, N_q padded to 4) fp32 boxes (1, BLOCK_M); dq_acc (B*H_q, N_q, d) fp32 boxes
     (1, BLOCK_M, d / 2)."""
@@ -334,13 +351,15 @@ def ws_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, dl_desc, dq_desc, d
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, kv_bar, full, empty,
                      ds_smem, ds_full, ds_empty, fin, dq_stage, dq_desc, dk_desc, dv_desc, N_Q,
-                     N_K, H_Q, qk_scale, sm_scale, 0, BLOCK_M, HEAD_DIM, STAGES, GROUP, CAUSAL)),
+                     N_K, H_Q, qk_scale, sm_scale, 0, BLOCK_M, HEAD_DIM, STAGES, GROUP, CAUSAL,
+                     LONGEST_FIRST, DQ_WAIT_LATE)),
         (_consumer, (k_smem, v_smem, q_ring, do_ring, lse_ring, dl_ring, kv_bar, full, empty,
                      ds_smem, ds_full, ds_empty, fin, dq_stage, dq_desc, dk_desc, dv_desc, N_Q,
-                     N_K, H_Q, qk_scale, sm_scale, 1, BLOCK_M, HEAD_DIM, STAGES, GROUP, CAUSAL)),
+                     N_K, H_Q, qk_scale, sm_scale, 1, BLOCK_M, HEAD_DIM, STAGES, GROUP, CAUSAL,
+                     LONGEST_FIRST, DQ_WAIT_LATE)),
         (_producer, (q_desc, do_desc, lse_desc, dl_desc, k_desc, v_desc, k_smem, v_smem, q_ring,
                      do_ring, lse_ring, dl_ring, kv_bar, full, empty, N_Q, N_K, H_Q, BLOCK_M,
-                     STAGES, GROUP, CAUSAL)),
+                     STAGES, GROUP, CAUSAL, LONGEST_FIRST)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -368,6 +387,13 @@ def _layouts(dtype, config: WsBwdConfig, d: int):
     return dict(q=gl.NVMMASharedLayout.get_default_for([1, config.BLOCK_M, d], gdt), k=kv,
                 vec=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2),
                 dq=gl.NVMMASharedLayout.get_default_for([1, config.BLOCK_M, d // 2], gl.float32))
+
+
+def _constexprs(cfg: WsBwdConfig, d: int) -> dict:
+    regs = (CONSUMER_REGS, PRODUCER_REGS) if cfg.setmaxnreg else (LAUNCH_REGS, LAUNCH_REGS)
+    return dict(BLOCK_M=cfg.BLOCK_M, HEAD_DIM=d, STAGES=cfg.STAGES,
+                LONGEST_FIRST=cfg.longest_first, DQ_WAIT_LATE=cfg.dq_wait_late,
+                CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1])
 
 
 def _check(q, k, v, o, lse, do, softmax_scale, config):
@@ -428,14 +454,14 @@ def ws_backward(q, k, v, o, lse, do, causal: bool = False, softmax_scale: float 
         return TensorDescriptor(t, [B * H, N_q], list(t.stride()), [1, bm], lay["vec"])
 
     grid = (triton.cdiv(N_k, 2 * KEYS), B * H_kv)
+    grid = grid[::-1] if cfg.longest_first else grid
     with torch.cuda.device(q.device):
         ws_bwd_kernel[grid](
             desc3(q, bm, lay["q"]), desc3(k, KEYS, lay["k"]), desc3(v, KEYS, lay["k"]),
             desc3(do, bm, lay["q"]), desc2(lse2), desc2(delta),
             desc3(dq_acc.view(B, H, N_q, d), bm, lay["dq"], d // 2),
             desc3(dk, KEYS, lay["k"]), desc3(dv, KEYS, lay["k"]), N_q, N_k, H,
-            scale * LOG2E, scale, BLOCK_M=bm, HEAD_DIM=d, STAGES=cfg.STAGES, GROUP=H // H_kv,
-            CAUSAL=bool(causal), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+            scale * LOG2E, scale, GROUP=H // H_kv, CAUSAL=bool(causal), **_constexprs(cfg, d),
             num_warps=4, maxnreg=LAUNCH_REGS)
     return dq_acc.view(B, H, N_q, d).to(q.dtype), dk, dv
 
@@ -456,9 +482,7 @@ def compile_for_sm90(d: int = 128, dtype: torch.dtype = torch.float16, causal: b
         shape = f"[1,{rows},{cols}]" if cols else f"[1,{rows}]"
         return f"tensordesc<{dt}{shape},{layout!r}>"
 
-    constexprs = dict(BLOCK_M=cfg.BLOCK_M, HEAD_DIM=d, STAGES=cfg.STAGES, GROUP=group,
-                      CAUSAL=bool(causal), CONSUMER_REGS=CONSUMER_REGS,
-                      PRODUCER_REGS=PRODUCER_REGS)
+    constexprs = dict(GROUP=group, CAUSAL=bool(causal), **_constexprs(cfg, d))
     bm = cfg.BLOCK_M
     signature = dict(q_desc=desc(bm, lay["q"]), k_desc=desc(KEYS, lay["k"]),
                      v_desc=desc(KEYS, lay["k"]), do_desc=desc(bm, lay["q"]),
