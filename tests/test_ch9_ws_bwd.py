@@ -1,6 +1,8 @@
 """The warp-specialized Gluon backward (``solutions/extras/ch9_gluon_ws_bwd.py``): its argument
 checks on a CPU, and its ahead-of-time compile for sm_90a (a producer warp, two consumer
-warpgroups with setmaxnreg budgets, dQ by TMA reduce-adds, within shared memory)."""
+warpgroups with setmaxnreg budgets, dQ by TMA reduce-adds, within shared memory), and the gradient check
+Chapter 9's benchmark makes before timing it."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,51 @@ def test_ws_backward_compiles_for_h100_within_shared_memory(tmp_path):
         assert {24, 240} <= set(row["setmaxnreg"]), row
         assert "0" in row["named_barriers"] and len(row["named_barriers"]) >= 2, row
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
+
+
+def _bench_run(monkeypatch, grads_of):
+    """Chapter 9's benchmark on one tiny CPU case with SDPA, the forward and every timing
+    faked: only the warp-specialized row's setup runs, its kernel returning ``grads_of(want)``.
+    Returns the notes of that row's setup (or the exception it raised)."""
+    from flashbook.chapters.ch9 import benchmark
+    want = tuple(torch.randn(1, 2, 16, 16) for _ in range(3))
+    notes = []
+
+    def row(kernel, role, setup, *a):
+        if kernel == "ch9_bwd_gluon_ws":
+            try:                      # as bench_setups.measure: a failure becomes a note
+                notes.append(setup()[1])
+            except Exception as e:    # noqa: BLE001
+                notes.append(e)
+        return kernel
+    fake = type("M", (), dict(ws_backward=staticmethod(lambda *a, **kw: grads_of(want))))
+    monkeypatch.setattr(benchmark, "_row", row)
+    monkeypatch.setattr(benchmark, "public_row", lambda *a: "public")
+    monkeypatch.setattr(benchmark, "sdpa_grads_fn", lambda *a: (None, want))
+    monkeypatch.setattr(benchmark, "_dense_forward", lambda *a: (None, None))
+    monkeypatch.setattr(sources, "course_module", lambda rel, *a: fake)
+    monkeypatch.setattr(sources, "solution_namespace", lambda chapter: {})
+    benchmark.run(((1, 2, 16, 16, torch.float32, True, ("bwd",)),), device="cpu")
+    return notes
+
+
+def test_the_benchmark_checks_the_ws_gradients_against_sdpa(monkeypatch):
+    """``flashbook bench ch9`` times ``ch9_bwd_gluon_ws`` only after its gradients matched
+    SDPA's at the benchmark's inputs; a wrong dK stops the whole run, naming the kernel."""
+    from flashbook.chapters.ch9 import benchmark
+    notes = _bench_run(monkeypatch, lambda want: tuple(w * (1 + 1e-3) for w in want))
+    assert len(notes) == 1 and "max|dQ,dK,dV-sdpa_cudnn|" in notes[0], notes
+    with pytest.raises(benchmark.WrongGradients, match="ch9_bwd_gluon_ws: dK differs"):
+        _bench_run(monkeypatch, lambda want: (want[0], want[1] * 1.1, want[2]))
+    with pytest.raises(benchmark.WrongGradients, match="dV"):
+        _bench_run(monkeypatch, lambda want: (want[0], want[1], want[2] * float("nan")))
+
+
+def test_ws_switches_are_constexprs_of_the_kernel():
+    """Every WsBwdConfig switch reaches the kernel (an ablation that changed nothing would time
+    the same kernel twice): longest-first, the late dQ wait and the register budgets."""
+    on = WS._constexprs(WS.ws_bwd_config(128), 128)
+    for switch in ("longest_first", "dq_wait_late", "setmaxnreg"):
+        off = WS._constexprs(dataclasses.replace(WS.ws_bwd_config(128), **{switch: False}), 128)
+        assert off != on and off["HEAD_DIM"] == 128, switch
+    assert set(on) <= set(WS.ws_bwd_kernel.arg_names)

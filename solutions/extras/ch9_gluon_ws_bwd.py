@@ -314,10 +314,10 @@ def ws_bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, dl_desc, dq_desc, d
                   CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr,
                   DQ_WAIT_LATE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                   PRODUCER_REGS: gl.constexpr):
-    """Grid (B*H_kv, cdiv(N_k, 128)) if LONGEST_FIRST else its transpose, 4 warps (+ a warpgroup and a warp). Descriptors: q, do
-    (B*H_q, N_q, d) boxes (1, BLOCK_M, d); k, v, dk, dv (B*H_kv, N_k, d) boxes (1, 64, d); lse,
-    D (B*H_q, N_q padded to 4) fp32 boxes (1, BLOCK_M); dq_acc (B*H_q, N_q, d) fp32 boxes
-    (1, BLOCK_M, d / 2)."""
+    """Grid (B*H_kv, cdiv(N_k, 128)) if LONGEST_FIRST else its transpose, 4 warps (+ a
+    warpgroup and a warp). Descriptors: q, do (B*H_q, N_q, d) boxes (1, BLOCK_M, d); k, v, dk,
+    dv (B*H_kv, N_k, d) boxes (1, 64, d); lse, D (B*H_q, N_q padded to 4) fp32 boxes
+    (1, BLOCK_M); dq_acc (B*H_q, N_q, d) fp32 boxes (1, BLOCK_M, d / 2)."""
     dtype: gl.constexpr = q_desc.dtype
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK_M], dtype)
     k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
