@@ -1,7 +1,7 @@
 """The warp-specialized Gluon backward (``solutions/extras/ch9_gluon_ws_bwd.py``): its argument
-checks on a CPU, and its ahead-of-time compile for sm_90a (a producer warp, two consumer
-warpgroups with setmaxnreg budgets, dQ by TMA reduce-adds, within shared memory), and the gradient check
-Chapter 9's benchmark makes before timing it."""
+checks on a CPU, its ahead-of-time compile for sm_90a (a producer warp, two consumer
+warpgroups with setmaxnreg budgets, dQ by TMA reduce-adds, within shared memory), and the
+gradient check Chapter 9's benchmark makes before timing it."""
 import dataclasses
 from pathlib import Path
 

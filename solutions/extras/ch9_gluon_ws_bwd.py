@@ -2,9 +2,11 @@
 ``ch9_gluon_bwd.py``'s five GEMMs a step, with the jobs given to warps of their own.
 
 Course material beside ``ch9_gluon_bwd.py`` (same inputs and outputs, so one can replace the
-other); not yet in the chapter. One program (CTA) owns 128 keys of one (batch, kv head) and
-walks every query tile of every query head of the group that sees them (GQA: dK and dV summed
-over the group in a fixed order, so they are deterministic). Three roles (``gl.warp_specialize``):
+other); Chapter 9's benchmark times it (``ch9_bwd_gluon_ws``), its prose does not yet. One
+program (CTA) owns 128 keys of one (batch, kv head) and walks every query tile of every query
+head of the group that sees them (GQA: dK and dV summed over the group in a fixed order, so
+they are deterministic); causal, the programs with the most tiles are launched first (every
+head's first key tiles). Three roles (``gl.warp_specialize``):
 
 * a producer warp (24 registers a thread, ``setmaxnreg``) TMA-loads the two K and V tiles once,
   then streams the query tiles (``BLOCK_M`` rows of Q, dO, LSE, D) into a ring of ``STAGES``
