@@ -18,6 +18,11 @@ Inputs ``torch.randn`` (seeded), dO too. Rows per case:
 * ``ch9_bwd_gluon`` (variant, backward cases): the course's ``solutions/extras/ch9_gluon_bwd.py``,
   FlashAttention-3's one-kernel structure in Triton Gluon (sm_90 only; elsewhere unmeasured,
   the note says why), on the dense tensors, from the same forward's O and LSE.
+* ``ch9_bwd_gluon_ws`` (variant, backward cases): the course's
+  ``solutions/extras/ch9_gluon_ws_bwd.py``, FlashAttention-3's warp-specialized backward
+  (producer warp, two consumer warpgroups), likewise; its gradients are checked at full size
+  against SDPA's (cuDNN's where it runs) before it is timed, and a relative difference above
+  ``WS_RTOL`` stops the run (``WrongGradients``).
 * a ``public`` row beside ``ch9_fwdbwd``: the same training step as a reader writes it,
   ``flash_attention`` and ``torch.autograd.grad`` (checks and autograd included), launched.
 * ``sdpa_cudnn_bwd``, ``sdpa_flash_bwd``: ``torch.autograd.grad`` of one SDPA call on one
@@ -47,7 +52,7 @@ from .forward import forward
 from .dense import from_packed, to_packed
 
 __all__ = ["run", "table", "CASES", "GRAPH_TIMER", "bwd_flops", "sdpa_grads_fn", "ours_fns",
-           "one_kernel_fn", "gluon_fn"]
+           "one_kernel_fn", "gluon_fn", "gluon_ws_fn", "WrongGradients", "WS_RTOL"]
 
 GRAPH_TIMER = True
 CASES = ((1, 16, 16384, 128, torch.float16, False, ("bwd", "fwdbwd")),
@@ -129,12 +134,7 @@ def gluon_fn(q, k, v, do, causal: bool, want=None, want_from=None):
     ``(B, H, N, d)`` inputs, from Chapter 5's forward O and LSE; the note as
     ``one_kernel_fn``'s."""
     gluon_backward = sources.course_module(GLUON).gluon_backward
-    B, H, N, d = q.shape
-    pq, pk, pv = (to_packed(t) for t in (q, k, v))
-    cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
-    o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
-    o = from_packed(o, B).contiguous()
-    lse = lse.view(H, B, N).transpose(0, 1).contiguous()          # (B, H, N)
+    o, lse = _dense_forward(q, k, v, causal)
 
     def bwd():
         return gluon_backward(q, k, v, o, lse, do, causal=causal)
@@ -142,6 +142,54 @@ def gluon_fn(q, k, v, do, causal: bool, want=None, want_from=None):
     same = all(torch.equal(a, b) for a, b in zip(first, second))
     err = "" if want is None else "; " + _err_note(first, want, want_from)
     return bwd, f"two runs {'bitwise identical' if same else 'differ in dQ bits'}{err}"
+
+
+GLUON_WS = "extras/ch9_gluon_ws_bwd.py"
+WS_RTOL = 2e-2          # max|ours - SDPA's| / max|SDPA's|, of each of dQ, dK, dV
+
+
+class WrongGradients(AssertionError):
+    """A kernel's gradients differ from SDPA's at the benchmark's own inputs."""
+
+
+def _dense_forward(q, k, v, causal: bool):
+    """O (B, H, N, d) and the natural-log LSE (B, H, N) of Chapter 5's forward, dense."""
+    B, H, N, d = q.shape
+    pq, pk, pv = (to_packed(t) for t in (q, k, v))
+    cu = torch.arange(B + 1, dtype=torch.int32, device=q.device) * N
+    o, lse = forward(pq, pk, pv, cu, cu, N, N, causal=causal)
+    return from_packed(o, B).contiguous(), lse.view(H, B, N).transpose(0, 1).contiguous()
+
+
+def check_grads(kernel: str, grads, want, name) -> str:
+    """The note of ``_err_note``, after checking each of dQ, dK, dV against SDPA's gradients
+    ``want`` (from backend ``name``): raises ``WrongGradients`` above ``WS_RTOL`` or on a
+    NaN; says so in the note when there is nothing to check against."""
+    if want is None:
+        return "gradients unchecked: no SDPA gradients"
+    for label, a, b in zip(("dQ", "dK", "dV"), grads, want):
+        rel = (a.float() - b.float()).abs().max().item() / max(b.abs().max().item(), 1e-6)
+        if not rel <= WS_RTOL:
+            raise WrongGradients(f"{kernel}: {label} differs from {name}'s by {rel:.2e} of its "
+                                 f"largest value (tolerance {WS_RTOL}) at {tuple(a.shape)}")
+    return _err_note(grads, want, name)
+
+
+def gluon_ws_fn(q, k, v, do, causal: bool, want=None, want_from=None, wrong=None):
+    """(fn, note) of the warp-specialized Gluon backward (``GLUON_WS``, sm_90 only) on dense
+    inputs, from Chapter 5's forward O and LSE; gradients checked by ``check_grads`` first (a
+    failure is appended to ``wrong``, then raised)."""
+    ws_backward = sources.course_module(GLUON_WS).ws_backward
+    o, lse = _dense_forward(q, k, v, causal)
+
+    def bwd():
+        return ws_backward(q, k, v, o, lse, do, causal=causal)
+    try:
+        note = check_grads("ch9_bwd_gluon_ws", bwd(), want, want_from)
+    except WrongGradients as e:
+        (wrong if wrong is not None else []).append(e)
+        raise
+    return bwd, note
 
 
 def training_step(ns, q, k, v, do, causal: bool):
@@ -216,6 +264,12 @@ def run(cases=CASES, device="cuda", ns: dict | None = None,
             rows.append(_row("ch9_bwd_gluon", "variant",
                              lambda: gluon_fn(q, k, v, do, causal, want, want_from),
                              B, H, N, d, dtype, causal, "bwd"))
+            wrong = []
+            rows.append(_row("ch9_bwd_gluon_ws", "variant",
+                             lambda: gluon_ws_fn(q, k, v, do, causal, want, want_from, wrong),
+                             B, H, N, d, dtype, causal, "bwd"))
+            if wrong:                   # measure() keeps a failure in the note: not this one
+                raise wrong[0]
         rows += base_rows
         want = None                     # SDPA's gradients: free them before the next case
         free_cuda_cache()

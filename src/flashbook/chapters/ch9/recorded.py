@@ -3,9 +3,9 @@ kernel against cuDNN's and FlashAttention-2's, one figure, and the figures the c
 quotes (``CHAPTER.figures``).
 
 Rows come from ``flashbook bench ch9`` (``benchmark.py`` documents them: ``ch9_bwd``,
-``ch9_fwdbwd``, the variants ``ch9_bwd_atomic``, ``ch9_bwd_fused`` and ``ch9_bwd_gluon``, and SDPA's
-``sdpa_cudnn_*`` and ``sdpa_flash_*``). Use with ``results.recorded("ch9")``, which is None
-until the data exists.
+``ch9_fwdbwd``, the variants ``ch9_bwd_atomic``, ``ch9_bwd_fused``, ``ch9_bwd_gluon`` and
+``ch9_bwd_gluon_ws``, and SDPA's ``sdpa_cudnn_*`` and ``sdpa_flash_*``). Use with
+``results.recorded("ch9")``, which is None until the data exists.
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ HEADLINE = (16384, 128, "float16")          # (N, d, dtype) of the backward sent
 CS336 = (16384, 64, "bfloat16")             # the leaderboard's forward + backward, causal
 LABELS = {"ch9_bwd": "ours: two kernels", "ch9_bwd_fused": "ours: one kernel, TMA-reduced dQ",
           "ch9_bwd_atomic": "ours: one kernel, scalar atomics",
-          "ch9_bwd_gluon": "ours: one kernel in Gluon (FA3's structure)", "sdpa_cudnn_bwd": "cuDNN",
+          "ch9_bwd_gluon": "ours: one kernel in Gluon (FA3's structure)",
+          "ch9_bwd_gluon_ws": "ours: warp-specialized Gluon (FA3's roles)",
+          "sdpa_cudnn_bwd": "cuDNN",
           "sdpa_flash_bwd": "FlashAttention-2 (SDPA)", "ch9_fwdbwd": "ours",
           "sdpa_cudnn_fwdbwd": "cuDNN", "sdpa_flash_fwdbwd": "FlashAttention-2 (SDPA)"}
 

@@ -1,0 +1,133 @@
+"""The warp-specialized Gluon backward (``solutions/extras/ch9_gluon_ws_bwd.py``): its argument
+checks on a CPU, its ahead-of-time compile for sm_90a (a producer warp, two consumer
+warpgroups with setmaxnreg budgets, dQ by TMA reduce-adds, within shared memory), and the
+gradient check Chapter 9's benchmark makes before timing it."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashbook import sources
+
+from aot_compile import compile_script, too_big
+
+ROOT = Path(__file__).resolve().parents[1]
+WS = sources.course_module("extras/ch9_gluon_ws_bwd.py", ROOT)
+
+
+def _dense(B=1, H=4, H_kv=2, N=40, d=64, dtype=torch.float16):
+    q, do, o = (torch.randn(B, H, N, d, dtype=dtype) for _ in range(3))
+    k, v = (torch.randn(B, H_kv, N, d, dtype=dtype) for _ in range(2))
+    return dict(q=q, k=k, v=v, o=o, lse=torch.zeros(B, H, N), do=do)
+
+
+@pytest.mark.parametrize("change, text", [
+    (lambda a: dict(a, lse=a["lse"][:, :, :-1]), "lse must be float32"),
+    (lambda a: dict(a, o=a["o"].float()), "o must be a contiguous tensor like q"),
+    (lambda a: dict(a, do=a["do"].transpose(2, 3)), "do must be a contiguous tensor like q"),
+    (lambda a: dict(a, k=a["k"][:, :1].repeat(1, 3, 1, 1),
+                    v=a["v"][:, :1].repeat(1, 3, 1, 1)), "H_kv dividing q's 4 heads"),
+    (lambda a: dict(a, v=a["v"][:, :1].contiguous()), "k and v must be"),
+    (lambda a: dict(a, k=a["k"].bfloat16(), v=a["v"].bfloat16()), "H_kv dividing"),
+    (lambda a: dict(a, q=a["q"].float()), "is not supported"),
+    (lambda a: dict(a, q=a["q"][..., :48].contiguous()), "head dim d=48"),
+    (lambda a: dict(a, config=WS.WsBwdConfig(96, 2)), "is not supported"),
+    (lambda a: dict(a, config=(64, 2)), "must be a WsBwdConfig"),
+    (lambda a: dict(a, softmax_scale=-1.0), "positive finite"),
+    (lambda a: a, "needs an sm_90 GPU"),
+], ids=["lse", "o dtype", "do strides", "heads", "k vs v", "k dtype", "q dtype", "head dim", "tile",
+        "config type", "scale", "cpu"])
+def test_ws_backward_names_the_bad_argument(change, text):
+    """Every argument is checked on the host before a GPU is touched; a good call (grouped
+    heads included) on a CPU machine says it needs sm_90."""
+    with pytest.raises(ValueError, match=text):
+        WS.ws_backward(**change(_dense()))
+
+
+def test_ws_config_at_d128_is_the_one_that_fits():
+    """At d = 128 a 128-row tile or a third ring slot overflows registers or shared memory."""
+    assert WS.ws_bwd_config(128) == WS.WsBwdConfig(64, 2)
+    with pytest.raises(ValueError, match="only"):
+        WS.ws_backward(**_dense(d=128), config=WS.WsBwdConfig(64, 3))
+
+
+AOT_SCRIPT = r'''
+ws = sources.course_module("extras/ch9_gluon_ws_bwd.py")
+res = []
+for d, dtype, causal, group in ((128, torch.float16, False, 1), (128, torch.bfloat16, True, 4),
+                                (64, torch.float16, True, 1), (64, torch.bfloat16, False, 2)):
+    c = ws.compile_for_sm90(d, dtype, causal=causal, group=group)
+    ptx = c.asm["ptx"]
+    res.append(dict(d=d, causal=causal, cc=90, shared=c.metadata.shared,
+                    reduces=ptx.count("cp.reduce.async.bulk.tensor"),
+                    wgmma=ptx.count("wgmma.mma_async"),
+                    tma_loads=ptx.count("cp.async.bulk.tensor") - ptx.count("cp.reduce"),
+                    setmaxnreg=sorted({int(l.split()[-1].rstrip(";")) for l in ptx.splitlines()
+                                       if "setmaxnreg" in l}),
+                    named_barriers=sorted({l.split()[1].rstrip(",;") for l in ptx.splitlines()
+                                           if l.strip().startswith("bar.sync")})))
+print("RESULT" + json.dumps(res))
+'''
+
+
+@pytest.mark.slow
+def test_ws_backward_compiles_for_h100_within_shared_memory(tmp_path):
+    """d = 64 and 128, causal and not, grouped heads: PTX for sm_90a with the producer's and
+    the consumers' register budgets, every dQ share added by a TMA reduce, and the consumers'
+    barriers named barriers of their own warpgroup (a CTA-wide one would wait forever)."""
+    res = compile_script(AOT_SCRIPT, tmp_path, ptx_only_for=(90,))
+    assert len(res) == 4
+    for row in res:
+        assert row["reduces"] >= 1 and row["wgmma"] > 0 and row["tma_loads"] >= 1, row
+        assert {24, 240} <= set(row["setmaxnreg"]), row
+        assert "0" in row["named_barriers"] and len(row["named_barriers"]) >= 2, row
+    assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
+
+
+def _bench_run(monkeypatch, grads_of):
+    """Chapter 9's benchmark on one tiny CPU case with SDPA, the forward and every timing
+    faked: only the warp-specialized row's setup runs, its kernel returning ``grads_of(want)``.
+    Returns the notes of that row's setup (or the exception it raised)."""
+    from flashbook.chapters.ch9 import benchmark
+    want = tuple(torch.randn(1, 2, 16, 16) for _ in range(3))
+    notes = []
+
+    def row(kernel, role, setup, *a):
+        if kernel == "ch9_bwd_gluon_ws":
+            try:                      # as bench_setups.measure: a failure becomes a note
+                notes.append(setup()[1])
+            except Exception as e:    # noqa: BLE001
+                notes.append(e)
+        return kernel
+    fake = type("M", (), dict(ws_backward=staticmethod(lambda *a, **kw: grads_of(want))))
+    monkeypatch.setattr(benchmark, "_row", row)
+    monkeypatch.setattr(benchmark, "public_row", lambda *a: "public")
+    monkeypatch.setattr(benchmark, "sdpa_grads_fn", lambda *a: (None, want))
+    monkeypatch.setattr(benchmark, "_dense_forward", lambda *a: (None, None))
+    monkeypatch.setattr(sources, "course_module", lambda rel, *a: fake)
+    monkeypatch.setattr(sources, "solution_namespace", lambda chapter: {})
+    benchmark.run(((1, 2, 16, 16, torch.float32, True, ("bwd",)),), device="cpu")
+    return notes
+
+
+def test_the_benchmark_checks_the_ws_gradients_against_sdpa(monkeypatch):
+    """``flashbook bench ch9`` times ``ch9_bwd_gluon_ws`` only after its gradients matched
+    SDPA's at the benchmark's inputs; a wrong dK stops the whole run, naming the kernel."""
+    from flashbook.chapters.ch9 import benchmark
+    notes = _bench_run(monkeypatch, lambda want: tuple(w * (1 + 1e-3) for w in want))
+    assert len(notes) == 1 and "max|dQ,dK,dV-sdpa_cudnn|" in notes[0], notes
+    with pytest.raises(benchmark.WrongGradients, match="ch9_bwd_gluon_ws: dK differs"):
+        _bench_run(monkeypatch, lambda want: (want[0], want[1] * 1.1, want[2]))
+    with pytest.raises(benchmark.WrongGradients, match="dV"):
+        _bench_run(monkeypatch, lambda want: (want[0], want[1], want[2] * float("nan")))
+
+
+def test_ws_switches_are_constexprs_of_the_kernel():
+    """Every WsBwdConfig switch reaches the kernel (an ablation that changed nothing would time
+    the same kernel twice): longest-first, the late dQ wait and the register budgets."""
+    on = WS._constexprs(WS.ws_bwd_config(128), 128)
+    for switch in ("longest_first", "dq_wait_late", "setmaxnreg"):
+        off = WS._constexprs(dataclasses.replace(WS.ws_bwd_config(128), **{switch: False}), 128)
+        assert off != on and off["HEAD_DIM"] == 128, switch
+    assert set(on) <= set(WS.ws_bwd_kernel.arg_names)
