@@ -131,3 +131,13 @@ def test_ws_switches_are_constexprs_of_the_kernel():
         off = WS._constexprs(dataclasses.replace(WS.ws_bwd_config(128), **{switch: False}), 128)
         assert off != on and off["HEAD_DIM"] == 128, switch
     assert set(on) <= set(WS.ws_bwd_kernel.arg_names)
+
+
+def test_the_ablation_turns_off_every_switch_of_the_config():
+    """``ch9_ws_bwd_bench.py --ablation`` (the record Section 7's ablation comes from) times each
+    boolean switch of WsBwdConfig off in turn: a switch added to the kernel but not to the
+    ablation would go unmeasured."""
+    bench = sources.course_module("extras/ch9_ws_bwd_bench.py", ROOT)
+    switches = {f.name for f in dataclasses.fields(WS.WsBwdConfig) if f.type in (bool, "bool")}
+    assert switches and set(bench.SWITCHES) == switches
+    assert bench.WS.WsBwdConfig is not None and bench.ABLATION_SHAPE[-1] == 128
