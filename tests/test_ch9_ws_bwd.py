@@ -126,11 +126,13 @@ def test_the_benchmark_checks_the_ws_gradients_against_sdpa(monkeypatch):
 def test_ws_switches_are_constexprs_of_the_kernel():
     """Every WsBwdConfig switch reaches the kernel (an ablation that changed nothing would time
     the same kernel twice): longest-first, the late dQ wait and the register budgets."""
-    on = WS._constexprs(WS.ws_bwd_config(128), 128)
+    cfg = WS.ws_bwd_config(128)
+    default = WS._constexprs(cfg, 128)
     for switch in ("longest_first", "dq_wait_late", "setmaxnreg"):
-        off = WS._constexprs(dataclasses.replace(WS.ws_bwd_config(128), **{switch: False}), 128)
-        assert off != on and off["HEAD_DIM"] == 128, switch
-    assert set(on) <= set(WS.ws_bwd_kernel.arg_names)
+        flipped = dataclasses.replace(cfg, **{switch: not getattr(cfg, switch)})
+        other = WS._constexprs(flipped, 128)
+        assert other != default and other["HEAD_DIM"] == 128, switch
+    assert set(default) <= set(WS.ws_bwd_kernel.arg_names)
 
 
 def test_the_ablation_turns_off_every_switch_of_the_config():
@@ -141,3 +143,19 @@ def test_the_ablation_turns_off_every_switch_of_the_config():
     switches = {f.name for f in dataclasses.fields(WS.WsBwdConfig) if f.type in (bool, "bool")}
     assert switches and set(bench.SWITCHES) == switches
     assert bench.WS.WsBwdConfig is not None and bench.ABLATION_SHAPE[-1] == 128
+
+
+def test_the_recorded_ablation_checked_every_variant_and_names_where_it_ran():
+    """The committed ablation (``data/ws_bwd/h100.json``, written by ch9_ws_bwd_bench.py on a
+    GPU): every variant timed had its gradients checked against fp32 first, and the record says
+    on what, with which versions and by which command."""
+    import json
+    record = json.loads((ROOT / "src/flashbook/data/ws_bwd/h100.json").read_text())
+    prov = record["provenance"]
+    assert prov["gpu"].startswith("NVIDIA") and prov["driver"] and prov["git_commit"]
+    assert "ch9_ws_bwd_bench.py" in prov["command"] and "--ablation" in prov["command"]
+    assert {r["causal"] for r in record["rows"]} == {False, True}
+    for row in record["rows"]:
+        timed = {k for k in row["tflops"] if k not in ("cudnn",) and not k.startswith("one kernel")}
+        assert timed and timed <= set(row["max_rel_err"])
+        assert max(row["max_rel_err"].values()) < 1e-2

@@ -76,12 +76,13 @@ CONSUMER_REGS, PRODUCER_REGS, LAUNCH_REGS = 240, 24, 168   # 384 threads (3 warp
 
 @dataclasses.dataclass(frozen=True)
 class WsBwdConfig:
-    """Query rows a tile and slots in the Q/dO ring; the switches turn one design feature off
+    """Query rows a tile and slots in the Q/dO ring; the switches change one design feature
     each (for an ablation): launch order, when dQ's reduce is waited for, the registers moved
-    from the producer to the consumers."""
+    from the producer to the consumers. Longest-first is off by default: on an H100 it lost
+    (ch9_ws_bwd_bench.py --ablation at dcd46b8: 442 vs 487 TFLOP/s causal, 347 vs 529 not)."""
     BLOCK_M: int
     STAGES: int
-    longest_first: bool = True    # causal: every head's first key tiles (the most work) first
+    longest_first: bool = False   # every head's first key tiles (causal: the most work) first
     dq_wait_late: bool = True     # dQ's staging buffer waited for a step later, not at once
     setmaxnreg: bool = True       # 240 / 24 registers; off: every warp keeps the launch's 168
 
