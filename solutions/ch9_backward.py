@@ -665,9 +665,9 @@ quoted.glue(ch9.CHAPTER)
 # while they wait for a GEMM or for each other, the schedulers have nothing else to issue.
 # That is the problem Chapter 6's forward solved with warp specialization: cuDNN and
 # FlashAttention-3 give the loads and the $dQ$ reduces their own warps and keep the consumer
-# warpgroups' chains out of step, so one's exponentials run under another's GEMMs. A
-# warp-specialized Gluon backward is this chapter's open problem. Every one-kernel row also
-# shows the price of atomics in its note: "two runs differ in dQ bits".
+# warpgroups' chains out of step, so one's exponentials run under another's GEMMs (next
+# section). Every one-kernel row also shows the price of atomics in its note: "two runs differ
+# in dQ bits".
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
@@ -679,6 +679,55 @@ if found:
     fig.suptitle("Chapter 9 on an H200 (" + results.describe(found.provenance) + ")", fontsize=9)
     fig.tight_layout()
     plt.show()
+
+# %% [markdown]
+# ### Warp specialization, measured on an H100
+#
+# The course's `solutions/extras/ch9_gluon_ws_bwd.py` gives the jobs their own warps, as
+# FlashAttention-3 does. A program owns 128 keys of one (batch, K/V head), in three roles:
+#
+# - a **producer warp** (24 registers a thread after `setmaxnreg`) TMA-loads the K and V tiles
+#   once, then streams the query tiles (Q, dO, LSE, $D$) through a ring of shared-memory slots,
+#   each with a *full* barrier (the TMA's bytes) and an *empty* one (both consumers arrive);
+# - **two consumer warpgroups** (240 registers) each own 64 of the keys, with a chain of their
+#   own: $S^T$ and $dP^T$, the exponentials, $dV$'s GEMM, $dS^T$, $dK$'s GEMM. One
+#   warpgroup's exponentials can run under the other's GEMMs;
+# - they meet once a step, at $dQ$, which needs every key's $dS$: each writes its $dS^T$ to
+#   shared memory, then computes a column half of $dQ$ from both halves and sends it out by a
+#   TMA reduce-add of its own, waiting for that reduce to have read its buffer only a step later.
+#
+# With grouped-query attention one program walks the query tiles of every query head of its
+# group, so $dK$ and $dV$ are summed over the group in a fixed order: deterministic.
+#
+# `ch9_ws_bwd_bench.py --ablation` times it at (1, 16, 16384, 128) fp16 on the
+# {glue:text}`ch9_ws_gpu`, each variant's gradients checked against fp32 before it is timed,
+# each design switch flipped in turn, all in one run. TFLOP/s (x cuDNN's backward):
+#
+# | variant | non-causal | causal |
+# |---|---|---|
+# | everything on, longest-first launch (the default then) | {glue:text}`ch9_ws_all_on_noncausal:.0f` ({glue:text}`ch9_ws_all_on_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_all_on_causal:.0f` ({glue:text}`ch9_ws_all_on_vs_cudnn_causal:.2f`x) |
+# | head-major launch (the default now) | {glue:text}`ch9_ws_longest_first_off_noncausal:.0f` ({glue:text}`ch9_ws_longest_first_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_longest_first_off_causal:.0f` ({glue:text}`ch9_ws_longest_first_off_vs_cudnn_causal:.2f`x) |
+# | longest-first, dQ's reduce waited for at once | {glue:text}`ch9_ws_dq_wait_late_off_noncausal:.0f` ({glue:text}`ch9_ws_dq_wait_late_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_dq_wait_late_off_causal:.0f` ({glue:text}`ch9_ws_dq_wait_late_off_vs_cudnn_causal:.2f`x) |
+# | longest-first, no `setmaxnreg` (168 registers each) | {glue:text}`ch9_ws_setmaxnreg_off_noncausal:.0f` ({glue:text}`ch9_ws_setmaxnreg_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_setmaxnreg_off_causal:.0f` ({glue:text}`ch9_ws_setmaxnreg_off_vs_cudnn_causal:.2f`x) |
+# | the one-kernel Gluon backward (no roles) | {glue:text}`ch9_ws_one_kernel_noncausal:.0f` ({glue:text}`ch9_ws_one_kernel_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_one_kernel_causal:.0f` ({glue:text}`ch9_ws_one_kernel_vs_cudnn_causal:.2f`x) |
+# | cuDNN's backward | {glue:text}`ch9_ws_cudnn_noncausal:.0f` | {glue:text}`ch9_ws_cudnn_causal:.0f` |
+#
+# - **Head-major launch order wins.** Launching every head's first key tiles first (the
+#   longest programs under the causal mask) was the default when this was measured, and it
+#   lost in both cases. Our reading, not yet profiled: head by head, the programs running at
+#   once share one or two heads' Q and dO (8 MB a head) in the 50 MB L2; sixteen heads at once
+#   ask it for 128 MB. The kernel now launches head by head, where it comes close to cuDNN and
+#   well past the one-kernel design.
+# - **The registers are the design.** Without `setmaxnreg` every warp keeps the launch's 168
+#   registers, the consumers' dK and dV accumulators spill, and the kernel loses more than half
+#   its speed.
+# - **Waiting for dQ's reduce at once** was faster than the late wait in that run's
+#   longest-first order (our guess: an early wait slows the programs that compete for L2); to
+#   be repeated in head-major order.
+#
+# These are an H100's figures; the record above is an H200's, and the kernel's row in
+# `flashbook bench ch9` (`ch9_bwd_gluon_ws`, its gradients checked at full size against cuDNN's
+# before it is timed) is not in it yet.
 
 # %% [markdown]
 # On a GPU, the next cell runs the same benchmark on your kernels (a few minutes).

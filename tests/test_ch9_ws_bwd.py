@@ -159,3 +159,29 @@ def test_the_recorded_ablation_checked_every_variant_and_names_where_it_ran():
         timed = {k for k in row["tflops"] if k not in ("cudnn",) and not k.startswith("one kernel")}
         assert timed and timed <= set(row["max_rel_err"])
         assert max(row["max_rel_err"].values()) < 1e-2
+
+
+def test_the_quoted_ablation_figures_follow_the_record(tmp_path, monkeypatch):
+    """Section 7's ch9_ws_* figures come from the ablation record: none without one; with a
+    record whose every timing is scaled by its own factor, every figure moves; two GPUs' records
+    are refused (the prose quotes one)."""
+    import json
+    from flashbook.chapters.ch9 import ws_recorded
+    real = json.loads((ROOT / "src/flashbook/data/ws_bwd/h100.json").read_text())
+    monkeypatch.setattr(ws_recorded, "DATA_DIR", tmp_path)
+    assert ws_recorded.record() is None
+    (tmp_path / "h100.json").write_text(json.dumps(real))
+    before = ws_recorded.values(ws_recorded.record())
+    causal = next(r for r in real["rows"] if r["causal"])
+    assert before["ch9_ws_one_kernel_causal"] == causal["tflops"][
+        "one kernel, no warp specialization"]
+    for i, row in enumerate(real["rows"]):
+        for j, variant in enumerate(row["tflops"]):
+            row["tflops"][variant] *= 1 + (10 * i + j + 1) / 128
+    (tmp_path / "h100.json").write_text(json.dumps(real))
+    after = ws_recorded.values(ws_recorded.record())
+    assert set(after) == set(before)
+    assert [k for k in before if k != "ch9_ws_gpu" and after[k] == before[k]] == []
+    (tmp_path / "h200.json").write_text(json.dumps(real))
+    with pytest.raises(ValueError, match="several GPUs"):
+        ws_recorded.record()

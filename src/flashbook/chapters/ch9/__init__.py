@@ -8,7 +8,8 @@ forward alone, its launch remembered, when autograd records nothing, ``grads`` h
 ``checks`` grades, ``figures`` and ``train`` make the chapter's table and loss curves, ``benchmark`` times forward + backward on
 a GPU (``flashbook bench ch9``, with the one-kernel designs of the course's
 ``solutions/extras/ch9_one_kernel.py`` and ``ch9_gluon_bwd.py`` beside the student's), and
-``recorded`` reads its H200 record back.
+``recorded`` reads its H200 record back (and ``ws_recorded`` the warp-specialized Gluon
+backward's ablation, ``solutions/extras/ch9_ws_bwd_bench.py``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 from flashbook.cases import validate_scale
 from flashbook.contract import Chapter
 
-from . import benchmark, recorded
+from . import benchmark, recorded, ws_recorded
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
     check_preprocess, \
     check_training, kernel_cases, training_cases
@@ -37,7 +38,7 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
            "packed_views", "forward_only", "dense_forward",
            "saved_bytes",
            "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
-           "benchmark", "recorded"]
+           "benchmark", "recorded", "ws_recorded"]
 
 CHAPTER = Chapter(
     id="ch9",

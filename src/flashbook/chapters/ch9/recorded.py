@@ -17,6 +17,8 @@ import matplotlib.pyplot as plt
 
 from flashbook import results
 
+from . import ws_recorded
+
 # Nsight Compute's profile of the Gluon backward at the headline shape (its header says how)
 PROFILE = Path(__file__).resolve().parents[2] / "data" / "profiles" / "ch9_gluon_bwd_h200_ncu.txt"
 HEADLINE = (16384, 128, "float16")          # (N, d, dtype) of the backward sentences
@@ -145,4 +147,5 @@ def quoted_values(rows) -> dict:
     for kernel, key in (("ch9_fwdbwd", "fwdbwd"), ("sdpa_cudnn_fwdbwd", "cudnn_fwdbwd"),
                         ("sdpa_flash_fwdbwd", "fa2_fwdbwd")):
         out[f"ch9_{key}_ms"] = _need(rows, kernel, CS336, True).ms
-    return out
+    ws = ws_recorded.record()            # the warp-specialized backward's ablation (ch9_ws_*)
+    return out | (ws_recorded.values(ws) if ws else {})
