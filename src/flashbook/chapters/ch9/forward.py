@@ -12,13 +12,14 @@ and a later call makes only its output buffers and the launch."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
 
 from flashbook.device import current
 from flashbook.gqa import launch_gqa, prefill_dtypes, validate_packed
-from flashbook.launcher import output, values_checked
+from flashbook.launcher import poisoning, values_checked
 from flashbook.plans import Plans, recorded_launches, tensor_key
 from flashbook.varlen import window_bounds
 
@@ -52,10 +53,11 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     Chapter 5's launch and remembers the launch; a later one skips both, except that the
     checks run again wherever values are checked (``launcher.values_checked``: they read the
     offsets' values, which the metadata does not hold), as Chapter 5's launch runs them."""
+    backend = current()
     try:        # ``plans.key`` spelled out: five tensors, no isinstance per part
         plan_key = (tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(cu_seqlens_q),
                     tensor_key(cu_seqlens_k), max_seqlen_q, max_seqlen_k, causal,
-                    softmax_scale, validate, current().capability)
+                    softmax_scale, validate, backend.capability)
     except AttributeError:      # not tensors: Chapter 5's checks say what is wrong
         plan_key = None
     plan = _PLANS.get(plan_key)
@@ -64,10 +66,14 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
                            max_seqlen_k, causal, softmax_scale, validate)
     if validate and values_checked():
         _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    o = output(q.shape, dtype=q.dtype, device=q.device)
-    lse = output((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    # ``launcher.output``'s buffers (row-major; NaN inside ``poisoned_outputs``), made from q:
+    # ``torch.empty`` parses a shape and a device on every call
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    if poisoning():
+        o.fill_(math.nan), lse.fill_(math.nan)
     if plan.launch is not None:
-        if current().gpu:
+        if backend.gpu:
             plan.launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
         else:
             with np.errstate(divide="ignore"):      # the interpreter's log(0) = -inf
