@@ -512,3 +512,16 @@ def test_the_remembered_training_call_gives_the_first_calls_bits(solution, fresh
     assert fresh_plans["launch_gqa"] == 1
     for again in runs[1:]:
         assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(runs[0], again))
+
+
+def test_dense_offsets_are_kept_except_those_made_while_a_graph_is_captured():
+    """A training step's offsets are a dict lookup; one made during a CUDA graph's capture is
+    filled only when the graph replays, so it is not kept (one kept before is read by it)."""
+    from flashbook.check import simulated_capture
+    kept = ch9.dense_offsets(3, 29, torch.device("cpu"))
+    assert kept.tolist() == [0, 29, 58, 87]
+    assert ch9.dense_offsets(3, 29, torch.device("cpu")) is kept
+    with simulated_capture():
+        assert ch9.dense_offsets(3, 29, torch.device("cpu")) is kept
+        during = ch9.dense_offsets(5, 31, torch.device("cpu"))
+    assert ch9.dense_offsets(5, 31, torch.device("cpu")) is not during

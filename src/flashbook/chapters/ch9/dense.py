@@ -165,7 +165,7 @@ def lse_from_packed(lse, B, sequences: int | None = None):
 
 
 _OFFSETS: dict = {}
-KEPT_OFFSETS = 256                  # offsets tensors kept at most (never freed: see below)
+_KEPT_AT_MOST = 256                 # offsets tensors kept (never freed: see dense_offsets)
 
 
 def dense_offsets(B: int, N: int, device) -> torch.Tensor:
@@ -175,12 +175,12 @@ def dense_offsets(B: int, N: int, device) -> torch.Tensor:
     dict lookup. A kept one is never freed, so a CUDA graph captured after it was made may
     read it (``torch.cuda.graph`` synchronises before it captures: its values are there);
     one made while a graph is captured is not kept (the graph's kernels fill it only when
-    replayed), nor one past ``KEPT_OFFSETS``."""
+    replayed), nor one past ``_KEPT_AT_MOST``."""
     kept = _OFFSETS.get((B, N, device))
     if kept is not None:
         return kept
     made = torch.arange(B + 1, dtype=torch.int32, device=device) * N
-    if len(_OFFSETS) < KEPT_OFFSETS and not capturing():
+    if len(_OFFSETS) < _KEPT_AT_MOST and not capturing():
         _OFFSETS[(B, N, device)] = _OFFSETS[(B, N, torch.device(device))] = made
     return made
 
