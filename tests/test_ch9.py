@@ -446,3 +446,82 @@ def test_packed_views_fold_the_batch_where_the_strides_allow(solution):
     assert S == 2 and all(t.is_contiguous() for t in views)          # copied
     with pytest.raises(ValueError, match="layout"):
         ch9.packed_views(q, k, v, "bshd")
+
+
+@pytest.fixture
+def fresh_plans(monkeypatch):
+    """Chapter 9's remembered forwards and packings emptied for one test, and every call of
+    Chapter 5's launch, its argument checks and ``packed_views``' packing counted."""
+    import collections
+    import sys
+    from flashbook.plans import Plans
+    forward_module = sys.modules["flashbook.chapters.ch9.forward"]
+    dense_module = sys.modules["flashbook.chapters.ch9.dense"]
+    monkeypatch.setattr(forward_module, "_PLANS", Plans(), raising=False)
+    monkeypatch.setattr(dense_module, "_PACKINGS", Plans(), raising=False)
+    calls = collections.Counter()
+
+    def counted(name, f):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return f(*args, **kwargs)
+        return call
+    for module, name in ((forward_module, "launch_gqa"), (forward_module, "validate_packed"),
+                         (dense_module, "_packing")):
+        monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
+    return calls
+
+
+@pytest.mark.parametrize("values", [False, True])
+def test_the_training_call_checks_and_plans_once_per_metadata(solution, fresh_plans, values):
+    """The call a training step makes (inputs that require grad) runs Chapter 5's checks, its
+    launch and ``packed_views``' packing on its first call with inputs of this metadata only;
+    a later one launches the remembered kernel. Where values are checked (CPU mode, the graded
+    checks) the checks still run every call, as Chapter 5's launch runs them: they read the
+    offsets' values."""
+    from flashbook.launcher import check_values
+    attn = solution["flash_attention"]
+    g = torch.Generator().manual_seed(11)
+    dense = tuple(torch.randn(2, 2, 13, 16, generator=g) for _ in range(3))
+    with check_values(values):
+        for step in range(3):
+            leaves = tuple(t.clone().requires_grad_() for t in dense)   # a new step's tensors
+            o = attn(*leaves, causal=True)
+            o.sum().backward()
+            assert all(t.grad is not None for t in leaves)
+            assert fresh_plans["launch_gqa"] == fresh_plans["_packing"] == 1
+            assert fresh_plans["validate_packed"] == (step + 1 if values else 1)
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+@pytest.mark.parametrize("how", ["allocated", "transposed", "strided"])
+def test_the_remembered_training_call_gives_the_first_calls_bits(solution, fresh_plans,
+                                                                  layout, how):
+    """O, the LSE and the gradients of the training call through the remembered launch and
+    packing are bit for bit those of its first call, which runs Chapter 5's launch and its
+    checks (the path every call took before plans were remembered)."""
+    attn = solution["flash_attention"]
+    g = torch.Generator().manual_seed(12)
+    q, k, v = _dense_qkv(layout, how, g, B=2, H_q=4, H_kv=2, N_q=11, N_k=19)
+    do = torch.randn(q.shape, generator=g)
+    runs = []
+    for _ in range(3):
+        leaves = tuple(t.clone().requires_grad_() for t in (q, k, v))
+        o, lse = attn(*leaves, True, 0.3, layout=layout, return_lse=True)
+        runs.append((o.detach(), lse, *torch.autograd.grad(o, leaves, do)))
+    assert fresh_plans["launch_gqa"] == 1
+    for again in runs[1:]:
+        assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(runs[0], again))
+
+
+def test_dense_offsets_are_kept_except_those_made_while_a_graph_is_captured():
+    """A training step's offsets are a dict lookup; one made during a CUDA graph's capture is
+    filled only when the graph replays, so it is not kept (one kept before is read by it)."""
+    from flashbook.check import simulated_capture
+    kept = ch9.dense_offsets(3, 29, torch.device("cpu"))
+    assert kept.tolist() == [0, 29, 58, 87]
+    assert ch9.dense_offsets(3, 29, torch.device("cpu")) is kept
+    with simulated_capture():
+        assert ch9.dense_offsets(3, 29, torch.device("cpu")) is kept
+        during = ch9.dense_offsets(5, 31, torch.device("cpu"))
+    assert ch9.dense_offsets(5, 31, torch.device("cpu")) is not during

@@ -3,8 +3,9 @@ and a Q-stationary dQ kernel, and an autograd Function that trains.
 
 The student writes the three Triton kernels (with their loop bodies), the autograd Function and
 the dense wrapper; ``launch`` launches the kernels on the packed layout, ``forward`` is Chapter
-5's GQA forward, ``dense`` sees dense tensors as packed ones without a copy and runs the
-forward alone, its launch remembered, when autograd records nothing, ``grads`` holds the float64 reference gradients,
+5's GQA forward, its launch remembered by its inputs' metadata, ``dense`` sees dense tensors as
+packed ones without a copy (how, remembered too) and runs the forward alone when autograd
+records nothing, ``grads`` holds the float64 reference gradients,
 ``checks`` grades, ``figures`` and ``train`` make the chapter's table and loss curves, ``benchmark`` times forward + backward on
 a GPU (``flashbook bench ch9``, with the one-kernel designs of the course's
 ``solutions/extras/ch9_one_kernel.py`` and ``ch9_gluon_bwd.py`` beside the student's), and

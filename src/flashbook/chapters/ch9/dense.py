@@ -75,27 +75,32 @@ def _dims(t, layout: str) -> tuple:
     return B, X, sX, Y, sY, d, sd, sB
 
 
-def _view(t, layout: str, fold: int):
-    """t seen packed, folded as ``fold`` says (its strides allow it): (B*N, H, d) or
-    (N, B*H, d). Through ``as_strided`` (one op) where autograd records nothing, else through
-    views autograd undoes with views (``as_strided``'s backward zero-fills a buffer)."""
+def _recipe(t, layout: str, fold: int):
+    """How a tensor of t's metadata is seen packed, folded as ``fold`` says (its strides allow
+    it): a function of the tensor, giving (B*N, H, d) or (N, B*H, d). One ``as_strided`` where
+    autograd records nothing, else at most two views autograd undoes with views
+    (``as_strided``'s backward zero-fills a buffer and copies the gradient into it)."""
     B, N, n_stride, H, h_stride, d, _, _ = _dims(t, layout)
     if not (t.requires_grad and torch.is_grad_enabled()):
         size = (B * N, H, d) if fold == _TOKENS else (N, B * H, d)
-        return t.as_strided(size, (n_stride, h_stride, 1), t.storage_offset())
-    if fold == _TOKENS:                 # through (B, N, H, d)
-        return (t.transpose(1, 2) if layout == "bhnd" else t).view(B * N, H, d)
-    t = t if layout == "bhnd" else t.transpose(1, 2)               # (B, H, N, d)
-    return t.view(B * H, N, d).transpose(0, 1)                     # (N, B*H, d)
+        stride = (n_stride, h_stride, 1)
+        return lambda x: x.as_strided(size, stride)             # at x's own storage offset
+    if fold == _TOKENS:                                         # through (B, N, H, d)
+        if layout == "bhnd":
+            return lambda x: x.transpose(1, 2).view(B * N, H, d)
+        return lambda x: x.view(B * N, H, d)
+    if layout == "bhnd":                                        # through (B*H, N, d)
+        return lambda x: x.view(B * H, N, d).transpose(0, 1)
+    return lambda x: x.transpose(0, 1).view(N, B * H, d)        # through (N, B, H, d)
 
 
-def packed_views(q, k, v, layout: str = "bhnd"):
-    """(q, k, v packed, sequences) of dense q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d)
-    (``layout="bnhd"``: (B, N, h, d)): each folded as the module docstring says, all three the
-    same way, as views of the caller's tensors. ``sequences`` is B (the batch folded into the
-    tokens: q (B*N_q, h_q, d)) or 1 (into the heads: q (N_q, B*h_q, d)); pass it to
-    ``dense_offsets``, ``from_packed`` and ``lse_from_packed``. Strides that allow neither
-    fold: copies, folded into the tokens (``to_packed``)."""
+def _copy(layout: str):
+    return lambda x: to_packed(x, layout)
+
+
+def _packing(q, k, v, layout: str) -> tuple:
+    """((q's, k's, v's recipe), sequences): how ``packed_views`` packs tensors of this
+    metadata (the checks of its arguments run here, on its first call with them)."""
     if layout != "bhnd":
         _layout(layout)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -104,11 +109,36 @@ def packed_views(q, k, v, layout: str = "bhnd"):
     both = _folds(q, layout) & _folds(k, layout) & _folds(v, layout)
     if both:
         fold = both & _TOKENS or _HEADS                              # tokens first
-        views = tuple(_view(t, layout, fold) for t in (q, k, v))
-        return (*views, q.shape[0] if fold == _TOKENS else 1)
-    packed = tuple(_view(t, layout, _TOKENS) if _folds(t, layout) & _TOKENS
-                   else to_packed(t, layout) for t in (q, k, v))
-    return (*packed, q.shape[0])
+        recipes = tuple(_recipe(t, layout, fold) for t in (q, k, v))
+        return recipes, q.shape[0] if fold == _TOKENS else 1
+    recipes = tuple(_recipe(t, layout, _TOKENS) if _folds(t, layout) & _TOKENS
+                    else _copy(layout) for t in (q, k, v))
+    return recipes, q.shape[0]
+
+
+_PACKINGS = Plans()
+
+
+def packed_views(q, k, v, layout: str = "bhnd"):
+    """(q, k, v packed, sequences) of dense q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d)
+    (``layout="bnhd"``: (B, N, h, d)): each folded as the module docstring says, all three the
+    same way, as views of the caller's tensors. ``sequences`` is B (the batch folded into the
+    tokens: q (B*N_q, h_q, d)) or 1 (into the heads: q (N_q, B*h_q, d)); pass it to
+    ``dense_offsets``, ``from_packed`` and ``lse_from_packed``. Strides that allow neither
+    fold: copies, folded into the tokens (``to_packed``). How tensors of one metadata (shapes,
+    strides, whether autograd records them) are packed is worked out once and remembered."""
+    grad = torch.is_grad_enabled()
+    try:
+        packing_key = (layout, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+                       grad and q.requires_grad, grad and k.requires_grad,
+                       grad and v.requires_grad)
+    except AttributeError:      # not tensors: ``_packing`` says what is wrong
+        packing_key = None
+    packing = _PACKINGS.get(packing_key)
+    if packing is None:
+        packing = _PACKINGS.remember(packing_key, _packing(q, k, v, layout))
+    (see_q, see_k, see_v), sequences = packing
+    return see_q(q), see_k(k), see_v(v), sequences
 
 
 def from_packed(t, B, layout: str = "bhnd", sequences: int | None = None):
@@ -135,23 +165,24 @@ def lse_from_packed(lse, B, sequences: int | None = None):
 
 
 _OFFSETS: dict = {}
+_KEPT_AT_MOST = 256                 # offsets tensors kept (never freed: see dense_offsets)
 
 
 def dense_offsets(B: int, N: int, device) -> torch.Tensor:
     """``cu_seqlens`` of a dense batch of B sequences of N tokens: ``[0, N, 2N, ..., B*N]``
     int32 on ``device``. Made once per (B, N, device) and shared (read it, never write it): a
-    new one costs two device ops (``arange``, a multiply) on every call. Made afresh while a
-    CUDA graph is captured (the graph's kernels would fill a kept one only when replayed)."""
-    if capturing():
-        return torch.arange(B + 1, dtype=torch.int32, device=device) * N
-    where = (B, N, device)
-    kept = _OFFSETS.get(where)
-    if kept is None:
-        if len(_OFFSETS) >= 256:
-            _OFFSETS.clear()
-        kept = torch.arange(B + 1, dtype=torch.int32, device=device) * N
-        _OFFSETS[where] = _OFFSETS[(B, N, torch.device(device))] = kept
-    return kept
+    new one costs two device ops (``arange``, a multiply) on every call; a kept one costs a
+    dict lookup. A kept one is never freed, so a CUDA graph captured after it was made may
+    read it (``torch.cuda.graph`` synchronises before it captures: its values are there);
+    one made while a graph is captured is not kept (the graph's kernels fill it only when
+    replayed), nor one past ``_KEPT_AT_MOST``."""
+    kept = _OFFSETS.get((B, N, device))
+    if kept is not None:
+        return kept
+    made = torch.arange(B + 1, dtype=torch.int32, device=device) * N
+    if len(_OFFSETS) < _KEPT_AT_MOST and not capturing():
+        _OFFSETS[(B, N, device)] = _OFFSETS[(B, N, torch.device(device))] = made
+    return made
 
 
 def forward_only(q, k, v) -> bool:
