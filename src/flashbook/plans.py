@@ -54,10 +54,10 @@ _TENSOR = torch.Tensor
 
 def key(*parts) -> tuple:
     """A plan key: tensors by ``tensor_key``, anything else as itself (ints, floats, bools, None,
-    tuples, frozen configs, kernels). A key with an unhashable part (a list, a NumPy array ...) finds no plan
-    and is not remembered (``Plans``): the wrapper runs its checks every time, which say what is
-    wrong. Built in one comprehension and hashed once, by the table's lookup: on a GPU's host
-    it is the largest part of a repeated call's cost."""
+    tuples, frozen configs, kernels). A key with an unhashable part (a list, a NumPy array ...)
+    finds no plan and is not remembered (``Plans``): the wrapper runs its checks every time,
+    which say what is wrong. Built in one comprehension and hashed once, by the table's lookup:
+    on a GPU's host it is the largest part of a repeated call's cost."""
     return tuple([tensor_key(p) if isinstance(p, _TENSOR) else p for p in parts])
 
 

@@ -5,9 +5,9 @@ The student writes the three Triton kernels (with their loop bodies), the autogr
 the dense wrapper; ``launch`` launches the kernels on the packed layout, ``forward`` is Chapter
 5's GQA forward, its launch remembered by its inputs' metadata, ``dense`` sees dense tensors as
 packed ones without a copy (how, remembered too) and runs the forward alone when autograd
-records nothing, ``grads`` holds the float64 reference gradients,
-``checks`` grades, ``figures`` and ``train`` make the chapter's table and loss curves, ``benchmark`` times forward + backward on
-a GPU (``flashbook bench ch9``, with the one-kernel designs of the course's
+records nothing, ``grads`` holds the float64 reference gradients, ``checks`` grades,
+``figures`` and ``train`` make the chapter's table and loss curves, ``benchmark`` times forward
++ backward on a GPU (``flashbook bench ch9``, with the one-kernel designs of the course's
 ``solutions/extras/ch9_one_kernel.py`` and ``ch9_gluon_bwd.py`` beside the student's), and
 ``recorded`` reads its H200 record back (and ``ws_recorded`` the warp-specialized Gluon
 backward's ablation, ``solutions/extras/ch9_ws_bwd_bench.py``).
@@ -20,8 +20,7 @@ from flashbook.contract import Chapter
 
 from . import benchmark, recorded, ws_recorded
 from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_dq, \
-    check_preprocess, \
-    check_training, kernel_cases, training_cases
+    check_preprocess, check_training, kernel_cases, training_cases
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
 from .dense import dense_forward, dense_offsets, forward_only, from_packed, lse_from_packed, \
@@ -33,13 +32,12 @@ from .train import TinyLM, repeat_batch, sdpa_attention, train
 
 __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq",
            "bwd_config", "BwdConfig", "BWD_DTYPES", "validate_scale",
-           "check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
-           "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads", "backward_inputs",
-           "dense_attention", "dense_offsets", "to_packed", "from_packed", "lse_from_packed",
-           "packed_views", "forward_only", "dense_forward",
-           "saved_bytes",
-           "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch", "sdpa_attention", "train",
-           "benchmark", "recorded", "ws_recorded"]
+           "check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training",
+           "kernel_cases", "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads",
+           "backward_inputs", "dense_attention", "dense_offsets", "to_packed", "from_packed",
+           "lse_from_packed", "packed_views", "forward_only", "dense_forward", "saved_bytes",
+           "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch",
+           "sdpa_attention", "train", "benchmark", "recorded", "ws_recorded"]
 
 CHAPTER = Chapter(
     id="ch9",

@@ -25,8 +25,8 @@ from . import launch
 from .dense import from_packed, to_packed
 from .grads import backward_inputs
 
-__all__ = ["check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training", "kernel_cases",
-           "autograd_cases", "training_cases", "GRAD_TOL"]
+__all__ = ["check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training",
+           "kernel_cases", "autograd_cases", "training_cases", "GRAD_TOL"]
 
 # (atol, rtol) of a gradient against float64, by input dtype: fp16 rounds P and dS to fp16
 # before the matmuls (as every fp16 backward does), so its gradients carry ~1e-3 errors.
