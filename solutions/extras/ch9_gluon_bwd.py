@@ -45,7 +45,6 @@ import dataclasses
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
@@ -54,8 +53,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import validate_scale
-from flashbook.gluon_kit import cta_barrier, smem_reinterpret, tma_load, tma_reduce_add, \
-    tma_store, validate_dense_qkv
+from flashbook.gluon_kit import cta_barrier, lse_and_delta_rows, smem_reinterpret, tma_load, \
+    tma_reduce_add, tma_store, validate_backward_inputs, validate_dense_qkv
 
 __all__ = ["gluon_backward", "bwd_kernel", "GluonBwdConfig", "gluon_bwd_config",
            "compile_for_sm90"]
@@ -281,18 +280,6 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_desc, dl_desc, dq_desc, dk_d
     tma.store_wait(0)
 
 
-@triton.jit
-def _delta_kernel(O, DO, Delta, N, N_PAD, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """D (B*H, N_PAD) fp32 = rowsum(dO * O) of dense (B*H, N, HEAD_DIM) O and dO."""
-    bh = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    offs = bh * N * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    ok = (rows < N)[:, None]
-    o = tl.load(O + offs, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Delta + bh * N_PAD + rows, tl.sum(o * do, 1), mask=rows < N)
-
-
 # ---------------------------------------------------------------------------------------------
 # The launcher
 # ---------------------------------------------------------------------------------------------
@@ -309,16 +296,7 @@ def _check(q, k, v, o, lse, do, softmax_scale, config):
     name = "gluon_backward"
     B, H, N_q, d = validate_dense_qkv(name, q, k, v, HEAD_DIMS,
                                       heads_note=" (no grouped-query heads)")
-    for label, t in (("o", o), ("do", do)):
-        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype \
-                or t.device != q.device or not t.is_contiguous():
-            raise ValueError(f"{name}: {label} must be a contiguous tensor like q "
-                             f"{tuple(q.shape)} {q.dtype} on {q.device}.")
-    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, N_q) \
-            or lse.dtype != torch.float32 or lse.device != q.device \
-            or not lse.is_contiguous():
-        raise ValueError(f"{name}: lse must be float32 (B, H, N_q) = {(B, H, N_q)}, contiguous, "
-                         f"on {q.device}: the forward's natural-log LSE.")
+    validate_backward_inputs(name, q, o, lse, do)
     config = _check_config(config or gluon_bwd_config(d))
     scale = validate_scale(softmax_scale, d, name)
     if q.device.type != "cuda" or tuple(torch.cuda.get_device_capability(q.device)) != (9, 0):
@@ -338,12 +316,7 @@ def gluon_backward(q, k, v, o, lse, do, causal: bool = False,
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     if B * H == 0 or N_q == 0 or N_k == 0:
         return dq_acc.view(B, H, N_q, d).to(q.dtype), dk.zero_(), dv.zero_()
-    # TMA needs 16-byte row strides: LSE and D rows padded to a multiple of 4 floats
-    n_pad = triton.cdiv(N_q, 4) * 4
-    lse2 = torch.empty((B * H, n_pad), dtype=torch.float32, device=q.device)
-    lse2[:, :N_q] = lse.view(B * H, N_q)
-    delta = torch.empty_like(lse2)
-    _delta_kernel[(triton.cdiv(N_q, 64), B * H)](o, do, delta, N_q, n_pad, HEAD_DIM=d, BLOCK=64)
+    lse2, delta = lse_and_delta_rows(o, do, lse)     # (B*H, N_pad) fp32, for the TMA
 
     lay = _layouts(q.dtype, cfg, d)
     bm, bn = cfg.BLOCK_M, cfg.BLOCK_N

@@ -1,6 +1,8 @@
 """What the book's Gluon kernels (Chapter 6's Hopper FA3, Chapter 7's Blackwell FA4) share: the
 TMA copy names that differ between triton 3.6 (the GPU images, Colab) and 3.9 (the CPU image),
-and the tile helpers both kernels' roles call.
+and the tile helpers both kernels' roles call; for Chapter 9's two Gluon backwards (the course's
+``solutions/extras``), the check of their backward-only inputs and the LSE and D rows they
+TMA-load.
 
   TMA global -> shared   3.6 ``tma.async_copy_global_to_shared``   3.9 ``tma.async_load`` (the
                          old name still exists in 3.9 but raises "has been removed")
@@ -14,6 +16,9 @@ Importing this module needs Triton's Gluon dialect (triton >= 3.5), not a GPU.
 """
 from __future__ import annotations
 
+import torch
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
@@ -23,7 +28,7 @@ from .cases import validate_dense_qkv   # the Gluon launchers' argument check, i
 
 __all__ = ["tma_load", "tma_store", "tma_reduce_add", "cta_barrier", "smem_reinterpret",
            "m_block", "smem_tile", "head_descriptors",
-           "validate_dense_qkv"]
+           "validate_dense_qkv", "validate_backward_inputs", "lse_and_delta_rows"]
 
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
@@ -91,3 +96,41 @@ def rebased(descriptor, base):
     return out
 
 
+def validate_backward_inputs(name: str, q, o, lse, do) -> None:
+    """A Gluon backward's own inputs beside q, k, v: O and dO contiguous and like q
+    ``(B, H, N_q, d)``; the forward's natural-log LSE ``(B, H, N_q)`` float32, contiguous."""
+    B, H, N_q = q.shape[:3]
+    for label, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype \
+                or t.device != q.device or not t.is_contiguous():
+            raise ValueError(f"{name}: {label} must be a contiguous tensor like q "
+                             f"{tuple(q.shape)} {q.dtype} on {q.device}.")
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, N_q) \
+            or lse.dtype != torch.float32 or lse.device != q.device \
+            or not lse.is_contiguous():
+        raise ValueError(f"{name}: lse must be float32 (B, H, N_q) = {(B, H, N_q)}, contiguous, "
+                         f"on {q.device}: the forward's natural-log LSE.")
+
+
+@triton.jit
+def _delta_kernel(O, DO, Delta, N, N_PAD, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """D (B*H, N_PAD) fp32 = rowsum(dO * O) of dense (B*H, N, HEAD_DIM) O and dO."""
+    bh = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = bh * N * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    ok = (rows < N)[:, None]
+    o = tl.load(O + offs, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Delta + bh * N_PAD + rows, tl.sum(o * do, 1), mask=rows < N)
+
+
+def lse_and_delta_rows(o, do, lse):
+    """(LSE, D) as ``(B*H, N_pad)`` fp32 rows for the TMA, D = rowsum(dO * O) (one Triton
+    kernel); N_pad is N_q rounded up to 4 floats, the TMA's 16-byte row stride."""
+    B, H, N_q, d = o.shape
+    n_pad = triton.cdiv(N_q, 4) * 4
+    lse_rows = torch.empty((B * H, n_pad), dtype=torch.float32, device=o.device)
+    lse_rows[:, :N_q] = lse.view(B * H, N_q)
+    delta = torch.empty_like(lse_rows)
+    _delta_kernel[(triton.cdiv(N_q, 64), B * H)](o, do, delta, N_q, n_pad, HEAD_DIM=d, BLOCK=64)
+    return lse_rows, delta
