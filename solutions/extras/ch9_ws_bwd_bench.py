@@ -14,12 +14,10 @@ a child prints its row as "ROW " + JSON, which the parent collects.
 """
 import argparse
 import dataclasses
-import datetime
 import hashlib
 import importlib.util
 import json
 import math
-import platform
 import shlex
 import subprocess
 import sys
@@ -30,6 +28,9 @@ import torch
 import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashbook import results
+from flashbook.bench import time_ms
 
 ROOT = Path(__file__).resolve().parent
 
@@ -89,7 +90,7 @@ def errors(got, want, g, heads_kv=1):
 
 
 def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return time_ms(fn)          # the book's GPU timer, the one provenance() names
 
 
 def cudnn_bwd_ms(q, k, v, do, causal, scale):
@@ -255,24 +256,14 @@ COMMIT = None                # --commit: the checkout's commit, where the copy h
 
 
 def provenance():
-    """Where the numbers come from: the GPU, its driver, the versions, the date, the command."""
-    def sh(*cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                                  timeout=60).stdout.strip() or None
-        except Exception:                                # noqa: BLE001
-            return None
+    """Where the numbers come from (``results.provenance``: the GPU, its driver, the versions,
+    the date, the timer, the command), with the commit, the kernel's hash and the FLOP count."""
     kernel = ROOT / "ch9_gluon_ws_bwd.py"
-    return dict(gpu=torch.cuda.get_device_name(),
-                driver=sh("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
-                cuda=torch.version.cuda, torch=torch.__version__, triton=triton.__version__,
-                python=platform.python_version(),
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                command="python " + shlex.join(sys.argv),
-                git_commit=COMMIT or sh("git", "rev-parse", "HEAD"),
-                kernel_sha256=hashlib.sha256(kernel.read_bytes()).hexdigest(),
-                timer="triton.testing.do_bench(warmup=25, rep=200, return_mode='median')",
-                flops="2.5 x 4 B H N^2 d (halved when causal)", inputs="torch.randn, seed 0")
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return results.provenance("python " + shlex.join(sys.argv)) | dict(
+        git_commit=COMMIT or git.stdout.strip() or None,
+        kernel_sha256=hashlib.sha256(kernel.read_bytes()).hexdigest(),
+        flops="2.5 x 4 B H N^2 d (halved when causal)", inputs="torch.randn, seed 0")
 
 
 def cases(args):
