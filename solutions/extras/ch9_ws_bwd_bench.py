@@ -6,6 +6,7 @@ backward (``ch9_gluon_bwd.py``). Course material, like the kernels; run from a c
     python solutions/extras/ch9_ws_bwd_bench.py --configs 64,2 64,3  # also sweep BLOCK_M,STAGES
     python solutions/extras/ch9_ws_bwd_bench.py --quick              # small shapes (odd, GQA)
     python solutions/extras/ch9_ws_bwd_bench.py --ablation           # each switch off in turn
+    python solutions/extras/ch9_ws_bwd_bench.py --cs336              # forward + backward, d = 64
     python solutions/extras/ch9_ws_bwd_bench.py --record OUT.json --commit SHA  # with provenance
 The ablation measured on an H100 at dcd46b8 (longest-first was the default then) is
 ``src/flashbook/data/ws_bwd/h100.json``, this script's record, unedited.
@@ -228,6 +229,50 @@ def run_ablation(causal):
     print("ROW " + json.dumps(row), flush=True)
 
 
+CS336_SHAPE = (1, 16, 16, 16384, 64)        # CS336's leaderboard: bf16, causal, d_model 1024
+
+
+def run_cs336():
+    """Forward + backward at CS336_SHAPE bf16 causal: Chapter 6's Gluon forward (as a user calls
+    it, ``attention_fa3``) then this backward, against cuDNN's forward and backward through
+    autograd; the gradients checked against fp32 autograd first."""
+    from flashbook.fa3_launch import attention_fa3
+    B, H, Hkv, N, d = shape = CS336_SHAPE
+    print(f"\n=== forward + backward {shape} bfloat16 causal=True", flush=True)
+    q, k, v, do = inputs(shape, torch.bfloat16)
+    scale = 1 / math.sqrt(d)
+    want = reference(q, k, v, do, True, scale, heads_kv=2)
+
+    def ours():
+        o, lse = attention_fa3(q, k, v, causal=True)
+        return WS.ws_backward(q, k, v, o, lse, do, True, scale)
+
+    rel = max(r if ok else math.inf for _, _, r, ok in errors(ours(), want, 1, 2))
+    row = dict(shape=list(shape), dtype="bfloat16", causal=True, fwd_bwd=True,
+               max_rel_err={"ours": rel}, ms={}, tflops={})
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(*leaves, is_causal=True, scale=scale)
+        return torch.autograd.grad(o, leaves, do)
+
+    timings = dict(ours=ours, cudnn=cudnn,
+                   ours_forward=lambda: attention_fa3(q, k, v, causal=True))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        timings["cudnn_forward"] = lambda: F.scaled_dot_product_attention(q, k, v,
+                                                                          is_causal=True)
+        for name, fn in timings.items():
+            ms = bench(fn)
+            # tflops counts the backward's 2.5 x 4 B H N^2 d; the forward is 1.0x, both 3.5x
+            flop = tflops(B, H, N, d, True, ms) * (1 if "forward" in name else 3.5) / 2.5
+            row["ms"][name], row["tflops"][name] = ms, flop
+            print(f"  {name}: {ms:.3f} ms  {flop:.0f} TFLOP/s", flush=True)
+    print(f"  ours / cudnn speed (fwd + bwd): {row['ms']['cudnn'] / row['ms']['ours']:.2f}x  "
+          f"max rel err {rel:.1e}", flush=True)
+    print("ROW " + json.dumps(row), flush=True)
+
+
 def print_ablation(rows):
     names = ["default"] + [f"{s} {o}" for s in SWITCHES for o in ("on", "off")] + [
         "one kernel, no warp specialization", "cudnn"]
@@ -284,6 +329,8 @@ def main():
                     help="only the ablation of WsBwdConfig's switches at (1,16,16384,128) fp16")
     ap.add_argument("--record", metavar="OUT.json", help="write the rows and their provenance")
     ap.add_argument("--commit", help="the commit of the sources, recorded in the provenance")
+    ap.add_argument("--cs336", action="store_true",
+                    help="forward + backward at (1,16,16384,64) bf16 causal against cuDNN")
     ap.add_argument("--abl", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     global COMMIT
@@ -295,6 +342,9 @@ def main():
         return
     if args.abl is not None:
         run_ablation(bool(args.abl))
+        return
+    if args.cs336:
+        run_cs336()
         return
     print("torch", torch.__version__, "triton", triton.__version__,
           torch.cuda.get_device_name(), flush=True)
