@@ -705,25 +705,25 @@ if found:
 #
 # | variant | non-causal | causal |
 # |---|---|---|
-# | everything on, longest-first launch (the default then) | {glue:text}`ch9_ws_all_on_noncausal:.0f` ({glue:text}`ch9_ws_all_on_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_all_on_causal:.0f` ({glue:text}`ch9_ws_all_on_vs_cudnn_causal:.2f`x) |
-# | head-major launch (the default now) | {glue:text}`ch9_ws_longest_first_off_noncausal:.0f` ({glue:text}`ch9_ws_longest_first_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_longest_first_off_causal:.0f` ({glue:text}`ch9_ws_longest_first_off_vs_cudnn_causal:.2f`x) |
-# | longest-first, dQ's reduce waited for at once | {glue:text}`ch9_ws_dq_wait_late_off_noncausal:.0f` ({glue:text}`ch9_ws_dq_wait_late_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_dq_wait_late_off_causal:.0f` ({glue:text}`ch9_ws_dq_wait_late_off_vs_cudnn_causal:.2f`x) |
-# | longest-first, no `setmaxnreg` (168 registers each) | {glue:text}`ch9_ws_setmaxnreg_off_noncausal:.0f` ({glue:text}`ch9_ws_setmaxnreg_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_setmaxnreg_off_causal:.0f` ({glue:text}`ch9_ws_setmaxnreg_off_vs_cudnn_causal:.2f`x) |
+# | **the default: every feature on, head-major launch** | {glue:text}`ch9_ws_default_noncausal:.0f` ({glue:text}`ch9_ws_default_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_default_causal:.0f` ({glue:text}`ch9_ws_default_vs_cudnn_causal:.2f`x) |
+# | longest-first launch instead | {glue:text}`ch9_ws_longest_first_on_noncausal:.0f` ({glue:text}`ch9_ws_longest_first_on_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_longest_first_on_causal:.0f` ({glue:text}`ch9_ws_longest_first_on_vs_cudnn_causal:.2f`x) |
+# | dQ's reduce waited for at once | {glue:text}`ch9_ws_dq_wait_late_off_noncausal:.0f` ({glue:text}`ch9_ws_dq_wait_late_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_dq_wait_late_off_causal:.0f` ({glue:text}`ch9_ws_dq_wait_late_off_vs_cudnn_causal:.2f`x) |
+# | no `setmaxnreg` (168 registers each) | {glue:text}`ch9_ws_setmaxnreg_off_noncausal:.0f` ({glue:text}`ch9_ws_setmaxnreg_off_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_setmaxnreg_off_causal:.0f` ({glue:text}`ch9_ws_setmaxnreg_off_vs_cudnn_causal:.2f`x) |
 # | the one-kernel Gluon backward (no roles) | {glue:text}`ch9_ws_one_kernel_noncausal:.0f` ({glue:text}`ch9_ws_one_kernel_vs_cudnn_noncausal:.2f`x) | {glue:text}`ch9_ws_one_kernel_causal:.0f` ({glue:text}`ch9_ws_one_kernel_vs_cudnn_causal:.2f`x) |
 # | cuDNN's backward | {glue:text}`ch9_ws_cudnn_noncausal:.0f` | {glue:text}`ch9_ws_cudnn_causal:.0f` |
 #
 # - **Head-major launch order wins.** Launching every head's first key tiles first (the
-#   longest programs under the causal mask) was the default when this was measured, and it
-#   lost in both cases. Our reading, not yet profiled: head by head, the programs running at
-#   once share one or two heads' Q and dO (8 MB a head) in the 50 MB L2; sixteen heads at once
-#   ask it for 128 MB. The kernel now launches head by head, where it comes close to cuDNN and
-#   well past the one-kernel design.
+#   longest programs under the causal mask, as Chapter 4 teaches for the forward) loses in both
+#   cases, most without the mask, where every program is equally long and the order buys
+#   nothing. Our reading, not yet profiled: head by head, the programs running at once share one
+#   or two heads' Q and dO (8 MB a head) in the 50 MB L2; sixteen heads at once ask it for
+#   128 MB.
 # - **The registers are the design.** Without `setmaxnreg` every warp keeps the launch's 168
-#   registers, the consumers' dK and dV accumulators spill, and the kernel loses more than half
-#   its speed.
-# - **Waiting for dQ's reduce at once** was faster than the late wait in that run's
-#   longest-first order (our guess: an early wait slows the programs that compete for L2); to
-#   be repeated in head-major order.
+#   registers, the consumers' dK and dV accumulators spill, and the kernel loses about two
+#   thirds of its speed.
+# - **Waiting for dQ's reduce a step later** pays: waiting at once holds each consumer until
+#   its own TMA reduce has read the buffer, every step. (In an earlier run in the longest-first
+#   order the early wait was the faster one; we have not profiled why.)
 #
 # These are an H100's figures; the record above is an H200's, and the kernel's row in
 # `flashbook bench ch9` (`ch9_bwd_gluon_ws`, its gradients checked at full size against cuDNN's

@@ -8,7 +8,7 @@ backward (``ch9_gluon_bwd.py``). Course material, like the kernels; run from a c
     python solutions/extras/ch9_ws_bwd_bench.py --ablation           # each switch off in turn
     python solutions/extras/ch9_ws_bwd_bench.py --cs336              # forward + backward, d = 64
     python solutions/extras/ch9_ws_bwd_bench.py --record OUT.json --commit SHA  # with provenance
-The ablation measured on an H100 at dcd46b8 (longest-first was the default then) is
+The ablation measured on an H100 at f879615 (head-major launch order the default) is
 ``src/flashbook/data/ws_bwd/h100.json``, this script's record, unedited.
 Each case runs in a child process with a time limit, so a hang or a crash spoils one case only;
 a child prints its row as "ROW " + JSON, which the parent collects.
