@@ -261,16 +261,22 @@ def _speed_pair(name, shape, causal):
             lambda: launch_split_kv(ns["split_kv_kernel"], ns["combine_kernel"], q, kc, vc, lens))
 
 
-def speed(cases=SPEED_CASES) -> list[dict]:
+SPEED_ROUNDS = 3
+
+
+def speed(cases=SPEED_CASES, rounds: int = SPEED_ROUNDS) -> list[dict]:
     """For each case, ``triton.testing.do_bench`` medians (launched, not replayed from a graph:
-    as a user calls it) of the public call and of the launch under it, and their ratio."""
+    as a user calls it) of the public call and of the launch under it, and their ratio. The two
+    are timed in turn, ``rounds`` times, and each keeps the median of its rounds: timed once
+    each, one after the other, two calls of the same kernel and config differed by up to 8 %."""
     from triton.testing import do_bench
     rows = []
     for name, shape, causal in cases:
         try:
             public, launch = _speed_pair(name, shape, causal)
-            ms_public = do_bench(public, **results.GPU_TIMER)
-            ms_launch = do_bench(launch, **results.GPU_TIMER)
+            timed = [(do_bench(public, **results.GPU_TIMER), do_bench(launch, **results.GPU_TIMER))
+                     for _ in range(rounds)]
+            ms_public, ms_launch = (statistics.median(t) for t in zip(*timed))
             rows.append(dict(function=name, shape=list(shape), causal=causal, ms_public=ms_public,
                              ms_launch=ms_launch, ratio=ms_launch / ms_public))
         except Exception:  # noqa: BLE001 - one case's failure must not lose the others
