@@ -41,7 +41,7 @@ from .fa3_kernel import fa3_kernel                     # the device code
 from .fa3_planner import Config
 
 __all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args", "tile_layout",
-           "DTYPES", "HEAD_DIMS", "compile_for_sm90"]
+           "grid", "DTYPES", "HEAD_DIMS", "compile_for_sm90"]
 
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 HEAD_DIMS = (64, 128)
@@ -68,7 +68,8 @@ def kernel_args(config: Config) -> dict:
     return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
                                 OVERLAP=config.OVERLAP, CONSUMER_REGS=budget["consumer"],
-                                PRODUCER_REGS=budget["producer"]),
+                                PRODUCER_REGS=budget["producer"],
+                                PERSISTENT=bool(config.PERSISTENT), GROUP=int(config.GROUP)),
                 options=dict(num_warps=4, maxnreg=budget["launch"]))
 
 
@@ -97,6 +98,20 @@ def _resolved(config: Config, d: int, dtype_name: str) -> Config:
 @functools.lru_cache(maxsize=16)
 def _capability(device: torch.device) -> tuple:
     return tuple(torch.cuda.get_device_capability(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def grid(config: Config, B: int, H: int, N_q: int, sms: int) -> tuple[int, int]:
+    """The launch grid: a CTA per (2*BLOCK_M query rows, batch*head), or, ``PERSISTENT``, one
+    per SM (``sms``; fewer when there are fewer work tiles), each looping over its tiles."""
+    m_blocks = cdiv(N_q, 2 * config.BLOCK_M)
+    if config.PERSISTENT:
+        return min(sms, m_blocks * B * H), 1
+    return m_blocks, B * H
 
 
 def _validate(q, k, v, causal, softmax_scale, config):
@@ -195,7 +210,8 @@ def _fa3_plan(q, k, v, causal, softmax_scale, config, hooks):
         descriptor.base = None
     args = kernel_args(config)
     kernel, hooks = _entry(hooks)
-    launch = Launch(kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),   # exp2
+    sms = _sm_count(q.device) if config.PERSISTENT else 0
+    launch = Launch(kernel, grid(config, B, H, N_q, sms), (N_q, N_k, scale * LOG2E),   # exp2
                     dict(CAUSAL=bool(causal), **args["constexprs"], **hooks, **args["options"]))
     return launch, descriptors
 

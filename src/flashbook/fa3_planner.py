@@ -47,6 +47,7 @@ PRODUCER_REGS = 24
 # the worker partitions' captured arguments: 3 smem tiles of rank 4, 6 barrier arrays of rank
 # 2, 4 tensor descriptors and the LSE pointer, N_Q, N_K and qk_scale: 220 bytes
 CAPTURE_BYTES = capture_bytes(descriptors=5, views=(4,) * 3 + (2,) * 6, scalars=3)
+PERSISTENT_CAPTURE = capture_bytes(views=(2,))    # the persistent roles' q_free barriers
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class Config(Tunables):
     STAGES: int = 2            # slots in the K/V shared-memory ring
     OVERLAP: bool = True       # FA3's intra-warpgroup order (QK^T waited before PV)
     CONSUMERS: int = 2         # consumer warpgroups (the kernel has exactly 2)
+    PERSISTENT: bool = False   # one CTA per SM looping over work tiles (``work_tiles``)
+    GROUP: int = 1             # persistent: heads per section of the schedule (0: all heads)
     HEAD_DIM: int | None = None
     DTYPE: str | None = None   # "float16" or "bfloat16"
 
@@ -98,13 +101,14 @@ def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
     d, e = config._need()
     s, n = config.STAGES, config.CONSUMERS
     barriers = [("q_bars", n), ("k_full", s), ("k_empty", s), ("v_full", s), ("v_empty", s),
-                ("sched", n)]
+                ("sched", n)] + [("q_free", n)] * config.PERSISTENT
     kv = s * config.BLOCK_N * d * e
     return place(  # program order (the kernel's allocations), then the warp-specialize scratch
         [("q", n * config.BLOCK_M * d * e, TILE_ALIGN), ("k", kv, TILE_ALIGN),
          ("v", kv, TILE_ALIGN)]
         + [(name, MBARRIER_BYTES * k, BARRIER_ALIGN) for name, k in barriers]
-        + [("warp_states", 4 * n, STATE_ALIGN), ("captures", CAPTURE_BYTES, CAPTURE_ALIGN)])
+        + [("warp_states", 4 * n, STATE_ALIGN),
+           ("captures", CAPTURE_BYTES + PERSISTENT_CAPTURE * config.PERSISTENT, CAPTURE_ALIGN)])
 
 
 def shared_memory(config: Config) -> int:
@@ -141,6 +145,7 @@ def feasible(config: Config, gpu: GPU = H100) -> Verdict:
          f"BLOCK_N={c.BLOCK_N}: a power of two from 16 to 256 (wgmma N <= 256)"),
         (c.STAGES < 2, f"STAGES={c.STAGES}: the ring needs 2 slots to overlap loads"),
         (c.CONSUMERS < 1, "at least one consumer warpgroup"),
+        (c.GROUP < 0, f"GROUP={c.GROUP}: heads per section of the schedule, 0 for all"),
         (c.threads > gpu.max_threads, f"{c.threads} threads > {gpu.max_threads}"),
         (smem > gpu.smem_per_block,
          f"shared memory {smem} B > {gpu.smem_per_block} B per block on {gpu.name}"),
