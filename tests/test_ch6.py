@@ -435,3 +435,23 @@ def test_the_launcher_plans_once_per_problem(fa3, monkeypatch):
     args = fa3.kernel_args(first.for_inputs(64, "float16"))
     assert fa3.kernel_args(first.for_inputs(64, "float16")) is args
     fa3.pick_config.cache_clear()
+
+
+@pytest.mark.slow
+@SHARES_THE_COMPILE
+def test_the_persistent_variant_loops_over_work_tiles():
+    """Config(PERSISTENT=True): one CTA per SM whose roles loop over work tiles. Its producer's
+    first TMA load is inside a loop (the default's Q loads come before its ring's loop), grid
+    axis 1 is never read (the schedule gives the head), two more mbarriers free the Q tiles,
+    and its shared memory is the planner's, within a block's 227 KB."""
+    for (d, dtype, causal, group), r in compiled()["persistent"].items():
+        c = planner.Config(PERSISTENT=True, GROUP=group).for_inputs(d, dtype)
+        assert r["shared"] == r["planned"] <= planner.H100.smem_per_block, r["case"]
+        assert "%ctaid.y" not in r["ptx"] and "%nctaid.x" in r["ptx"], r["case"]
+        producer = r["ttgir"].rsplit("partition1(", 1)[1]
+        assert producer.index("scf.for") < producer.index("async_tma_copy_global_to_local"), \
+            f"the persistent producer's loads are not in its loop over work tiles: {r['case']}"
+        inits = r["ttgir"].count("ttng.init_barrier")
+        assert inits == 2 + 2 + 4 * c.STAGES + 2, (r["case"], inits)
+        if not causal:     # causal d=128 spills a few scalars (n_m, bh, ...) across tiles
+            assert r["stack"] == r["spill_stores"] == r["spill_loads"] == 0, r

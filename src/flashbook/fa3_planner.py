@@ -23,7 +23,8 @@ sustained by 64-row wgmma) and ``s = 0.12*BLOCK_M*BLOCK_N + 2.1*BLOCK_M`` of sof
 an FMA, a MUFU exp2, max, sum, the pack; per row the shuffles). With the ping-pong a CTA's tile
 takes ``max(2g, g + s) + 520`` (barrier handshakes), plus ``1000 - (STAGES-1)*tile`` where the
 ring cannot cover an L2 round trip (~1000 cycles); a CTA pays ``1000 + g + s + 500`` to fill and
-drain. One CTA per SM; causal CTAs are summed over the SMs. The constants were fitted to H200
+drain. One CTA per SM; causal CTAs are summed over the SMs (a persistent kernel's, ``PERSISTENT``:
+its static schedule, ``work_tiles``, CTA by CTA: the slowest sets the time). The constants were fitted to H200
 measurements (fp16, triton 3.6): non-causal within 4%, causal over by up to 13% at N=4096 (the
 masked diagonal tiles are not modelled), BLOCK_N=128 ranked first for both head dims, as measured.
 """
@@ -47,7 +48,7 @@ PRODUCER_REGS = 24
 # the worker partitions' captured arguments: 3 smem tiles of rank 4, 6 barrier arrays of rank
 # 2, 4 tensor descriptors and the LSE pointer, N_Q, N_K and qk_scale: 220 bytes
 CAPTURE_BYTES = capture_bytes(descriptors=5, views=(4,) * 3 + (2,) * 6, scalars=3)
-PERSISTENT_CAPTURE = capture_bytes(views=(2,))    # the persistent roles' q_free barriers
+PERSISTENT_CAPTURE = capture_bytes(views=(2,), scalars=2)   # q_free, and B*H read off two descriptors
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,27 @@ def cta_tiles(m_block: int, n_q: int, n_k: int, block_m: int, block_n: int, caus
     rows = consumers * block_m
     return max(kv_tiles(m_block * rows + w * block_m, n_q, n_k, block_m, block_n, causal)[0]
                for w in range(consumers))
+
+
+def work_tile(t: int, n_m: int, n_bh: int, group: int) -> tuple[int, int]:
+    """(m_block, bh) of a persistent CTA's work tile t (``fa3_roles.work_tile``, in Python):
+    heads in sections of ``group`` (0: all), each section's last query blocks first."""
+    group = n_bh if group == 0 else min(n_bh, group)
+    section, r = divmod(t, n_m * group)
+    base = section * group
+    g = min(group, n_bh - base)
+    return n_m - 1 - r // g, base + r % g
+
+
+def work_tiles(config: Config, B: int, H: int, N_q: int, sms: int) -> list[list[tuple]]:
+    """Each persistent CTA's work tiles in order (``fa3_roles.work_index``): one a round, rounds
+    in alternate directions (grid = sms, or fewer where there are fewer tiles)."""
+    n_m = -(-N_q // config.rows_per_cta)
+    total = n_m * B * H
+    grid = min(sms, total)
+    rounds = [[i * grid + (grid - 1 - pid if i % 2 else pid) for i in range(-(-total // grid))]
+              for pid in range(grid)]
+    return [[work_tile(t, n_m, B * H, config.GROUP) for t in ts if t < total] for ts in rounds]
 
 
 # ------------------------------------------------------------------ shared memory and registers
@@ -186,7 +208,10 @@ def predict(config: Config, B: int, H: int, N_q: int, N_k: int | None = None,
         return cta_tiles(mb, N_q, N_k, config.BLOCK_M, config.BLOCK_N, causal, config.CONSUMERS)
 
     per_cta = [fill + tiles(mb) * tile for mb in range(m_blocks)]
-    if causal:
+    if config.PERSISTENT:         # the static schedule, CTA by CTA; each tile still fills/drains
+        cycles = max(sum(per_cta[mb] for mb, _ in cta)
+                     for cta in work_tiles(config, B, H, N_q, gpu.sms))
+    elif causal:
         cycles = max(sum(per_cta) * B * H / gpu.sms, max(per_cta))
     else:
         cycles = math.ceil(m_blocks * B * H / gpu.sms) * per_cta[0]

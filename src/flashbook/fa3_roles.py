@@ -21,7 +21,7 @@ from flashbook.gluon_kit import m_block as _m_block, smem_tile as _tile_2d, tma_
 
 __all__ = ["fa3_forward", "fa3_hooked_kernel", "exp2_mufu", "move_max", "rescale_o", "producer",
            "consumer", "consumer_work", "tile", "kv_tiles", "cta_tiles", "token_acquire",
-           "token_release", "work_tile", "work_count", "producer_persistent",
+           "token_release", "work_tile", "producer_persistent",
            "consumer_persistent"]
 
 
@@ -233,8 +233,8 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
                   RESCALE: gl.constexpr, PERSISTENT: gl.constexpr):
     """One work tile (m_block, bh) of consumer WG: its Q tile's phase ``q_phase``, the ring's
     and the token's counts ``rb`` and ``tb`` before it. It takes ``cta_tiles + 1`` turns and
-    releases ``cta_tiles`` ring slots; ``PERSISTENT``: it frees its Q tile (``q_free``) once
-    O's store has read it."""
+    releases ``cta_tiles`` ring slots, which it returns; ``PERSISTENT``: it frees its Q tile
+    (``q_free``) once O's store has read it."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -309,11 +309,13 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
     tma.store_wait(0)                          # the store has read the Q tile
     if PERSISTENT:
         mbarrier.arrive(q_free.index(WG))      # the producer may load the next Q into it
+    return n_cta
 
 
 # ---------------------------------------------------------------------------------------------
-# The persistent roles: one CTA per SM runs work tiles pid, pid + grid, pid + 2*grid, ... of a
-# static schedule; the ring's and the token's phases go on from tile to tile, Q's barriers
+# The persistent roles: one CTA per SM runs one work tile a round of a static schedule
+# (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's phases go on from tile to tile (after i tiles the
+# token has gone round rb + i times: cta_tiles + 1 turns a tile), Q's barriers
 # complete once a tile (phase i & 1), and a consumer frees its Q tile once O's store read it.
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
@@ -334,9 +336,11 @@ def work_tile(t, n_m, n_bh, GROUP: gl.constexpr):
 
 
 @gluon.jit
-def work_count(n_m, n_bh):
-    """How many work tiles this CTA runs: those of t = pid + i * grid below n_m * n_bh."""
-    return gl.cdiv(n_m * n_bh - gl.program_id(0), gl.num_programs(0))
+def work_index(i):
+    """This CTA's work tile in round i of the schedule: rounds run in alternate directions (a
+    snake), so a CTA that drew a long causal tile in one round draws a short one in the next."""
+    pid = gl.program_id(0)
+    return i * gl.num_programs(0) + pid + (i & 1) * (gl.num_programs(0) - 1 - 2 * pid)
 
 
 @gluon.jit
@@ -360,24 +364,36 @@ def producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, 
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     n_bh = q_desc.shape[0]
     rb = gl.to_tensor(0)                         # ring uses before this work tile
-    for i in range(work_count(n_m, n_bh)):
-        m_block, bh = work_tile(gl.program_id(0) + i * gl.num_programs(0), n_m, n_bh, GROUP)
-        n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-        for j in range(n_tiles):
-            r = rb + j
-            s = r % STAGES
-            ph = (r // STAGES) & 1
-            mbarrier.wait(k_empty.index(s), ph ^ 1)
-            mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
-            tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
-            if j == 0:
-                load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M)
-            mbarrier.wait(v_empty.index(s), ph ^ 1)
-            mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
-            tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
-        if n_tiles == 0:
+    for i in range(gl.cdiv(n_m * n_bh, gl.num_programs(0))):
+        t = work_index(i)
+        if t < n_m * n_bh:                       # the last round may have no tile for this CTA
+            m_block, bh = work_tile(t, n_m, n_bh, GROUP)
+            rb = _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free,
+                          k_full, k_empty, v_full, v_empty, m_block, bh, i, rb, N_Q, N_K,
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+
+
+@gluon.jit
+def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
+             v_full, v_empty, m_block, bh, i, rb, N_Q, N_K, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The loads of work tile i (m_block, bh), the ring used rb times before; returns rb after."""
+    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for j in range(n_tiles):
+        r = rb + j
+        s = r % STAGES
+        ph = (r // STAGES) & 1
+        mbarrier.wait(k_empty.index(s), ph ^ 1)
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
+        tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
+        if j == 0:
             load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M)
-        rb += n_tiles
+        mbarrier.wait(v_empty.index(s), ph ^ 1)
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+    if n_tiles == 0:
+        load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M)
+    return rb + n_tiles
 
 
 @gluon.jit
@@ -390,16 +406,14 @@ def consumer_persistent(q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     n_bh = o_desc.shape[0]
     rb = gl.to_tensor(0)                         # ring uses before this work tile
-    tb = gl.to_tensor(0)                         # turns at the tensor cores before it
-    for i in range(work_count(n_m, n_bh)):
-        m_block, bh = work_tile(gl.program_id(0) + i * gl.num_programs(0), n_m, n_bh, GROUP)
-        consumer_work(m_block, bh, rb, tb, i & 1, q_smem, k_smem, v_smem, q_bars, q_free, k_full,
-                      k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, WG,
-                      BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX,
-                      RESCALE, True)
-        n_cta = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-        rb += n_cta
-        tb += n_cta + 1
+    for i in range(gl.cdiv(n_m * n_bh, gl.num_programs(0))):
+        t = work_index(i)
+        if t < n_m * n_bh:                       # i tiles before this one: rb + i turns
+            m_block, bh = work_tile(t, n_m, n_bh, GROUP)
+            rb += consumer_work(m_block, bh, rb, rb + i, i & 1, q_smem, k_smem, v_smem, q_bars,
+                                q_free, k_full, k_empty, v_full, v_empty, sched, o_desc, LSE,
+                                N_Q, N_K, qk_scale, WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, True)
 
 
 # ---------------------------------------------------------------------------------------------
