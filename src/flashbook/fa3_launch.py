@@ -13,6 +13,17 @@ issue its GEMMs while the other runs its softmax. ``OVERLAP`` writes FA3's intra
 order (QK^T waited alone, K released at once, the PV wait after the softmax); ptxas (12.8,
 13.x) still schedules that wait at the top of the softmax, yet on an H200 it was a little faster.
 
+``Config(PERSISTENT=True)`` (off by default until measured) launches one CTA per SM instead;
+each loops over work tiles (m_block, batch*head) of a static schedule (``fa3_roles.work_tile``:
+sections of ``GROUP`` heads, the longest causal blocks first in each, rounds in alternate
+directions), the ring's and the token's phases carried from tile to tile, the next tile's K/V
+loaded while the consumers finish this one. Wave arithmetic: (1, 16, 2048, 128) has 16 x 16 =
+256 work tiles of 16 K/V tiles each on 132 SMs, 1.94 waves, so each SM runs two chains of 16
+tiles and pays two fills and drains; (1, 16, 16384, 128), 2048 tiles, 15.5 waves, pays them
+16 times over chains of 128. A static schedule balances causal work worse than the hardware's
+CTA scheduler does for the default grid (which, last block first, is a greedy longest-first):
+``fa3_planner.predict`` models both.
+
 Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}, any lengths (3-D TMA
 descriptors ``(B*H, N, d)``: reads past a head are zeros, stores are clipped); O like q and the
 LSE ``(B, H, N_q)`` float32 in natural log; causal bottom-right, a row with no key O = 0 and
