@@ -24,12 +24,19 @@ an FMA, a MUFU exp2, max, sum, the pack; per row the shuffles). With the ping-po
 takes ``max(2g, g + s) + 520`` (barrier handshakes), plus ``1000 - (STAGES-1)*tile`` where the
 ring cannot cover an L2 round trip (~1000 cycles); a CTA pays ``1000 + g + s + 500`` to fill and
 drain. One CTA per SM; causal CTAs are summed over the SMs (a persistent kernel's, ``PERSISTENT``:
-its static schedule, ``work_tiles``, CTA by CTA: the slowest sets the time). The constants were fitted to H200
-measurements (fp16, triton 3.6): non-causal within 4%, causal over by up to 13% at N=4096 (the
-masked diagonal tiles are not modelled), BLOCK_N=128 ranked first for both head dims, as measured.
+its static schedule, ``work_tiles``, CTA by CTA: the slowest sets the time). The constants were
+fitted to H200 measurements (fp16, triton 3.6): non-causal within 4%, causal over by up to 13% at
+N=4096 (the masked diagonal tiles are not modelled), BLOCK_N=128 ranked first for both head dims,
+as measured.
+
+**The choice** (``best``): the model ranks the tile configs (``rank``); whether the kernel runs
+persistent is a rule measured on an H100 (``prefers_persistent``: causal with N_q <= 4096), since
+the model, balancing causal CTAs perfectly, cannot see the uneven waves a persistent schedule
+evens out (the comment above ``best`` says why).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -41,8 +48,9 @@ from flashbook.planning import (BARRIER_ALIGN, CAPTURE_ALIGN, GPU, H100, H200, M
 
 __all__ = ["Config", "GPU", "H100", "H200", "Verdict", "shared_memory",
            "shared_memory_layout", "register_budget", "consumer_registers", "feasible", "predict",
-           "rank", "best", "candidates", "kv_tiles", "cta_tiles", "SUPPORTED_HEAD_DIMS",
-           "SUPPORTED_DTYPES", "REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX"]
+           "rank", "best", "prefers_persistent", "candidates", "kv_tiles", "cta_tiles",
+           "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "REGISTERS_PER_SM", "SETMAXNREG_MIN",
+           "SETMAXNREG_MAX"]
 
 PRODUCER_REGS = 24
 # the worker partitions' captured arguments: 3 smem tiles of rank 4, 6 barrier arrays of rank
@@ -242,9 +250,32 @@ def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q:
     return out
 
 
+# Persistent or not is a measured rule, not the model's: on an H100 (fp16, triton 3.6) the
+# persistent kernel with GROUP=1 beat the default grid by 7-9% at every causal problem measured
+# with N_q <= 4096 (d = 64 and 128, 1,024 to 4,096 rows), lost by 30% at causal N_q = 16384 and
+# did not clearly win non-causal. With causal masking a CTA's work grows with its query block,
+# and a short problem's grid is only a few waves on 132 SMs; the snake schedule pairs long tiles
+# with short ones and evens the waves out. At long N the many short waves already balance and
+# the persistent kernel only adds its per-tile fills and drains. ``predict`` balances causal CTAs
+# over the SMs perfectly, so it cannot see the uneven waves: it ranks the tiles, this rule
+# chooses the grid.
+PERSISTENT_CAUSAL_MAX_N = 4096
+
+
+def prefers_persistent(N_q: int, causal: bool) -> bool:
+    """Does ``best`` launch this problem persistent (GROUP=1)? Causal with N_q <= 4096."""
+    return causal and N_q <= PERSISTENT_CAUSAL_MAX_N
+
+
 def best(head_dim: int, dtype: str = "float16", **problem) -> Config:
-    """The fastest feasible config by the model (``rank``'s first)."""
+    """The fastest feasible config by the model (``rank``'s first), made persistent with
+    GROUP=1 where ``prefers_persistent`` (and it still fits)."""
     ranked = rank(head_dim, dtype, **problem)
     if not ranked:
         raise ValueError(f"planner: no feasible config for d={head_dim}, {dtype}.")
-    return ranked[0][0]
+    config = ranked[0][0]
+    if prefers_persistent(problem.get("N_q", 16384), problem.get("causal", False)):
+        persistent = dataclasses.replace(config, PERSISTENT=True, GROUP=1)
+        if feasible(persistent, problem.get("gpu", H100)):
+            return persistent
+    return config
