@@ -1,7 +1,7 @@
 """Chapter 6's Gluon FA3 kernel compiled ahead of time for sm_90a, once per test process, in one
 subprocess: the kernel cases ``tests/test_ch6.py`` reads (PTX, SASS, TTGIR, shared memory) and
 the entries of the stored compile table that ``tests/test_ch6_planner.py`` recompiles
-(``planner_checks.compile_entry``). One subprocess pays the interpreter's start, the imports
+(``planner_checks.compile_entry``), and the persistent variant's cases. One subprocess pays the interpreter's start, the imports
 and Triton's first compile once for all six kernels (about 17 s on two cores; two subprocesses
 took about 18.5 s); the tests that read it are on one pytest-xdist worker
 (``SHARES_THE_COMPILE``)."""
@@ -19,6 +19,10 @@ CASES = [(128, "float16", 64, 128, 2, True, False),     # the planner's pick for
          (64, "float16", 64, 128, 2, True, True)]       # the planner's pick for d=64
 RING_CASES = [(128, "float16", 64, 128, 2, True, False), (64, "bfloat16", 64, 64, 3, False, True)]
 
+# the persistent variant (Config(PERSISTENT=True, GROUP=group)), planner's default tiles:
+# (d, dtype, causal, group)
+PERSISTENT_CASES = [(128, "float16", True, 4), (64, "bfloat16", False, 1)]
+
 # (d, dtype, BLOCK_M, BLOCK_N, STAGES): entries of data/ch6_compiled.json
 REGENERATE = [(128, "float16", 64, 128, 3),      # the largest ring that fits: no spill
               (128, "float16", 128, 64, 2)]      # 128-row consumers: ptxas spills
@@ -30,6 +34,7 @@ SCRIPT = r'''
 import os, subprocess, tempfile
 from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
 from flashbook.chapters.ch6 import planner_checks
+from flashbook.aot import cubin_resources
 bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 res = []
 for d, dtype, bm, bn, stages, overlap, causal in CASES:
@@ -54,16 +59,25 @@ for d, dtype, bm, bn, stages, overlap, causal in CASES:
                     depbar=sass.count("WARPGROUP.DEPBAR"),
                     local=sass.count("STL") + sass.count("LDL"), ttgir=k.asm["ttgir"]))
 entries = [planner_checks.compile_entry(*e) for e in ENTRIES]
-print("RESULT" + json.dumps(dict(cases=res, entries=entries)))
+persistent = []
+for d, dtype, causal, group in PERSISTENT:
+    c = planner.Config(PERSISTENT=True, GROUP=group).for_inputs(d, dtype)
+    k = gluon_fa3.compile_for_sm90(c, causal)
+    usage = cubin_resources(k.asm["cubin"], "fa3_kernel")[0]
+    persistent.append(dict(case=[d, dtype, causal, group], shared=k.metadata.shared,
+                           planned=planner.shared_memory(c), ptx=k.asm["ptx"],
+                           ttgir=k.asm["ttgir"], **usage))
+print("RESULT" + json.dumps(dict(cases=res, entries=entries, persistent=persistent)))
 '''
 
 
 @functools.cache
 def compiled() -> dict:
     """{"cases": {case: what compiling it gives}, "entries": [``compile_entry(*e)`` for each
-    of REGENERATE]}."""
+    of REGENERATE], "persistent": {case: what compiling it gives} for PERSISTENT_CASES}."""
     cases = list(dict.fromkeys(CASES + RING_CASES))
     with tempfile.TemporaryDirectory(prefix="ch6-sm90-") as tmp:
-        out = compile_script(f"CASES = {cases!r}\nENTRIES = {REGENERATE!r}\n" + SCRIPT,
-                             Path(tmp))
-    return {"cases": {tuple(r["case"]): r for r in out["cases"]}, "entries": out["entries"]}
+        out = compile_script(f"CASES = {cases!r}\nENTRIES = {REGENERATE!r}\n"
+                             f"PERSISTENT = {PERSISTENT_CASES!r}\n" + SCRIPT, Path(tmp))
+    return {"cases": {tuple(r["case"]): r for r in out["cases"]}, "entries": out["entries"],
+            "persistent": {tuple(r["case"]): r for r in out["persistent"]}}

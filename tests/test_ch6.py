@@ -8,6 +8,7 @@ setmaxnreg, no spills, no serialised wgmma, and shared memory equal to the plann
 byte for byte). The launcher's argument checks run on CPU tensors; the setup step that installs
 JAX when it is missing runs with a fake pip. The numbers on a GPU are
 ``flashbook bench ch6``'s record (``data/bench/ch6/``)."""
+import dataclasses
 import importlib.metadata
 import importlib.util
 import re
@@ -101,6 +102,30 @@ def test_ranking_picks_feasible_configs_fastest_first():
     full = planner.predict(top, 1, 16, 16384)["ms"]
     half = planner.predict(top, 1, 16, 16384, causal=True)["ms"]
     assert 0.45 < half / full < 0.6
+
+
+def test_the_planner_runs_short_causal_problems_persistent(fa3):
+    """Measured on an H100: the persistent kernel with GROUP=1 won every causal problem with
+    N_q <= 4096, lost at 16384 and did not clearly win non-causal. ``best`` keeps the model's
+    tiles and makes them persistent exactly there; ``attention_fa3``'s default follows."""
+    def choice(d, B, N, causal):
+        problem = dict(B=B, H=16, N_q=N, causal=causal)
+        return planner.best(d, **problem), planner.rank(d, **problem)[0][0]
+
+    for d in (64, 128):
+        for B, N in ((8, 1024), (1, 2048), (1, 1000), (4, 4096), (2, 4096)):
+            got, tiles = choice(d, B, N, True)
+            assert got == dataclasses.replace(tiles, PERSISTENT=True, GROUP=1), (d, B, N)
+            assert planner.feasible(got)
+        for B, N, causal in ((1, 16384, True), (1, 4097, True), (1, 2048, False),
+                             (4, 4096, False), (1, 16384, False)):
+            got, tiles = choice(d, B, N, causal)
+            assert got == tiles and not got.PERSISTENT, (d, B, N, causal)
+    fa3.pick_config.cache_clear()
+    assert fa3.pick_config(128, torch.float16, True, 1, 16, 2048, 2048).PERSISTENT
+    assert not fa3.pick_config(128, torch.float16, False, 1, 16, 2048, 2048).PERSISTENT
+    assert not fa3.pick_config(128, torch.float16, True, 1, 16, 16384, 16384).PERSISTENT
+    fa3.pick_config.cache_clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,3 +460,23 @@ def test_the_launcher_plans_once_per_problem(fa3, monkeypatch):
     args = fa3.kernel_args(first.for_inputs(64, "float16"))
     assert fa3.kernel_args(first.for_inputs(64, "float16")) is args
     fa3.pick_config.cache_clear()
+
+
+@pytest.mark.slow
+@SHARES_THE_COMPILE
+def test_the_persistent_variant_loops_over_work_tiles():
+    """Config(PERSISTENT=True): one CTA per SM whose roles loop over work tiles. Its producer's
+    first TMA load is inside a loop (the default's Q loads come before its ring's loop), grid
+    axis 1 is never read (the schedule gives the head), two more mbarriers free the Q tiles,
+    and its shared memory is the planner's, within a block's 227 KB."""
+    for (d, dtype, causal, group), r in compiled()["persistent"].items():
+        c = planner.Config(PERSISTENT=True, GROUP=group).for_inputs(d, dtype)
+        assert r["shared"] == r["planned"] <= planner.H100.smem_per_block, r["case"]
+        assert "%ctaid.y" not in r["ptx"] and "%nctaid.x" in r["ptx"], r["case"]
+        producer = r["ttgir"].rsplit("partition1(", 1)[1]
+        assert producer.index("scf.for") < producer.index("async_tma_copy_global_to_local"), \
+            f"the persistent producer's loads are not in its loop over work tiles: {r['case']}"
+        inits = r["ttgir"].count("ttng.init_barrier")
+        assert inits == 2 + 2 + 4 * c.STAGES + 2, (r["case"], inits)
+        if not causal:     # causal d=128 spills a few scalars (n_m, bh, ...) across tiles
+            assert r["stack"] == r["spill_stores"] == r["spill_loads"] == 0, r

@@ -17,7 +17,8 @@ __all__ = ["fa3_kernel"]
 def fa3_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+               PERSISTENT: gl.constexpr, GROUP: gl.constexpr):
     fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N,
                 HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_REGS, PRODUCER_REGS, exp2_mufu,
-                move_max, rescale_o)
+                move_max, rescale_o, PERSISTENT, GROUP)

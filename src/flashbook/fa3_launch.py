@@ -13,6 +13,20 @@ issue its GEMMs while the other runs its softmax. ``OVERLAP`` writes FA3's intra
 order (QK^T waited alone, K released at once, the PV wait after the softmax); ptxas (12.8,
 13.x) still schedules that wait at the top of the softmax, yet on an H200 it was a little faster.
 
+``Config(PERSISTENT=True)`` launches one CTA per SM instead (the planner's choice for causal
+problems with N_q <= 4096, ``planner.prefers_persistent``); each loops over work tiles (m_block,
+batch*head) of a static schedule (``fa3_roles.work_tile``: sections of ``GROUP`` heads, the
+longest causal blocks first in each, rounds in alternate directions), the ring's and the token's
+phases carried from tile to tile, the next tile's K/V loaded while the consumers finish this
+one. Wave arithmetic: (1, 16, 2048, 128) has 16 x 16 = 256 work tiles of 16 K/V tiles each on
+132 SMs, 1.94 waves, so each SM runs two chains of 16 tiles and pays two fills and drains;
+(1, 16, 16384, 128), 2048 tiles, 15.5 waves, pays them 16 times over chains of 128. Causal, the
+default grid's CTAs differ in work and a short problem's few waves end unevenly, which the snake
+schedule evens out: on an H100 the persistent kernel won at every causal problem measured with
+N_q <= 4096 and lost at N_q = 16384, where the many short waves already balance
+(``fa3_planner.predict`` models both grids, but balances the default one's causal CTAs
+perfectly: the choice is the planner's measured rule).
+
 Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}, any lengths (3-D TMA
 descriptors ``(B*H, N, d)``: reads past a head are zeros, stores are clipped); O like q and the
 LSE ``(B, H, N_q)`` float32 in natural log; causal bottom-right, a row with no key O = 0 and
@@ -41,7 +55,7 @@ from .fa3_kernel import fa3_kernel                     # the device code
 from .fa3_planner import Config
 
 __all__ = ["attention_fa3", "Config", "fa3_kernel", "pick_config", "kernel_args", "tile_layout",
-           "DTYPES", "HEAD_DIMS", "compile_for_sm90"]
+           "grid", "DTYPES", "HEAD_DIMS", "compile_for_sm90"]
 
 DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 HEAD_DIMS = (64, 128)
@@ -54,8 +68,9 @@ _TORCH_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 @functools.lru_cache(maxsize=256)
 def pick_config(head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = False,
                 B: int = 1, H: int = 16, N_q: int = 16384, N_k: int | None = None) -> Config:
-    """The planner's fastest feasible config (``planner.best``), cached: planning takes
-    milliseconds of Python (``Config`` is frozen: sharing it is safe)."""
+    """The planner's choice (``planner.best``: the model's fastest feasible tiles, persistent
+    for causal N_q <= 4096), cached: planning takes milliseconds of Python (``Config`` is
+    frozen: sharing it is safe)."""
     return planner.best(head_dim, _TORCH_DTYPE_NAMES[dtype], B=B, H=H, N_q=N_q, N_k=N_k,
                         causal=causal)
 
@@ -68,7 +83,8 @@ def kernel_args(config: Config) -> dict:
     return dict(constexprs=dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
                                 OVERLAP=config.OVERLAP, CONSUMER_REGS=budget["consumer"],
-                                PRODUCER_REGS=budget["producer"]),
+                                PRODUCER_REGS=budget["producer"],
+                                PERSISTENT=bool(config.PERSISTENT), GROUP=int(config.GROUP)),
                 options=dict(num_warps=4, maxnreg=budget["launch"]))
 
 
@@ -97,6 +113,20 @@ def _resolved(config: Config, d: int, dtype_name: str) -> Config:
 @functools.lru_cache(maxsize=16)
 def _capability(device: torch.device) -> tuple:
     return tuple(torch.cuda.get_device_capability(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def grid(config: Config, B: int, H: int, N_q: int, sms: int) -> tuple[int, int]:
+    """The launch grid: a CTA per (2*BLOCK_M query rows, batch*head), or, ``PERSISTENT``, one
+    per SM (``sms``; fewer when there are fewer work tiles), each looping over its tiles."""
+    m_blocks = cdiv(N_q, 2 * config.BLOCK_M)
+    if config.PERSISTENT:
+        return min(sms, m_blocks * B * H), 1
+    return m_blocks, B * H
 
 
 def _validate(q, k, v, causal, softmax_scale, config):
@@ -195,7 +225,8 @@ def _fa3_plan(q, k, v, causal, softmax_scale, config, hooks):
         descriptor.base = None
     args = kernel_args(config)
     kernel, hooks = _entry(hooks)
-    launch = Launch(kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, scale * LOG2E),   # exp2
+    sms = _sm_count(q.device) if config.PERSISTENT else 0
+    launch = Launch(kernel, grid(config, B, H, N_q, sms), (N_q, N_k, scale * LOG2E),   # exp2
                     dict(CAUSAL=bool(causal), **args["constexprs"], **hooks, **args["options"]))
     return launch, descriptors
 

@@ -23,12 +23,20 @@ sustained by 64-row wgmma) and ``s = 0.12*BLOCK_M*BLOCK_N + 2.1*BLOCK_M`` of sof
 an FMA, a MUFU exp2, max, sum, the pack; per row the shuffles). With the ping-pong a CTA's tile
 takes ``max(2g, g + s) + 520`` (barrier handshakes), plus ``1000 - (STAGES-1)*tile`` where the
 ring cannot cover an L2 round trip (~1000 cycles); a CTA pays ``1000 + g + s + 500`` to fill and
-drain. One CTA per SM; causal CTAs are summed over the SMs. The constants were fitted to H200
-measurements (fp16, triton 3.6): non-causal within 4%, causal over by up to 13% at N=4096 (the
-masked diagonal tiles are not modelled), BLOCK_N=128 ranked first for both head dims, as measured.
+drain. One CTA per SM; causal CTAs are summed over the SMs (a persistent kernel's, ``PERSISTENT``:
+its static schedule, ``work_tiles``, CTA by CTA: the slowest sets the time). The constants were
+fitted to H200 measurements (fp16, triton 3.6): non-causal within 4%, causal over by up to 13% at
+N=4096 (the masked diagonal tiles are not modelled), BLOCK_N=128 ranked first for both head dims,
+as measured.
+
+**The choice** (``best``): the model ranks the tile configs (``rank``); whether the kernel runs
+persistent is a rule measured on an H100 (``prefers_persistent``: causal with N_q <= 4096), since
+the model, balancing causal CTAs perfectly, cannot see the uneven waves a persistent schedule
+evens out (the comment above ``best`` says why).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -40,13 +48,15 @@ from flashbook.planning import (BARRIER_ALIGN, CAPTURE_ALIGN, GPU, H100, H200, M
 
 __all__ = ["Config", "GPU", "H100", "H200", "Verdict", "shared_memory",
            "shared_memory_layout", "register_budget", "consumer_registers", "feasible", "predict",
-           "rank", "best", "candidates", "kv_tiles", "cta_tiles", "SUPPORTED_HEAD_DIMS",
-           "SUPPORTED_DTYPES", "REGISTERS_PER_SM", "SETMAXNREG_MIN", "SETMAXNREG_MAX"]
+           "rank", "best", "prefers_persistent", "candidates", "kv_tiles", "cta_tiles",
+           "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "REGISTERS_PER_SM", "SETMAXNREG_MIN",
+           "SETMAXNREG_MAX"]
 
 PRODUCER_REGS = 24
 # the worker partitions' captured arguments: 3 smem tiles of rank 4, 6 barrier arrays of rank
 # 2, 4 tensor descriptors and the LSE pointer, N_Q, N_K and qk_scale: 220 bytes
 CAPTURE_BYTES = capture_bytes(descriptors=5, views=(4,) * 3 + (2,) * 6, scalars=3)
+PERSISTENT_CAPTURE = capture_bytes(views=(2,), scalars=2)   # q_free, and B*H read off two descriptors
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,8 @@ class Config(Tunables):
     STAGES: int = 2            # slots in the K/V shared-memory ring
     OVERLAP: bool = True       # FA3's intra-warpgroup order (QK^T waited before PV)
     CONSUMERS: int = 2         # consumer warpgroups (the kernel has exactly 2)
+    PERSISTENT: bool = False   # one CTA per SM looping over work tiles (``work_tiles``)
+    GROUP: int = 1             # persistent: heads per section of the schedule (0: all heads)
     HEAD_DIM: int | None = None
     DTYPE: str | None = None   # "float16" or "bfloat16"
 
@@ -92,19 +104,41 @@ def cta_tiles(m_block: int, n_q: int, n_k: int, block_m: int, block_n: int, caus
                for w in range(consumers))
 
 
+def work_tile(t: int, n_m: int, n_bh: int, group: int) -> tuple[int, int]:
+    """(m_block, bh) of a persistent CTA's work tile t (``fa3_roles.work_tile``, in Python):
+    heads in sections of ``group`` (0: all), each section's last query blocks first."""
+    group = n_bh if group == 0 else min(n_bh, group)
+    section, r = divmod(t, n_m * group)
+    base = section * group
+    g = min(group, n_bh - base)
+    return n_m - 1 - r // g, base + r % g
+
+
+def work_tiles(config: Config, B: int, H: int, N_q: int, sms: int) -> list[list[tuple]]:
+    """Each persistent CTA's work tiles in order (``fa3_roles.work_index``): one a round, rounds
+    in alternate directions (grid = sms, or fewer where there are fewer tiles)."""
+    n_m = -(-N_q // config.rows_per_cta)
+    total = n_m * B * H
+    grid = min(sms, total)
+    rounds = [[i * grid + (grid - 1 - pid if i % 2 else pid) for i in range(-(-total // grid))]
+              for pid in range(grid)]
+    return [[work_tile(t, n_m, B * H, config.GROUP) for t in ts if t < total] for ts in rounds]
+
+
 # ------------------------------------------------------------------ shared memory and registers
 def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
     """``(name, offset, size)`` of every buffer, as Triton's allocator places them."""
     d, e = config._need()
     s, n = config.STAGES, config.CONSUMERS
     barriers = [("q_bars", n), ("k_full", s), ("k_empty", s), ("v_full", s), ("v_empty", s),
-                ("sched", n)]
+                ("sched", n)] + [("q_free", n)] * config.PERSISTENT
     kv = s * config.BLOCK_N * d * e
     return place(  # program order (the kernel's allocations), then the warp-specialize scratch
         [("q", n * config.BLOCK_M * d * e, TILE_ALIGN), ("k", kv, TILE_ALIGN),
          ("v", kv, TILE_ALIGN)]
         + [(name, MBARRIER_BYTES * k, BARRIER_ALIGN) for name, k in barriers]
-        + [("warp_states", 4 * n, STATE_ALIGN), ("captures", CAPTURE_BYTES, CAPTURE_ALIGN)])
+        + [("warp_states", 4 * n, STATE_ALIGN),
+           ("captures", CAPTURE_BYTES + PERSISTENT_CAPTURE * config.PERSISTENT, CAPTURE_ALIGN)])
 
 
 def shared_memory(config: Config) -> int:
@@ -141,6 +175,7 @@ def feasible(config: Config, gpu: GPU = H100) -> Verdict:
          f"BLOCK_N={c.BLOCK_N}: a power of two from 16 to 256 (wgmma N <= 256)"),
         (c.STAGES < 2, f"STAGES={c.STAGES}: the ring needs 2 slots to overlap loads"),
         (c.CONSUMERS < 1, "at least one consumer warpgroup"),
+        (c.GROUP < 0, f"GROUP={c.GROUP}: heads per section of the schedule, 0 for all"),
         (c.threads > gpu.max_threads, f"{c.threads} threads > {gpu.max_threads}"),
         (smem > gpu.smem_per_block,
          f"shared memory {smem} B > {gpu.smem_per_block} B per block on {gpu.name}"),
@@ -181,7 +216,10 @@ def predict(config: Config, B: int, H: int, N_q: int, N_k: int | None = None,
         return cta_tiles(mb, N_q, N_k, config.BLOCK_M, config.BLOCK_N, causal, config.CONSUMERS)
 
     per_cta = [fill + tiles(mb) * tile for mb in range(m_blocks)]
-    if causal:
+    if config.PERSISTENT:         # the static schedule, CTA by CTA; each tile still fills/drains
+        cycles = max(sum(per_cta[mb] for mb, _ in cta)
+                     for cta in work_tiles(config, B, H, N_q, gpu.sms))
+    elif causal:
         cycles = max(sum(per_cta) * B * H / gpu.sms, max(per_cta))
     else:
         cycles = math.ceil(m_blocks * B * H / gpu.sms) * per_cta[0]
@@ -212,9 +250,32 @@ def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q:
     return out
 
 
+# Persistent or not is a measured rule, not the model's: on an H100 (fp16, triton 3.6) the
+# persistent kernel with GROUP=1 beat the default grid by 7-9% at every causal problem measured
+# with N_q <= 4096 (d = 64 and 128, 1,024 to 4,096 rows), lost by 30% at causal N_q = 16384 and
+# did not clearly win non-causal. With causal masking a CTA's work grows with its query block,
+# and a short problem's grid is only a few waves on 132 SMs; the snake schedule pairs long tiles
+# with short ones and evens the waves out. At long N the many short waves already balance and
+# the persistent kernel only adds its per-tile fills and drains. ``predict`` balances causal CTAs
+# over the SMs perfectly, so it cannot see the uneven waves: it ranks the tiles, this rule
+# chooses the grid.
+PERSISTENT_CAUSAL_MAX_N = 4096
+
+
+def prefers_persistent(N_q: int, causal: bool) -> bool:
+    """Does ``best`` launch this problem persistent (GROUP=1)? Causal with N_q <= 4096."""
+    return causal and N_q <= PERSISTENT_CAUSAL_MAX_N
+
+
 def best(head_dim: int, dtype: str = "float16", **problem) -> Config:
-    """The fastest feasible config by the model (``rank``'s first)."""
+    """The fastest feasible config by the model (``rank``'s first), made persistent with
+    GROUP=1 where ``prefers_persistent`` (and it still fits)."""
     ranked = rank(head_dim, dtype, **problem)
     if not ranked:
         raise ValueError(f"planner: no feasible config for d={head_dim}, {dtype}.")
-    return ranked[0][0]
+    config = ranked[0][0]
+    if prefers_persistent(problem.get("N_q", 16384), problem.get("causal", False)):
+        persistent = dataclasses.replace(config, PERSISTENT=True, GROUP=1)
+        if feasible(persistent, problem.get("gpu", H100)):
+            return persistent
+    return config

@@ -19,8 +19,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from flashbook.gluon_kit import m_block as _m_block, smem_tile as _tile_2d, tma_load, tma_store
 
-__all__ = ["fa3_forward", "fa3_hooked_kernel", "exp2_mufu", "move_max", "rescale_o", "producer", "consumer", "tile",
-           "kv_tiles", "cta_tiles", "token_acquire", "token_release"]
+__all__ = ["fa3_forward", "fa3_hooked_kernel", "exp2_mufu", "move_max", "rescale_o", "producer",
+           "consumer", "consumer_work", "tile", "kv_tiles", "cta_tiles", "token_acquire",
+           "token_release", "work_tile", "producer_persistent",
+           "consumer_persistent"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ def token_release(sched, WG: gl.constexpr):
 
 
 @gluon.jit
-def tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
+def tile(j, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
           alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG: gl.constexpr,
           FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
@@ -145,7 +147,8 @@ def tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, 
     In: o = sum over tiles < j-1 of P V, relative to the maxima m_{j-2}; m_i, l_i, p, alpha of
     tile j-1. Out: o = sum over tiles < j (relative to m_{j-1}), and m_i, l_i, p, alpha of tile j.
     O is rescaled before its PV is issued, so nothing touches o or P between the two waits
-    (FlashAttention-3's order)."""
+    (FlashAttention-3's order). ``rb`` and ``tb``: the ring's and the token's counts before this
+    work tile's first (0 in a CTA of one work tile; a persistent CTA's go on across its tiles)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -155,17 +158,18 @@ def tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, 
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    s = j % STAGES
-    ph = (j // STAGES) & 1
-    jp = gl.maximum(j - 1, 0)                  # the previous tile (unused when FIRST)
-    sp = jp % STAGES
-    php = (jp // STAGES) & 1
+    r = rb + j                                 # this K/V tile's use of the ring
+    s = r % STAGES
+    ph = (r // STAGES) & 1
+    rp = rb + gl.maximum(j - 1, 0)             # the previous tile (unused when FIRST)
+    sp = rp % STAGES
+    php = (rp // STAGES) & 1
 
     # data first, then the turn: never hold the token while waiting for a TMA
     mbarrier.wait(k_full.index(s), ph)
     if not FIRST:
         mbarrier.wait(v_full.index(sp), php)
-    token_acquire(sched, j, WG)
+    token_acquire(sched, tb + j, WG)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     k_t = _tile_2d(k_smem, s, BLOCK_N, HEAD_DIM).permute((1, 0))   # (d, BLOCK_N) view of K
     s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
@@ -212,6 +216,25 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, EXP2: gl.constexpr,
               MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr):
+    """Consumer WG of the CTA's one work tile (its Q barrier's phase 0; ``q_bars`` stands in
+    for the Q-free barriers a persistent CTA has)."""
+    consumer_work(_m_block(), gl.program_id(1), 0, 0, 0, q_smem, k_smem, v_smem, q_bars, q_bars,
+                  k_full, k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, WG,
+                  BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE,
+                  False)
+
+
+@gluon.jit
+def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, q_free, k_full,
+                  k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale,
+                  WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  OVERLAP: gl.constexpr, EXP2: gl.constexpr, MOVE_MAX: gl.constexpr,
+                  RESCALE: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One work tile (m_block, bh) of consumer WG: its Q tile's phase ``q_phase``, the ring's
+    and the token's counts ``rb`` and ``tb`` before it. It takes ``cta_tiles + 1`` turns and
+    releases ``cta_tiles`` ring slots, which it returns; ``PERSISTENT``: it frees its Q tile
+    (``q_free``) once O's store has read it."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -220,8 +243,6 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    m_block = _m_block()
-    bh = gl.program_id(1)
     row0 = m_block * 2 * BLOCK_M + WG * BLOCK_M
     n_tiles, n_full = kv_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     n_cta = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
@@ -236,23 +257,23 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
     p = gl.zeros([BLOCK_M, BLOCK_N], q_tile.dtype, p_layout)
     rescaled = gl.max(l_i, axis=0) == 0.0          # a scalar flag (True) for the hooks
 
-    mbarrier.wait(q_bars.index(WG), 0)
+    mbarrier.wait(q_bars.index(WG), q_phase)
     if n_tiles > 0:
         o, m_i, l_i, p, alpha, rescaled = tile(
-            0, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
-            alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, True, BLOCK_M, BLOCK_N,
-            HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
+            0, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i,
+            l_i, p, alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, True, BLOCK_M,
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
     for j in range(1, n_tiles):
         o, m_i, l_i, p, alpha, rescaled = tile(
-            j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
-            alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, False, BLOCK_M, BLOCK_N,
-            HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
+            j, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i,
+            l_i, p, alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, False, BLOCK_M,
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
 
     # the last PV, in turn n_tiles (taken even with no tile, so both consumers take as many turns)
-    jl = gl.maximum(n_tiles - 1, 0)
+    jl = rb + gl.maximum(n_tiles - 1, 0)
     sl = jl % STAGES
     mbarrier.wait(v_full.index(sl), (jl // STAGES) & 1, pred=n_tiles > 0)
-    token_acquire(sched, n_tiles, WG)
+    token_acquire(sched, tb + n_tiles, WG)
     if n_tiles > 0:
         o = RESCALE(o, alpha, rescaled, o_rows)
         o_tok = warpgroup_mma(p, _tile_2d(v_smem, sl, BLOCK_N, HEAD_DIM), o, is_async=True)
@@ -266,13 +287,13 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
     # release them in order (waiting for each to land keeps the empty barriers' phases exact)
     # and take the matching turns.
     for j in range(n_tiles, n_cta):
-        s = j % STAGES
-        ph = (j // STAGES) & 1
+        s = (rb + j) % STAGES
+        ph = ((rb + j) // STAGES) & 1
         mbarrier.wait(k_full.index(s), ph)
         mbarrier.wait(v_full.index(s), ph)
         mbarrier.arrive(k_empty.index(s))
         mbarrier.arrive(v_empty.index(s))
-        token_acquire(sched, j + 1, WG)
+        token_acquire(sched, tb + j + 1, WG)
         token_release(sched, WG)
 
     # ---- epilogue: O = acc / l through this consumer's Q tile (free now), LSE in natural log ----
@@ -285,7 +306,114 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
     rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows)
     lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, -float("inf"))
     gl.store(LSE + bh * N_Q + rows, lse, mask=rows < N_Q)
-    tma.store_wait(0)
+    tma.store_wait(0)                          # the store has read the Q tile
+    if PERSISTENT:
+        mbarrier.arrive(q_free.index(WG))      # the producer may load the next Q into it
+    return n_cta
+
+
+# ---------------------------------------------------------------------------------------------
+# The persistent roles: one CTA per SM runs one work tile a round of a static schedule
+# (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's phases go on from tile to tile (after i tiles the
+# token has gone round rb + i times: cta_tiles + 1 turns a tile), Q's barriers
+# complete once a tile (phase i & 1), and a consumer frees its Q tile once O's store read it.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def work_tile(t, n_m, n_bh, GROUP: gl.constexpr):
+    """(m_block, bh) of work tile t of n_m * n_bh. The heads go in sections of GROUP (0: one
+    section of all), section after section; in a section the last query blocks (causal: the
+    longest) come first, its heads interleaved, so a section's K/V stay in L2 while it runs."""
+    if GROUP == 0:
+        group = n_bh
+    else:
+        group = gl.minimum(n_bh, GROUP)
+    per = n_m * group
+    section = t // per
+    base = section * group
+    g = gl.minimum(group, n_bh - base)           # the last section may be short
+    r = t - section * per
+    return n_m - 1 - r // g, base + r % g
+
+
+@gluon.jit
+def work_index(i):
+    """This CTA's work tile in round i of the schedule: rounds run in alternate directions (a
+    snake), so a CTA that drew a long causal tile in one round draws a short one in the next."""
+    pid = gl.program_id(0)
+    return i * gl.num_programs(0) + pid + (i & 1) * (gl.num_programs(0) - 1 - 2 * pid)
+
+
+@gluon.jit
+def load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M: gl.constexpr):
+    """Work tile i's two Q tiles, each once its consumer freed the slot (tile i - 1's O)."""
+    for w in gl.static_range(2):
+        mbarrier.wait(q_free.index(w), (i & 1) ^ 1)
+        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+        tma_load(q_desc, [bh, m_block * 2 * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
+                 q_smem.index(w))
+
+
+@gluon.jit
+def producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_full,
+                        k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                        GROUP: gl.constexpr):
+    """The producer of a persistent CTA: per work tile K_0, then Q (which waits for the
+    previous tile's O to leave), then the rest; K/V of the next tile stream into the slots the
+    consumers free while they still finish this one."""
+    n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+    n_bh = q_desc.shape[0]
+    rb = gl.to_tensor(0)                         # ring uses before this work tile
+    for i in range(gl.cdiv(n_m * n_bh, gl.num_programs(0))):
+        t = work_index(i)
+        if t < n_m * n_bh:                       # the last round may have no tile for this CTA
+            m_block, bh = work_tile(t, n_m, n_bh, GROUP)
+            rb = _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free,
+                          k_full, k_empty, v_full, v_empty, m_block, bh, i, rb, N_Q, N_K,
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+
+
+@gluon.jit
+def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
+             v_full, v_empty, m_block, bh, i, rb, N_Q, N_K, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The loads of work tile i (m_block, bh), the ring used rb times before; returns rb after."""
+    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    for j in range(n_tiles):
+        r = rb + j
+        s = r % STAGES
+        ph = (r // STAGES) & 1
+        mbarrier.wait(k_empty.index(s), ph ^ 1)
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
+        tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
+        if j == 0:
+            load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M)
+        mbarrier.wait(v_empty.index(s), ph ^ 1)
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+    if n_tiles == 0:
+        load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M)
+    return rb + n_tiles
+
+
+@gluon.jit
+def consumer_persistent(q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty, v_full,
+                        v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, WG: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                        EXP2: gl.constexpr, MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr,
+                        GROUP: gl.constexpr):
+    n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+    n_bh = o_desc.shape[0]
+    rb = gl.to_tensor(0)                         # ring uses before this work tile
+    for i in range(gl.cdiv(n_m * n_bh, gl.num_programs(0))):
+        t = work_index(i)
+        if t < n_m * n_bh:                       # i tiles before this one: rb + i turns
+            m_block, bh = work_tile(t, n_m, n_bh, GROUP)
+            rb += consumer_work(m_block, bh, rb, rb + i, i & 1, q_smem, k_smem, v_smem, q_bars,
+                                q_free, k_full, k_empty, v_full, v_empty, sched, o_desc, LSE,
+                                N_Q, N_K, qk_scale, WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,9 +424,11 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EXP2: gl.constexpr,
-                MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr):
+                MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr, PERSISTENT: gl.constexpr,
+                GROUP: gl.constexpr):
     """What a kernel entry runs: O and the LSE of its (2*BLOCK_M rows, batch*head) block, the
-    softmax's hooks ``EXP2``, ``MOVE_MAX`` and ``RESCALE`` (above) passed to the consumers."""
+    softmax's hooks ``EXP2``, ``MOVE_MAX`` and ``RESCALE`` (above) passed to the consumers;
+    ``PERSISTENT``: of the work tiles ``work_tile`` gives it (sections of ``GROUP`` heads)."""
     dtype: gl.constexpr = q_desc.dtype
     # shared memory: two Q tiles (reused for O), STAGES K tiles and STAGES V tiles, 128-byte
     # swizzled (NVMMA layouts, what TMA writes and wgmma reads), then 8-byte mbarriers
@@ -319,18 +449,37 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
         mbarrier.init(v_full.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)     # both consumers
         mbarrier.init(v_empty.index(i), count=2)
+    if PERSISTENT:
+        q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_free.index(i), count=1)  # its consumer, once O's store read Q
     fence_async_shared()                             # the inits, before any TMA completes on them
 
-    gl.warp_specialize([
-        (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
-                     o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                     CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
-        (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
-                     o_desc, LSE, N_Q, N_K, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                     CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
-        (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
-                     v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if PERSISTENT:
+        gl.warp_specialize([
+            (consumer_persistent, (q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
+                                   v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, 0,
+                                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
+                                   MOVE_MAX, RESCALE, GROUP)),
+            (consumer_persistent, (q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
+                                   v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, 1,
+                                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
+                                   MOVE_MAX, RESCALE, GROUP)),
+            (producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,
+                                   q_free, k_full, k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M,
+                                   BLOCK_N, STAGES, CAUSAL, GROUP)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
+                         o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                         CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
+            (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
+                         o_desc, LSE, N_Q, N_K, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                         CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
+            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
+                         v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_K"])     # one binary for every length
@@ -338,9 +487,10 @@ def fa3_hooked_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      EXP2: gl.constexpr, MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr):
+                      EXP2: gl.constexpr, MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr,
+                      PERSISTENT: gl.constexpr, GROUP: gl.constexpr):
     """A kernel entry of these roles with the softmax's hooks as its constexprs (a chapter's
     own entry fixes them: Chapter 6's ``fa3_kernel``)."""
     fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N,
                 HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_REGS, PRODUCER_REGS, EXP2, MOVE_MAX,
-                RESCALE)
+                RESCALE, PERSISTENT, GROUP)

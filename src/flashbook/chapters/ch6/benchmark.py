@@ -149,7 +149,9 @@ def gluon_setup(case: Case, x: Inputs):
         o, _ = attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)
         new = {key: c for key, c in compiled(fa3_kernel).items() if key not in before}
         note = join_notes(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} STAGES={cfg.STAGES} "
-                          f"OVERLAP={cfg.OVERLAP}", registers(new) if new else "",
+                          f"OVERLAP={cfg.OVERLAP}"
+                          + (f" PERSISTENT GROUP={cfg.GROUP}" if cfg.PERSISTENT else ""),
+                          registers(new) if new else "",
                           x.check(case.causal)(o))
         return (lambda: attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)), note
     return setup
