@@ -1144,9 +1144,12 @@ quoted.glue(ch6.CHAPTER)
 # per-tile costs that do not shrink with d (the barrier waits, the token hand-over, the row
 # statistics) weigh twice as much; JAX's kernel takes 256-key tiles there, which this kernel
 # cannot hold in registers with two 64-row consumers (the planner rules them out). In the
-# short causal case, half of the programs finish early and the tail of the grid runs half empty; a
-# persistent scheduler that hands out the longest tiles first (Chapter 7's seed kernel has
-# one) is the fix this kernel does not have yet. And at d = 128 the kernel stays near cuDNN,
+# short causal case, half of the programs finish early and the tail of the grid runs half empty.
+# The kernel now has a persistent variant for this (`Config.PERSISTENT`: one CTA per SM walks a
+# static schedule of the tiles head by head, each round in the opposite direction to the last,
+# so that long and short tiles share an SM), and the planner picks it for causal problems of up
+# to 4,096 queries: on an H100 it was faster at every such shape we timed, and slower at
+# 16,384. The H200 figures above were recorded before it. And at d = 128 the kernel stays near cuDNN,
 # short of the up to 740 TFLOP/s FlashAttention-3 reports on an H100: ptxas moves the wait for
 # the warpgroup's own PV to the top of the softmax (the SASS shows it), so the intra-warpgroup
 # overlap of Section 6 is only partly realised, and each K/V tile pays a few hundred cycles of
