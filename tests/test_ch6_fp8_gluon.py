@@ -1,15 +1,19 @@
-"""Chapter 6's FP8 forward in Gluon (``ch6.fp8_gluon``, FA3's roles with e4m3 GEMMs) on a CPU:
-the wrapper's argument checks, V^T's key permutation of the "perm" paths, and the kernel
-compiled for sm_90a without a GPU (both GEMMs e4m3 wgmma, P V's A operand from registers or
-shared memory as ``p_path`` says, no warp shuffle moving P on the permuted paths, the shared
-memory within an H100's block). Its results on a GPU: ``gpu_fp8_gluon.py`` beside
-attention_fp8 and float32 SDPA."""
+"""Chapter 6's FP8 forward in Gluon (the toolkit's ``fa3_fp8_kernel`` and ``fa3_fp8_launch``,
+FA3's roles with e4m3 GEMMs; ``ch6.attention_fp8_gluon``) on a CPU: the wrapper's argument
+checks and default config, V^T's key permutation of the "perm" paths, and the kernel compiled
+for sm_90a without a GPU (both GEMMs e4m3 wgmma, P V's A operand from registers or shared
+memory as ``p_path`` says, no warp shuffle moving P on the permuted paths, the shared memory
+within an H100's block). Its speed on a GPU: ``python -m flashbook.fp8_bench``."""
+import inspect
+
 import pytest
 import torch
 
 from aot_compile import compile_script, too_big
 from flashbook import fa3_fp8_launch as launch
+from flashbook.chapters import ch6
 from flashbook.fa3_planner import Config
+from flashbook.planning import H100
 
 E4M3 = torch.float8_e4m3fn
 
@@ -60,6 +64,39 @@ def test_bad_arguments_are_refused_with_a_clear_value_error(change, kwargs, mess
         launch.attention_fp8_gluon(**args, **extra)
 
 
+def test_chapter_6_exports_the_launcher_on_first_use():
+    assert ch6.attention_fp8_gluon is launch.attention_fp8_gluon
+    assert "attention_fp8_gluon" in ch6.__all__
+
+
+@pytest.mark.parametrize("block_n, tiles", [(256, (64, 256, 2)), (512, (64, 256, 2)),
+                                            (128, (64, 128, 3)), (384, (64, 128, 3))])
+def test_the_default_config_follows_the_scales_block(block_n, tiles):
+    """With no config: 64 x 256 in two stages (the fastest measured) where 256 divides the K/V
+    scales' block, else 64 x 128 in three; P staged in shared memory, within an H100's block at
+    both head dims."""
+    c = launch.default_config(block_n)
+    assert (c.BLOCK_M, c.BLOCK_N, c.STAGES) == tiles and c.OVERLAP and c.CONSUMERS == 2
+    for fn in (launch.attention_fp8_gluon, launch.compile_for_sm90):
+        assert inspect.signature(fn).parameters["p_path"].default == "smem"
+    for d in (64, 128):
+        assert launch.shared_memory(c, d, "smem") <= H100.smem_per_block
+    with pytest.raises(ValueError, match="CUDA GPU"):   # the default passes every other check
+        launch.attention_fp8_gluon(**_inputs(N_k=1000, block_n=block_n), block_n=block_n)
+
+
+@pytest.mark.parametrize("block_n", [64, 96, 200])
+def test_no_default_config_for_a_scales_block_off_128(block_n):
+    with pytest.raises(ValueError, match=f"multiple of 128 keys .* got block_n={block_n}\\."):
+        launch.attention_fp8_gluon(**_inputs(block_n=block_n), block_n=block_n)
+
+
+def test_a_config_that_fits_a_block_of_64_is_taken():
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        launch.attention_fp8_gluon(**_inputs(block_n=64), block_n=64,
+                                   config=Config(BLOCK_M=64, BLOCK_N=64, STAGES=2))
+
+
 def test_shared_memory_counts_one_byte_an_element():
     c = Config(BLOCK_M=64, BLOCK_N=128, STAGES=3)
     assert launch.shared_memory(c, 128) == (2 * 64 + 6 * 128) * 128 + 16 * 8
@@ -102,17 +139,21 @@ from flashbook.aot import cubin_resources, sass_loops
 from flashbook import fa3_fp8_launch as launch
 from flashbook.fa3_planner import Config
 res = []
-for d, causal, bm, bn, stages, path in ((128, False, 64, 128, 3, "regs"),
+for d, causal, bm, bn, stages, path in ((128, False, 64, 256, 2, "default"),
+                                        (128, False, 64, 128, 3, "regs"),
                                         (64, True, 64, 128, 2, "regs"),
                                         (128, False, 64, 128, 3, "smem"),
                                         (128, True, 64, 128, 3, "perm"),
                                         (128, False, 64, 128, 3, "perm4")):
     cfg = Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages)
-    k = launch.compile_for_sm90(cfg, d, causal, p_path=path)
+    if path == "default":      # attention_fp8_gluon's defaults for K/V scales in blocks of 256
+        k, path = launch.compile_for_sm90(head_dim=d, causal=causal, block_n=256), "smem"
+    else:
+        k = launch.compile_for_sm90(cfg, d, causal, p_path=path)
     ptx = k.asm["ptx"]
     mma = [l for l in ptx.splitlines() if "wgmma.mma_async" in l]
     usage, sass = cubin_resources(k.asm["cubin"], k.name)
-    res.append(dict(cc=90, d=d, causal=causal, path=path, shared=k.metadata.shared,
+    res.append(dict(cc=90, d=d, bn=bn, causal=causal, path=path, shared=k.metadata.shared,
                     planned=launch.shared_memory(cfg, d, path), mma=len(mma),
                     e4m3=sum("e4m3.e4m3" in l for l in mma),
                     a_in_registers=sum("}, {" in l for l in mma),
@@ -135,15 +176,16 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
     K=BLOCK_N=128, k=32 each: two call sites in each of the two consumers) after warp
     shuffles (SHFL.IDX); "smem" stores P (16-bit stores) into two more tiles of shared memory
     and reads A from there; "perm" and "perm4" take A from registers with no shuffle, and
-    "perm4" packs P with no byte permutes but the one merging each register's halves."""
+    "perm4" packs P with no byte permutes but the one merging each register's halves. The
+    default config (the first) is 64 x 256 x 2 with P in shared memory."""
     res = compile_script(AOT, tmp_path)
-    assert len(res) == 5 and not too_big(res), res
+    assert len(res) == 6 and not too_big(res), res
     for r in res:
         assert r["mma"] > 0 and r["e4m3"] == r["mma"], r
         assert r["planned"] <= r["shared"] <= r["planned"] + 1024, r
         assert "240;" in r["setmaxnreg"] and "24;" in r["setmaxnreg"], r
         assert len(r["loops"]) == 2, r
-        assert all(loop["mma"] == r["d"] // 32 + 4 for loop in r["loops"]), r  # S, PV k-steps
+        assert all(loop["mma"] == (r["d"] + r["bn"]) // 32 for loop in r["loops"]), r  # S, PV
         in_registers = 0 if r["path"] == "smem" else 2 * 2 * 4
         assert r["a_in_registers"] == in_registers, r
         shuffled = r["path"] == "regs"
@@ -151,5 +193,6 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
         assert all((loop["SHFL.IDX"] > 0) == shuffled for loop in r["loops"]), r
         assert all((loop["STS"] >= 32) == (r["path"] == "smem") for loop in r["loops"]), r
         assert (r["st_shared_b16"] > 0) == (r["path"] == "smem"), r
-    regs, perm4 = res[0]["loops"][0], res[4]["loops"][0]
+    assert res[0]["planned"] == launch.shared_memory(launch.FASTEST, 128, "smem"), res[0]
+    regs, perm4 = res[1]["loops"][0], res[5]["loops"][0]
     assert perm4["PRMT"] <= 16 < regs["PRMT"] and perm4["n"] < regs["n"], (regs, perm4)

@@ -20,7 +20,8 @@ that P stays in its threads (made once on the way in, as the transpose is).
 With no config, ``default_config``: the fastest variant measured on an H100, P staged in shared
 memory ("smem") with 64 query rows a consumer against 256 keys a tile in two stages, where the
 scales' ``block_n`` is a multiple of 256; 128 keys in three stages where it is a multiple of 128.
-"""from __future__ import annotations
+"""
+from __future__ import annotations
 
 import math
 
