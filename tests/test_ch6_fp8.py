@@ -103,13 +103,16 @@ def test_the_fp8_benchmark_says_what_it_needs_on_a_cpu(capsys):
     assert "fp8 tensor cores" in capsys.readouterr().err
 
 
-def _fp8_record(f=1.0):
-    """An FP8 record as ``fp8_bench`` writes it, its numbers scaled by ``f``."""
+def _fp8_record(f=1.0, gluon=False):
+    """An FP8 record as ``fp8_bench`` writes it, its numbers scaled by ``f``; with ``gluon``, as
+    it writes it since it times ``attention_fp8_gluon`` too."""
     from flashbook.chapters.ch6 import fp8_recorded
     speed = [dict(kernel=k, causal=c, ms=1.0, tflops=t * f * (0.8 if c else 1), note=note)
              for k, t, note in (("ch6_attention_fp8", 700, fp8_recorded.default_config()),
                                 ("ch6_attention_fp8", 750,
                                  "BLOCK_M=128 BLOCK_N=128 warps=8 stages=3"),
+                                *[("ch6_attention_fp8_gluon", 840, "BLOCK_M=64 BLOCK_N=256")]
+                                * gluon,
                                 ("ch6_attention_fa3_fp16", 600, ""),
                                 ("sdpa_cudnn_fp16", 610, ""))
              for c in (False, True)]
@@ -154,6 +157,51 @@ def test_the_fp8_figures_follow_the_record(tmp_path, monkeypatch):
     (tmp_path / "h200.json").write_text(json.dumps(rec))
     with pytest.raises(ValueError, match="several GPUs"):
         fp8_recorded.record()
+
+
+def test_the_gluon_fp8_figures_follow_the_record_where_it_has_them():
+    """ch6_fp8_gluon_*: the Gluon kernel's TFLOP/s and its ratio to the fp16 forward, present
+    only in a record with its rows (the book's record before ``fp8_bench`` timed it has none),
+    each moving with its row; the plot draws its bars."""
+    from flashbook.chapters.ch6 import fp8_recorded
+    assert not any("gluon" in k for k in fp8_recorded.values(_fp8_record()))
+    rec = _fp8_record(gluon=True)
+    v = fp8_recorded.values(rec)
+    assert {k for k in v if "gluon" in k} == {
+        f"ch6_fp8_gluon_{what}_{label}" for what in ("tflops", "vs_fp16")
+        for label in ("noncausal", "causal")}
+    assert v["ch6_fp8_gluon_tflops_noncausal"] == 840 and v["ch6_fp8_gluon_tflops_causal"] == 672
+    assert v["ch6_fp8_gluon_vs_fp16_causal"] == pytest.approx(840 / 600)
+    assert v["ch6_fp8_tflops_noncausal"] == 700        # the Triton kernel's figures stay
+    gluon = [r for r in rec["speed"] if r["kernel"] == fp8_recorded.GLUON]
+    for r, g in zip(gluon, (1.01, 1.02)):
+        r["tflops"] *= g
+    moved = fp8_recorded.values(rec)
+    assert {k for k in v if "gluon" in k and moved[k] == v[k]} == set()
+    assert fp8_recorded.plot(rec) is not None
+
+
+def test_the_fp8_benchmark_times_the_gluon_kernel_with_its_default_config():
+    """``fp8_bench.speed_cases``: attention_fp8 in each config, then attention_fp8_gluon on
+    inputs with K/V scales in blocks of 256 keys and V transposed, which its default config
+    (the fastest measured) takes: on a CPU the call passes every check but the device's."""
+    from flashbook import fa3_fp8_launch, fp8_bench
+    from flashbook.chapters.ch6 import fp8_recorded
+
+    def quantize_blocks(x, block):           # shapes and dtypes as the solution's
+        return x.to(torch.float8_e4m3fn), torch.ones(*x.shape[:-2], -(-x.shape[-2] // block))
+    q, k, v = (torch.randn(1, 2, 512, 128, dtype=torch.float16) for _ in range(3))
+    cases = fp8_bench.speed_cases(dict(quantize_blocks=quantize_blocks), q, k, v, True)
+    assert [kernel for kernel, _, _ in cases] == [
+        fp8_recorded.FP8] * len(fp8_bench.CONFIGS) + [fp8_recorded.GLUON, fp8_recorded.FP16,
+                                                      fp8_recorded.CUDNN]
+    _, note, call = cases[len(fp8_bench.CONFIGS)]
+    assert call.func is fa3_fp8_launch.attention_fp8_gluon and call.keywords["block_n"] == 256
+    assert fa3_fp8_launch.default_config(256) == fa3_fp8_launch.FASTEST
+    assert note.startswith("BLOCK_M=64 BLOCK_N=256 stages=2 p_path=smem (the default)")
+    assert call.args[4].shape == (1, 2, 128, 512)           # V^T
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        call()
 
 
 def test_the_fp8_benchmark_times_the_default_tiles_first():

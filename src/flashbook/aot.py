@@ -164,3 +164,32 @@ def ptx_resources(ptx: str) -> dict:
         mma_ss=sum(1 for a in mma if not a), mma_ts=sum(1 for a in mma if a),
         tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global", ptx)),
         tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::\w+", ptx)))
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def sass_loops(sass: str, opcodes: Iterable[str] = ("SHFL.IDX", "SHFL.BFLY", "PRMT", "STS",
+                                                    "BAR", "F2FP")) -> list[dict]:
+    """The innermost loops of a SASS listing (``cuobjdump -sass``) that hold tensor-core MMAs
+    (HGMMA, QGMMA): a loop is a backward ``BRA`` and the instructions from its target to it,
+    innermost when no other backward branch lies inside (warp specialization's dispatch jumps
+    make overlapping ranges that nest in nothing). For each, ``start`` and ``end`` (addresses), ``n`` (instructions), ``mma`` and one count of
+    the instructions whose opcode starts with each of ``opcodes``."""
+    code = [(int(a, 16), op) for a, op, _ in _SASS_LINE.findall(sass)]
+    loops = [(int(m.group(2), 16), a) for a, op, rest in _SASS_LINE.findall(sass)
+             if op == "BRA" and (m := re.match(r"\s*(0x)?([0-9a-f]+)", rest))
+             for a in [int(a, 16)] if int(m.group(2), 16) < a]
+
+    def ops(lo, hi):
+        return [op for a, op in code if lo <= a <= hi]
+    inner = [(lo, hi) for lo, hi in set(loops) if not any(lo <= b < hi for _, b in loops)
+             and any(op[1:4] == "GMM" for op in ops(lo, hi))]
+    out = []
+    for lo, hi in sorted(inner):
+        body = ops(lo, hi)
+        row = dict(start=hex(lo), end=hex(hi), n=len(body),
+                   mma=sum(op[1:4] == "GMM" for op in body))
+        row.update({o: sum(op.startswith(o) for op in body) for o in opcodes})
+        out.append(row)
+    return out

@@ -2,7 +2,8 @@
 (``fa3_kernel``) runs as it is and Chapter 7's benchmark runs with its tricks: the
 producer, the two consumers and their ping-pong token, the tile bookkeeping they share, and the
 body a kernel entry runs (``fa3_forward``: allocate, initialise the barriers, fork the roles).
-``fa3_launch`` describes the kernel.
+``fa3_launch`` describes the kernel. Chapter 6's FP8 kernel (``fa3_fp8_kernel``) runs
+the same producer (its ``V_T``: V transposed), tile counts and token with consumers of its own.
 
 The consumers' online softmax takes three hooks, ``@gluon.jit`` functions passed as constexprs:
 the exponential of P, where the row maxima move, and how O is rescaled; ``exp2_mufu``,
@@ -21,8 +22,7 @@ from flashbook.gluon_kit import m_block as _m_block, smem_tile as _tile_2d, tma_
 
 __all__ = ["fa3_forward", "fa3_hooked_kernel", "exp2_mufu", "move_max", "rescale_o", "producer",
            "consumer", "consumer_work", "tile", "kv_tiles", "cta_tiles", "token_acquire",
-           "token_release", "work_tile", "producer_persistent",
-           "consumer_persistent"]
+           "token_release", "work_tile", "producer_persistent", "consumer_persistent"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,7 +63,9 @@ def cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
 @gluon.jit
 def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full,
               v_empty, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_T: gl.constexpr):
+    """Q's two tiles, then the K/V ring. ``V_T``: v_desc holds V transposed, (B*H, d, N) in
+    boxes of (1, d, BLOCK_N) (the FP8 kernel's K-major V), so tile j starts at column j*BLOCK_N."""
     m_block = _m_block()
     bh = gl.program_id(1)
     n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
@@ -74,18 +76,20 @@ def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_e
         tma_load(q_desc, [bh, m_block * 2 * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
                  q_smem.index(w))
 
-    # K/V ring. Use u of slot s (u = j // STAGES) waits for the empty barrier to have completed
-    # phase u - 1 (both consumers released tile j - STAGES); a fresh barrier passes the first
-    # wait because waiting for parity 1 on a barrier still in phase 0 returns at once.
+    # K/V ring. Use u of slot s (u = j // STAGES) waits for the empty barrier's phase u - 1 (both
+    # consumers released tile j - STAGES); a fresh one, in phase 0, passes a parity-1 wait.
     for j in range(n_tiles):
         s = j % STAGES
         ph = (j // STAGES) & 1
         mbarrier.wait(k_empty.index(s), ph ^ 1)
-        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)   # BLOCK_N*d*2 bytes, always
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)   # the whole box, always
         tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), ph ^ 1)
         mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
-        tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+        if V_T:
+            tma_load(v_desc, [bh, 0, j * BLOCK_N], v_full.index(s), v_smem.index(s))
+        else:
+            tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,7 +482,7 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                          o_desc, LSE, N_Q, N_K, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                          CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
             (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
-                         v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                         v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

@@ -7,8 +7,10 @@ error with and without the incoherent-processing rotation.
 * ``speed``: TFLOP/s at ``SHAPE`` (fp16 inputs), non-causal and causal, of ``ch6.attention_fp8``
   on inputs quantized once by the solution's ``quantize_blocks`` (Q in blocks of BLOCK_M rows, K
   and V of BLOCK_N; the kernel alone is timed, as a model keeping fp8 activations would call
-  it) for each of ``CONFIGS``, and of the fp16 ``attention_fa3`` (as a reader calls it) and
-  cuDNN SDPA;
+  it) for each of ``CONFIGS``; of ``attention_fp8_gluon`` (the toolkit's Gluon FP8 forward)
+  with its default config on inputs quantized alike, K and V in blocks of 256 keys
+  (``GLUON_BLOCKS``: its fastest tiles take them); and of the fp16 ``attention_fa3`` (as a
+  reader calls it) and cuDNN SDPA (``speed_cases``);
 * ``accuracy``: RMS error against float64 SDPA at ``ACCURACY_SHAPE`` on Gaussian Q and K with
   four channels 20x larger (``ch6.outlier_inputs``), of the fp8 kernel without and with the
   solution's ``random_rotation``, and of fp16 SDPA.
@@ -19,9 +21,11 @@ graph).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import shlex
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -32,6 +36,9 @@ SHAPE = (1, 16, 16384, 128)
 ACCURACY_SHAPE = (1, 4, 2048, 128)
 # (BLOCK_M, BLOCK_N, warps, stages): attention_fp8's default first
 CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3))
+# the scales' blocks (Q rows, K/V keys) of attention_fp8_gluon's inputs: with K/V blocks of 256
+# keys its default config is its fastest (fa3_fp8_launch.default_config)
+GLUON_BLOCKS = (64, 256)
 
 
 def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
@@ -42,11 +49,45 @@ def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
     return q8, qs, k8, ks, v8.transpose(-1, -2).contiguous(), vs
 
 
-def measure() -> dict:
+def gluon_note() -> str:
+    """The note of the Gluon kernel's rows: the default config it runs on GLUON_BLOCKS."""
+    from flashbook import fa3_fp8_launch       # imports Triton's Gluon dialect, no GPU needed
+    c = fa3_fp8_launch.default_config(GLUON_BLOCKS[1])
+    p_path = inspect.signature(fa3_fp8_launch.attention_fp8_gluon).parameters["p_path"].default
+    return (f"BLOCK_M={c.BLOCK_M} BLOCK_N={c.BLOCK_N} stages={c.STAGES} p_path={p_path} (the "
+            f"default), scales in blocks of {GLUON_BLOCKS[0]} and {GLUON_BLOCKS[1]}")
+
+
+def speed_cases(ns, q, k, v, causal: bool) -> list[tuple[str, str, object]]:
+    """(kernel, note, call) of each kernel timed: ``attention_fp8`` for each of ``CONFIGS`` and
+    ``attention_fp8_gluon`` with its default config, on q, k, v quantized once by the
+    solution's ``quantize_blocks`` (``ns``; V transposed), then the fp16 ``attention_fa3`` and
+    cuDNN SDPA on q, k, v. The kernel names are ``fp8_recorded``'s."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashbook.chapters import ch6
+    from flashbook.chapters.ch6 import fp8_recorded as names
     from flashbook.fa3_launch import attention_fa3
+    cases = []
+    for i, (bm, bn, w, s) in enumerate(CONFIGS):
+        cases.append((names.FP8, f"BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={s}"
+                      + (" (the default)" if i == 0 else ""),
+                      partial(ch6.attention_fp8, *_prepared(ns, q, k, v, bm, bn), causal=causal,
+                              block_m=bm, block_n=bn, num_warps=w, num_stages=s)))
+    bm, bn = GLUON_BLOCKS
+    cases.append((names.GLUON, gluon_note(), partial(
+        ch6.attention_fp8_gluon, *_prepared(ns, q, k, v, bm, bn), causal=causal, block_m=bm,
+        block_n=bn)))
+    cases.append((names.FP16, "", partial(attention_fa3, q, k, v, causal=causal)))
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return cases + [(names.CUDNN, "", cudnn)]
+
+
+def measure() -> dict:
+    from flashbook.chapters import ch6
     sdpa = torch.nn.functional.scaled_dot_product_attention
     ns = sources.solution_namespace("ch6")
     B, H, N, d = SHAPE
@@ -55,23 +96,11 @@ def measure() -> dict:
     for causal in (False, True):
         flops = 4 * B * H * N * N * d / (2 if causal else 1)
 
-        def row(kernel, fn, note=""):
+        for kernel, note, fn in speed_cases(ns, q, k, v, causal):
             fn()
             ms = bench.time_ms(fn)          # the timer the provenance names
             speed.append(dict(kernel=kernel, causal=causal, ms=round(ms, 4),
                               tflops=round(flops / ms / 1e9, 1), note=note))
-        for i, (bm, bn, w, s) in enumerate(CONFIGS):
-            inputs = _prepared(ns, q, k, v, bm, bn)
-            row("ch6_attention_fp8", lambda: ch6.attention_fp8(
-                *inputs, causal=causal, block_m=bm, block_n=bn, num_warps=w, num_stages=s),
-                f"BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={s}" + (" (the default)" if i == 0
-                                                                      else ""))
-        row("ch6_attention_fa3_fp16", lambda: attention_fa3(q, k, v, causal=causal))
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return sdpa(q, k, v, is_causal=causal)
-        row("sdpa_cudnn_fp16", cudnn)
     q, k = (ch6.outlier_inputs(ACCURACY_SHAPE, seed).cuda() for seed in (3, 4))
     v = torch.randn(*ACCURACY_SHAPE, device="cuda")
     rotation = ns["random_rotation"](ACCURACY_SHAPE[-1], 0).cuda()

@@ -6,8 +6,8 @@ process (``interpret``); Exercise 2 schedules one producer and two consumers on 
 (``pipeline``, ``pipeline_checks``); Exercise 3 plans the chapter's Gluon kernel (the toolkit's
 ``fa3_launch``, imported on demand: it needs Gluon and an sm_90 GPU) against ``planner`` (the
 toolkit's ``fa3_planner``) and its compiled table (``planner_checks``). Exercises 5-7 are FP8:
-block quantization, the incoherent-processing rotation and the scale bookkeeping of the online
-softmax, graded on a CPU (``fp8_checks``), feeding the GPU kernel of ``fp8``."""
+block quantization, the incoherent-processing rotation and the online softmax's scales, graded
+on a CPU (``fp8_checks``), feeding ``fp8``'s kernel and the toolkit's ``attention_fp8_gluon``."""
 from __future__ import annotations
 
 from flashbook import fa3_planner as planner
@@ -29,14 +29,14 @@ __all__ = ["CHAPTER", "planner", "check_kv_ring", "check_ring_protocol", "check_
            "check_planner", "check_fa3_consumer", "plot_gantt", "Timing", "simulate", "Config",
            "H100_PROPS", "H200_PROPS", "MBARRIER_BYTES", "PRODUCER_REGS", "REGISTERS_PER_SM",
            "WARP_SPECIALIZE_BYTES", "choice_table", "attention_fa3", "E4M3", "attention_fp8",
-           "check_block_quantization", "check_rotation", "check_fp8_tiles", "outlier_inputs"]
+           "attention_fp8_gluon", "check_block_quantization", "check_rotation",
+           "check_fp8_tiles", "outlier_inputs"]
 
 
-def __getattr__(name):
-    """``attention_fa3``, imported on first use (it needs Triton's Gluon dialect)."""
-    if name == "attention_fa3":
-        from flashbook.fa3_launch import attention_fa3
-        return attention_fa3
+def __getattr__(name):  # the toolkit's Gluon launchers, imported on first use (they need Gluon)
+    if name in ("attention_fa3", "attention_fp8_gluon"):
+        from flashbook import fa3_fp8_launch, fa3_launch
+        return getattr(fa3_launch if name == "attention_fa3" else fa3_fp8_launch, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 CHAPTER = Chapter(

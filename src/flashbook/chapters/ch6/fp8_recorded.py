@@ -13,6 +13,7 @@ from .fp8 import attention_fp8
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "fp8"
 FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp16"
+GLUON = "ch6_attention_fp8_gluon"          # attention_fp8_gluon, its default config
 ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp16_sdpa": "fp16 SDPA"}
 
 
@@ -49,9 +50,9 @@ def error(rec: dict, kernel: str, causal: bool) -> float:
 
 
 def values(rec: dict) -> dict:
-    """Glue key -> figure (``flashbook.quoted``): the GPU; the fp8 kernel's TFLOP/s with its
-    default tiles (as ``attention_fp8`` runs unless told otherwise) and its ratio to the fp16
-    forward and cuDNN; the RMS error without and with the rotation and the gain."""
+    """Glue key -> figure (``flashbook.quoted``): the GPU; TFLOP/s of the fp8 kernel's default
+    tiles (as ``attention_fp8`` runs unless told otherwise) over the fp16 forward and cuDNN, and
+    of the Gluon one's where recorded; the RMS error without and with the rotation, the gain."""
     out = {"ch6_fp8_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", "")}
     for causal in (False, True):
         label = "causal" if causal else "noncausal"
@@ -59,6 +60,9 @@ def values(rec: dict) -> dict:
         out[f"ch6_fp8_tflops_{label}"] = fp8
         out[f"ch6_fp8_vs_fp16_{label}"] = fp8 / best(rec, FP16, causal)["tflops"]
         out[f"ch6_fp8_vs_cudnn_{label}"] = fp8 / best(rec, CUDNN, causal)["tflops"]
+        if any(r["kernel"] == GLUON for r in rec["speed"]):    # recorded since fp8_bench times it
+            gluon = out[f"ch6_fp8_gluon_tflops_{label}"] = best(rec, GLUON, causal)["tflops"]
+            out[f"ch6_fp8_gluon_vs_fp16_{label}"] = gluon / best(rec, FP16, causal)["tflops"]
         plain, rotated = error(rec, "fp8", causal), error(rec, "fp8_rotated", causal)
         out[f"ch6_fp8_err_plain_{label}"] = plain
         out[f"ch6_fp8_err_rotated_{label}"] = rotated
@@ -74,11 +78,12 @@ def _label(note: str) -> str:
 
 
 def plot(rec: dict):
-    """Left: TFLOP/s of the fp8 kernel (each tile config timed), the fp16 forward and cuDNN;
-    right: RMS error against float64 on inputs with outlier channels (log scale)."""
+    """Left: TFLOP/s of the fp8 kernel (each tile config timed), the Gluon one where recorded,
+    the fp16 forward and cuDNN; right: RMS error against float64 on outlier channels (log)."""
     fig, (speed, err) = plt.subplots(1, 2, figsize=(12, 4.6))
     configs = list(dict.fromkeys(r["note"] for r in rec["speed"] if r["kernel"] == FP8))
-    bars_of = [(_label(c), FP8, c) for c in configs] + [
+    gluon = [("fp8 Gluon (default)", GLUON, None)] * any(r["kernel"] == GLUON for r in rec["speed"])
+    bars_of = [(_label(c), FP8, c) for c in configs] + gluon + [
         ("fp16 (Gluon FA3)", FP16, None), ("fp16 cuDNN", CUDNN, None)]
     width = 0.8 / len(bars_of)
     for i, (label, kernel, config) in enumerate(bars_of):
@@ -86,19 +91,17 @@ def plot(rec: dict):
         bars = speed.bar([x + i * width for x in (0, 1)], ys, width, label=label)
         speed.bar_label(bars, fmt="%.0f", fontsize=7)
     centre = width * (len(bars_of) - 1) / 2
-    speed.set_xticks([centre, 1 + centre], ["non-causal", "causal"])
-    speed.set_ylabel("TFLOP/s")
-    speed.set_title(f"{tuple(rec['shape'])}, {rec['provenance']['gpu']}")
+    speed.set(xticks=[centre, 1 + centre], xticklabels=["non-causal", "causal"], ylabel="TFLOP/s",
+              title=f"{tuple(rec['shape'])}, {rec['provenance']['gpu']}")
     speed.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     width = 0.25
     for i, (kernel, label) in enumerate(ERRORS.items()):
         ys = [error(rec, kernel, c) for c in (False, True)]
         bars = err.bar([x + i * width for x in (0, 1)], ys, width, label=label)
         err.bar_label(bars, fmt="%.1e", fontsize=8)
-    err.set_yscale("log")
-    err.set_xticks([width, 1 + width], ["non-causal", "causal"])
-    err.set_ylabel("RMS error against float64")
-    err.set_title(f"outlier channels, {tuple(rec['accuracy_shape'])}")
+    err.set(yscale="log", xticks=[width, 1 + width], xticklabels=["non-causal", "causal"],
+            ylabel="RMS error against float64",
+            title=f"outlier channels, {tuple(rec['accuracy_shape'])}")
     err.legend(fontsize=8)
     fig.tight_layout()
     return fig
