@@ -1172,8 +1172,9 @@ quoted.glue(ch6.CHAPTER)
 # static schedule of the tiles head by head, each round in the opposite direction to the last,
 # so that long and short tiles share an SM), and the planner picks it for causal problems of up
 # to 4,096 queries: on an H100 it was faster at every such shape we timed, and slower at
-# 16,384. The H200 figures above were recorded before it. And at d = 128 the kernel stays near cuDNN,
-# short of the up to 740 TFLOP/s FlashAttention-3 reports on an H100: ptxas moves the wait for
+# 16,384 (the table below). The H200 figures above were recorded before it. And at d = 128 the
+# kernel stays near cuDNN, short of the up to 740 TFLOP/s FlashAttention-3 reports on an H100:
+# ptxas moves the wait for
 # the warpgroup's own PV to the top of the softmax (the SASS shows it), so the intra-warpgroup
 # overlap of Section 6 is only partly realised, and each K/V tile pays a few hundred cycles of
 # barrier traffic (`planner.TILE_SYNC`). Your Pallas kernel of Exercise 4 is correct at full
@@ -1194,6 +1195,32 @@ if found:
     plt.show()
 else:
     print("No recorded H200 data in this installation.")
+
+# %% [markdown]
+# ### What each piece buys, measured on an H100
+#
+# `python -m flashbook.fa3_ablation` times the kernel with one design choice changed at a time,
+# in one run on the {glue:text}`ch6_abl_gpu`, fp16, each variant's O checked against float32
+# SDPA before it is timed (launched as you launch it, `triton.testing.do_bench` medians). TFLOP/s
+# (x cuDNN's forward):
+#
+# | variant | (1, 16, 16384, 128) | causal | (2, 16, 4096, 128) | causal |
+# |---|---|---|---|---|
+# | `attention_fa3` as you call it (the planner's choice) | {glue:text}`ch6_abl_default_1_16384_128_noncausal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_1_16384_128_noncausal:.2f`x) | {glue:text}`ch6_abl_default_1_16384_128_causal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_1_16384_128_causal:.2f`x) | {glue:text}`ch6_abl_default_2_4096_128_noncausal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_2_4096_128_noncausal:.2f`x) | {glue:text}`ch6_abl_default_2_4096_128_causal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_2_4096_128_causal:.2f`x) |
+# | the planner's tiles launched as a grid, a CTA per query tile | {glue:text}`ch6_abl_grid_1_16384_128_noncausal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_1_16384_128_noncausal:.2f`x) | {glue:text}`ch6_abl_grid_1_16384_128_causal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_1_16384_128_causal:.2f`x) | {glue:text}`ch6_abl_grid_2_4096_128_noncausal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_2_4096_128_noncausal:.2f`x) | {glue:text}`ch6_abl_grid_2_4096_128_causal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_2_4096_128_causal:.2f`x) |
+# | the same tiles persistent: a CTA per SM, head-major snake | {glue:text}`ch6_abl_persistent_1_16384_128_noncausal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_1_16384_128_noncausal:.2f`x) | {glue:text}`ch6_abl_persistent_1_16384_128_causal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_1_16384_128_causal:.2f`x) | {glue:text}`ch6_abl_persistent_2_4096_128_noncausal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_2_4096_128_noncausal:.2f`x) | {glue:text}`ch6_abl_persistent_2_4096_128_causal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_2_4096_128_causal:.2f`x) |
+# | the planner's choice without the intra-warpgroup overlap | {glue:text}`ch6_abl_no_overlap_1_16384_128_noncausal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_1_16384_128_noncausal:.2f`x) | {glue:text}`ch6_abl_no_overlap_1_16384_128_causal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_1_16384_128_causal:.2f`x) | {glue:text}`ch6_abl_no_overlap_2_4096_128_noncausal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_2_4096_128_noncausal:.2f`x) | {glue:text}`ch6_abl_no_overlap_2_4096_128_causal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_2_4096_128_causal:.2f`x) |
+# | cuDNN | {glue:text}`ch6_abl_cudnn_1_16384_128_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_1_16384_128_causal:.0f` | {glue:text}`ch6_abl_cudnn_2_4096_128_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_2_4096_128_causal:.0f` |
+#
+# The first row is always one of the next two: the planner launches a grid, except for causal
+# problems of up to 4,096 queries, where it goes persistent. Compare those two rows column by
+# column to see where each launch wins. Our reading: a persistent CTA keeps its SM from the
+# first tile to the last, so a short causal problem's unequal tiles even out over the rounds of
+# the schedule, while at 16,384 queries the grid is many waves deep and the hardware's own
+# scheduler already balances it. The overlap row shows what FlashAttention-3's intra-warpgroup
+# overlap buys here: with `OVERLAP=False` a consumer waits for its PV of tile j - 1 as well as
+# for S before the softmax of tile j, so the softmax no longer runs while that PV is on the
+# tensor cores. These are an H100's figures, not the H200's of the table above.
 
 # %% [markdown]
 # ## What is next

@@ -348,12 +348,12 @@ def test_prose_pastes_the_recorded_figures(ch, monkeypatch):
     # not benchmark rows) or of a model at a recorded shape (chN_model_*: bytes at the datasheet
     # bandwidth, no timing) is the chapter's own test's to follow
     sizes = {x for r in recorded(ch.id, results.book_gpu(ch.id)).rows for x in (r.B, r.N_q, r.N_k)}
-    # and a figure of Chapter 6's FP8 record (ch6_fp8_*) or of Chapter 9's warp-specialized
-    # backward's ablation (ch9_ws_*), files of their own, is followed by tests/test_ch6_fp8.py
-    # and tests/test_ch9_ws_bwd.py
+    # and a figure of Chapter 6's FP8 record (ch6_fp8_*), of its forward's ablation (ch6_abl_*)
+    # or of Chapter 9's warp-specialized backward's ablation (ch9_ws_*), files of their own, is
+    # followed by tests/test_ch6_fp8.py, tests/test_fa3_ablation.py and tests/test_ch9_ws_bwd.py
     stuck = sorted(k for k in figures if k not in moved and figures[k] not in sizes
                    and not k.startswith((f"{ch.id}_profile_", f"{ch.id}_model_", "ch6_fp8_",
-                                         "ch9_ws_")))
+                                         "ch6_abl_", "ch9_ws_")))
     assert not stuck, f"{ch.id}: figures that do not follow the recorded data: {stuck}"
 
 

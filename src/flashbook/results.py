@@ -278,6 +278,17 @@ def book_gpu(chapter: str) -> str | None:
     return single[0] if single else None
 
 
+def one_record(directory: Path, what: str) -> dict | None:
+    """The one ``<gpu>.json`` record in ``directory`` of a measurement kept apart from the
+    chapters' benchmarks (FP8, the ablations), or None; records of several GPUs are an error,
+    as for ``book_gpu``: the prose quotes one."""
+    found = sorted(directory.glob("*.json"))
+    if len(found) > 1:
+        raise ValueError(f"{what}: records of several GPUs {[p.stem for p in found]}; the "
+                         "prose quotes one")
+    return json.loads(found[0].read_text()) if found else None
+
+
 def describe(provenance: dict) -> str:
     """One line of provenance for a caption: 'gpu NVIDIA H200, driver ..., torch ..., date ...'."""
     keys = ("gpu", "driver", "cuda", "torch", "triton", "date")

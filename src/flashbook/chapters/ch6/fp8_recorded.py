@@ -4,10 +4,11 @@ quotes one GPU's record (None until one exists)."""
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+
+from flashbook import results
 
 from .fp8 import attention_fp8
 
@@ -18,12 +19,8 @@ ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp16_sdpa": "fp16 SDPA"}
 
 
 def record() -> dict | None:
-    """The one GPU's FP8 record, or None; several records are an error (the prose quotes one)."""
-    found = sorted(DATA_DIR.glob("*.json"))
-    if len(found) > 1:
-        raise ValueError(f"ch6: FP8 records of several GPUs {[p.stem for p in found]}; the "
-                         "prose quotes one")
-    return json.loads(found[0].read_text()) if found else None
+    """The one GPU's FP8 record, or None (``results.one_record``)."""
+    return results.one_record(DATA_DIR, "ch6: FP8")
 
 
 def default_config() -> str:

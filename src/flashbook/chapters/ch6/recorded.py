@@ -8,7 +8,7 @@ import dataclasses
 
 import matplotlib.pyplot as plt
 
-from flashbook import results
+from flashbook import fa3_ablation, results
 
 from . import fp8_recorded
 from .benchmark import JAX_FA3, OURS, PALLAS
@@ -116,8 +116,8 @@ def _key(s: tuple, causal: bool) -> str:
 def quoted_values(rows) -> dict:
     """The quoted figures by glue key (fp16; ``flashbook.quoted``): ours against cuDNN at
     ``HEADLINE`` and against JAX's FA3 where both were measured, ``attention_fa3`` as a reader
-    calls it where recorded (``results.as_called``); and Section 8's (``fp8_recorded``, keys
-    ``ch6_fp8_*``). ValueError without the headline rows."""
+    calls it where recorded (``results.as_called``); ``ch6_fp8_*`` (``fp8_recorded``) and
+    ``ch6_abl_*`` (``fa3_ablation``), from records of their own. ValueError without headline."""
     rows = results.as_called(rows)
     out = {}
     for causal in (False, True):
@@ -135,5 +135,6 @@ def quoted_values(rows) -> dict:
             if measured(ours) and measured(jax):
                 out[f"ch6_jax_{_key(s, causal)}"] = jax.tflops
                 out[f"ch6_vs_jax_{_key(s, causal)}"] = ours.tflops / jax.tflops
-    fp8 = fp8_recorded.record()          # Section 8's figures, from the FP8 record, if any
-    return out | (fp8_recorded.values(fp8) if fp8 else {})
+    fp8, ablation = fp8_recorded.record(), fa3_ablation.record()      # records of their own
+    return out | (fp8_recorded.values(fp8) if fp8 else {}) | (
+        fa3_ablation.values(ablation) if ablation else {})

@@ -1,0 +1,115 @@
+"""What each piece of Chapter 6's Gluon FA3 forward buys, measured in one run on an sm_90 GPU.
+
+``python -m flashbook.fa3_ablation --commit SHA --out DIR`` writes ``DIR/<gpu>.json``: its
+provenance and one row per (shape, causal) of ``SHAPES``, fp16, each with the TFLOP/s of
+
+* ``default``: ``attention_fa3(q, k, v, causal)`` as a reader calls it (the planner's choice);
+* ``grid``: the planner's tiles launched as a grid, one CTA per query tile (not persistent);
+* ``persistent``: the same tiles, one CTA per SM walking a head-major snake (``GROUP=1``);
+* ``no_overlap``: the planner's choice without the intra-warpgroup overlap (``OVERLAP=False``:
+  the softmax of tile j waits for PV(j - 1) instead of running while it is on the tensor cores);
+* ``cudnn``: cuDNN's SDPA forward;
+
+and each Gluon variant's largest error against float32 SDPA at that shape, checked before it is
+timed. Chapter 6 quotes the record through ``values`` (glue keys ``ch6_abl_*``); ``DATA_DIR``
+holds one record per GPU, and the prose quotes one. Timed with ``bench.time_ms``
+(``triton.testing.do_bench`` medians, launched as a user launches).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from . import bench, results
+
+DATA_DIR = Path(__file__).resolve().parent / "data" / "fa3_ablation"
+SHAPES = ((1, 16, 16384, 128), (2, 16, 4096, 128))
+VARIANTS = ("default", "grid", "persistent", "no_overlap", "cudnn")
+TOLERANCE = 2e-2        # fp16 O against float32 SDPA, max |error|
+
+
+def configs(B: int, H: int, N: int, d: int, causal: bool) -> dict:
+    """variant -> the ``Config`` it passes (None: none, the planner's choice)."""
+    from flashbook.fa3_launch import pick_config
+    pick = pick_config(d, torch.float16, causal, B, H, N, N)
+    return dict(default=None, grid=dataclasses.replace(pick, PERSISTENT=False),
+                persistent=dataclasses.replace(pick, PERSISTENT=True, GROUP=1),
+                no_overlap=dataclasses.replace(pick, OVERLAP=False))
+
+
+def measure_case(B: int, H: int, N: int, d: int, causal: bool) -> dict:
+    """One row: every variant checked against float32 SDPA, then timed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashbook.fa3_launch import attention_fa3
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    want = sdpa(q.float(), k.float(), v.float(), is_causal=causal)
+    flops = 4 * B * H * N * N * d / (2 if causal else 1)
+    row = dict(shape=[B, H, N, d], causal=causal, tflops={}, max_error={}, config={})
+    calls = {name: (lambda c=cfg: attention_fa3(q, k, v, causal=causal, config=c)[0])
+             for name, cfg in configs(B, H, N, d, causal).items()}
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(q, k, v, is_causal=causal)
+    for name, call in {**calls, "cudnn": cudnn}.items():
+        err = (call().float() - want).abs().max().item()
+        if not err <= TOLERANCE:           # NaN included: a wrong kernel is not timed
+            raise RuntimeError(f"{name} at {row['shape']} causal={causal}: max |error| {err}")
+        row["max_error"][name] = err
+        row["tflops"][name] = round(flops / bench.time_ms(call) / 1e9, 1)
+    row["config"] = {n: repr(c) for n, c in configs(B, H, N, d, causal).items() if c}
+    return row
+
+
+def measure(shapes=SHAPES) -> list[dict]:
+    return [measure_case(*shape, causal) for shape in shapes for causal in (False, True)]
+
+
+def record() -> dict | None:
+    """The one GPU's record in ``DATA_DIR``, or None (``results.one_record``)."""
+    return results.one_record(DATA_DIR, "ch6: forward ablation")
+
+
+def values(rec: dict) -> dict:
+    """Glue key -> figure: the GPU; per row and variant, TFLOP/s
+    (``ch6_abl_<variant>_<B>_<N>_<d>_<causal|noncausal>``) and its ratio to cuDNN's
+    (``ch6_abl_<variant>_vs_cudnn_...``)."""
+    out = {"ch6_abl_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", "")}
+    for row in rec["rows"]:
+        B, _, N, d = row["shape"]
+        case = f"{B}_{N}_{d}_{'causal' if row['causal'] else 'noncausal'}"
+        cudnn = row["tflops"]["cudnn"]
+        for name, tflops in row["tflops"].items():
+            out[f"ch6_abl_{name}_{case}"] = tflops
+            if name != "cudnn":
+                out[f"ch6_abl_{name}_vs_cudnn_{case}"] = tflops / cudnn
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(DATA_DIR), help="directory of the <gpu>.json record")
+    ap.add_argument("--commit", help="the sources' commit, recorded in the provenance")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        sys.exit("fa3_ablation: needs an sm_90 GPU (H100/H200), as the Gluon FA3 kernel does")
+    rows = measure()
+    prov = results.provenance("python -m flashbook.fa3_ablation " + shlex.join(
+        sys.argv[1:] if argv is None else argv)) | dict(git_commit=args.commit)
+    out = Path(args.out) / f"{results.gpu_slug(torch.cuda.get_device_name(0))}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(provenance=prov, rows=rows), indent=1) + "\n")
+    print(json.dumps(rows, indent=1), f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
