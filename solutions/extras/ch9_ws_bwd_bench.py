@@ -6,7 +6,7 @@ backward (``ch9_gluon_bwd.py``). Course material, like the kernels; run from a c
     python solutions/extras/ch9_ws_bwd_bench.py --configs 64,2 64,3  # also sweep BLOCK_M,STAGES
     python solutions/extras/ch9_ws_bwd_bench.py --quick              # small shapes (odd, GQA)
     python solutions/extras/ch9_ws_bwd_bench.py --ablation           # each switch off in turn
-    python solutions/extras/ch9_ws_bwd_bench.py --cs336              # forward + backward, d = 64
+    python solutions/extras/ch9_ws_bwd_bench.py --cs336 [--record F] # forward + backward, d = 64
     python solutions/extras/ch9_ws_bwd_bench.py --record OUT.json --commit SHA  # with provenance
 The ablation measured on an H100 at f879615 (head-major launch order the default) is
 ``src/flashbook/data/ws_bwd/h100.json``, this script's record, unedited.
@@ -271,6 +271,7 @@ def run_cs336():
     print(f"  ours / cudnn speed (fwd + bwd): {row['ms']['cudnn'] / row['ms']['ours']:.2f}x  "
           f"max rel err {rel:.1e}", flush=True)
     print("ROW " + json.dumps(row), flush=True)
+    return row
 
 
 def print_ablation(rows):
@@ -344,7 +345,11 @@ def main():
         run_ablation(bool(args.abl))
         return
     if args.cs336:
-        run_cs336()
+        rows = [run_cs336()]
+        if args.record:
+            Path(args.record).write_text(json.dumps(dict(provenance=provenance(), rows=rows),
+                                                    indent=1) + "\n")
+            print("recorded", args.record)
         return
     print("torch", torch.__version__, "triton", triton.__version__,
           torch.cuda.get_device_name(), flush=True)
