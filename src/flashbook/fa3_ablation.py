@@ -11,9 +11,10 @@ provenance and one row per (shape, causal) of ``SHAPES``, fp16, each with the TF
 * ``cudnn``: cuDNN's SDPA forward;
 
 and each Gluon variant's largest error against float32 SDPA at that shape, checked before it is
-timed. Chapter 6 quotes the record through ``values`` (glue keys ``ch6_abl_*``); ``DATA_DIR``
-holds one record per GPU, and the prose quotes one. Timed with ``bench.time_ms``
-(``triton.testing.do_bench`` medians, launched as a user launches).
+timed, and the config each ran (``default``'s is the planner's pick). Chapter 6 quotes the
+record through ``values`` (glue keys ``ch6_abl_*``); ``DATA_DIR`` holds one record per GPU,
+and the prose quotes one. Timed with ``bench.time_ms`` (``triton.testing.do_bench`` medians,
+launched as a user launches).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def measure_case(B: int, H: int, N: int, d: int, causal: bool) -> dict:
     """One row: every variant checked against float32 SDPA, then timed."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from flashbook.fa3_launch import attention_fa3
+    from flashbook.fa3_launch import attention_fa3, pick_config
     sdpa = torch.nn.functional.scaled_dot_product_attention
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -66,7 +67,8 @@ def measure_case(B: int, H: int, N: int, d: int, causal: bool) -> dict:
             raise RuntimeError(f"{name} at {row['shape']} causal={causal}: max |error| {err}")
         row["max_error"][name] = err
         row["tflops"][name] = round(flops / bench.time_ms(call) / 1e9, 1)
-    row["config"] = {n: repr(c) for n, c in configs(B, H, N, d, causal).items() if c}
+    picked = pick_config(d, torch.float16, causal, B, H, N, N)       # what "default" ran
+    row["config"] = {n: repr(c or picked) for n, c in configs(B, H, N, d, causal).items()}
     return row
 
 
