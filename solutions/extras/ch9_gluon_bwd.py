@@ -54,7 +54,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import validate_scale
 from flashbook.gluon_kit import cta_barrier, lse_and_delta_rows, smem_reinterpret, tma_load, \
-    tma_reduce_add, tma_store, validate_backward_inputs, validate_dense_qkv
+    require_sm90, tma_reduce_add, tma_store, validate_backward_inputs, validate_dense_qkv
 
 __all__ = ["gluon_backward", "bwd_kernel", "GluonBwdConfig", "gluon_bwd_config",
            "compile_for_sm90"]
@@ -299,9 +299,7 @@ def _check(q, k, v, o, lse, do, softmax_scale, config):
     validate_backward_inputs(name, q, o, lse, do)
     config = _check_config(config or gluon_bwd_config(d))
     scale = validate_scale(softmax_scale, d, name)
-    if q.device.type != "cuda" or tuple(torch.cuda.get_device_capability(q.device)) != (9, 0):
-        raise ValueError(f"{name}: needs an sm_90 GPU (H100/H200): wgmma, TMA reduce; Gluon "
-                         "has no CPU interpreter.")
+    require_sm90(name, q.device, "wgmma, TMA reduce")
     return B, H, N_q, d, scale, config
 
 

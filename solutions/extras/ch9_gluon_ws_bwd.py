@@ -62,7 +62,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import validate_scale
 from flashbook.gluon_kit import cta_barrier, lse_and_delta_rows, smem_reinterpret, tma_load, \
-    tma_reduce_add, tma_store, validate_backward_inputs, validate_dense_qkv
+    require_sm90, tma_reduce_add, tma_store, validate_backward_inputs, validate_dense_qkv
 
 __all__ = ["ws_backward", "ws_bwd_kernel", "WsBwdConfig", "ws_bwd_config", "compile_for_sm90"]
 
@@ -400,9 +400,7 @@ def _check(q, k, v, o, lse, do, softmax_scale, config):
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"{name}: q, k and v must be on one device, got {q.device}, "
                          f"{k.device}, {v.device}.")
-    if q.device.type != "cuda" or tuple(torch.cuda.get_device_capability(q.device)) != (9, 0):
-        raise ValueError(f"{name}: needs an sm_90 GPU (H100/H200): wgmma, TMA reduce, "
-                         "setmaxnreg; Gluon has no CPU interpreter.")
+    require_sm90(name, q.device, "wgmma, TMA reduce, setmaxnreg")
     return B, H, N_q, d, scale, config
 
 

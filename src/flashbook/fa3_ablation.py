@@ -51,14 +51,17 @@ def measure_case(B: int, H: int, N: int, d: int, causal: bool) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashbook.fa3_launch import attention_fa3, pick_config
+    passed = configs(B, H, N, d, causal)
+    picked = pick_config(d, torch.float16, causal, B, H, N, N)       # what "default" runs
     sdpa = torch.nn.functional.scaled_dot_product_attention
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
     want = sdpa(q.float(), k.float(), v.float(), is_causal=causal)
     flops = 4 * B * H * N * N * d / (2 if causal else 1)
-    row = dict(shape=[B, H, N, d], causal=causal, tflops={}, max_error={}, config={})
+    row = dict(shape=[B, H, N, d], causal=causal, tflops={}, max_error={},
+               config={name: repr(cfg or picked) for name, cfg in passed.items()})
     calls = {name: (lambda c=cfg: attention_fa3(q, k, v, causal=causal, config=c)[0])
-             for name, cfg in configs(B, H, N, d, causal).items()}
+             for name, cfg in passed.items()}
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -75,8 +78,6 @@ def measure_case(B: int, H: int, N: int, d: int, causal: bool) -> dict:
     for name in calls:
         ms = statistics.median(r[name] for r in rounds)
         row["tflops"][name] = round(flops / ms / 1e9, 1)
-    picked = pick_config(d, torch.float16, causal, B, H, N, N)       # what "default" ran
-    row["config"] = {n: repr(c or picked) for n, c in configs(B, H, N, d, causal).items()}
     return row
 
 

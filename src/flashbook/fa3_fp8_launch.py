@@ -31,10 +31,10 @@ from triton.experimental.gluon import language as gl
 
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import cdiv
-from flashbook.fa3_planner import Config, register_budget
-from flashbook.planning import H100, MBARRIER_BYTES
-
 from flashbook.fa3_fp8_kernel import fp8_kernel
+from flashbook.fa3_planner import Config, register_budget
+from flashbook.gluon_kit import require_sm90
+from flashbook.planning import H100, MBARRIER_BYTES
 
 __all__ = ["attention_fp8_gluon", "compile_for_sm90", "default_config", "FASTEST", "FALLBACK",
            "shared_memory", "Config", "P_PATHS", "PERM_32", "permute_keys"]
@@ -162,13 +162,10 @@ def _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_pa
         config = default_config(block_n)
     config = _check_config(config, d, block_n, p_path)
     devices = {t.device for t in (q8, k8, vt8, qs, ks, vs)}
-    if len(devices) != 1 or q8.device.type != "cuda":
+    if len(devices) != 1:
         raise ValueError(f"{NAME}: every tensor must be on one CUDA GPU, got "
-                         f"{sorted(map(str, devices))}; Gluon has no CPU interpreter.")
-    cap = tuple(torch.cuda.get_device_capability(q8.device))
-    if cap != (9, 0):
-        raise ValueError(f"{NAME}: needs an sm_90 GPU (H100/H200: fp8 wgmma, TMA, setmaxnreg); "
-                         f"this one is sm_{cap[0]}{cap[1]}.")
+                         f"{sorted(map(str, devices))}.")
+    require_sm90(NAME, q8.device, "fp8 wgmma, TMA, setmaxnreg")
     return config
 
 

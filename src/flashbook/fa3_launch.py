@@ -46,7 +46,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import cdiv
 from flashbook.fa3_roles import exp2_mufu, fa3_hooked_kernel, move_max, rescale_o
-from flashbook.gluon_kit import head_descriptors, rebased, validate_dense_qkv
+from flashbook.gluon_kit import head_descriptors, rebased, require_sm90, validate_dense_qkv
 from flashbook.plans import Launch, Plans, key
 from flashbook.tiles import LOG2E
 
@@ -111,11 +111,6 @@ def _resolved(config: Config, d: int, dtype_name: str) -> Config:
 
 
 @functools.lru_cache(maxsize=16)
-def _capability(device: torch.device) -> tuple:
-    return tuple(torch.cuda.get_device_capability(device))
-
-
-@functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -159,10 +154,7 @@ def _validate(q, k, v, causal, softmax_scale, config):
     if not (q.device == k.device == v.device):
         raise ValueError(f"{name}: q, k and v must be on one device, got {q.device}, {k.device}, "
                          f"{v.device}.")
-    cap = _capability(q.device)
-    if cap != (9, 0):
-        raise ValueError(f"{name}: needs an sm_90 GPU (H100/H200: wgmma, TMA, setmaxnreg); "
-                         f"{torch.cuda.get_device_name(q.device)} is sm_{cap[0]}{cap[1]}.")
+    require_sm90(name, q.device, "wgmma, TMA, setmaxnreg")
     return config, softmax_scale
 
 

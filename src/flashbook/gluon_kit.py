@@ -2,7 +2,7 @@
 TMA copy names that differ between triton 3.6 (the GPU images, Colab) and 3.9 (the CPU image),
 and the tile helpers both kernels' roles call; for Chapter 9's two Gluon backwards (the course's
 ``solutions/extras``), the check of their backward-only inputs and the LSE and D rows they
-TMA-load.
+TMA-load; for every launcher, the check that the device is an sm_90 GPU (``require_sm90``).
 
   TMA global -> shared   3.6 ``tma.async_copy_global_to_shared``   3.9 ``tma.async_load`` (the
                          old name still exists in 3.9 but raises "has been removed")
@@ -16,6 +16,8 @@ Importing this module needs Triton's Gluon dialect (triton >= 3.5), not a GPU.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +30,8 @@ from .cases import validate_dense_qkv   # the Gluon launchers' argument check, i
 
 __all__ = ["tma_load", "tma_store", "tma_reduce_add", "cta_barrier", "smem_reinterpret",
            "m_block", "smem_tile", "head_descriptors",
-           "validate_dense_qkv", "validate_backward_inputs", "lse_and_delta_rows"]
+           "validate_dense_qkv", "validate_backward_inputs", "lse_and_delta_rows",
+           "capability", "require_sm90"]
 
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
@@ -94,6 +97,24 @@ def rebased(descriptor, base):
     out.__dict__.update(descriptor.__dict__)
     out.base = base
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def capability(device: torch.device) -> tuple:
+    """A CUDA device's compute capability, read once (the launchers check it on every call)."""
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def require_sm90(name: str, device: torch.device, uses: str) -> None:
+    """The Gluon launchers' device check: ValueError unless ``device`` is an sm_90 GPU
+    (H100/H200), naming what the kernel ``uses`` of it and what the device is instead."""
+    cap = capability(device) if device.type == "cuda" else None
+    if cap != (9, 0):
+        found = (f"{torch.cuda.get_device_name(device)} is sm_{cap[0]}{cap[1]}" if cap
+                 else f"the tensors are on {device.type}")
+        raise ValueError(f"{name}: needs an sm_90 GPU (H100/H200: {uses}); {found}. Gluon has no "
+                         "CPU interpreter: the kernel runs only on a CUDA GPU of compute "
+                         "capability 9.0.")
 
 
 def validate_backward_inputs(name: str, q, o, lse, do) -> None:
