@@ -1220,7 +1220,10 @@ else:
 # scheduler already balances it. The overlap row shows what FlashAttention-3's intra-warpgroup
 # overlap buys here: with `OVERLAP=False` a consumer waits for its PV of tile j - 1 as well as
 # for S before the softmax of tile j, so the softmax no longer runs while that PV is on the
-# tensor cores. These are an H100's figures, not the H200's of the table above.
+# tensor cores. These are an H100's figures, not the H200's of the table above. Each variant
+# was timed three times, in turn with the others, and the table gives the median: one variant's
+# three timings differ by up to {glue:text}`ch6_abl_spread_pct:.1f` %, so a smaller difference
+# between two rows is within the run's noise.
 
 # %% [markdown]
 # ## What is next

@@ -11,7 +11,8 @@ provenance and one row per (shape, causal) of ``SHAPES``, fp16, each with the TF
 * ``cudnn``: cuDNN's SDPA forward;
 
 and each Gluon variant's largest error against float32 SDPA at that shape, checked before it is
-timed, and the config each ran (``default``'s is the planner's pick). Chapter 6 quotes the
+timed, the config each ran (``default``'s is the planner's pick) and each variant's ``ROUNDS``
+timings (``rounds_ms``: their spread is the run's noise). Chapter 6 quotes the
 record through ``values`` (glue keys ``ch6_abl_*``); ``DATA_DIR`` holds one record per GPU,
 and the prose quotes one. Timed with ``bench.time_ms`` (``triton.testing.do_bench`` medians,
 launched as a user launches), the variants in turn, ``ROUNDS`` times, the median of each.
@@ -75,6 +76,7 @@ def measure_case(B: int, H: int, N: int, d: int, causal: bool) -> dict:
     # every variant timed in turn, ROUNDS times, each keeping its median: timed once each, the
     # call as a reader makes it and the grid launch (one kernel, one config) differed by 3 %
     rounds = [{name: bench.time_ms(call) for name, call in calls.items()} for _ in range(ROUNDS)]
+    row["rounds_ms"] = {name: [round(r[name], 4) for r in rounds] for name in calls}
     for name in calls:
         ms = statistics.median(r[name] for r in rounds)
         row["tflops"][name] = round(flops / ms / 1e9, 1)
@@ -90,11 +92,19 @@ def record() -> dict | None:
     return results.one_record(DATA_DIR, "ch6: forward ablation")
 
 
+def spread_pct(rec: dict) -> float:
+    """The largest (slowest / fastest - 1) * 100 over every row's and variant's rounds."""
+    return max(100 * (max(ms) / min(ms) - 1) for row in rec["rows"]
+               for ms in row["rounds_ms"].values())
+
+
 def values(rec: dict) -> dict:
     """Glue key -> figure: the GPU; per row and variant, TFLOP/s
     (``ch6_abl_<variant>_<B>_<N>_<d>_<causal|noncausal>``) and its ratio to cuDNN's
-    (``ch6_abl_<variant>_vs_cudnn_...``)."""
-    out = {"ch6_abl_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", "")}
+    (``ch6_abl_<variant>_vs_cudnn_...``); ``ch6_abl_spread_pct``, the largest spread of one
+    variant's rounds (slowest over fastest - 1, in %): differences below it are noise."""
+    out = {"ch6_abl_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", ""),
+           "ch6_abl_spread_pct": spread_pct(rec)}
     for row in rec["rows"]:
         B, _, N, d = row["shape"]
         case = f"{B}_{N}_{d}_{'causal' if row['causal'] else 'noncausal'}"

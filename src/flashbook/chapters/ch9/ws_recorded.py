@@ -9,9 +9,10 @@ so the glue keys name the variant (``ch9_ws_<variant>_<causal|noncausal>``) and 
 with other variants fails the book's build until the prose follows it."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from flashbook import results
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "ws_bwd"
 CUDNN = "cudnn"
@@ -19,11 +20,7 @@ CUDNN = "cudnn"
 
 def record() -> dict | None:
     """The one GPU's record, or None; several records are an error (the prose quotes one)."""
-    found = sorted(DATA_DIR.glob("*.json"))
-    if len(found) > 1:
-        raise ValueError(f"ch9: warp-specialized backward records of several GPUs "
-                         f"{[p.stem for p in found]}; the prose quotes one")
-    return json.loads(found[0].read_text()) if found else None
+    return results.one_record(DATA_DIR, "ch9: warp-specialized backward")
 
 
 def slug(variant: str) -> str:
