@@ -725,6 +725,22 @@ if found:
 #   its own TMA reduce has read the buffer, every step. (In an earlier run in the longest-first
 #   order the early wait was the faster one; we have not profiled why.)
 #
+# **The profile.** Nsight Compute at the same shape on the same H100
+# (`src/flashbook/data/profiles/ch9_ws_bwd_h100_noncausal_ncu.txt`, its causal twin, and
+# Chapter 6's forward's beside them; each header gives its command) finds the tensor-dominated
+# pipeline busy {glue:text}`ch9_profile_ws_pipe_noncausal:.0f`% of the time non-causal and
+# {glue:text}`ch9_profile_ws_pipe_causal:.0f`% causal, where Chapter 6's forward keeps it
+# {glue:text}`ch9_profile_fwd_pipe_noncausal:.0f`% busy, and no warp ready to issue in
+# {glue:text}`ch9_profile_ws_no_eligible_noncausal:.0f`% of the schedulers' cycles (the
+# forward: {glue:text}`ch9_profile_fwd_no_eligible_noncausal:.0f`%). The consumers spill a few
+# scalars ({glue:text}`ch9_profile_ws_spills_noncausal:.0f` million local-memory requests a
+# launch, about four a warp a step, nearly all served by L1); the forward spills none. Our
+# reading, not yet tested: a backward step is a longer chain than a forward one (five GEMMs and
+# the meeting at $dQ$ against two GEMMs), and with one chain per consumer warpgroup, three warps
+# a scheduler, one consumer's exponentials do not cover the other's GEMMs as well as in the
+# forward. The next design to try is two query tiles in flight per consumer, which needs
+# registers that 240 a thread do not leave.
+#
 # These are an H100's figures; the record above is an H200's, and the kernel's row in
 # `flashbook bench ch9` (`ch9_bwd_gluon_ws`, its gradients checked at full size against cuDNN's
 # before it is timed) is not in it yet.

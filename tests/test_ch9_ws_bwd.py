@@ -185,3 +185,29 @@ def test_the_quoted_ablation_figures_follow_the_record(tmp_path, monkeypatch):
     (tmp_path / "h200.json").write_text(json.dumps(real))
     with pytest.raises(ValueError, match="several GPUs"):
         ws_recorded.record()
+
+
+def test_the_quoted_profile_figures_are_read_from_the_stored_profiles(tmp_path):
+    """Section 7's profile figures (ch9_profile_ws_*, ch9_profile_fwd_*) are the stored Nsight
+    Compute reports' numbers: each moves when its report's line does, and a report without the
+    line is refused by name."""
+    import re
+    import shutil
+    from flashbook.chapters.ch9 import ws_recorded
+    before = ws_recorded.profile_values()
+    assert before["ch9_profile_ws_pipe_noncausal"] == float(re.search(
+        r"Shared is the highest-utilized pipeline \(([\d.]+)%\)",
+        (ws_recorded.PROFILES / "ch9_ws_bwd_h100_noncausal_ncu.txt").read_text()).group(1))
+    for path in ws_recorded.PROFILES.glob("ch*_h100_*_ncu.txt"):
+        shutil.copy(path, tmp_path)
+    for path in tmp_path.iterdir():             # every figure of every report, plus one
+        text = re.sub(r"(pipeline \(|No Eligible\s+%\s+|Spilling Requests\s+)([\d.,]+)",
+                      lambda m: m.group(1) + str(float(m.group(2).replace(",", "")) + 1),
+                      path.read_text())
+        path.write_text(text)
+    after = ws_recorded.profile_values(tmp_path)
+    assert [k for k in before if after[k] == before[k]] == []
+    report = tmp_path / "ch6_fa3_fwd_h100_noncausal_ncu.txt"
+    report.write_text(report.read_text().replace("No Eligible", "No"))
+    with pytest.raises(ValueError, match="ch6_fa3_fwd_h100_noncausal_ncu.txt has no no_eligible"):
+        ws_recorded.profile_values(tmp_path)

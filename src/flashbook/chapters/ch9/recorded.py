@@ -148,4 +148,4 @@ def quoted_values(rows) -> dict:
                         ("sdpa_flash_fwdbwd", "fa2_fwdbwd")):
         out[f"ch9_{key}_ms"] = _need(rows, kernel, CS336, True).ms
     ws = ws_recorded.record()            # the warp-specialized backward's ablation (ch9_ws_*)
-    return out | (ws_recorded.values(ws) if ws else {})
+    return out | (ws_recorded.values(ws) if ws else {}) | ws_recorded.profile_values()

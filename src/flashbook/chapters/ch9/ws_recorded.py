@@ -16,6 +16,18 @@ from flashbook import results
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "ws_bwd"
 CUDNN = "cudnn"
+# Nsight Compute profiles at (1, 16, 16384, 128) fp16 (each header gives its command): the
+# warp-specialized backward's and, to compare with, Chapter 6's forward's
+PROFILES = Path(__file__).resolve().parents[2] / "data" / "profiles"
+PROFILED = {"ws": "ch9_ws_bwd_h100_{}_ncu.txt", "fwd": "ch6_fa3_fwd_h100_{}_ncu.txt"}
+_PROFILE_METRICS = {
+    "pipe": r"Shared is the highest-utilized pipeline \(([\d.]+)%\)",    # tensor-core dominated
+    "no_eligible": r"No Eligible\s+%\s+([\d.]+)",
+    "spills": r"Local Memory Spilling Requests\s+([\d,]+)",
+}
+QUOTED = (("ws", "pipe", "noncausal"), ("ws", "pipe", "causal"), ("ws", "no_eligible", "noncausal"),
+          ("ws", "spills", "noncausal"), ("fwd", "pipe", "noncausal"),
+          ("fwd", "no_eligible", "noncausal"))
 
 
 def record() -> dict | None:
@@ -40,4 +52,20 @@ def values(rec: dict) -> dict:
             out[f"ch9_ws_{slug(variant)}_{label}"] = tflops
             if variant != CUDNN:
                 out[f"ch9_ws_{slug(variant)}_vs_cudnn_{label}"] = tflops / cudnn
+    return out
+
+
+def profile_values(directory: Path = PROFILES) -> dict:
+    """Glue key -> figure read from the stored profiles, for each of ``QUOTED``:
+    ``ch9_profile_<kernel>_<metric>_<causal|noncausal>``, metric ``pipe`` (the tensor-dominated
+    shared pipeline's utilisation, %), ``no_eligible`` (% of scheduler cycles with no warp
+    ready) or ``spills`` (local-memory spill requests, millions). ValueError if one is missing."""
+    out = {}
+    for kernel, metric, label in QUOTED:
+        path = directory / PROFILED[kernel].format(label)
+        m = re.search(_PROFILE_METRICS[metric], path.read_text())
+        if m is None:
+            raise ValueError(f"ch9: the profile {path.name} has no {metric} figure")
+        value = float(m.group(1).replace(",", ""))
+        out[f"ch9_profile_{kernel}_{metric}_{label}"] = value / (1e6 if metric == "spills" else 1)
     return out
