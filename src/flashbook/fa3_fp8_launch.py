@@ -33,8 +33,9 @@ from flashbook.aot import gluon_ast_source
 from flashbook.cases import cdiv
 from flashbook.fa3_fp8_kernel import fp8_kernel
 from flashbook.fa3_planner import Config, register_budget
-from flashbook.gluon_kit import require_sm90
+from flashbook.gluon_kit import rebased, require_sm90
 from flashbook.planning import H100, MBARRIER_BYTES
+from flashbook.plans import Launch, Plans, key
 
 __all__ = ["attention_fp8_gluon", "compile_for_sm90", "default_config", "FASTEST", "FALLBACK",
            "shared_memory", "Config", "P_PATHS", "PERM_32", "permute_keys"]
@@ -180,6 +181,10 @@ def kernel_constexprs(config: Config, block_m: int, block_n: int,
             dict(num_warps=4, maxnreg=budget["launch"]))
 
 
+_FP8_PLANS = Plans()
+_NO_ROWS, _NO_KEYS = object(), object()     # plans that launch nothing
+
+
 def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
                         out_dtype=torch.float16, block_m: int = 64, block_n: int = 128,
                         config: Config | None = None, p_path: str = "smem"):
@@ -191,31 +196,58 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
     fastest measured on an H100) when 256 divides ``block_n``, 64 x 128 in three when 128 does,
     else a ValueError. ``p_path`` (``P_PATHS``): how P reaches PV's wgmma, by default "smem"
     (staged in shared memory, the fastest measured); with "perm" and "perm4" vt8 is
-    ``permute_keys(V^T)``."""
+    ``permute_keys(V^T)``. The checks, config, grid and TMA descriptors are remembered by the
+    inputs' metadata (``plans``): a repeated call costs its output buffer and the launch."""
+    plan_key = key(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path)
+    plan = _FP8_PLANS.get(plan_key)
+    if plan is None:
+        plan = _FP8_PLANS.remember(plan_key, _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype,
+                                                   block_m, block_n, config, p_path))
+    o = torch.empty(q8.shape, dtype=out_dtype, device=q8.device)
+    if plan is _NO_ROWS:
+        return o
+    if plan is _NO_KEYS:
+        return o.zero_()
+    launch, descriptors, padded_keys = plan
+    if padded_keys:                      # V^T's rows 16-byte aligned for TMA: a zero-padded copy
+        padded = torch.zeros((*vt8.shape[:-1], padded_keys), dtype=E4M3, device=q8.device)
+        padded[..., :vt8.shape[-1]] = vt8
+        vt8 = padded
+    q_desc, k_desc, vt_desc = (rebased(d, t) for d, t in zip(descriptors, (q8, k8, vt8)))
+    if q8.device.index == torch.cuda.current_device():
+        launch(q_desc, k_desc, vt_desc, o, qs, ks, vs)
+    else:
+        with torch.cuda.device(q8.device):
+            launch(q_desc, k_desc, vt_desc, o, qs, ks, vs)
+    return o
+
+
+def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path):
+    """(the ``Launch``, the TMA descriptors of q8, k8 and V^T as templates for ``rebased``, the
+    keys of V^T's zero-padded copy or 0), or ``_NO_ROWS`` / ``_NO_KEYS``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     config = _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_path)
     B, H, N_q, d = q8.shape
     N_k = k8.shape[2]
-    o = torch.empty((B, H, N_q, d), dtype=out_dtype, device=q8.device)
     if N_q == 0 or B * H == 0:
-        return o
+        return _NO_ROWS
     if N_k == 0:
-        return o.zero_()
-    if N_k % 16 and p_path not in ("perm", "perm4"):   # V^T's rows 16-byte aligned for TMA
-        padded = torch.zeros((B, H, d, cdiv(N_k, 16) * 16), dtype=E4M3, device=q8.device)
-        padded[..., :N_k] = vt8
-        vt8 = padded
+        return _NO_KEYS
+    padded_keys = cdiv(N_k, 16) * 16 if N_k % 16 and p_path not in ("perm", "perm4") else 0
     bm, bn = config.BLOCK_M, config.BLOCK_N
-    q3, k3 = q8.view(B * H, N_q, d), k8.view(B * H, N_k, d)
-    vt3 = vt8.view(B * H, d, vt8.shape[-1])
-    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), box, _layout(*box[1:]))
-             for t, box in ((q3, [1, bm, d]), (k3, [1, bn, d]), (vt3, [1, d, bn]))]
+    vt3 = (torch.empty((B * H, d, padded_keys), dtype=E4M3, device=q8.device) if padded_keys
+           else vt8.view(B * H, d, vt8.shape[-1]))
+    descriptors = []
+    for t3, box in ((q8.view(B * H, N_q, d), [1, bm, d]), (k8.view(B * H, N_k, d), [1, bn, d]),
+                    (vt3, [1, d, bn])):
+        descriptor = TensorDescriptor(t3, list(t3.shape), list(t3.stride()), box,
+                                      _layout(*box[1:]))
+        descriptor.base = None          # a template: the plan must not keep a tensor alive
+        descriptors.append(descriptor)
     constexprs, options = kernel_constexprs(config, block_m, block_n, p_path)
-    with torch.cuda.device(q8.device):
-        fp8_kernel[(cdiv(N_q, 2 * bm), B * H)](
-            *descs, o, qs, ks, vs, N_q, N_k, LOG2E / math.sqrt(d), CAUSAL=bool(causal),
-            **constexprs, **options)
-    return o
+    launch = Launch(fp8_kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, LOG2E / math.sqrt(d)),
+                    dict(CAUSAL=bool(causal), **constexprs, **options))
+    return launch, descriptors, padded_keys
 
 
 def compile_for_sm90(config: Config | None = None, head_dim: int = 128, causal: bool = False,

@@ -212,6 +212,14 @@ def calls(quick: bool = False) -> dict:
     if gpu and torch.cuda.get_device_capability() == (9, 0):
         from flashbook import fa3_launch as gluon_fa3
         out["ch6.gluon_fa3.attention_fa3"] = lambda: gluon_fa3.attention_fa3(q, k, v, causal=True)
+        # Chapter 6's FP8 forward in Gluon on e4m3 inputs (V transposed), its scales in blocks of
+        # 64 query rows and 256 keys, where its default config is its fastest (64 x 256 tiles)
+        from flashbook.fa3_fp8_launch import E4M3, attention_fp8_gluon
+        q8, k8 = q.to(E4M3), k.to(E4M3)
+        vt8 = v.to(E4M3).transpose(-1, -2).contiguous()
+        qs, ks, vs = (torch.ones(1, 4, n, device=q.device) for n in (N // 64, N // 256, N // 256))
+        out["ch6.attention_fp8_gluon"] = lambda: attention_fp8_gluon(
+            q8, qs, k8, ks, vt8, vs, causal=True, block_m=64, block_n=256)
     return out
 
 
