@@ -37,10 +37,12 @@ def test_the_benchmarks_page_draws_a_recorded_sweep(tmp_path, monkeypatch):
     from flashbook import book, results
     rows = [_row("ch6_gluon_fa3", "reference", 512, 1.0), _row("sdpa_cudnn", "baseline", 512, 1.1)]
     results.write(rows, tmp_path, "h200", dict(gpu="NVIDIA H200", commit="abc1234",
-                                               command="python -m flashbook.sweep"))
+                                               command="python -m flashbook.sweep",
+                                               parts="forward,backward"))
     monkeypatch.setattr(sweep, "DATA_DIR", tmp_path)
     page = "\n".join(book.sweep_section())
     assert "## Over a sweep of shapes: NVIDIA H200" in page and "`abc1234`" in page
+    assert "The parts this record holds: forward, backward." in page     # a run of some parts
     assert "| cuDNN | 1.10 |" in page
 
 

@@ -173,7 +173,9 @@ def sweep_section() -> list[str]:
                   "replayed from a CUDA graph). Each cell is the baseline's time divided by ours: "
                   "above 1, ours is faster. Forward and backward keep the tokens per batch "
                   f"constant ({sweep.TOKENS:,}: B = {sweep.TOKENS:,} / N), H = {sweep.HEADS}. "
-                  f"Measured with `{meta.get('command', '?')}` at `{meta.get('commit')}`; "
+                  + (f"The parts this record holds: {meta['parts'].replace(',', ', ')}. "
+                     if meta.get("parts") else "")
+                  + f"Measured with `{meta.get('command', '?')}` at `{meta.get('commit')}`; "
                   + results.describe(meta) + ".", "",
                   "Where each kernel stands, read from these rows:", "",
                   sweep.reading(results.read(path)), "",
