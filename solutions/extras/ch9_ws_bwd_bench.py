@@ -195,7 +195,7 @@ def run_ablation(causal):
     scale = 1 / math.sqrt(d)
     o, lse = forward(q, k, v, causal, scale)
     want = reference(q, k, v, do, causal, scale, heads_kv=2)
-    base = WS.ws_bwd_config(d)
+    base = WS.ws_bwd_config(d, causal)
     row = dict(shape=list(shape), dtype="float16", causal=causal, ms={}, tflops={},
                max_rel_err={})
     for switch in ("",) + SWITCHES:            # the default, then each switch flipped
