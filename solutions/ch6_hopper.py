@@ -1223,7 +1223,10 @@ else:
 # tensor cores. These are an H100's figures, not the H200's of the table above. Each variant
 # was timed three times, in turn with the others, and the table gives the median: one variant's
 # three timings differ by up to {glue:text}`ch6_abl_spread_pct:.1f` %, so a smaller difference
-# between two rows is within the run's noise.
+# between two rows is within the run's noise. The overlap row is within that noise of the rows
+# with the overlap, which is what the SASS predicts: ptxas already moves the wait for PV(j - 1)
+# to the top of the softmax (see above), so with `OVERLAP=True` the consumer waits there too,
+# and the overlap that FlashAttention-3 gets on an H100 is not yet realised in this kernel.
 
 # %% [markdown]
 # ## What is next
