@@ -64,6 +64,47 @@ def test_bad_arguments_are_refused_with_a_clear_value_error(change, kwargs, mess
         launch.attention_fp8_gluon(**args, **extra)
 
 
+def test_a_repeated_call_reuses_its_plan_and_a_new_one_is_still_checked(monkeypatch):
+    """The checks, config, grid and descriptors are worked out once per inputs' metadata: a
+    call with new tensors of the same metadata launches at once, on its own tensors (the kept
+    descriptors rebased), and V^T is padded per call where N_k % 16; new metadata and bad
+    arguments are checked again. The GPU is faked: no kernel runs on a CPU."""
+    launched, checked = [], []
+    real_validate = launch._validate
+    monkeypatch.setattr(launch, "require_sm90", lambda *a: None)
+    monkeypatch.setattr(launch, "_validate", lambda *a: checked.append(1) or real_validate(*a))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)   # a CPU tensor's index
+
+    class FakeLaunch:
+        def __init__(self, kernel, grid, args, kwargs):
+            self.grid, self.args, self.kwargs = grid, args, kwargs
+
+        def __call__(self, *tensors):
+            launched.append((self, tensors))
+    monkeypatch.setattr(launch, "Launch", FakeLaunch)
+    launch._FP8_PLANS.clear()
+    first, second = _inputs(N_q=256, N_k=256), _inputs(N_q=256, N_k=256)
+    launch.attention_fp8_gluon(**first)
+    launch.attention_fp8_gluon(**second)
+    assert len(checked) == 1 and launched[0][0] is launched[1][0]      # one plan, two launches
+    for (_, tensors), inputs in zip(launched, (first, second)):
+        q_desc, k_desc, vt_desc, o, qs, ks, vs = tensors
+        assert (q_desc.base, k_desc.base, vt_desc.base) == (inputs["q8"], inputs["k8"],
+                                                            inputs["vt8"])
+        assert qs is inputs["qs"] and o.shape == inputs["q8"].shape
+    assert launched[0][0].grid == (2, 2) and launched[0][0].args[:2] == (256, 256)
+    odd = _inputs(N_q=100, N_k=77)                   # new metadata: checked, V^T padded to 80
+    odd["vt8"] = torch.randn(1, 2, 64, 77).to(E4M3)
+    launch.attention_fp8_gluon(**odd, causal=True)
+    assert len(checked) == 2
+    vt_desc = launched[-1][1][2]
+    assert vt_desc.base.shape[-1] == 80 and torch.equal(vt_desc.base[..., :77].float(),
+                                                        odd["vt8"].float())
+    assert not vt_desc.base[..., 77:].float().any()
+    with pytest.raises(ValueError, match="out_dtype"):        # a bad call finds no plan
+        launch.attention_fp8_gluon(**first, out_dtype=torch.float32)
+
+
 def test_chapter_6_exports_the_launcher_on_first_use():
     assert ch6.attention_fp8_gluon is launch.attention_fp8_gluon
     assert "attention_fp8_gluon" in ch6.__all__
