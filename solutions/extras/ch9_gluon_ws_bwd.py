@@ -89,9 +89,9 @@ class WsBwdConfig:
 def ws_bwd_config(d: int, causal: bool = False) -> WsBwdConfig:
     """(64, 2) at d = 128 (a third slot does not fit shared memory). At d = 64, (64, 2)
     without the mask and (64, 4) with it: the fastest on an H100 at (4, 16, 4096, 64) fp16 and
-    (1, 16, 16384, 64) bf16, three rounds each (.. 0.93x / 0.91x cuDNN non-causal, 0.96x /
-    0.92x causal); the three-slot ring these replaced was the slowest of the three in all four
-    cases (0.87x-0.90x)."""
+    (1, 16, 16384, 64) bf16, three interleaved rounds each (0.93x / 0.91x cuDNN's backward
+    non-causal, 0.96x / 0.92x causal); the three-slot ring these replaced was the slowest of the
+    three in all four cases (0.87x-0.90x)."""
     if d > 64:
         return WsBwdConfig(64, 2)
     return WsBwdConfig(64, 4) if causal else WsBwdConfig(64, 2)
