@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import matplotlib
 import pytest
@@ -105,6 +106,28 @@ def test_recorded_data_are_rows_with_provenance(chapter):
     line = results.describe(meta)
     driver = meta['driver'].split("\n")[0]           # a line per GPU in multi-GPU records
     assert line.startswith(f"gpu {meta['gpu']}, driver {driver}") and meta["date"] in line
+
+
+PROFILES = sorted((results.DATA_DIR.parent / "profiles").glob("*_ncu.txt"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_every_stored_profile_says_where_it_comes_from(path):
+    """A stored Nsight Compute report (the chapters quote their figures) opens with what it
+    profiled, the GPU, the versions, the date and the command, then holds ncu's own output for
+    one kernel launch; the file names its GPU as the header does."""
+    text = path.read_text()
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert header[0].startswith("# Nsight Compute profile: ") and "(B, H, N, d)" in header[0]
+    for key in ("# gpu: NVIDIA ", "# versions: torch ", "# date: 20", "# command"):
+        assert any(line.startswith(key) for line in header), f"{path.name}: no {key!r}"
+    versions = next(line for line in header if line.startswith("# versions:"))
+    assert "triton" in versions and "ncu" in versions
+    gpu = next(line for line in header if line.startswith("# gpu:"))
+    named = re.search(r"_(h\d00)_", path.stem)              # ch9_ws_bwd_h100_causal_ncu -> h100
+    assert named and named.group(1) in gpu.lower(), f"{path.name}: the name and {gpu!r} disagree"
+    assert text.count("Section: GPU Speed Of Light Throughput") == 1   # one launch profiled
+    assert "==ERROR==" not in text
 
 
 def test_recorded_is_none_where_nothing_was_measured():
