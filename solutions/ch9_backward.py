@@ -503,44 +503,87 @@ ch9.check_autograd(FlashAttentionFn, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# **Exercise 4 (1 point).** The dense API a model calls is a reshape around the Function:
-# `flash_attention(q, k, v, causal, softmax_scale, layout="bhnd", return_lse=False)` takes
-# `(B, H, N, d)` tensors, or with `layout="bnhd"` flash-attn's `(B, N, H, d)` (`flash_attn_func`),
-# and returns O in the same layout, with `return_lse=True` also the LSE `(B, h_q, N_q)`.
+# **Exercise 4 (1 point).** The dense API a model calls, `flash_attention(q, k, v, causal,
+# softmax_scale, layout="bhnd", return_lse=False)`, takes `(B, H, N, d)` tensors, or with
+# `layout="bnhd"` flash-attn's `(B, N, H, d)` (`flash_attn_func`), and returns O in the same
+# layout, with `return_lse=True` also the LSE `(B, h_q, N_q)`. It is a Function of its own, as
+# flash-attn's dense `FlashAttnFunc` stands beside its varlen one, for a reason of speed: every
+# view of q, k and v made *outside* a Function is an op autograd records, and a model's
+# forward then spends more host time on the reshapes than on the launch. Inside `forward` and
+# `backward` autograd records nothing.
+#
 # A dense batch is a packed batch, seen through strides with no copy, in one of two ways:
 # $B$ sequences of $N$ tokens, `(B*N, H, d)`, where one token stride also steps across the
 # batch (flash-attn's layout as allocated), or one sequence of $N$ tokens with $B \cdot H$ heads,
 # `(N, B*H, d)`, where one head stride steps across the batch (`(B, H, N, d)` as allocated; the
-# kernels find query head $j$'s K/V head as $j / G$, so GQA survives). `q, k, v, S =
-# ch9.packed_views(q, k, v, layout)` picks the way the three tensors' strides allow and
-# returns them packed with $S$, the number of sequences ($B$ or 1; where neither way fits it
-# copies, as `ch9.to_packed(t, layout)` does). Take the int32 offsets `arange(S + 1) * N_q` for
-# the queries and `* N_k` for the keys from `ch9.dense_offsets(S, N, device)` (made once per
-# shape: building them is two device ops per call), call `FlashAttentionFn.apply`, and unpack
-# O with `ch9.from_packed(o, B, layout, S)` and the LSE with `ch9.lse_from_packed(lse, B, S)`
-# (about 10 lines). A call autograd records nothing of (`torch.no_grad()`, or inputs that need
-# no gradient: `ch9.forward_only(q, k, v)`) needs no Function: start with `return
-# ch9.dense_forward(q, k, v, causal, softmax_scale, layout, return_lse)` there, the forward
-# kernel's launch remembered by the inputs' shapes and strides and made again on your tensors
-# (the packing, the checks and the Function cost the host more than the launch itself). The
-# check compares O, the LSE and the gradients with float64 autograd in both layouts, then
+# kernels find query head $j$'s K/V head as $j / G$, so GQA survives).
+#
+# * `forward(ctx, q, k, v, causal, softmax_scale, layout)`: `ch9.dense_forward(q, k, v, causal,
+#   softmax_scale, layout, return_lse=True)` packs, launches Chapter 5's forward and gives O and
+#   the LSE back in the caller's layout (its launch is remembered by the inputs' shapes and
+#   strides, and made again on your tensors). Save q, k, v, O and the LSE, keep the rest on
+#   `ctx`, mark the LSE non-differentiable.
+# * `backward(ctx, do, dlse)`: `q, k, v, S = ch9.packed_views(q, k, v, layout)` picks the way the
+#   three tensors' strides allow and returns them packed with $S$, the number of sequences ($B$
+#   or 1; where neither way fits it copies); `ch9.to_packed(t, layout, S)` packs O and dO the same
+#   way and `ch9.lse_to_packed(lse, S)` the LSE. The int32 offsets are `arange(S + 1) * N_q` for
+#   the queries and `* N_k` for the keys: `ch9.dense_offsets(S, N, device)` (made once per
+#   shape). Run your `attention_backward` (float64, gradcheck's dtype: Section 2's
+#   `tiled_backward_packed`, as in Exercise 3) and give each gradient back in the caller's layout
+#   with `ch9.from_packed(g, B, layout, S)`.
+# * `flash_attention`: a call autograd records nothing of (`torch.no_grad()`, or inputs that
+#   need no gradient: `ch9.forward_only(q, k, v)`) needs no Function: return
+#   `ch9.dense_forward(...)` there; else apply the Function.
+#
+# The check compares O, the LSE and the gradients with float64 autograd in both layouts, then
 # trains the tiny transformer of Section 6 for a few steps with your function and with SDPA:
 # the losses must agree.
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_dense", "locked": false, "schema_version": 3, "solution": true, "task": false}
+class DenseFlashAttentionFn(torch.autograd.Function):
+    """Dense attention, differentiable in q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d)
+    (layout="bnhd": (B, N, h, d)); returns O like q and the LSE (B, h_q, N_q)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, layout):
+        ### BEGIN SOLUTION
+        o, lse = ch9.dense_forward(q, k, v, causal, softmax_scale, layout, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.meta = (causal, ch9.validate_scale(softmax_scale, q.shape[-1]), layout)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        ### BEGIN SOLUTION
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, scale, layout = ctx.meta
+        seq = 2 if layout == "bhnd" else 1          # the sequence axis (packed_views checks layout)
+        B, N_q, N_k = q.shape[0], q.shape[seq], k.shape[seq]
+        q_p, k_p, v_p, S = ch9.packed_views(q, k, v, layout)   # views: S = B sequences, or 1
+        o_p, do_p = ch9.to_packed(o, layout, S), ch9.to_packed(do, layout, S)
+        lse_p = ch9.lse_to_packed(lse, S)
+        cu_q, cu_k = ch9.dense_offsets(S, N_q, q.device), ch9.dense_offsets(S, N_k, q.device)
+        if q.dtype == torch.float64:
+            grads = tiled_backward_packed(q_p, k_p, v_p, o_p, lse_p, do_p, cu_q, cu_k, causal,
+                                          scale)
+        else:
+            grads = attention_backward(q_p, k_p, v_p, o_p, lse_p, do_p.contiguous(), cu_q, cu_k,
+                                       N_q, N_k, causal, scale)
+        dq, dk, dv = (ch9.from_packed(g, B, layout, S) for g in grads)
+        return dq, dk, dv, None, None, None
+        ### END SOLUTION
+
+
 def flash_attention(q, k, v, causal=False, softmax_scale=None, layout="bhnd", return_lse=False):
     """q (B, h_q, N_q, d), k and v (B, h_kv, N_k, d) (layout="bnhd": (B, N, h, d)) -> O like q,
     differentiable; return_lse: (O, LSE (B, h_q, N_q) float32, natural log)."""
     ### BEGIN SOLUTION
     if ch9.forward_only(q, k, v):               # autograd records nothing: no Function
         return ch9.dense_forward(q, k, v, causal, softmax_scale, layout, return_lse)
-    seq = 2 if layout == "bhnd" else 1          # the sequence axis (packed_views checks layout)
-    B, N_q, N_k = q.shape[0], q.shape[seq], k.shape[seq]
-    q_p, k_p, v_p, S = ch9.packed_views(q, k, v, layout)       # views: S = B sequences, or 1
-    cu_q, cu_k = ch9.dense_offsets(S, N_q, q.device), ch9.dense_offsets(S, N_k, q.device)
-    o, lse = FlashAttentionFn.apply(q_p, k_p, v_p, cu_q, cu_k, N_q, N_k, causal, softmax_scale)
-    o = ch9.from_packed(o, B, layout, S)
-    return (o, ch9.lse_from_packed(lse, B, S)) if return_lse else o
+    o, lse = DenseFlashAttentionFn.apply(q, k, v, causal, softmax_scale, layout)
+    return (o, lse) if return_lse else o
     ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ch9_training_test", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}

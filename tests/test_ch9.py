@@ -459,6 +459,7 @@ def fresh_plans(monkeypatch):
     dense_module = sys.modules["flashbook.chapters.ch9.dense"]
     monkeypatch.setattr(forward_module, "_PLANS", Plans(), raising=False)
     monkeypatch.setattr(dense_module, "_PACKINGS", Plans(), raising=False)
+    monkeypatch.setattr(dense_module, "_PLANS", Plans(), raising=False)
     calls = collections.Counter()
 
     def counted(name, f):
@@ -476,9 +477,9 @@ def fresh_plans(monkeypatch):
 def test_the_training_call_checks_and_plans_once_per_metadata(solution, fresh_plans, values):
     """The call a training step makes (inputs that require grad) runs Chapter 5's checks, its
     launch and ``packed_views``' packing on its first call with inputs of this metadata only;
-    a later one launches the remembered kernel. Where values are checked (CPU mode, the graded
-    checks) the checks still run every call, as Chapter 5's launch runs them: they read the
-    offsets' values."""
+    a later one launches the remembered kernel, and its backward packs by the remembered
+    recipe. Where values are checked (CPU mode, the graded checks) this holds too: a dense
+    call's offsets are the package's own (``dense_offsets``), right by construction."""
     from flashbook.launcher import check_values
     attn = solution["flash_attention"]
     g = torch.Generator().manual_seed(11)
@@ -490,7 +491,20 @@ def test_the_training_call_checks_and_plans_once_per_metadata(solution, fresh_pl
             o.sum().backward()
             assert all(t.grad is not None for t in leaves)
             assert fresh_plans["launch_gqa"] == fresh_plans["_packing"] == 1
-            assert fresh_plans["validate_packed"] == (step + 1 if values else 1)
+            assert fresh_plans["validate_packed"] == 1
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_autograd_records_one_node_for_the_training_call(solution, layout):
+    """The dense call that autograd records is one node, the dense Function's, whose inputs
+    are the caller's leaves: no view, transpose or permute node between them (each is host
+    time on every training step; the packing happens inside the Function)."""
+    g = torch.Generator().manual_seed(13)
+    leaves = tuple(t.requires_grad_() for t in _dense_qkv(layout, "allocated", g))
+    o, lse = solution["flash_attention"](*leaves, True, None, layout=layout, return_lse=True)
+    assert type(o.grad_fn).__name__ == "DenseFlashAttentionFnBackward"
+    assert [type(f).__name__ for f, _ in o.grad_fn.next_functions] == ["AccumulateGrad"] * 3
+    assert not lse.requires_grad
 
 
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])

@@ -78,16 +78,21 @@ VARIANTS = (
     Variant('dense_key_offsets_from_query_length', 'ch9_dense', (
         ('ch9.dense_offsets(S, N_k, q.device)', 'ch9.dense_offsets(S, N_q, q.device)'),
     ), expect='N_k=20'),
-    Variant('dense_drops_causal', 'ch9_dense', (
-        ('N_q, N_k, causal,', 'N_q, N_k, False,'),
+    Variant('dense_backward_drops_causal', 'ch9_dense', (
+        ('cu_q, cu_k,\n                                       N_q, N_k, causal, scale)',
+         'cu_q, cu_k,\n                                       N_q, N_k, False, scale)'),
     ), expect='causal'),
-    Variant('dense_unpacks_without_transpose', 'ch9_dense', (
-        ('o = ch9.from_packed(o, B, layout, S)', 'o = o.reshape(q.shape)'),
-    ), expect='output O'),
-    Variant('dense_ignores_the_layout', 'ch9_dense', (
+    Variant('dense_unpacks_gradients_without_transpose', 'ch9_dense', (
+        ('dq, dk, dv = (ch9.from_packed(g, B, layout, S) for g in grads)',
+         'dq, dk, dv = (g.reshape(t.shape) for g, t in zip(grads, (q, k, v)))'),
+    ), expect='dQ'),
+    Variant('dense_backward_ignores_the_layout', 'ch9_dense', (
         ('seq = 2 if layout == "bhnd" else 1', 'seq, layout = 2, "bhnd"'),
     ), expect='bnhd'),
-    Variant('dense_lse_reshaped_not_transposed', 'ch9_dense', (
-        ('ch9.lse_from_packed(lse, B, S)', 'lse.reshape(B, -1, N_q)'),
-    ), expect='LSE'),
+    Variant('dense_lse_repacked_without_transpose', 'ch9_dense', (
+        ('lse_p = ch9.lse_to_packed(lse, S)', 'lse_p = lse.reshape(lse.shape[1], -1)'),
+    ), expect='lse must be'),
+    Variant('dense_gradient_of_o_not_packed_like_q', 'ch9_dense', (
+        ('ch9.to_packed(do, layout, S)', 'ch9.to_packed(do, layout)'),
+    ), expect='dense, causal GQA'),
 )

@@ -289,6 +289,21 @@ def one_record(directory: Path, what: str) -> dict | None:
     return json.loads(found[0].read_text()) if found else None
 
 
+def profile_figures(path: Path, patterns: dict, what: str) -> dict:
+    """Figures read from a stored Nsight Compute report (``src/flashbook/data/profiles``):
+    name -> the number in the first group of ``patterns[name]`` (thousands separators
+    dropped), as a float. ValueError naming the report and the figure when one is missing."""
+    path = Path(path)
+    text = path.read_text()
+    out = {}
+    for name, pattern in patterns.items():
+        m = re.search(pattern, text)
+        if m is None:
+            raise ValueError(f"{what}: the profile {path.name} has no {name} figure ({pattern})")
+        out[name] = float(m.group(1).replace(",", ""))
+    return out
+
+
 def describe(provenance: dict) -> str:
     """One line of provenance for a caption: 'gpu NVIDIA H200, driver ..., torch ..., date ...'."""
     keys = ("gpu", "driver", "cuda", "torch", "triton", "date")

@@ -24,7 +24,7 @@ from .checks import GRAD_TOL, autograd_cases, check_autograd, check_dkdv, check_
 from .figures import plot_losses, saved_bytes, saved_bytes_table, when_solved
 from .forward import forward
 from .dense import dense_forward, dense_offsets, forward_only, from_packed, lse_from_packed, \
-    packed_views, to_packed
+    lse_to_packed, packed_views, to_packed
 from .grads import attention_grads, backward_inputs, dense_attention
 from .launch import BWD_DTYPES, BwdConfig, bwd_config, launch_dkdv, launch_dq, \
     launch_preprocess
@@ -35,8 +35,8 @@ __all__ = ["CHAPTER", "forward", "launch_preprocess", "launch_dkdv", "launch_dq"
            "check_preprocess", "check_dkdv", "check_dq", "check_autograd", "check_training",
            "kernel_cases", "training_cases", "autograd_cases", "GRAD_TOL", "attention_grads",
            "backward_inputs", "dense_attention", "dense_offsets", "to_packed", "from_packed",
-           "lse_from_packed", "packed_views", "forward_only", "dense_forward", "saved_bytes",
-           "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch",
+           "lse_from_packed", "lse_to_packed", "packed_views", "forward_only", "dense_forward",
+           "saved_bytes", "saved_bytes_table", "plot_losses", "when_solved", "TinyLM", "repeat_batch",
            "sdpa_attention", "train", "benchmark", "recorded", "ws_recorded"]
 
 CHAPTER = Chapter(

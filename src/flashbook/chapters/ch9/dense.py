@@ -1,7 +1,7 @@
-"""What Chapter 9's dense API (Exercise 4's ``flash_attention``) wraps around the packed
-Function: dense ``(B, H, N, d)`` or flash-attn's ``(B, N, H, d)`` tensors seen as packed
-batches, their offsets, the packed O and LSE seen back in the caller's layout, and the forward
-alone when autograd has nothing to record.
+"""What Chapter 9's dense API (Exercise 4's Function and ``flash_attention``) needs around the
+packed kernels: dense ``(B, H, N, d)`` or flash-attn's ``(B, N, H, d)`` tensors seen as packed
+batches, their offsets, the packed O and LSE seen back in the caller's layout (and dO, O and the
+LSE packed again for the backward), and the forward alone, its launch remembered.
 
 A dense batch is a packed batch two ways, both read through strides, with no copy:
 * B sequences of N tokens (``cu_seqlens = [0, N, ..., B*N]``, h heads) where one token stride
@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from flashbook import reference
 from flashbook.cases import validate_scale
 from flashbook.device import current
 from flashbook.launcher import capturing, output
@@ -26,8 +27,8 @@ from flashbook.plans import Plans, key, recorded_launches
 
 from .forward import forward
 
-__all__ = ["LAYOUTS", "to_packed", "from_packed", "lse_from_packed", "dense_offsets",
-           "packed_views", "forward_only", "dense_forward"]
+__all__ = ["LAYOUTS", "to_packed", "from_packed", "lse_from_packed", "lse_to_packed",
+           "dense_offsets", "packed_views", "forward_only", "dense_forward"]
 
 LAYOUTS = ("bhnd", "bnhd")       # (B, H, N, d), and flash-attn's (B, N, H, d)
 
@@ -39,12 +40,17 @@ def _layout(layout: str) -> str:
     return layout
 
 
-def to_packed(t, layout: str = "bhnd"):
+def to_packed(t, layout: str = "bhnd", sequences: int | None = None):
     """(B, H, N, d) (``layout="bnhd"``: (B, N, H, d)) -> (B * N, H, d): a view where the batch
-    and sequence axes merge (one sequence, or flash-attn's layout), else a contiguous copy. The
-    kernels take the token and head strides (the last dimension is made contiguous)."""
+    and sequence axes merge (one sequence, or flash-attn's layout), else a contiguous copy. With
+    ``sequences=1`` (``packed_views``'s heads fold, B > 1) -> (N, B * H, d) the same way: how a
+    backward packs dO and O like the q it packed. The kernels take the token and head strides
+    (the last dimension is made contiguous)."""
     B, X, Y, d = t.shape           # (B, H, N, d), or (B, N, H, d) for "bnhd"
-    if layout == "bhnd":           # compared inline (the old dense path ran it three times a call)
+    if sequences == 1 and B > 1:   # the heads fold: through (N, B, H, d)
+        heads_first = t.permute(2, 0, 1, 3) if layout == "bhnd" else t.transpose(0, 1)
+        packed = heads_first.reshape(heads_first.shape[0], B * heads_first.shape[2], d)
+    elif layout == "bhnd":         # compared inline (the old dense path ran it three times a call)
         packed = t.transpose(1, 2).reshape(B * Y, X, d)
     elif _layout(layout) == "bnhd":
         packed = t.reshape(B * X, Y, d)
@@ -164,6 +170,15 @@ def lse_from_packed(lse, B, sequences: int | None = None):
     return lse.view(B, -1, lse.shape[1])
 
 
+def lse_to_packed(lse, sequences: int):
+    """``lse_from_packed``'s inverse: (B, H, N) -> (H, B * N) (``sequences=1``: (B * H, N)), a
+    view of an LSE that ``lse_from_packed`` (or ``dense_forward``) gave, else a copy."""
+    B, H, N = lse.shape
+    if sequences == 1:
+        return lse.reshape(B * H, N)
+    return lse.transpose(0, 1).reshape(H, B * N)
+
+
 _OFFSETS: dict = {}
 _KEPT_AT_MOST = 256                 # offsets tensors kept (never freed: see dense_offsets)
 
@@ -206,12 +221,14 @@ _PLANS = Plans()
 
 def dense_forward(q, k, v, causal: bool = False, softmax_scale=None, layout: str = "bhnd",
                   return_lse: bool = False):
-    """O in q's layout (and the LSE (B, h_q, N_q)) of dense q, k, v, the forward alone (no
-    autograd Function: see ``forward_only``). The first call with inputs of this metadata
-    packs them (``packed_views``), runs ``forward`` (Chapter 5's checks and plan) and
-    remembers its launch; a later one launches it again on the caller's own tensors (a packed
-    view of a tensor starts at its data pointer; the strides are the plan's), with new output
-    buffers: no view, no check, no offsets made, nothing read from the device."""
+    """O in q's layout (and the LSE (B, h_q, N_q)) of dense q, k, v: the forward alone, called
+    where autograd records nothing (``forward_only``, or inside Exercise 4's Function). The
+    first call with inputs of this metadata packs them (``packed_views``), runs ``forward``
+    (Chapter 5's checks and plan) and remembers its launch; a later one launches it again on
+    the caller's own tensors (a packed view of a tensor starts at its data pointer; the strides
+    are the plan's), with new output buffers: no view, no check, no offsets made, nothing read
+    from the device. float64 (gradcheck's dtype, which the kernels do not take) runs the
+    float64 reference on the packed views, every call."""
     plan_key = key(q, k, v, causal, softmax_scale, layout)
     plan = _PLANS.get(plan_key)
     if plan is None:
@@ -235,9 +252,14 @@ def _first_call(plan_key, q, k, v, causal, softmax_scale, layout, return_lse):
     B, N_q, N_k = q.shape[0], q.shape[seq], k.shape[seq]
     q_p, k_p, v_p, S = packed_views(q, k, v, layout)
     cu_q, cu_k = dense_offsets(S, N_q, q.device), dense_offsets(S, N_k, q.device)
+    scale = validate_scale(softmax_scale, q.shape[-1])
+    if q.dtype == torch.float64:     # gradcheck's dtype: the float64 reference, never remembered
+        o_p, lse_p = reference.attention_varlen(q_p, k_p, v_p, cu_q, cu_k, scale, causal)
+        o, lse = from_packed(o_p, B, layout, S), lse_from_packed(lse_p, B, S)
+        return (o, lse) if return_lse else o
     with recorded_launches() as made:
         o_p, lse_p = forward(q_p, k_p, v_p, cu_q, cu_k, N_q, N_k, causal=causal,
-                             softmax_scale=validate_scale(softmax_scale, q.shape[-1]))
+                             softmax_scale=scale)
     o, lse = from_packed(o_p, B, layout, S), lse_from_packed(lse_p, B, S)
     views = (q_p, k_p, v_p)
     if len(made) <= 1 and not capturing() and all(

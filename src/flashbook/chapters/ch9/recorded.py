@@ -10,7 +10,6 @@ Rows come from ``flashbook bench ch9`` (``benchmark.py`` documents them: ``ch9_b
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -108,14 +107,7 @@ def profile_metrics(path=PROFILE) -> dict:
     """The figures Section 7 quotes from the stored Nsight Compute profile: the tensor pipe's
     and the L1/shared memory's utilisation (% of peak), the % of scheduler cycles with no warp
     eligible to issue, the warps per scheduler and the registers per thread."""
-    text = Path(path).read_text()
-    out = {}
-    for name, pattern in _PROFILE_METRICS.items():
-        m = re.search(pattern, text)
-        if m is None:
-            raise ValueError(f"ch9: the profile {path} has no {name} figure ({pattern})")
-        out[name] = float(m.group(1))
-    return out
+    return results.profile_figures(path, _PROFILE_METRICS, "ch9")
 
 
 def quoted_values(rows) -> dict:

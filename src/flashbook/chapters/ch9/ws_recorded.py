@@ -63,9 +63,6 @@ def profile_values(directory: Path = PROFILES) -> dict:
     out = {}
     for kernel, metric, label in QUOTED:
         path = directory / PROFILED[kernel].format(label)
-        m = re.search(_PROFILE_METRICS[metric], path.read_text())
-        if m is None:
-            raise ValueError(f"ch9: the profile {path.name} has no {metric} figure")
-        value = float(m.group(1).replace(",", ""))
+        value = results.profile_figures(path, {metric: _PROFILE_METRICS[metric]}, "ch9")[metric]
         out[f"ch9_profile_{kernel}_{metric}_{label}"] = value / (1e6 if metric == "spills" else 1)
     return out
