@@ -1109,6 +1109,31 @@ else:
 # {glue:text}`ch6_fp8_gluon_tflops_causal:.0f` TFLOP/s causal
 # ({glue:text}`ch6_fp8_gluon_vs_fp16_causal:.2f`x): the ping-pong that hides the softmax behind
 # the other warpgroup's matmuls, which the Triton kernel leaves to the compiler.
+#
+# **FlashAttention-4's polynomial, tried on Hopper.** Chapter 7 computes part of the
+# exponentials by a polynomial on the FMA units, because a B200's tensor cores doubled and its
+# exponential unit did not. FP8 does the same to an H100: in Chapter 7's model a 128 x 128 tile
+# at d = 128 needs 1,024 cycles of e4m3 tensor cores and 1,024 of exponentials, the balance
+# at which the polynomial pays on a B200. With `exp2_fma=True` the kernel computes the odd keys'
+# exponentials FlashAttention-4's way (`fa3_fp8_kernel.exp2_fma`: round by adding
+# $1.5 \cdot 2^{23}$, a cubic for $2^f$, the integer part added into the exponent bits). It is
+# slower: {glue:text}`ch6_fp8_exp2_fma_tflops_noncausal:.0f` TFLOP/s non-causal
+# ({glue:text}`ch6_fp8_exp2_fma_vs_mufu_noncausal:.2f`x the kernel with every exponential on
+# MUFU) and {glue:text}`ch6_fp8_exp2_fma_tflops_causal:.0f` causal
+# ({glue:text}`ch6_fp8_exp2_fma_vs_mufu_causal:.2f`x), at the same accuracy (RMS error
+# {glue:text}`ch6_fp8_gluon_exp2_fma_err_noncausal:.2e` against
+# {glue:text}`ch6_fp8_gluon_err_noncausal:.2e` on the outlier inputs). The main loop's
+# SASS says why. Per key a thread holds, the default issues
+# {glue:text}`ch6_fp8_sass_per_key_default:.1f` instructions,
+# {glue:text}`ch6_fp8_sass_other_per_key_default:.1f` of them besides the exponential (the
+# model counts 3.5: the max, the scale, the sum, the cast; here also the rescale of O, the
+# stores of P, the masks, the loop), and each exponential moved to the FMA units costs
+# {glue:text}`ch6_fp8_sass_added_per_emulated:.1f` more (a clamp, two adds for the rounding,
+# three FMAs, a shift and an add). A warp scheduler issues one instruction a clock, no more
+# than its FMA pipe takes: while its partner holds the tensor cores, a warpgroup's softmax is
+# bound by issue slots, not by the exponential unit, and the polynomial spends more of them
+# than it saves. The model's balance holds only where the softmax issues few instructions per
+# key; the flag stays off.
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt

@@ -103,25 +103,42 @@ def test_the_fp8_benchmark_says_what_it_needs_on_a_cpu(capsys):
     assert "fp8 tensor cores" in capsys.readouterr().err
 
 
-def _fp8_record(f=1.0, gluon=False):
-    """An FP8 record as ``fp8_bench`` writes it, its numbers scaled by ``f``; with ``gluon``, as
-    it writes it since it times ``attention_fp8_gluon`` too."""
+SASS = {"default": dict(n=1250, MUFU=131, keys=128), "exp2_fma": dict(n=1699, MUFU=67, keys=128)}
+
+
+def _fp8_record(f=1.0):
+    """An FP8 record as ``fp8_bench`` writes it, its numbers scaled by ``f``."""
+    from flashbook import fp8_bench
     from flashbook.chapters.ch6 import fp8_recorded
     speed = [dict(kernel=k, causal=c, ms=1.0, tflops=t * f * (0.8 if c else 1), note=note)
              for k, t, note in (("ch6_attention_fp8", 700, fp8_recorded.default_config()),
                                 ("ch6_attention_fp8", 750,
                                  "BLOCK_M=128 BLOCK_N=128 warps=8 stages=3"),
-                                *[("ch6_attention_fp8_gluon", 840, "BLOCK_M=64 BLOCK_N=256")]
-                                * gluon,
+                                ("ch6_attention_fp8_gluon", 840, "BLOCK_M=64 BLOCK_N=256"),
+                                ("ch6_attention_fp8_gluon_exp2_fma", 720, "BLOCK_M=64 BLOCK_N=256"),
                                 ("ch6_attention_fa3_fp16", 600, ""),
                                 ("sdpa_cudnn_fp16", 610, ""))
              for c in (False, True)]
     accuracy = [dict(kernel=k, causal=c, rms_error=e * f * (1.1 if c else 1))
-                for k, e in (("fp8", 0.3), ("fp8_rotated", 0.1), ("fp16_sdpa", 0.004))
+                for k, e in (("fp8", 0.3), ("fp8_rotated", 0.1), ("fp8_gluon", 0.31),
+                             ("fp8_gluon_exp2_fma", 0.32), ("fp16_sdpa", 0.004))
                 for c in (False, True)]
+    sass = {label: {k: v * f if k == "n" else v for k, v in loop.items()}
+            for label, loop in SASS.items()}
     return dict(provenance=dict(gpu="NVIDIA H100 80GB HBM3", date="2026-12-06", command="x"),
                 shape=[1, 16, 16384, 128], accuracy_shape=[1, 4, 2048, 128], speed=speed,
-                accuracy=accuracy)
+                accuracy=accuracy, sass=sass | {"figures": fp8_bench.sass_figures(sass)})
+
+
+def test_the_sass_figures_are_per_key_a_thread_holds():
+    """``fp8_bench.sass_figures``: the main loop's instructions per key of a tile a thread
+    holds, those besides MUFU, and what exp2_fma adds per exponential it moves (half the keys)."""
+    from flashbook import fp8_bench
+    got = fp8_bench.sass_figures(SASS)
+    assert got == pytest.approx(dict(
+        per_key_default=1250 / 128, other_per_key_default=1119 / 128,
+        per_key_exp2_fma=1699 / 128, other_per_key_exp2_fma=1632 / 128,
+        added_per_emulated=449 / 64))
 
 
 def test_the_fp8_figures_follow_the_record(tmp_path, monkeypatch):
@@ -145,13 +162,15 @@ def test_the_fp8_figures_follow_the_record(tmp_path, monkeypatch):
     rec["speed"][0]["tflops"] *= 1.01             # the fp8 rows, one field at a time
     rec["speed"][1]["tflops"] *= 1.02
     rec["speed"][2]["tflops"] *= 9                # a faster other config is not quoted
-    for r, g in zip(rec["speed"][4:], (1.03, 1.04, 1.05, 1.06)):
-        r["tflops"] *= g
-    for r, g in zip(rec["accuracy"], (1.07, 1.08, 1.09, 1.10, 1.11, 1.12)):
-        r["rms_error"] *= g
+    for i, r in enumerate(rec["speed"][4:]):
+        r["tflops"] *= 1.03 + 0.01 * i
+    for i, r in enumerate(rec["accuracy"]):
+        r["rms_error"] *= 1.07 + 0.01 * i
+    rec["sass"]["figures"] = {k: v * 1.5 for k, v in rec["sass"]["figures"].items()}
     rec["provenance"]["gpu"] = "NVIDIA H200"
     moved = fp8_recorded.values(rec)
     assert {k for k in v if moved[k] == v[k]} == set()
+    assert moved["ch6_fp8_sass_added_per_emulated"] == pytest.approx(1.5 * 449 / 64)
     assert moved["ch6_fp8_tflops_noncausal"] == pytest.approx(707)
     assert fp8_recorded.plot(rec) is not None
     (tmp_path / "h200.json").write_text(json.dumps(rec))
@@ -159,26 +178,28 @@ def test_the_fp8_figures_follow_the_record(tmp_path, monkeypatch):
         fp8_recorded.record()
 
 
-def test_the_gluon_fp8_figures_follow_the_record_where_it_has_them():
-    """ch6_fp8_gluon_*: the Gluon kernel's TFLOP/s and its ratio to the fp16 forward, present
-    only in a record with its rows (the book's record before ``fp8_bench`` timed it has none),
-    each moving with its row; the plot draws its bars."""
+def test_the_gluon_fp8_figures_and_exp2_fma_follow_the_record():
+    """ch6_fp8_gluon_* and ch6_fp8_exp2_fma_*: the Gluon kernel's TFLOP/s and its ratio to the
+    fp16 forward; with exp2_fma, its TFLOP/s and ratio to the default; both errors; each moving
+    with its row. A record without the exp2_fma rows is refused by name."""
     from flashbook.chapters.ch6 import fp8_recorded
-    assert not any("gluon" in k for k in fp8_recorded.values(_fp8_record()))
-    rec = _fp8_record(gluon=True)
+    rec = _fp8_record()
     v = fp8_recorded.values(rec)
-    assert {k for k in v if "gluon" in k} == {
-        f"ch6_fp8_gluon_{what}_{label}" for what in ("tflops", "vs_fp16")
-        for label in ("noncausal", "causal")}
     assert v["ch6_fp8_gluon_tflops_noncausal"] == 840 and v["ch6_fp8_gluon_tflops_causal"] == 672
     assert v["ch6_fp8_gluon_vs_fp16_causal"] == pytest.approx(840 / 600)
+    assert v["ch6_fp8_exp2_fma_vs_mufu_noncausal"] == pytest.approx(720 / 840)
+    assert v["ch6_fp8_gluon_exp2_fma_err_causal"] == pytest.approx(0.32 * 1.1)
+    assert v["ch6_fp8_sass_per_key_default"] == pytest.approx(1250 / 128)
     assert v["ch6_fp8_tflops_noncausal"] == 700        # the Triton kernel's figures stay
-    gluon = [r for r in rec["speed"] if r["kernel"] == fp8_recorded.GLUON]
-    for r, g in zip(gluon, (1.01, 1.02)):
+    fma = [r for r in rec["speed"] if r["kernel"] == fp8_recorded.GLUON_EXP2_FMA]
+    for r, g in zip(fma, (1.01, 1.02)):
         r["tflops"] *= g
     moved = fp8_recorded.values(rec)
-    assert {k for k in v if "gluon" in k and moved[k] == v[k]} == set()
+    assert {k for k in v if "exp2_fma_t" in k and moved[k] == v[k]} == set()
     assert fp8_recorded.plot(rec) is not None
+    rec["speed"] = [r for r in rec["speed"] if r["kernel"] != fp8_recorded.GLUON_EXP2_FMA]
+    with pytest.raises(ValueError, match="no ch6_attention_fp8_gluon_exp2_fma row"):
+        fp8_recorded.values(rec)
 
 
 def test_the_fp8_benchmark_times_the_gluon_kernel_with_its_default_config():
@@ -193,13 +214,16 @@ def test_the_fp8_benchmark_times_the_gluon_kernel_with_its_default_config():
     q, k, v = (torch.randn(1, 2, 512, 128, dtype=torch.float16) for _ in range(3))
     cases = fp8_bench.speed_cases(dict(quantize_blocks=quantize_blocks), q, k, v, True)
     assert [kernel for kernel, _, _ in cases] == [
-        fp8_recorded.FP8] * len(fp8_bench.CONFIGS) + [fp8_recorded.GLUON, fp8_recorded.FP16,
-                                                      fp8_recorded.CUDNN]
+        fp8_recorded.FP8] * len(fp8_bench.CONFIGS) + [
+        fp8_recorded.GLUON, fp8_recorded.GLUON_EXP2_FMA, fp8_recorded.FP16, fp8_recorded.CUDNN]
     _, note, call = cases[len(fp8_bench.CONFIGS)]
     assert call.func is fa3_fp8_launch.attention_fp8_gluon and call.keywords["block_n"] == 256
     assert fa3_fp8_launch.default_config(256) == fa3_fp8_launch.FASTEST
     assert note.startswith("BLOCK_M=64 BLOCK_N=256 stages=2 p_path=smem (the default)")
     assert call.args[4].shape == (1, 2, 128, 512)           # V^T
+    _, fma_note, fma_call = cases[len(fp8_bench.CONFIGS) + 1]
+    assert fma_call.keywords["exp2_fma"] is True and call.keywords["exp2_fma"] is False
+    assert fma_note == note + ", exp2_fma=True"
     with pytest.raises(ValueError, match="CUDA GPU"):
         call()
 

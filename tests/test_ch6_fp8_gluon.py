@@ -52,12 +52,13 @@ def test_valid_inputs_on_a_cpu_are_refused_for_the_device_alone():
     ("scale block", dict(config=Config(BLOCK_N=256)), "BLOCK_N=256 must divide"),
     ("smem", dict(config=Config(BLOCK_N=128, STAGES=16)), "bytes of shared memory"),
     ("p_path", dict(p_path="tmem"), "p_path must be one of"),
+    ("exp2_fma", dict(exp2_fma="yes"), "exp2_fma must be True or False"),
     ("perm vt8", dict(p_path="perm", vt8=torch.zeros(1, 2, 64, 250).to(E4M3)),
      "vt8 .* \\(permute_keys\\(V\\^T\\)\\)"),
 ])
 def test_bad_arguments_are_refused_with_a_clear_value_error(change, kwargs, message):
     args = _inputs()
-    extra = {k: kwargs.pop(k) for k in ("out_dtype", "block_m", "config", "p_path")
+    extra = {k: kwargs.pop(k) for k in ("out_dtype", "block_m", "config", "p_path", "exp2_fma")
              if k in kwargs}
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
@@ -189,6 +190,7 @@ for d, causal, bm, bn, stages, path in ((128, False, 64, 256, 2, "default"),
     cfg = Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages)
     if path == "default":      # attention_fp8_gluon's defaults for K/V scales in blocks of 256
         k, path = launch.compile_for_sm90(head_dim=d, causal=causal, block_n=256), "smem"
+        default = k
     else:
         k = launch.compile_for_sm90(cfg, d, causal, p_path=path)
     ptx = k.asm["ptx"]
@@ -205,6 +207,10 @@ for d, causal, bm, bn, stages, path in ((128, False, 64, 256, 2, "default"),
                     loops=sass_loops(sass), spills=usage["spill_stores"],
                     setmaxnreg=sorted({l.split()[-1] for l in ptx.splitlines()
                                        if "setmaxnreg" in l})))
+# the default with half the exponentials on the FMA pipe: its main loop beside the default's
+fma = launch.compile_for_sm90(head_dim=128, block_n=256, exp2_fma=True)
+res.append({label: sass_loops(cubin_resources(kk.asm["cubin"], kk.name)[1], ("MUFU", "FFMA"))[0]
+            for label, kk in (("default", default), ("exp2_fma", fma))})
 print("RESULT" + json.dumps(res))
 '''
 
@@ -218,8 +224,10 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
     shuffles (SHFL.IDX); "smem" stores P (16-bit stores) into two more tiles of shared memory
     and reads A from there; "perm" and "perm4" take A from registers with no shuffle, and
     "perm4" packs P with no byte permutes but the one merging each register's halves. The
-    default config (the first) is 64 x 256 x 2 with P in shared memory."""
+    default config (the first) is 64 x 256 x 2 with P in shared memory. With ``exp2_fma`` its
+    main loop has 64 MUFU fewer (the odd keys of a thread's 128) and three FFMA more for each."""
     res = compile_script(AOT, tmp_path)
+    loops = res.pop()
     assert len(res) == 6 and not too_big(res), res
     for r in res:
         assert r["mma"] > 0 and r["e4m3"] == r["mma"], r
@@ -237,3 +245,6 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
     assert res[0]["planned"] == launch.shared_memory(launch.FASTEST, 128, "smem"), res[0]
     regs, perm4 = res[1]["loops"][0], res[5]["loops"][0]
     assert perm4["PRMT"] <= 16 < regs["PRMT"] and perm4["n"] < regs["n"], (regs, perm4)
+    # exp2_fma: the odd keys' MUFU.EX2 (64 of a thread's 128) become FFMA work
+    mufu, fma = loops["default"], loops["exp2_fma"]
+    assert mufu["MUFU"] - fma["MUFU"] == 64 and fma["FFMA"] >= mufu["FFMA"] + 3 * 64, loops

@@ -22,7 +22,10 @@ rounding:
   registers an in-flight wgmma reads until its wait (the SASS of 64 x 128 x 3 "regs" writes none
   of the QGMMA's A registers before its ``WARPGROUP.DEPBAR``), and the new P is made after it;
 * O is held in units of the V scale of the last tile whose PV was issued: before the PV of tile
-  j it is rescaled by alpha_j * sv_{j-1} / sv_j, and the epilogue multiplies by sv_last / l.
+  j it is rescaled by alpha_j * sv_{j-1} / sv_j, and the epilogue multiplies by sv_last / l;
+* the constexpr ``EXP2_FMA`` computes the odd keys' exponentials by a polynomial on the FMA pipe
+  (``exp2_fma``, FlashAttention-4's trick) instead of MUFU: an experiment, off by default
+  (measured slower on an H100: Chapter 6 says why).
 
 V travels transposed, V^T (B*H, d, N) with the keys contiguous: wgmma reads an fp8 B operand
 only K-major (FlashAttention-3 transposes V in the kernel instead). The producer (``V_T``) loads
@@ -74,6 +77,32 @@ def to_e4m3_x4(x):
 
 
 @gluon.jit
+def exp2_fma(x):
+    """2^x on the FMA pipe, no MUFU (FlashAttention-4's trick): x = j + f with j = round(x) and
+    f in [-0.5, 0.5]; 2^f by a degree-3 polynomial (relative error < 7e-4, far below e4m3's
+    2^-4 steps), 2^j added into the exponent bits. x is clamped at -127 (2^-127 is 0 in e4m3)."""
+    x = gl.maximum(x, -127.0)
+    t = x + 12582912.0                          # 1.5 * 2^23: t's low mantissa bits are round(x)
+    f = x - (t - 12582912.0)
+    p = gl.fma(gl.fma(gl.fma(f, 0.0555041, 0.2402265), f, 0.6931472), f, 1.0)
+    bits = p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def exp2_split(x, EXP2_FMA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """exp2 of S's tile, with EXP2_FMA its odd keys on the FMA pipe (``exp2_fma``): a thread
+    holds keys in pairs, so the split and the join stay in its registers."""
+    if EXP2_FMA:
+        even, odd = x.reshape([BLOCK_M, BLOCK_N // 2, 2]).split()
+        out = gl.convert_layout(gl.join(gl.exp2(even), exp2_fma(odd)).reshape([BLOCK_M, BLOCK_N]),
+                                x.type.layout, assert_trivial=True)
+    else:
+        out = gl.exp2(x)
+    return out
+
+
+@gluon.jit
 def p_operand(p8, p, p_smem, P_VIA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               p_layout: gl.constexpr):
     """P (e4m3, S's accumulator layout) made into PV's A operand, ``P_VIA``:
@@ -112,7 +141,8 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
              p, p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, WG: gl.constexpr,
              FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-             OVERLAP: gl.constexpr, KV_BLOCK: gl.constexpr, P_VIA: gl.constexpr):
+             OVERLAP: gl.constexpr, KV_BLOCK: gl.constexpr, P_VIA: gl.constexpr,
+             EXP2_FMA: gl.constexpr):
     """Tile j of one consumer (``fa3_roles.tile``'s order). In: o = sum over tiles < j-1 in
     units of sv_{j-2}; alpha = alpha_{j-1} sv_{j-2} / sv_{j-1}; sv = sv_{j-1}. Out: o in units
     of sv_{j-1}, and m_i, l_i, p, alpha, sv of tile j. KS, VS: this head's block scales."""
@@ -169,7 +199,8 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     m_new = gl.maximum(m_i, gl.max(s_acc, axis=1) * c)
     m_use = gl.where(m_new == -float("inf"), 0.0, m_new)           # a row with no key yet
     alpha_j = gl.exp2(m_i - m_use)
-    p_f32 = gl.exp2(s_acc * gl.expand_dims(c, 1) - gl.expand_dims(m_use - P_SHIFT, 1))
+    p_f32 = exp2_split(s_acc * gl.expand_dims(c, 1) - gl.expand_dims(m_use - P_SHIFT, 1),
+                       EXP2_FMA, BLOCK_M, BLOCK_N)
     l_i = l_i * alpha_j + gl.sum(p_f32, axis=1)
     if OVERLAP:
         if not FIRST:
@@ -188,7 +219,8 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full
                  sched, O, QS, KS, VS, N_Q, N_K, qk_scale, WG: gl.constexpr,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                 Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, P_VIA: gl.constexpr):
+                 Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, P_VIA: gl.constexpr,
+                 EXP2_FMA: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -225,12 +257,12 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full
         o, m_i, l_i, p, alpha, sv = fp8_tile(
             0, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
             p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, WG, True, BLOCK_M,
-            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA)
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA, EXP2_FMA)
     for j in range(1, n_tiles):
         o, m_i, l_i, p, alpha, sv = fp8_tile(
             j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
             p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, WG, False, BLOCK_M,
-            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA)
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA, EXP2_FMA)
 
     # the last PV, in turn n_tiles (taken even with no tile: both consumers take as many turns)
     jl = gl.maximum(n_tiles - 1, 0)
@@ -275,7 +307,7 @@ def fp8_kernel(q_desc, k_desc, vt_desc, O, QS, KS, VS, N_Q, N_K, qk_scale,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-               PRODUCER_REGS: gl.constexpr, P_VIA: gl.constexpr):
+               PRODUCER_REGS: gl.constexpr, P_VIA: gl.constexpr, EXP2_FMA: gl.constexpr):
     """O of one (2*BLOCK_M rows, batch*head) block: q_desc (B*H, N_Q, d) and k_desc (B*H, N_K,
     d) e4m3 in boxes of (1, BLOCK_M | BLOCK_N, d), vt_desc V^T (B*H, d, N_K') in (1, d,
     BLOCK_N); QS (B*H, cdiv(N_Q, Q_BLOCK)), KS and VS (B*H, cdiv(N_K, KV_BLOCK)) float32."""
@@ -309,10 +341,12 @@ def fp8_kernel(q_desc, k_desc, vt_desc, O, QS, KS, VS, N_Q, N_K, qk_scale,
     gl.warp_specialize([
         (fp8_consumer, (q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full,
                         v_empty, sched, O, QS, KS, VS, N_Q, N_K, qk_scale, 0, BLOCK_M,
-                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, Q_BLOCK, KV_BLOCK, P_VIA)),
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, Q_BLOCK, KV_BLOCK, P_VIA,
+                        EXP2_FMA)),
         (fp8_consumer, (q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full,
                         v_empty, sched, O, QS, KS, VS, N_Q, N_K, qk_scale, 1, BLOCK_M,
-                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, Q_BLOCK, KV_BLOCK, P_VIA)),
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, Q_BLOCK, KV_BLOCK, P_VIA,
+                        EXP2_FMA)),
         (producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
                     v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

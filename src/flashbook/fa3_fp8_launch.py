@@ -170,14 +170,14 @@ def _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_pa
     return config
 
 
-def kernel_constexprs(config: Config, block_m: int, block_n: int,
-                      p_path: str = "regs") -> tuple[dict, dict]:
+def kernel_constexprs(config: Config, block_m: int, block_n: int, p_path: str = "regs",
+                      exp2_fma: bool = False) -> tuple[dict, dict]:
     """(the kernel's constexprs but CAUSAL, its launch options) for a checked ``config``."""
     budget = register_budget(config)
     return (dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, HEAD_DIM=config.HEAD_DIM,
                  STAGES=config.STAGES, OVERLAP=config.OVERLAP, Q_BLOCK=block_m,
                  KV_BLOCK=block_n, CONSUMER_REGS=budget["consumer"],
-                 PRODUCER_REGS=budget["producer"], P_VIA=p_path),
+                 PRODUCER_REGS=budget["producer"], P_VIA=p_path, EXP2_FMA=exp2_fma),
             dict(num_warps=4, maxnreg=budget["launch"]))
 
 
@@ -187,7 +187,8 @@ _NO_ROWS, _NO_KEYS = object(), object()     # plans that launch nothing
 
 def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
                         out_dtype=torch.float16, block_m: int = 64, block_n: int = 128,
-                        config: Config | None = None, p_path: str = "smem"):
+                        config: Config | None = None, p_path: str = "smem",
+                        exp2_fma: bool = False):
     """O ``(B, H, N_q, d)`` ``out_dtype`` of softmax(Q K^T / sqrt(d)) V from e4m3 inputs with
     their block scales (``attention_fp8``'s arguments; ``block_m``, ``block_n`` the scales'
     blocks, checked against qs's, ks's and vs's shapes), on an H100/H200. ``config``: the
@@ -196,13 +197,17 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
     fastest measured on an H100) when 256 divides ``block_n``, 64 x 128 in three when 128 does,
     else a ValueError. ``p_path`` (``P_PATHS``): how P reaches PV's wgmma, by default "smem"
     (staged in shared memory, the fastest measured); with "perm" and "perm4" vt8 is
-    ``permute_keys(V^T)``. The checks, config, grid and TMA descriptors are remembered by the
-    inputs' metadata (``plans``): a repeated call costs its output buffer and the launch."""
-    plan_key = key(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path)
+    ``permute_keys(V^T)``. ``exp2_fma``: the odd keys' exponentials by a polynomial on the FMA
+    pipe (``fa3_fp8_kernel.exp2_fma``, FlashAttention-4's trick), an experiment Chapter 6
+    measures (slower on an H100: the softmax is bound by issue slots, not by MUFU). The checks,
+    config, grid and TMA descriptors are remembered by the inputs' metadata (``plans``): a
+    repeated call costs its output buffer and the launch."""
+    plan_key = key(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path,
+                   exp2_fma)
     plan = _FP8_PLANS.get(plan_key)
     if plan is None:
         plan = _FP8_PLANS.remember(plan_key, _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype,
-                                                   block_m, block_n, config, p_path))
+                                                   block_m, block_n, config, p_path, exp2_fma))
     o = torch.empty(q8.shape, dtype=out_dtype, device=q8.device)
     if plan is _NO_ROWS:
         return o
@@ -222,10 +227,13 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
     return o
 
 
-def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path):
+def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path,
+          exp2_fma=False):
     """(the ``Launch``, the TMA descriptors of q8, k8 and V^T as templates for ``rebased``, the
     keys of V^T's zero-padded copy or 0), or ``_NO_ROWS`` / ``_NO_KEYS``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    if not isinstance(exp2_fma, bool):
+        raise ValueError(f"{NAME}: exp2_fma must be True or False, got {exp2_fma!r}.")
     config = _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_path)
     B, H, N_q, d = q8.shape
     N_k = k8.shape[2]
@@ -244,7 +252,7 @@ def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, 
                                       _layout(*box[1:]))
         descriptor.base = None          # a template: the plan must not keep a tensor alive
         descriptors.append(descriptor)
-    constexprs, options = kernel_constexprs(config, block_m, block_n, p_path)
+    constexprs, options = kernel_constexprs(config, block_m, block_n, p_path, exp2_fma)
     launch = Launch(fp8_kernel, (cdiv(N_q, 2 * bm), B * H), (N_q, N_k, LOG2E / math.sqrt(d)),
                     dict(CAUSAL=bool(causal), **constexprs, **options))
     return launch, descriptors, padded_keys
@@ -252,7 +260,7 @@ def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, 
 
 def compile_for_sm90(config: Config | None = None, head_dim: int = 128, causal: bool = False,
                      block_m: int = 64, block_n: int = 128, out_dtype: str = "fp16",
-                     p_path: str = "smem"):
+                     p_path: str = "smem", exp2_fma: bool = False):
     """Compile ``fp8_kernel`` for sm_90a on any machine (no GPU), with
     ``attention_fp8_gluon``'s defaults: Triton's compiled kernel (``.asm["ptx"]``,
     ``.metadata.shared``)."""
@@ -265,7 +273,7 @@ def compile_for_sm90(config: Config | None = None, head_dim: int = 128, causal: 
     def desc(rows, cols):
         return f"tensordesc<fp8e4nv[1,{rows},{cols}],{_layout(rows, cols)!r}>"
 
-    constexprs, options = kernel_constexprs(config, block_m, block_n, p_path)
+    constexprs, options = kernel_constexprs(config, block_m, block_n, p_path, exp2_fma)
     constexprs["CAUSAL"] = bool(causal)
     signature = dict(q_desc=desc(bm, d), k_desc=desc(bn, d), vt_desc=desc(d, bn),
                      O=f"*{out_dtype}", QS="*fp32", KS="*fp32", VS="*fp32", N_Q="i32",

@@ -9,11 +9,16 @@ error with and without the incoherent-processing rotation.
   and V of BLOCK_N; the kernel alone is timed, as a model keeping fp8 activations would call
   it) for each of ``CONFIGS``; of ``attention_fp8_gluon`` (the toolkit's Gluon FP8 forward)
   with its default config on inputs quantized alike, K and V in blocks of 256 keys
-  (``GLUON_BLOCKS``: its fastest tiles take them); and of the fp16 ``attention_fa3`` (as a
-  reader calls it) and cuDNN SDPA (``speed_cases``);
+  (``GLUON_BLOCKS``: its fastest tiles take them), and the same with ``exp2_fma=True`` (half the
+  exponentials by a polynomial on the FMA pipe, FlashAttention-4's trick); and of the fp16
+  ``attention_fa3`` (as a reader calls it) and cuDNN SDPA (``speed_cases``);
 * ``accuracy``: RMS error against float64 SDPA at ``ACCURACY_SHAPE`` on Gaussian Q and K with
   four channels 20x larger (``ch6.outlier_inputs``), of the fp8 kernel without and with the
-  solution's ``random_rotation``, and of fp16 SDPA.
+  solution's ``random_rotation``, of the Gluon kernel without and with ``exp2_fma``, and of fp16
+  SDPA;
+* ``sass``: the Gluon kernel's main loop (its default config at d = 128, compiled here by this
+  Triton's ptxas) without and with ``exp2_fma``: instructions, MUFU (exponentials) and the fp32
+  ALU ones a loop, per key of a tile a thread holds (``sass_counts``).
 
 Timed with ``bench.time_ms`` (``triton.testing.do_bench`` medians, launched, not replayed from a
 graph).
@@ -75,9 +80,10 @@ def speed_cases(ns, q, k, v, causal: bool) -> list[tuple[str, str, object]]:
                       partial(ch6.attention_fp8, *_prepared(ns, q, k, v, bm, bn), causal=causal,
                               block_m=bm, block_n=bn, num_warps=w, num_stages=s)))
     bm, bn = GLUON_BLOCKS
-    cases.append((names.GLUON, gluon_note(), partial(
-        ch6.attention_fp8_gluon, *_prepared(ns, q, k, v, bm, bn), causal=causal, block_m=bm,
-        block_n=bn)))
+    for kernel, exp2_fma in ((names.GLUON, False), (names.GLUON_EXP2_FMA, True)):
+        cases.append((kernel, gluon_note() + (", exp2_fma=True" if exp2_fma else ""), partial(
+            ch6.attention_fp8_gluon, *_prepared(ns, q, k, v, bm, bn), causal=causal,
+            block_m=bm, block_n=bn, exp2_fma=exp2_fma)))
     cases.append((names.FP16, "", partial(attention_fa3, q, k, v, causal=causal)))
 
     def cudnn():
@@ -111,11 +117,53 @@ def measure() -> dict:
             "fp8": ch6.attention_fp8(*_prepared(ns, q, k, v, *CONFIGS[0][:2]), causal=causal),
             "fp8_rotated": ch6.attention_fp8(*_prepared(ns, q, k, v, *CONFIGS[0][:2], rotation),
                                              causal=causal),
+            "fp8_gluon": ch6.attention_fp8_gluon(*_prepared(ns, q, k, v, *GLUON_BLOCKS),
+                                                 causal=causal, block_m=GLUON_BLOCKS[0],
+                                                 block_n=GLUON_BLOCKS[1]),
+            "fp8_gluon_exp2_fma": ch6.attention_fp8_gluon(
+                *_prepared(ns, q, k, v, *GLUON_BLOCKS), causal=causal,
+                block_m=GLUON_BLOCKS[0], block_n=GLUON_BLOCKS[1], exp2_fma=True),
             "fp16_sdpa": sdpa(q.half(), k.half(), v.half(), is_causal=causal)}
         for name, o in outputs.items():
             rms = (o.double() - want).pow(2).mean().sqrt().item()
             accuracy.append(dict(kernel=name, causal=causal, rms_error=rms))
-    return dict(shape=SHAPE, accuracy_shape=ACCURACY_SHAPE, speed=speed, accuracy=accuracy)
+    return dict(shape=SHAPE, accuracy_shape=ACCURACY_SHAPE, speed=speed, accuracy=accuracy,
+                sass=sass_counts())
+
+
+# the opcodes counted in the Gluon kernel's main loop: the exponential unit and the fp32 ALU
+SASS_OPCODES = ("MUFU", "FFMA", "FADD", "FMUL", "FMNMX")
+
+
+def sass_counts() -> dict:
+    """The first main loop of the Gluon kernel's SASS (its default config for K/V scales in
+    blocks of 256, d = 128, non-causal; ``aot.sass_loops``) without and with ``exp2_fma``:
+    ``{"default" | "exp2_fma": {"n": instructions, <opcode>: count, ..., "keys": the keys of one
+    tile a consumer thread holds}, "figures": sass_figures(...)}``. Compiled by this machine's
+    Triton, no GPU needed."""
+    from flashbook import fa3_fp8_launch
+    from flashbook.aot import cubin_resources, sass_loops
+    out = {}
+    for label, exp2_fma in (("default", False), ("exp2_fma", True)):
+        k = fa3_fp8_launch.compile_for_sm90(head_dim=SHAPE[-1], block_n=GLUON_BLOCKS[1],
+                                            exp2_fma=exp2_fma)
+        config = fa3_fp8_launch.default_config(GLUON_BLOCKS[1])
+        loop = sass_loops(cubin_resources(k.asm["cubin"], k.name)[1], SASS_OPCODES)[0]
+        out[label] = dict(loop, keys=config.BLOCK_M * config.BLOCK_N // 128)
+    return out | {"figures": sass_figures(out)}
+
+
+def sass_figures(counts: dict) -> dict:
+    """Per key a thread holds: the loop's instructions (``per_key_<default|exp2_fma>``) and
+    those that are not MUFU (``other_per_key_...``); and the instructions ``exp2_fma`` adds per
+    exponential it takes off MUFU (``added_per_emulated``: it takes the odd keys, half)."""
+    figures = {f"{name}_{label}": value for label in ("default", "exp2_fma")
+               for loop in [counts[label]] for name, value in (
+                   ("per_key", loop["n"] / loop["keys"]),
+                   ("other_per_key", (loop["n"] - loop["MUFU"]) / loop["keys"]))}
+    default, fma = counts["default"], counts["exp2_fma"]
+    figures["added_per_emulated"] = (fma["n"] - default["n"]) / (default["keys"] / 2)
+    return figures
 
 
 def main(argv=None) -> int:

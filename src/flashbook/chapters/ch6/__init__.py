@@ -17,8 +17,7 @@ from flashbook.fa3_planner import Config
 from . import benchmark, recorded
 from .fa3_checks import check_fa3_consumer
 from .fp8 import E4M3, attention_fp8
-from .fp8_checks import check_block_quantization, check_fp8_tiles, check_rotation, \
-    outlier_inputs
+from .fp8_checks import check_block_quantization, check_fp8_tiles, check_rotation, outlier_inputs
 from .pipeline import Timing, simulate
 from .pipeline_checks import check_pingpong, check_ring_protocol, plot_gantt
 from .planner_checks import H100_PROPS, H200_PROPS, MBARRIER_BYTES, PRODUCER_REGS, \
@@ -39,10 +38,5 @@ def __getattr__(name):  # the toolkit's Gluon launchers, imported on first use (
         return getattr(fa3_launch if name == "attention_fa3" else fa3_fp8_launch, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-CHAPTER = Chapter(
-    id="ch6",
-    title="The Hopper design (FlashAttention-3)",
-    benchmark=benchmark.run,
-    graph_timer=benchmark.GRAPH_TIMER,
-    figures=recorded.quoted_values,
-)
+CHAPTER = Chapter(id="ch6", title="The Hopper design (FlashAttention-3)", benchmark=benchmark.run,
+                  graph_timer=benchmark.GRAPH_TIMER, figures=recorded.quoted_values)

@@ -151,8 +151,7 @@ def gluon_setup(case: Case, x: Inputs):
         note = join_notes(f"BLOCK_M={cfg.BLOCK_M} BLOCK_N={cfg.BLOCK_N} STAGES={cfg.STAGES} "
                           f"OVERLAP={cfg.OVERLAP}"
                           + (f" PERSISTENT GROUP={cfg.GROUP}" if cfg.PERSISTENT else ""),
-                          registers(new) if new else "",
-                          x.check(case.causal)(o))
+                          registers(new) if new else "", x.check(case.causal)(o))
         return (lambda: attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)), note
     return setup
 
@@ -239,8 +238,7 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
         key = (case.shape, case.dtype)
         if key not in inputs:
             try:
-                inputs[key] = make_inputs(*case.shape, case.dtype, device=device,
-                                          seed=len(inputs))
+                inputs[key] = make_inputs(*case.shape, case.dtype, device=device, seed=len(inputs))
             except Exception as e:  # noqa: BLE001 - e.g. out of memory: every row says so
                 free_cuda_cache()
                 inputs[key] = e

@@ -15,7 +15,9 @@ from .fp8 import attention_fp8
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "fp8"
 FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp16"
 GLUON = "ch6_attention_fp8_gluon"          # attention_fp8_gluon, its default config
-ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp16_sdpa": "fp16 SDPA"}
+GLUON_EXP2_FMA = "ch6_attention_fp8_gluon_exp2_fma"      # the same with exp2_fma=True
+ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp8_gluon": "fp8 Gluon",
+          "fp8_gluon_exp2_fma": "fp8 Gluon, exp2_fma", "fp16_sdpa": "fp16 SDPA"}
 
 
 def record() -> dict | None:
@@ -49,7 +51,8 @@ def error(rec: dict, kernel: str, causal: bool) -> float:
 def values(rec: dict) -> dict:
     """Glue key -> figure (``flashbook.quoted``): the GPU; TFLOP/s of the fp8 kernel's default
     tiles (as ``attention_fp8`` runs unless told otherwise) over the fp16 forward and cuDNN, and
-    of the Gluon one's where recorded; the RMS error without and with the rotation, the gain."""
+    of the Gluon one's, without and with ``exp2_fma``; the RMS error without and with the
+    rotation, the gain; ``fp8_bench.sass_counts``'s figures of the Gluon main loop."""
     out = {"ch6_fp8_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", "")}
     for causal in (False, True):
         label = "causal" if causal else "noncausal"
@@ -57,14 +60,17 @@ def values(rec: dict) -> dict:
         out[f"ch6_fp8_tflops_{label}"] = fp8
         out[f"ch6_fp8_vs_fp16_{label}"] = fp8 / best(rec, FP16, causal)["tflops"]
         out[f"ch6_fp8_vs_cudnn_{label}"] = fp8 / best(rec, CUDNN, causal)["tflops"]
-        if any(r["kernel"] == GLUON for r in rec["speed"]):    # recorded since fp8_bench times it
-            gluon = out[f"ch6_fp8_gluon_tflops_{label}"] = best(rec, GLUON, causal)["tflops"]
-            out[f"ch6_fp8_gluon_vs_fp16_{label}"] = gluon / best(rec, FP16, causal)["tflops"]
+        gluon = out[f"ch6_fp8_gluon_tflops_{label}"] = best(rec, GLUON, causal)["tflops"]
+        out[f"ch6_fp8_gluon_vs_fp16_{label}"] = gluon / best(rec, FP16, causal)["tflops"]
+        fma = out[f"ch6_fp8_exp2_fma_tflops_{label}"] = best(rec, GLUON_EXP2_FMA, causal)["tflops"]
+        out[f"ch6_fp8_exp2_fma_vs_mufu_{label}"] = fma / gluon
+        for kernel in ("fp8_gluon", "fp8_gluon_exp2_fma"):
+            out[f"ch6_{kernel}_err_{label}"] = error(rec, kernel, causal)
         plain, rotated = error(rec, "fp8", causal), error(rec, "fp8_rotated", causal)
         out[f"ch6_fp8_err_plain_{label}"] = plain
         out[f"ch6_fp8_err_rotated_{label}"] = rotated
         out[f"ch6_fp8_err_gain_{label}"] = plain / rotated
-    return out
+    return out | {f"ch6_fp8_sass_{k}": v for k, v in rec["sass"]["figures"].items()}
 
 
 def _label(note: str) -> str:
@@ -75,12 +81,12 @@ def _label(note: str) -> str:
 
 
 def plot(rec: dict):
-    """Left: TFLOP/s of the fp8 kernel (each tile config timed), the Gluon one where recorded,
-    the fp16 forward and cuDNN; right: RMS error against float64 on outlier channels (log)."""
+    """Left: TFLOP/s of the fp8 kernel (each tile config timed), the Gluon one without and with
+    ``exp2_fma``, the fp16 forward and cuDNN; right: RMS error against float64 (log)."""
     fig, (speed, err) = plt.subplots(1, 2, figsize=(12, 4.6))
     configs = list(dict.fromkeys(r["note"] for r in rec["speed"] if r["kernel"] == FP8))
-    gluon = [("fp8 Gluon (default)", GLUON, None)] * any(r["kernel"] == GLUON for r in rec["speed"])
-    bars_of = [(_label(c), FP8, c) for c in configs] + gluon + [
+    bars_of = [(_label(c), FP8, c) for c in configs] + [
+        ("fp8 Gluon (default)", GLUON, None), ("fp8 Gluon, exp2_fma", GLUON_EXP2_FMA, None),
         ("fp16 (Gluon FA3)", FP16, None), ("fp16 cuDNN", CUDNN, None)]
     width = 0.8 / len(bars_of)
     for i, (label, kernel, config) in enumerate(bars_of):
@@ -91,12 +97,12 @@ def plot(rec: dict):
     speed.set(xticks=[centre, 1 + centre], xticklabels=["non-causal", "causal"], ylabel="TFLOP/s",
               title=f"{tuple(rec['shape'])}, {rec['provenance']['gpu']}")
     speed.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    width = 0.25
+    width = 0.8 / len(ERRORS)
     for i, (kernel, label) in enumerate(ERRORS.items()):
         ys = [error(rec, kernel, c) for c in (False, True)]
         bars = err.bar([x + i * width for x in (0, 1)], ys, width, label=label)
-        err.bar_label(bars, fmt="%.1e", fontsize=8)
-    err.set(yscale="log", xticks=[width, 1 + width], xticklabels=["non-causal", "causal"],
+        err.bar_label(bars, fmt="%.1e", fontsize=7)
+    err.set(yscale="log", xticks=[2 * width, 1 + 2 * width], xticklabels=["non-causal", "causal"],
             ylabel="RMS error against float64",
             title=f"outlier channels, {tuple(rec['accuracy_shape'])}")
     err.legend(fontsize=8)
