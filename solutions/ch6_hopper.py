@@ -1120,16 +1120,18 @@ else:
 # slower: {glue:text}`ch6_fp8_exp2_fma_tflops_noncausal:.0f` TFLOP/s non-causal
 # ({glue:text}`ch6_fp8_exp2_fma_vs_mufu_noncausal:.2f`x the kernel with every exponential on
 # MUFU) and {glue:text}`ch6_fp8_exp2_fma_tflops_causal:.0f` causal
-# ({glue:text}`ch6_fp8_exp2_fma_vs_mufu_causal:.2f`x), at the same accuracy (RMS error
-# {glue:text}`ch6_fp8_gluon_exp2_fma_err_noncausal:.2e` against
-# {glue:text}`ch6_fp8_gluon_err_noncausal:.2e` on the outlier inputs). The main loop's
-# SASS says why. Per key a thread holds, the default issues
-# {glue:text}`ch6_fp8_sass_per_key_default:.1f` instructions,
-# {glue:text}`ch6_fp8_sass_other_per_key_default:.1f` of them besides the exponential (the
-# model counts 3.5: the max, the scale, the sum, the cast; here also the rescale of O, the
-# stores of P, the masks, the loop), and each exponential moved to the FMA units costs
-# {glue:text}`ch6_fp8_sass_added_per_emulated:.1f` more (a clamp, two adds for the rounding,
-# three FMAs, a shift and an add). A warp scheduler issues one instruction a clock, no more
+# ({glue:text}`ch6_fp8_exp2_fma_vs_mufu_causal:.2f`x), at the same accuracy (RMS error on the
+# outlier inputs {glue:text}`ch6_fp8_gluon_exp2_fma_err_noncausal:.2e` against
+# {glue:text}`ch6_fp8_gluon_err_noncausal:.2e` non-causal,
+# {glue:text}`ch6_fp8_gluon_exp2_fma_err_causal:.2e` against
+# {glue:text}`ch6_fp8_gluon_err_causal:.2e` causal). The main loop's SASS says why. Per key
+# a thread holds, the default issues {glue:text}`ch6_fp8_sass_per_key_default:.1f`
+# instructions, {glue:text}`ch6_fp8_sass_other_per_key_default:.1f` of them besides the
+# exponential (the model counts 3.5: the max, the scale, the sum, the cast; here also the
+# rescale of O, the stores of P, the masks, the loop), and each exponential moved to the FMA
+# units costs {glue:text}`ch6_fp8_sass_added_per_emulated:.1f` more (a clamp, two adds for the
+# rounding, three FMAs, a shift and an add): {glue:text}`ch6_fp8_sass_per_key_exp2_fma:.1f`
+# a key in all. A warp scheduler issues one instruction a clock, no more
 # than its FMA pipe takes: while its partner holds the tensor cores, a warpgroup's softmax is
 # bound by issue slots, not by the exponential unit, and the polynomial spends more of them
 # than it saves. The model's balance holds only where the softmax issues few instructions per

@@ -154,16 +154,15 @@ def sass_counts() -> dict:
 
 
 def sass_figures(counts: dict) -> dict:
-    """Per key a thread holds: the loop's instructions (``per_key_<default|exp2_fma>``) and
-    those that are not MUFU (``other_per_key_...``); and the instructions ``exp2_fma`` adds per
-    exponential it takes off MUFU (``added_per_emulated``: it takes the odd keys, half)."""
-    figures = {f"{name}_{label}": value for label in ("default", "exp2_fma")
-               for loop in [counts[label]] for name, value in (
-                   ("per_key", loop["n"] / loop["keys"]),
-                   ("other_per_key", (loop["n"] - loop["MUFU"]) / loop["keys"]))}
+    """Per key a thread holds: the loop's instructions without and with ``exp2_fma``
+    (``per_key_default``, ``per_key_exp2_fma``), the default's besides MUFU
+    (``other_per_key_default``), and the instructions ``exp2_fma`` adds per exponential it takes
+    off MUFU (``added_per_emulated``: it takes the odd keys, half)."""
     default, fma = counts["default"], counts["exp2_fma"]
-    figures["added_per_emulated"] = (fma["n"] - default["n"]) / (default["keys"] / 2)
-    return figures
+    return dict(per_key_default=default["n"] / default["keys"],
+                per_key_exp2_fma=fma["n"] / fma["keys"],
+                other_per_key_default=(default["n"] - default["MUFU"]) / default["keys"],
+                added_per_emulated=(fma["n"] - default["n"]) / (default["keys"] / 2))
 
 
 def main(argv=None) -> int:
