@@ -123,6 +123,14 @@ from flashbook.chapters import ch7
 # exponentials and rescales (Sections 5 and 6). The third group of bars already uses Section 6:
 # if about 30 % of the exponentials are computed by a polynomial on the FMA units, both units
 # finish together and the softmax of a tile takes about 30 % fewer cycles.
+#
+# The model counts the FMA units' throughput and nothing else a warp must issue. Chapter 6
+# (Section 8) tried the polynomial where the model puts the same balance, FP8 on an H100 (1,024
+# cycles of each per tile at d = 128), and measured it slower: its softmax issues several
+# instructions per key besides the exponential (the rescale of O, the stores of P, the loop),
+# a warp scheduler issues one instruction a clock, and there the issue slots, not the
+# exponential unit, set the pace. The polynomial pays only where the softmax issues few other
+# instructions per key.
 
 # %% tags=["demo"]
 for d in (64, 128):
