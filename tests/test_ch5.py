@@ -256,6 +256,18 @@ def test_kernels_compile_for_t4_and_h100_and_fit_shared_memory(tmp_path):
     assert not too_big(res), f"configs that do not fit shared memory: {too_big(res)}"
 
 
+def test_no_heads_at_all_is_nothing_to_compute_and_no_kv_heads_for_some_is_refused(solution):
+    """A packed batch with no heads (h_q = h_kv = 0: an empty dense batch folded into the heads)
+    gives empty O and LSE; K/V with no heads for q's heads is refused with a ValueError, not a
+    division by zero."""
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    none = torch.randn(4, 0, 16)
+    o, lse = solution["attention_gqa"](none, none, none, cu, cu, 4, 4)
+    assert o.shape == (4, 0, 16) and lse.shape == (0, 4)
+    with pytest.raises(ValueError, match="h_kv dividing q's 3 heads"):
+        solution["attention_gqa"](torch.randn(4, 3, 16), none, none, cu, cu, 4, 4)
+
+
 def test_a_head_dim_the_tiles_cannot_take_is_refused_with_the_reason_and_the_way_out():
     """d = 96 (Chapter 5's table has models with d = 96-256) is refused by every launcher and
     wrapper check of Chapters 4, 5 and 8, saying why and what to do, never deep in a kernel."""

@@ -80,8 +80,10 @@ def _gqa_plan(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if d not in HEAD_DIMS:
         raise ValueError(f"{name}: head dimension d={d} is not supported; use one of "
                          f"{HEAD_DIMS}: {HEAD_DIMS_WHY}.")
-    if h_q % h_kv:
+    if h_q % h_kv if h_kv else h_q:
         raise ValueError(f"{name}: h_q={h_q} must be a multiple of h_kv={h_kv}.")
+    if h_kv == 0:                       # no heads: an empty batch folded into the heads
+        return None
     G = h_q // h_kv
     cfg = config or pick_config(d, q.dtype, current().capability, two_tiles=two_tiles)
     tiles = 2 if two_tiles else 1
@@ -137,7 +139,9 @@ def _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     if q.shape[2] not in HEAD_DIMS:
         raise ValueError(f"{name}: q's head dimension d={q.shape[2]} is not one of {HEAD_DIMS}: "
                          f"{HEAD_DIMS_WHY}.")
-    if k.shape != v.shape or k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1]:
+    heads_q, heads_kv = q.shape[1], k.shape[1]       # both 0 for an empty batch seen as heads
+    if k.shape != v.shape or k.shape[2] != q.shape[2] or (
+            heads_q % heads_kv if heads_kv else heads_q):
         raise ValueError(f"{name}: k {tuple(k.shape)} and v {tuple(v.shape)} must be (total_k, "
                          f"h_kv, d) with q's d and h_kv dividing q's {q.shape[1]} heads.")
     for label, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
