@@ -80,10 +80,11 @@ def speed_cases(ns, q, k, v, causal: bool) -> list[tuple[str, str, object]]:
                       partial(ch6.attention_fp8, *_prepared(ns, q, k, v, bm, bn), causal=causal,
                               block_m=bm, block_n=bn, num_warps=w, num_stages=s)))
     bm, bn = GLUON_BLOCKS
+    gluon_inputs = _prepared(ns, q, k, v, bm, bn)        # quantized once for both variants
     for kernel, exp2_fma in ((names.GLUON, False), (names.GLUON_EXP2_FMA, True)):
         cases.append((kernel, gluon_note() + (", exp2_fma=True" if exp2_fma else ""), partial(
-            ch6.attention_fp8_gluon, *_prepared(ns, q, k, v, bm, bn), causal=causal,
-            block_m=bm, block_n=bn, exp2_fma=exp2_fma)))
+            ch6.attention_fp8_gluon, *gluon_inputs, causal=causal, block_m=bm, block_n=bn,
+            exp2_fma=exp2_fma)))
     cases.append((names.FP16, "", partial(attention_fa3, q, k, v, causal=causal)))
 
     def cudnn():
@@ -110,6 +111,8 @@ def measure() -> dict:
     q, k = (ch6.outlier_inputs(ACCURACY_SHAPE, seed).cuda() for seed in (3, 4))
     v = torch.randn(*ACCURACY_SHAPE, device="cuda")
     rotation = ns["random_rotation"](ACCURACY_SHAPE[-1], 0).cuda()
+    gluon = partial(ch6.attention_fp8_gluon, *_prepared(ns, q, k, v, *GLUON_BLOCKS),
+                    block_m=GLUON_BLOCKS[0], block_n=GLUON_BLOCKS[1])    # quantized once
     accuracy = []
     for causal in (False, True):
         want = sdpa(q.double(), k.double(), v.double(), is_causal=causal)
@@ -117,12 +120,8 @@ def measure() -> dict:
             "fp8": ch6.attention_fp8(*_prepared(ns, q, k, v, *CONFIGS[0][:2]), causal=causal),
             "fp8_rotated": ch6.attention_fp8(*_prepared(ns, q, k, v, *CONFIGS[0][:2], rotation),
                                              causal=causal),
-            "fp8_gluon": ch6.attention_fp8_gluon(*_prepared(ns, q, k, v, *GLUON_BLOCKS),
-                                                 causal=causal, block_m=GLUON_BLOCKS[0],
-                                                 block_n=GLUON_BLOCKS[1]),
-            "fp8_gluon_exp2_fma": ch6.attention_fp8_gluon(
-                *_prepared(ns, q, k, v, *GLUON_BLOCKS), causal=causal,
-                block_m=GLUON_BLOCKS[0], block_n=GLUON_BLOCKS[1], exp2_fma=True),
+            "fp8_gluon": gluon(causal=causal),
+            "fp8_gluon_exp2_fma": gluon(causal=causal, exp2_fma=True),
             "fp16_sdpa": sdpa(q.half(), k.half(), v.half(), is_causal=causal)}
         for name, o in outputs.items():
             rms = (o.double() - want).pow(2).mean().sqrt().item()
@@ -143,13 +142,14 @@ def sass_counts() -> dict:
     Triton, no GPU needed."""
     from flashbook import fa3_fp8_launch
     from flashbook.aot import cubin_resources, sass_loops
+    config = fa3_fp8_launch.default_config(GLUON_BLOCKS[1])
+    keys = config.BLOCK_M * config.BLOCK_N // 128        # of a tile, per consumer thread
     out = {}
     for label, exp2_fma in (("default", False), ("exp2_fma", True)):
         k = fa3_fp8_launch.compile_for_sm90(head_dim=SHAPE[-1], block_n=GLUON_BLOCKS[1],
                                             exp2_fma=exp2_fma)
-        config = fa3_fp8_launch.default_config(GLUON_BLOCKS[1])
         loop = sass_loops(cubin_resources(k.asm["cubin"], k.name)[1], SASS_OPCODES)[0]
-        out[label] = dict(loop, keys=config.BLOCK_M * config.BLOCK_N // 128)
+        out[label] = dict(loop, keys=keys)
     return out | {"figures": sass_figures(out)}
 
 
