@@ -537,7 +537,8 @@ ch9.check_autograd(FlashAttentionFn, hidden=True)
 #
 # The check compares O, the LSE and the gradients with float64 autograd in both layouts, then
 # trains the tiny transformer of Section 6 for a few steps with your function and with SDPA:
-# the losses must agree.
+# the losses must agree. It also checks the design: O must come out of one autograd node whose
+# inputs are q, k and v themselves (a view made outside the Function fails it).
 
 # %% nbgrader={"grade": false, "grade_id": "ch9_dense", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class DenseFlashAttentionFn(torch.autograd.Function):

@@ -221,10 +221,20 @@ def test_checks_hand_student_code_tensors_on_the_inputs_device(monkeypatch, caps
     monkeypatch.setattr(train, "train", lambda *a, device="cpu", **kw: trained.append(device)
                         or [0.0] * a[1])
 
+    class Through(torch.autograd.Function):       # one node over q, k, v, as the check asks
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q * 1.0
+
+        @staticmethod
+        def backward(ctx, do):
+            return do, None, None
+
     def dense(q, k, v, causal=False, softmax_scale=None, layout="bhnd", return_lse=False):
         lse = q.new_empty(q.shape[:3] if layout == "bhnd" else (q.shape[0], q.shape[2],
                                                                   q.shape[1]))
-        return (q * 1.0, lse) if return_lse else q * 1.0
+        o = Through.apply(q, k, v)
+        return (o, lse) if return_lse else o
     checks.check_training(dense)
     assert trained == ["meta", "meta"]
     assert "PASSED" in capsys.readouterr().out
@@ -446,6 +456,18 @@ def test_packed_views_fold_the_batch_where_the_strides_allow(solution):
     assert S == 2 and all(t.is_contiguous() for t in views)          # copied
     with pytest.raises(ValueError, match="layout"):
         ch9.packed_views(q, k, v, "bshd")
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_an_empty_batch_is_refused_with_the_reason(solution, layout):
+    """B = 0: no packed view of zero rows keeps N, so O could not be given back in q's shape;
+    the dense calls refuse it with a ValueError that says so (not a division by zero)."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (t[:0] for t in _dense_qkv(layout, "allocated", g))
+    with pytest.raises(ValueError, match="the batch is empty"):
+        ch9.packed_views(q, k, v, layout)
+    with pytest.raises(ValueError, match="the batch is empty"):
+        solution["flash_attention"](q, k, v, False, None, layout=layout)
 
 
 @pytest.fixture

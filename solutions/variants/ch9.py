@@ -95,4 +95,9 @@ VARIANTS = (
     Variant('dense_gradient_of_o_not_packed_like_q', 'ch9_dense', (
         ('ch9.to_packed(do, layout, S)', 'ch9.to_packed(do, layout)'),
     ), expect='dense, causal GQA'),
+    Variant('dense_views_outside_the_function', 'ch9_dense', (
+        ('    o, lse = DenseFlashAttentionFn.apply(q, k, v, causal, softmax_scale, layout)',
+         '    q, k, v = (t.view(t.shape) for t in (q, k, v))       # views autograd records\n'
+         '    o, lse = DenseFlashAttentionFn.apply(q, k, v, causal, softmax_scale, layout)'),
+    ), expect='inside the Function'),
 )

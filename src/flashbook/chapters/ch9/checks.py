@@ -338,7 +338,23 @@ def _dense_call(flash_attention, case, layout, return_lse, q, k, v, what):
     if not isinstance(o, torch.Tensor) or o.shape != args[0].shape:
         raise CheckFailure(f"{what}: expected O shaped like q {tuple(args[0].shape)} (layout="
                            f"{layout!r}), got {getattr(o, 'shape', type(o).__name__)}.")
+    _require_one_node(o, args, what)
     return (o.transpose(1, 2) if layout == "bnhd" else o), lse
+
+
+def _require_one_node(o, inputs, what):
+    """O must come out of one autograd node whose inputs are q, k and v themselves: every view
+    or copy autograd records outside the Function costs host time on every training step."""
+    def is_input(node, t):
+        return node is t.grad_fn if t.grad_fn is not None else \
+            getattr(node, "variable", None) is t            # a leaf's AccumulateGrad
+    nodes = [n for n, _ in getattr(o.grad_fn, "next_functions", ()) if n is not None]
+    if not all(any(is_input(n, t) for n in nodes) for t in inputs):
+        raise CheckFailure(
+            f"{what}: O's autograd node ({type(o.grad_fn).__name__}) does not take q, k and v "
+            "directly: pack q, k, v and unpack O inside the Function's forward (and the "
+            "gradients inside its backward). Autograd records every view or copy made outside "
+            "the Function, and replays its bookkeeping on every training step.")
 
 
 def check_training(flash_attention, hidden: bool = False) -> None:

@@ -112,6 +112,9 @@ def _packing(q, k, v, layout: str) -> tuple:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"flash_attention: q, k, v must have 4 dimensions ({layout}), got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}.")
+    if q.shape[0] == 0:         # no packed view of zero rows keeps N: O could not be unpacked
+        raise ValueError(f"flash_attention: the batch is empty (q {tuple(q.shape)}); B must be "
+                         "at least 1.")
     both = _folds(q, layout) & _folds(k, layout) & _folds(v, layout)
     if both:
         fold = both & _TOKENS or _HEADS                              # tokens first
