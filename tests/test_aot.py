@@ -39,3 +39,24 @@ def test_sass_loops_counts_the_innermost_loops_with_an_mma():
     """0x20-0x50 is an MMA loop; 0x60-0x70 has no MMA; 0x10-0x80 holds other loops."""
     assert aot.sass_loops(SASS, ("SHFL.IDX", "PRMT", "SHFL")) == [
         dict(start="0x20", end="0x50", n=4, mma=1, **{"SHFL.IDX": 1, "PRMT": 1, "SHFL": 1})]
+
+
+MASKED = """
+        /*0000*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], RZ, !UPT ;
+        /*0010*/              @!P0 BRA 0x40 ;
+        /*0020*/                   FSEL R26, R26, -INF , !P1 ;
+        /*0030*/                   FSEL R27, R27, -INF , !P1 ;
+        /*0040*/                   MUFU.EX2 R3, R4 ;
+        /*0050*/              @!P3 BRA 0x1000 ;
+        /*0060*/               @P2 BRA 0x0 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_sass_loops_taken_leaves_out_the_blocks_a_forward_branch_skips():
+    """The branch at 0x10 skips the mask block (0x20-0x30) inside the loop; the one at 0x50
+    lands outside it (a retry path) and skips nothing."""
+    static, = aot.sass_loops(MASKED, ("FSEL", "MUFU"))
+    assert (static["n"], static["FSEL"]) == (7, 2) and "skipped" not in static
+    taken, = aot.sass_loops(MASKED, ("FSEL", "MUFU"), taken=True)
+    assert (taken["n"], taken["FSEL"], taken["MUFU"], taken["skipped"]) == (5, 0, 1, 2)

@@ -103,7 +103,9 @@ def test_the_fp8_benchmark_says_what_it_needs_on_a_cpu(capsys):
     assert "fp8 tensor cores" in capsys.readouterr().err
 
 
-SASS = {"default": dict(n=1250, MUFU=131, keys=128), "exp2_fma": dict(n=1699, MUFU=67, keys=128)}
+SASS = {"default": dict(n=864, MUFU=131, keys=128), "exp2_fma": dict(n=1313, MUFU=67, keys=128),
+        "sperm": dict(n=807, MUFU=131, keys=128), "sperm_fma4": dict(n=1033, MUFU=99, keys=128),
+        "sperm_fma8": dict(n=920, MUFU=115, keys=128)}
 
 
 def _fp8_record(f=1.0):
@@ -116,12 +118,16 @@ def _fp8_record(f=1.0):
                                  "BLOCK_M=128 BLOCK_N=128 warps=8 stages=3"),
                                 ("ch6_attention_fp8_gluon", 840, "BLOCK_M=64 BLOCK_N=256"),
                                 ("ch6_attention_fp8_gluon_exp2_fma", 720, "BLOCK_M=64 BLOCK_N=256"),
+                                ("ch6_attention_fp8_gluon_sperm", 860, "BLOCK_M=64 BLOCK_N=256"),
+                                ("ch6_attention_fp8_gluon_sperm_fma4", 850, "BLOCK_M=64"),
+                                ("ch6_attention_fp8_gluon_sperm_fma8", 900, "BLOCK_M=64"),
                                 ("ch6_attention_fa3_fp16", 600, ""),
                                 ("sdpa_cudnn_fp16", 610, ""))
              for c in (False, True)]
     accuracy = [dict(kernel=k, causal=c, rms_error=e * f * (1.1 if c else 1))
                 for k, e in (("fp8", 0.3), ("fp8_rotated", 0.1), ("fp8_gluon", 0.31),
-                             ("fp8_gluon_exp2_fma", 0.32), ("fp16_sdpa", 0.004))
+                             ("fp8_gluon_exp2_fma", 0.32), ("fp8_gluon_sperm_fma8", 0.33),
+                             ("fp16_sdpa", 0.004))
                 for c in (False, True)]
     sass = {label: {k: v * f if k == "n" else v for k, v in loop.items()}
             for label, loop in SASS.items()}
@@ -131,12 +137,16 @@ def _fp8_record(f=1.0):
 
 
 def test_the_sass_figures_are_per_key_a_thread_holds():
-    """``fp8_bench.sass_figures``: the main loop's instructions per key of a tile a thread
-    holds, those besides MUFU, and what exp2_fma adds per exponential it moves (half the keys)."""
+    """``fp8_bench.sass_figures``: each variant's instructions per key of a tile a thread holds
+    and the clocks its exponentials hold MUFU (8 a warp instruction), the default's besides
+    MUFU, and what exp2_fma adds per exponential it moves (half the keys)."""
     from flashbook import fp8_bench
     got = fp8_bench.sass_figures(SASS)
-    assert got == pytest.approx(dict(per_key_default=1250 / 128, per_key_exp2_fma=1699 / 128,
-                                     other_per_key_default=1119 / 128, added_per_emulated=449 / 64))
+    assert got == pytest.approx(dict(
+        other_per_key_default=733 / 128, added_per_emulated=449 / 64,
+        **{f"per_key_{k}": c["n"] / 128 for k, c in SASS.items()},
+        **{f"mufu_clocks_{k}": 8 * c["MUFU"] / 128 for k, c in SASS.items()}))
+    assert got["mufu_clocks_sperm_fma8"] == pytest.approx(7.1875)
 
 
 def test_the_fp8_figures_follow_the_record(tmp_path, monkeypatch):
@@ -169,6 +179,7 @@ def test_the_fp8_figures_follow_the_record(tmp_path, monkeypatch):
     moved = fp8_recorded.values(rec)
     assert {k for k in v if moved[k] == v[k]} == set()
     assert moved["ch6_fp8_sass_added_per_emulated"] == pytest.approx(1.5 * 449 / 64)
+    assert moved["ch6_fp8_sperm_fma8_vs_fp16_noncausal"] == pytest.approx(900 * 1.11 / (600 * 1.13))
     assert moved["ch6_fp8_tflops_noncausal"] == pytest.approx(707)
     assert fp8_recorded.plot(rec) is not None
     (tmp_path / "h200.json").write_text(json.dumps(rec))
@@ -187,7 +198,10 @@ def test_the_gluon_fp8_figures_and_exp2_fma_follow_the_record():
     assert v["ch6_fp8_gluon_vs_fp16_causal"] == pytest.approx(840 / 600)
     assert v["ch6_fp8_exp2_fma_vs_mufu_noncausal"] == pytest.approx(720 / 840)
     assert v["ch6_fp8_gluon_exp2_fma_err_causal"] == pytest.approx(0.32 * 1.1)
-    assert v["ch6_fp8_sass_per_key_default"] == pytest.approx(1250 / 128)
+    assert v["ch6_fp8_sass_per_key_default"] == pytest.approx(864 / 128)
+    assert v["ch6_fp8_sperm_tflops_causal"] == 688
+    assert v["ch6_fp8_sperm_fma4_vs_fp16_noncausal"] == pytest.approx(850 / 600)
+    assert v["ch6_fp8_gluon_sperm_fma8_err_noncausal"] == pytest.approx(0.33)
     assert v["ch6_fp8_tflops_noncausal"] == 700        # the Triton kernel's figures stay
     fma = [r for r in rec["speed"] if r["kernel"] == fp8_recorded.GLUON_EXP2_FMA]
     for r, g in zip(fma, (1.01, 1.02)):
@@ -213,15 +227,22 @@ def test_the_fp8_benchmark_times_the_gluon_kernel_with_its_default_config():
     cases = fp8_bench.speed_cases(dict(quantize_blocks=quantize_blocks), q, k, v, True)
     assert [kernel for kernel, _, _ in cases] == [
         fp8_recorded.FP8] * len(fp8_bench.CONFIGS) + [
-        fp8_recorded.GLUON, fp8_recorded.GLUON_EXP2_FMA, fp8_recorded.FP16, fp8_recorded.CUDNN]
+        fp8_recorded.GLUON, fp8_recorded.GLUON_EXP2_FMA, fp8_recorded.GLUON_SPERM,
+        fp8_recorded.GLUON_SPERM_FMA4, fp8_recorded.GLUON_SPERM_FMA8, fp8_recorded.FP16,
+        fp8_recorded.CUDNN]
     _, note, call = cases[len(fp8_bench.CONFIGS)]
     assert call.func is fa3_fp8_launch.attention_fp8_gluon and call.keywords["block_n"] == 256
     assert fa3_fp8_launch.default_config(256) == fa3_fp8_launch.FASTEST
     assert note.startswith("BLOCK_M=64 BLOCK_N=256 stages=2 p_path=smem (the default)")
     assert call.args[4].shape == (1, 2, 128, 512)           # V^T
     _, fma_note, fma_call = cases[len(fp8_bench.CONFIGS) + 1]
-    assert fma_call.keywords["exp2_fma"] is True and call.keywords["exp2_fma"] is False
+    assert fma_call.keywords["exp2_fma"] is True and "exp2_fma" not in call.keywords
     assert fma_note == note + ", exp2_fma=True"
+    _, eighth_note, eighth = cases[len(fp8_bench.CONFIGS) + 4]
+    assert eighth.keywords["p_path"] == "sperm" and eighth.keywords["exp2_fma"] == 3
+    assert eighth_note == note + ", p_path=sperm, exp2_fma=3"
+    assert eighth.args[4].shape == (1, 2, 128, 512)         # V^T, its keys permuted
+    assert torch.equal(eighth.args[4], fa3_fp8_launch.permute_keys(call.args[4]))
     with pytest.raises(ValueError, match="CUDA GPU"):
         call()
 

@@ -53,6 +53,9 @@ def test_valid_inputs_on_a_cpu_are_refused_for_the_device_alone():
     ("smem", dict(config=Config(BLOCK_N=128, STAGES=16)), "bytes of shared memory"),
     ("p_path", dict(p_path="tmem"), "p_path must be one of"),
     ("exp2_fma", dict(exp2_fma="yes"), "exp2_fma must be True or False"),
+    ("exp2_fma n", dict(exp2_fma=4), "or n in 0..3"),
+    ("sperm vt8", dict(p_path="sperm", vt8=torch.zeros(1, 2, 64, 250).to(E4M3)),
+     "vt8 .* \\(permute_keys\\(V\\^T\\)\\)"),
     ("perm vt8", dict(p_path="perm", vt8=torch.zeros(1, 2, 64, 250).to(E4M3)),
      "vt8 .* \\(permute_keys\\(V\\^T\\)\\)"),
 ])
@@ -209,8 +212,11 @@ for d, causal, bm, bn, stages, path in ((128, False, 64, 256, 2, "default"),
                                        if "setmaxnreg" in l})))
 # the default with half the exponentials on the FMA pipe: its main loop beside the default's
 fma = launch.compile_for_sm90(head_dim=128, block_n=256, exp2_fma=True)
-res.append({label: sass_loops(cubin_resources(kk.asm["cubin"], kk.name)[1], ("MUFU", "FFMA"))[0]
-            for label, kk in (("default", default), ("exp2_fma", fma))})
+# P staged four keys a store, one exponential in eight on the FMA pipe
+eighth = launch.compile_for_sm90(head_dim=128, block_n=256, p_path="sperm", exp2_fma=3)
+res.append({label: sass_loops(cubin_resources(kk.asm["cubin"], kk.name)[1],
+                              ("MUFU", "FFMA", "STSM", "STS.U16"))[0]
+            for label, kk in (("default", default), ("exp2_fma", fma), ("sperm_fma8", eighth))})
 print("RESULT" + json.dumps(res))
 '''
 
@@ -225,7 +231,8 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
     and reads A from there; "perm" and "perm4" take A from registers with no shuffle, and
     "perm4" packs P with no byte permutes but the one merging each register's halves. The
     default config (the first) is 64 x 256 x 2 with P in shared memory. With ``exp2_fma`` its
-    main loop has 64 MUFU fewer (the odd keys of a thread's 128) and three FFMA more for each."""
+    main loop has 64 MUFU fewer (half a thread's 128 keys) and three FFMA more for each; "sperm"
+    stores P with 8 ``stmatrix`` (no 16-bit store) and with ``exp2_fma=3`` has 16 MUFU fewer."""
     res = compile_script(AOT, tmp_path)
     loops = res.pop()
     assert len(res) == 6 and not too_big(res), res
@@ -246,5 +253,7 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
     regs, perm4 = res[1]["loops"][0], res[5]["loops"][0]
     assert perm4["PRMT"] <= 16 < regs["PRMT"] and perm4["n"] < regs["n"], (regs, perm4)
     # exp2_fma: the odd keys' MUFU.EX2 (64 of a thread's 128) become FFMA work
-    mufu, fma = loops["default"], loops["exp2_fma"]
+    mufu, fma, eighth = loops["default"], loops["exp2_fma"], loops["sperm_fma8"]
     assert mufu["MUFU"] - fma["MUFU"] == 64 and fma["FFMA"] >= mufu["FFMA"] + 3 * 64, loops
+    assert mufu["MUFU"] - eighth["MUFU"] == 16 and eighth["FFMA"] >= mufu["FFMA"] + 3 * 16, loops
+    assert (eighth["STSM"], eighth["STS.U16"], mufu["STSM"], mufu["STS.U16"]) == (8, 0, 0, 64)

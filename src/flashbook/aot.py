@@ -170,16 +170,22 @@ _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_
 
 
 def sass_loops(sass: str, opcodes: Iterable[str] = ("SHFL.IDX", "SHFL.BFLY", "PRMT", "STS",
-                                                    "BAR", "F2FP")) -> list[dict]:
+                                                    "BAR", "F2FP"),
+               taken: bool = False) -> list[dict]:
     """The innermost loops of a SASS listing (``cuobjdump -sass``) that hold tensor-core MMAs
     (HGMMA, QGMMA): a loop is a backward ``BRA`` and the instructions from its target to it,
     innermost when no other backward branch lies inside (warp specialization's dispatch jumps
-    make overlapping ranges that nest in nothing). For each, ``start`` and ``end`` (addresses), ``n`` (instructions), ``mma`` and one count of
-    the instructions whose opcode starts with each of ``opcodes``."""
+    make overlapping ranges that nest in nothing). For each, ``start`` and ``end``
+    (addresses), ``n`` (instructions), ``mma`` and one count of the instructions whose opcode
+    starts with each of ``opcodes``. ``taken``: count only the path on which every forward
+    branch that lands inside the loop is taken (what an iteration issues when it skips its
+    ``if`` blocks, e.g. an unmasked tile skipping the mask), and add ``skipped``, the
+    instructions left out."""
     code = [(int(a, 16), op) for a, op, _ in _SASS_LINE.findall(sass)]
-    loops = [(int(m.group(2), 16), a) for a, op, rest in _SASS_LINE.findall(sass)
-             if op == "BRA" and (m := re.match(r"\s*(0x)?([0-9a-f]+)", rest))
-             for a in [int(a, 16)] if int(m.group(2), 16) < a]
+    branches = [(a, int(m.group(2), 16)) for a, op, rest in _SASS_LINE.findall(sass)
+                if op == "BRA" and (m := re.match(r"\s*(0x)?([0-9a-f]+)", rest))
+                for a in [int(a, 16)]]
+    loops = [(target, a) for a, target in branches if target < a]
 
     def ops(lo, hi):
         return [op for a, op in code if lo <= a <= hi]
@@ -187,9 +193,13 @@ def sass_loops(sass: str, opcodes: Iterable[str] = ("SHFL.IDX", "SHFL.BFLY", "PR
              and any(op[1:4] == "GMM" for op in ops(lo, hi))]
     out = []
     for lo, hi in sorted(inner):
-        body = ops(lo, hi)
+        jumps = [(a, t) for a, t in branches if taken and lo <= a < t <= hi]
+        body = [op for a, op in code if lo <= a <= hi
+                and not any(b < a < t for b, t in jumps)]
         row = dict(start=hex(lo), end=hex(hi), n=len(body),
                    mma=sum(op[1:4] == "GMM" for op in body))
         row.update({o: sum(op.startswith(o) for op in body) for o in opcodes})
+        if taken:
+            row["skipped"] = len(ops(lo, hi)) - len(body)
         out.append(row)
     return out

@@ -16,16 +16,19 @@ rounding:
   permuted within each 32 (``fa3_fp8_launch.PERM_32``) so that the keys a thread holds in S
   are the k indices it holds in the A layout, and the conversion is a relabelling Gluon
   asserts trivial; "perm4" as "perm", with P carried as float32 and cast just before its PV,
-  two cvt a register (``to_e4m3_x4``), no bytes unpacked across the loop;
+  two cvt a register (``to_e4m3_x4``), no bytes unpacked across the loop; "sperm" as "smem"
+  with P in "perm"'s key order, so that the four keys of each 32-bit register of the A layout
+  are four adjacent bytes of P's tile: stored by ``stmatrix`` (8 instructions a thread for a
+  64 x 256 tile instead of 64 16-bit stores);
 * P stays out of ``warpgroup_mma_wait``'s deps: Triton's lowering of the wait takes no 8-bit
   operands ("Unexpected bitwidth in WGMMAWaitGroupOp: 8", 3.6 and 3.9). ptxas keeps the
   registers an in-flight wgmma reads until its wait (the SASS of 64 x 128 x 3 "regs" writes none
   of the QGMMA's A registers before its ``WARPGROUP.DEPBAR``), and the new P is made after it;
 * O is held in units of the V scale of the last tile whose PV was issued: before the PV of tile
   j it is rescaled by alpha_j * sv_{j-1} / sv_j, and the epilogue multiplies by sv_last / l;
-* the constexpr ``EXP2_FMA`` computes the odd keys' exponentials by a polynomial on the FMA pipe
-  (``exp2_fma``, FlashAttention-4's trick) instead of MUFU: an experiment, off by default
-  (measured slower on an H100: Chapter 6 says why).
+* the constexpr ``EXP2_FMA`` = n > 0 computes one exponential in 2^n by a polynomial on the
+  FMA pipe (``exp2_fma``, FlashAttention-4's trick) instead of MUFU (``exp2_split``): off by
+  default; Chapter 6 measures n = 1, 2, 3 and says which pays.
 
 V travels transposed, V^T (B*H, d, N) with the keys contiguous: wgmma reads an fp8 B operand
 only K-major (FlashAttention-3 transposes V in the kernel instead). The producer (``V_T``) loads
@@ -90,15 +93,38 @@ def exp2_fma(x):
 
 
 @gluon.jit
+def _halves(x, BLOCK_M: gl.constexpr, N: gl.constexpr):
+    """x (BLOCK_M, N) -> its keys below N/2 and from N/2 on: a thread holds keys of both
+    halves, so the split stays in its registers."""
+    return x.reshape([BLOCK_M, 2, N // 2]).permute((0, 2, 1)).split()
+
+
+@gluon.jit
+def _joined(lo, hi, like, BLOCK_M: gl.constexpr, N: gl.constexpr):
+    """``_halves``' inverse, in ``like``'s layout (asserted to move no data)."""
+    return gl.convert_layout(gl.join(lo, hi).permute((0, 2, 1)).reshape([BLOCK_M, N]),
+                             like.type.layout, assert_trivial=True)
+
+
+@gluon.jit
 def exp2_split(x, EXP2_FMA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """exp2 of S's tile, with EXP2_FMA its odd keys on the FMA pipe (``exp2_fma``): a thread
-    holds keys in pairs, so the split and the join stay in its registers."""
-    if EXP2_FMA:
-        even, odd = x.reshape([BLOCK_M, BLOCK_N // 2, 2]).split()
-        out = gl.convert_layout(gl.join(gl.exp2(even), exp2_fma(odd)).reshape([BLOCK_M, BLOCK_N]),
-                                x.type.layout, assert_trivial=True)
-    else:
+    """exp2 of S's tile, with EXP2_FMA = n > 0 one key in 2^n on the FMA pipe (``exp2_fma``):
+    the last half of the keys, of that half, ... n times (n <= 3)."""
+    if EXP2_FMA == 0:
         out = gl.exp2(x)
+    else:
+        a, b = _halves(x, BLOCK_M, BLOCK_N)
+        if EXP2_FMA == 1:
+            b = exp2_fma(b)
+        else:
+            b1, b2 = _halves(b, BLOCK_M, BLOCK_N // 2)
+            if EXP2_FMA == 2:
+                b2 = exp2_fma(b2)
+            else:
+                c1, c2 = _halves(b2, BLOCK_M, BLOCK_N // 4)
+                b2 = _joined(gl.exp2(c1), exp2_fma(c2), b2, BLOCK_M, BLOCK_N // 4)
+            b = _joined(gl.exp2(b1), b2, b, BLOCK_M, BLOCK_N // 2)
+        out = _joined(gl.exp2(a), b, x, BLOCK_M, BLOCK_N)
     return out
 
 
@@ -113,7 +139,9 @@ def p_operand(p8, p, p_smem, P_VIA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
     * "perm": ``keys_in_register_order`` then a conversion asserted trivial (thread-local);
     * "perm4": the same on P in float32 (p8 is float32 here): the tile of its PV casts it with
       ``to_e4m3_x4``."""
-    if P_VIA == "smem":
+    if P_VIA == "smem" or P_VIA == "sperm":
+        if P_VIA == "sperm":                    # four keys a thread holds, one 32-bit store
+            p8 = keys_in_register_order(p8, BLOCK_M, BLOCK_N)
         p_smem.store(p8)
         fence_async_shared()
         _cta_barrier()                          # the consumer's 4 warps (a named barrier)
@@ -128,8 +156,9 @@ def p_operand(p8, p, p_smem, P_VIA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
 
 @gluon.jit
 def pv_mma(p, p_smem, v_t, o, P_VIA: gl.constexpr):
-    """Issue O += P V^T' (async): A from ``p_smem`` for "smem", else the registers ``p``."""
-    if P_VIA == "smem":
+    """Issue O += P V^T' (async): A from ``p_smem`` for "smem" and "sperm", else the registers
+    ``p``."""
+    if P_VIA == "smem" or P_VIA == "sperm":
         tok = warpgroup_mma(p_smem, v_t, o, is_async=True)
     else:
         tok = warpgroup_mma(p, v_t, o, is_async=True)
@@ -202,7 +231,7 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     p_f32 = exp2_split(s_acc * gl.expand_dims(c, 1) - gl.expand_dims(m_use - P_SHIFT, 1),
                        EXP2_FMA, BLOCK_M, BLOCK_N)
     l_i = l_i * alpha_j + gl.sum(p_f32, axis=1)
-    if OVERLAP:
+    if OVERLAP:                                # P_j's stores and registers wait for PV_{j-1}
         if not FIRST:
             o = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(v_empty.index(sp))
@@ -239,7 +268,7 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full
     VS = VS + bh * gl.cdiv(N_K, KV_BLOCK)
 
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
-    if P_VIA == "smem":
+    if P_VIA == "smem" or P_VIA == "sperm":
         p_smem = p_smem.index(WG)              # this consumer's (BLOCK_M, BLOCK_N) P
     rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows)
     sq = gl.load(QS + bh * gl.cdiv(N_Q, Q_BLOCK) + rows // Q_BLOCK, mask=rows < N_Q, other=1.0)
@@ -316,7 +345,7 @@ def fp8_kernel(q_desc, k_desc, vt_desc, O, QS, KS, VS, N_Q, N_K, qk_scale,
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + vt_desc.block_type.shape,
                                        vt_desc.layout)
-    if P_VIA == "smem":                         # one P tile per consumer, rows swizzled
+    if P_VIA == "smem" or P_VIA == "sperm":     # one P tile per consumer, rows swizzled
         SWIZZLE: gl.constexpr = 128 if BLOCK_N >= 128 else BLOCK_N      # bytes, <= a row
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_N],
                                            gl.NVMMASharedLayout(SWIZZLE, 8))

@@ -13,7 +13,7 @@ end are masked); causal bottom-right, masked on the diagonal tiles only. vt8's r
 16-byte aligned for TMA: when N_k is not a multiple of 16 the wrapper copies V^T into a
 zero-padded buffer first. The kernel's K/V tile (``config.BLOCK_N``) must divide ``block_n`` so
 each tile has one K scale and one V scale. ``p_path`` picks how P reaches the second GEMM
-(``P_PATHS``, ``fa3_fp8_kernel.p_operand``); with "perm" and "perm4" vt8 is
+(``P_PATHS``, ``fa3_fp8_kernel.p_operand``); with "sperm", "perm" and "perm4" vt8 is
 ``permute_keys(V^T)``, ``(B, H, d, cdiv(N_k, 32) * 32)``, its keys permuted within each 32 so
 that P stays in its threads (made once on the way in, as the transpose is).
 
@@ -46,8 +46,9 @@ E4M3 = torch.float8_e4m3fn          # the fp8 format of the inputs (Chapter 6's 
 FASTEST = Config(BLOCK_M=64, BLOCK_N=256, STAGES=2, OVERLAP=True)
 FALLBACK = Config(BLOCK_M=64, BLOCK_N=128, STAGES=3, OVERLAP=True)
 # how P reaches PV's wgmma (``fa3_fp8_kernel.p_operand``): registers through warp shuffles,
-# staged in shared memory, or registers with V^T's keys permuted so that no thread exchanges data
-P_PATHS = ("regs", "smem", "perm", "perm4")
+# staged in shared memory (two bytes a store, or four with V^T's keys permuted), or registers
+# with V^T's keys permuted so that no thread exchanges data
+P_PATHS = ("regs", "smem", "sperm", "perm", "perm4")
 # "perm": column k of each 32 keys of V^T holds key PERM_32[k]. With k = 16h + 4q + 2j + e
 # (q = thread % 4 of a quad), wgmma's fp8 A layout (k_width=4) gives thread q columns 4q..4q+3
 # and 16+4q..16+4q+3 of each 32, while S's accumulator gives it keys 8j + 2q + e (j = 0..3,
@@ -65,7 +66,7 @@ def shared_memory(config: Config, head_dim: int, p_path: str = "regs") -> int:
     ``STAGES`` K tiles and as many V^T tiles, with ``p_path`` "smem" two P tiles, 4 * STAGES + 4
     mbarriers."""
     tiles = (2 * config.BLOCK_M + 2 * config.STAGES * config.BLOCK_N) * head_dim
-    if p_path == "smem":
+    if p_path in ("smem", "sperm"):
         tiles += 2 * config.BLOCK_M * config.BLOCK_N
     return tiles + (4 * config.STAGES + 4) * MBARRIER_BYTES
 
@@ -73,7 +74,7 @@ def shared_memory(config: Config, head_dim: int, p_path: str = "regs") -> int:
 def permute_keys(vt8: torch.Tensor) -> torch.Tensor:
     """V^T ``(..., d, N_k)`` -> ``(..., d, cdiv(N_k, 32) * 32)`` with the keys of each group of
     32 in ``PERM_32``'s order, zeros past N_k: ``attention_fp8_gluon``'s vt8 for p_path
-    "perm". Made once on the way in, like the transpose."""
+    "sperm", "perm" and "perm4". Made once on the way in, like the transpose."""
     *lead, d, n = vt8.shape
     out = vt8.new_zeros(*lead, d, cdiv(n, 32) * 32)
     out[..., :n] = vt8
@@ -132,9 +133,9 @@ def _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_pa
                              f"{tuple(t.shape)}.")
     B, H, N_q, d = q8.shape
     N_k = k8.shape[2]
-    n_vt = cdiv(N_k, 32) * 32 if p_path in ("perm", "perm4") else N_k
+    n_vt = cdiv(N_k, 32) * 32 if p_path in ("perm", "perm4", "sperm") else N_k
     if tuple(k8.shape) != (B, H, N_k, d) or tuple(vt8.shape) != (B, H, d, n_vt):
-        what = "permute_keys(V^T)" if p_path in ("perm", "perm4") else "V transposed"
+        what = "permute_keys(V^T)" if p_path in ("perm", "perm4", "sperm") else "V transposed"
         raise ValueError(f"{NAME}: k8 must be (B, H, N_k, d) and vt8 (B, H, d, {n_vt}) "
                          f"({what}) with q8 (B, H, N_q, d) = {tuple(q8.shape)}; got k8 "
                          f"{tuple(k8.shape)}, vt8 {tuple(vt8.shape)}.")
@@ -171,7 +172,7 @@ def _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_pa
 
 
 def kernel_constexprs(config: Config, block_m: int, block_n: int, p_path: str = "regs",
-                      exp2_fma: bool = False) -> tuple[dict, dict]:
+                      exp2_fma: bool | int = False) -> tuple[dict, dict]:
     """(the kernel's constexprs but CAUSAL, its launch options) for a checked ``config``."""
     budget = register_budget(config)
     return (dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, HEAD_DIM=config.HEAD_DIM,
@@ -188,7 +189,7 @@ _NO_ROWS, _NO_KEYS = object(), object()     # plans that launch nothing
 def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
                         out_dtype=torch.float16, block_m: int = 64, block_n: int = 128,
                         config: Config | None = None, p_path: str = "smem",
-                        exp2_fma: bool = False):
+                        exp2_fma: bool | int = False):
     """O ``(B, H, N_q, d)`` ``out_dtype`` of softmax(Q K^T / sqrt(d)) V from e4m3 inputs with
     their block scales (``attention_fp8``'s arguments; ``block_m``, ``block_n`` the scales'
     blocks, checked against qs's, ks's and vs's shapes), on an H100/H200. ``config``: the
@@ -196,12 +197,12 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
     STAGES, OVERLAP); by default ``default_config(block_n)``: 64 x 256 in two stages (the
     fastest measured on an H100) when 256 divides ``block_n``, 64 x 128 in three when 128 does,
     else a ValueError. ``p_path`` (``P_PATHS``): how P reaches PV's wgmma, by default "smem"
-    (staged in shared memory, the fastest measured); with "perm" and "perm4" vt8 is
-    ``permute_keys(V^T)``. ``exp2_fma``: the odd keys' exponentials by a polynomial on the FMA
-    pipe (``fa3_fp8_kernel.exp2_fma``, FlashAttention-4's trick), an experiment Chapter 6
-    measures (slower on an H100: the softmax is bound by issue slots, not by MUFU). The checks,
-    config, grid and TMA descriptors are remembered by the inputs' metadata (``plans``): a
-    repeated call costs its output buffer and the launch."""
+    (staged in shared memory); with "sperm" (staged four keys a store), "perm" and "perm4" vt8
+    is ``permute_keys(V^T)``, made once on the way in. ``exp2_fma``: True (or 1) computes half
+    the exponentials by a polynomial on the FMA pipe (``fa3_fp8_kernel.exp2_fma``,
+    FlashAttention-4's trick), an int n in 1..3 one in 2^n; Chapter 6 measures which pays. The
+    checks, config, grid and TMA descriptors are remembered by the inputs' metadata
+    (``plans``): a repeated call costs its output buffer and the launch."""
     plan_key = key(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path,
                    exp2_fma)
     plan = _FP8_PLANS.get(plan_key)
@@ -232,8 +233,9 @@ def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, 
     """(the ``Launch``, the TMA descriptors of q8, k8 and V^T as templates for ``rebased``, the
     keys of V^T's zero-padded copy or 0), or ``_NO_ROWS`` / ``_NO_KEYS``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    if not isinstance(exp2_fma, bool):
-        raise ValueError(f"{NAME}: exp2_fma must be True or False, got {exp2_fma!r}.")
+    if not isinstance(exp2_fma, int) or not 0 <= exp2_fma <= 3:
+        raise ValueError(f"{NAME}: exp2_fma must be True or False, or n in 0..3 (one "
+                         f"exponential in 2^n on the FMA pipe), got {exp2_fma!r}.")
     config = _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_path)
     B, H, N_q, d = q8.shape
     N_k = k8.shape[2]
@@ -241,7 +243,7 @@ def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, 
         return _NO_ROWS
     if N_k == 0:
         return _NO_KEYS
-    padded_keys = cdiv(N_k, 16) * 16 if N_k % 16 and p_path not in ("perm", "perm4") else 0
+    padded_keys = cdiv(N_k, 16) * 16 if N_k % 16 and p_path not in ("perm", "perm4", "sperm") else 0
     bm, bn = config.BLOCK_M, config.BLOCK_N
     vt3 = (torch.empty((B * H, d, padded_keys), dtype=E4M3, device=q8.device) if padded_keys
            else vt8.view(B * H, d, vt8.shape[-1]))
@@ -260,7 +262,7 @@ def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, 
 
 def compile_for_sm90(config: Config | None = None, head_dim: int = 128, causal: bool = False,
                      block_m: int = 64, block_n: int = 128, out_dtype: str = "fp16",
-                     p_path: str = "smem", exp2_fma: bool = False):
+                     p_path: str = "smem", exp2_fma: bool | int = False):
     """Compile ``fp8_kernel`` for sm_90a on any machine (no GPU), with
     ``attention_fp8_gluon``'s defaults: Triton's compiled kernel (``.asm["ptx"]``,
     ``.metadata.shared``)."""

@@ -89,8 +89,7 @@ def fp8_attention_kernel(Q, K, VT, O, QS, KS, VS, qk_scale, N,
 
 
 def attention_fp8(q8, qs, k8, ks, vt8, vs, causal: bool = False, out_dtype=torch.float16,
-                  block_m: int = 64, block_n: int = 128, num_warps: int = 4,
-                  num_stages: int = 3):
+                  block_m: int = 64, block_n: int = 128, num_warps: int = 4, num_stages: int = 3):
     """O (B, H, N, d) ``out_dtype`` of softmax(Q K^T / sqrt(d)) V from e4m3 inputs: q8, k8
     (B, H, N, d) with block scales qs (B, H, N / block_m), ks (B, H, N / block_n); V transposed,
     vt8 (B, H, d, N), with vs (B, H, N / block_n) (Exercise 5's ``quantize_blocks`` of V, then

@@ -9,15 +9,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from flashbook import results
+from flashbook.fp8_bench import CUDNN, FP16, FP8, GLUON, GLUON_EXP2_FMA, GLUON_SPERM, \
+    GLUON_SPERM_FMA4, GLUON_SPERM_FMA8
 
 from .fp8 import attention_fp8
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "fp8"
-FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp16"
-GLUON = "ch6_attention_fp8_gluon"          # attention_fp8_gluon, its default config
-GLUON_EXP2_FMA = "ch6_attention_fp8_gluon_exp2_fma"      # the same with exp2_fma=True
 ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp8_gluon": "fp8 Gluon",
-          "fp8_gluon_exp2_fma": "fp8 Gluon, exp2_fma", "fp16_sdpa": "fp16 SDPA"}
+          "fp8_gluon_exp2_fma": "fp8 Gluon, exp2_fma",
+          "fp8_gluon_sperm_fma8": "fp8 Gluon, sperm, 1/8 on FMA", "fp16_sdpa": "fp16 SDPA"}
 
 
 def record() -> dict | None:
@@ -33,8 +33,7 @@ def default_config() -> str:
 
 
 def best(rec: dict, kernel: str, causal: bool, config: str | None = None) -> dict:
-    """The fastest row of ``kernel`` at the record's shape, over its tile configs or of the one
-    whose note starts with ``config``."""
+    """``kernel``'s fastest row over its tile configs, or of those whose note starts ``config``."""
     rows = [r for r in rec["speed"] if r["kernel"] == kernel and r["causal"] == causal
             and (config is None or r["note"].startswith(config))]
     if not rows:
@@ -51,24 +50,26 @@ def error(rec: dict, kernel: str, causal: bool) -> float:
 def values(rec: dict) -> dict:
     """Glue key -> figure (``flashbook.quoted``): the GPU; TFLOP/s of the fp8 kernel's default
     tiles (as ``attention_fp8`` runs unless told otherwise) over the fp16 forward and cuDNN, and
-    of the Gluon one's, without and with ``exp2_fma``; the RMS error without and with the
+    of the Gluon one's variants (``fp8_bench.GLUON_VARIANTS``); the RMS error without and with the
     rotation, the gain; ``fp8_bench.sass_counts``'s figures of the Gluon main loop."""
     out = {"ch6_fp8_gpu": rec["provenance"]["gpu"].replace("NVIDIA ", "")}
     for causal in (False, True):
         label = "causal" if causal else "noncausal"
-        fp8 = best(rec, FP8, causal, default_config())["tflops"]
-        out[f"ch6_fp8_tflops_{label}"] = fp8
+        fp8 = out[f"ch6_fp8_tflops_{label}"] = best(rec, FP8, causal, default_config())["tflops"]
         out[f"ch6_fp8_vs_fp16_{label}"] = fp8 / best(rec, FP16, causal)["tflops"]
         out[f"ch6_fp8_vs_cudnn_{label}"] = fp8 / best(rec, CUDNN, causal)["tflops"]
         gluon = out[f"ch6_fp8_gluon_tflops_{label}"] = best(rec, GLUON, causal)["tflops"]
         out[f"ch6_fp8_gluon_vs_fp16_{label}"] = gluon / best(rec, FP16, causal)["tflops"]
         fma = out[f"ch6_fp8_exp2_fma_tflops_{label}"] = best(rec, GLUON_EXP2_FMA, causal)["tflops"]
         out[f"ch6_fp8_exp2_fma_vs_mufu_{label}"] = fma / gluon
-        for kernel in ("fp8_gluon", "fp8_gluon_exp2_fma"):
+        for name, kernel in zip(("sperm", "sperm_fma4", "sperm_fma8"),
+                                (GLUON_SPERM, GLUON_SPERM_FMA4, GLUON_SPERM_FMA8)):
+            tflops = out[f"ch6_fp8_{name}_tflops_{label}"] = best(rec, kernel, causal)["tflops"]
+            out[f"ch6_fp8_{name}_vs_fp16_{label}"] = tflops / best(rec, FP16, causal)["tflops"]
+        for kernel in ("fp8_gluon", "fp8_gluon_exp2_fma", "fp8_gluon_sperm_fma8"):
             out[f"ch6_{kernel}_err_{label}"] = error(rec, kernel, causal)
-        plain, rotated = error(rec, "fp8", causal), error(rec, "fp8_rotated", causal)
-        out[f"ch6_fp8_err_plain_{label}"] = plain
-        out[f"ch6_fp8_err_rotated_{label}"] = rotated
+        plain = out[f"ch6_fp8_err_plain_{label}"] = error(rec, "fp8", causal)
+        rotated = out[f"ch6_fp8_err_rotated_{label}"] = error(rec, "fp8_rotated", causal)
         out[f"ch6_fp8_err_gain_{label}"] = plain / rotated
     return out | {f"ch6_fp8_sass_{k}": v for k, v in rec["sass"]["figures"].items()}
 
@@ -85,9 +86,11 @@ def plot(rec: dict):
     ``exp2_fma``, the fp16 forward and cuDNN; right: RMS error against float64 (log)."""
     fig, (speed, err) = plt.subplots(1, 2, figsize=(12, 4.6))
     configs = list(dict.fromkeys(r["note"] for r in rec["speed"] if r["kernel"] == FP8))
-    bars_of = [(_label(c), FP8, c) for c in configs] + [
-        ("fp8 Gluon (default)", GLUON, None), ("fp8 Gluon, exp2_fma", GLUON_EXP2_FMA, None),
-        ("fp16 (Gluon FA3)", FP16, None), ("fp16 cuDNN", CUDNN, None)]
+    bars_of = [(_label(c), FP8, c) for c in configs] + [(label, kernel, None) for label, kernel in (
+        ("fp8 Gluon (default)", GLUON), ("fp8 Gluon, exp2_fma", GLUON_EXP2_FMA),
+        ("fp8 Gluon, sperm", GLUON_SPERM), ("fp8 Gluon, sperm, 1/4 on FMA", GLUON_SPERM_FMA4),
+        ("fp8 Gluon, sperm, 1/8 on FMA", GLUON_SPERM_FMA8), ("fp16 (Gluon FA3)", FP16),
+        ("fp16 cuDNN", CUDNN))]
     width = 0.8 / len(bars_of)
     for i, (label, kernel, config) in enumerate(bars_of):
         ys = [best(rec, kernel, c, config)["tflops"] for c in (False, True)]
