@@ -1096,7 +1096,7 @@ else:
 # view. What is new is how $P$ reaches the second GEMM. `wgmma` reads an fp8 A operand from
 # registers only with four consecutive keys packed in each 32-bit register, while $S$'s
 # accumulator gives each thread pairs of keys eight apart, so the kernel has four paths
-# (`p_path`): "regs" lets Triton convert the layout, with warp shuffles and byte permutes in
+# (`p_path`, and a fifth below): "regs" lets Triton convert the layout, with warp shuffles and byte permutes in
 # every iteration; "perm" permutes V^T's keys within each 32 on the way in (FA3's way), so that
 # the keys a thread holds are the ones it must hand over and the conversion moves no data;
 # "perm4" is "perm" with $P$ cast to e4m3 four values at a time just before its `wgmma`; "smem"
@@ -1110,11 +1110,21 @@ else:
 # ({glue:text}`ch6_fp8_gluon_vs_fp16_causal:.2f`x): the ping-pong that hides the softmax behind
 # the other warpgroup's matmuls, which the Triton kernel leaves to the compiler.
 #
+# **Four keys a store.** Staging $P$ costs each thread 64 two-byte stores a tile: $S$'s
+# accumulator gives a thread pairs of keys eight apart. With V^T's keys permuted on the way in,
+# as for "perm", the four keys of each register of the A layout are four adjacent bytes of the
+# permuted tile, and Triton stores a thread's $P$ with eight `stmatrix` instructions
+# (`p_path="sperm"`, V^T from `permute_keys`). It reaches
+# {glue:text}`ch6_fp8_sperm_tflops_noncausal:.0f` TFLOP/s non-causal
+# ({glue:text}`ch6_fp8_sperm_vs_fp16_noncausal:.2f`x the fp16 forward) and
+# {glue:text}`ch6_fp8_sperm_tflops_causal:.0f` causal
+# ({glue:text}`ch6_fp8_sperm_vs_fp16_causal:.2f`x).
+#
 # **FlashAttention-4's polynomial, tried on Hopper.** Chapter 7 computes part of the
 # exponentials by a polynomial on the FMA units, because a B200's tensor cores doubled and its
 # exponential unit did not. FP8 does the same to an H100: in Chapter 7's model a 128 x 128 tile
 # at d = 128 needs 1,024 cycles of e4m3 tensor cores and 1,024 of exponentials, the balance
-# at which the polynomial pays on a B200. With `exp2_fma=True` the kernel computes the odd keys'
+# at which the polynomial pays on a B200. With `exp2_fma=True` the kernel computes half the
 # exponentials FlashAttention-4's way (`fa3_fp8_kernel.exp2_fma`: round by adding
 # $1.5 \cdot 2^{23}$, a cubic for $2^f$, the integer part added into the exponent bits). It is
 # slower: {glue:text}`ch6_fp8_exp2_fma_tflops_noncausal:.0f` TFLOP/s non-causal
@@ -1124,18 +1134,38 @@ else:
 # outlier inputs {glue:text}`ch6_fp8_gluon_exp2_fma_err_noncausal:.2e` against
 # {glue:text}`ch6_fp8_gluon_err_noncausal:.2e` non-causal,
 # {glue:text}`ch6_fp8_gluon_exp2_fma_err_causal:.2e` against
-# {glue:text}`ch6_fp8_gluon_err_causal:.2e` causal). The main loop's SASS says why. Per key
-# a thread holds, the default issues {glue:text}`ch6_fp8_sass_per_key_default:.1f`
-# instructions, {glue:text}`ch6_fp8_sass_other_per_key_default:.1f` of them besides the
-# exponential (the model counts 3.5: the max, the scale, the sum, the cast; here also the
-# rescale of O, the stores of P, the masks, the loop), and each exponential moved to the FMA
-# units costs {glue:text}`ch6_fp8_sass_added_per_emulated:.1f` more (a clamp, two adds for the
-# rounding, three FMAs, a shift and an add): {glue:text}`ch6_fp8_sass_per_key_exp2_fma:.1f`
-# a key in all. A warp scheduler issues one instruction a clock, no more
-# than its FMA pipe takes: while its partner holds the tensor cores, a warpgroup's softmax is
-# bound by issue slots, not by the exponential unit, and the polynomial spends more of them
-# than it saves. The model's balance holds only where the softmax issues few instructions per
-# key; the flag stays off.
+# {glue:text}`ch6_fp8_gluon_err_causal:.2e` causal). The main loop's SASS says why, counted on
+# the path a full tile takes (the mask's block, which only the diagonal and the last tile run,
+# left out). Per key a thread holds, the default issues
+# {glue:text}`ch6_fp8_sass_per_key_default:.2f` instructions,
+# {glue:text}`ch6_fp8_sass_other_per_key_default:.2f` of them besides the exponential (the model
+# counts 3.5: the max, the scale, the sum, the cast; here also the rescale of O, the stores of
+# P, the loop). A warp scheduler issues one instruction a clock, and an SM computes 16
+# exponentials a clock, so a warp's MUFU instruction holds its quarter of them 8 clocks: the
+# exponentials take {glue:text}`ch6_fp8_sass_mufu_clocks_default:.2f` clocks a key. The
+# default is bound by the exponential unit, though not by much. Each exponential moved to the FMA
+# units costs {glue:text}`ch6_fp8_sass_added_per_emulated:.2f` more instructions (a clamp, two
+# adds for the rounding, three FMAs, a shift and an add): with half of them moved, a key takes
+# {glue:text}`ch6_fp8_sass_per_key_exp2_fma:.2f` instructions against
+# {glue:text}`ch6_fp8_sass_mufu_clocks_exp2_fma:.2f` clocks of MUFU, and issue sets a slower
+# pace. The two meet when one key in eight to ten is moved. `exp2_fma=n` moves one in $2^n$; on
+# "sperm" ({glue:text}`ch6_fp8_sass_per_key_sperm:.2f` instructions and
+# {glue:text}`ch6_fp8_sass_mufu_clocks_sperm:.2f` MUFU clocks a key), one in four gives
+# {glue:text}`ch6_fp8_sass_per_key_sperm_fma4:.2f` against
+# {glue:text}`ch6_fp8_sass_mufu_clocks_sperm_fma4:.2f` and runs at
+# {glue:text}`ch6_fp8_sperm_fma4_tflops_noncausal:.0f` /
+# {glue:text}`ch6_fp8_sperm_fma4_tflops_causal:.0f` TFLOP/s (non-causal / causal;
+# {glue:text}`ch6_fp8_sperm_fma4_vs_fp16_noncausal:.2f`x /
+# {glue:text}`ch6_fp8_sperm_fma4_vs_fp16_causal:.2f`x the fp16 forward), and one in eight gives
+# {glue:text}`ch6_fp8_sass_per_key_sperm_fma8:.2f` against
+# {glue:text}`ch6_fp8_sass_mufu_clocks_sperm_fma8:.2f`, the balance, and runs at
+# {glue:text}`ch6_fp8_sperm_fma8_tflops_noncausal:.0f` /
+# {glue:text}`ch6_fp8_sperm_fma8_tflops_causal:.0f` TFLOP/s
+# ({glue:text}`ch6_fp8_sperm_fma8_vs_fp16_noncausal:.2f`x /
+# {glue:text}`ch6_fp8_sperm_fma8_vs_fp16_causal:.2f`x), with RMS errors
+# {glue:text}`ch6_fp8_gluon_sperm_fma8_err_noncausal:.2e` /
+# {glue:text}`ch6_fp8_gluon_sperm_fma8_err_causal:.2e`. The polynomial pays where it evens the
+# two units' loads, not where it empties one of them.
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
