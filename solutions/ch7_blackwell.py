@@ -126,11 +126,12 @@ from flashbook.chapters import ch7
 #
 # The model counts the FMA units' throughput and nothing else a warp must issue. Chapter 6
 # (Section 8) tried the polynomial where the model puts the same balance, FP8 on an H100 (1,024
-# cycles of each per tile at d = 128), and measured it slower: its softmax issues several
-# instructions per key besides the exponential (the rescale of O, the stores of P, the loop),
-# a warp scheduler issues one instruction a clock, and there the issue slots, not the
-# exponential unit, set the pace. The polynomial pays only where the softmax issues few other
-# instructions per key.
+# cycles of each per tile at d = 128), and measured it slower at every share tried, down to one
+# exponential in eight, where the SASS counts of issue slots and exponential-unit clocks per key
+# balance: its softmax issues several instructions per key besides the exponential (the
+# rescale of O, the stores of P, the loop), a warp scheduler issues one instruction a clock,
+# and each emulated exponential costs seven more. The model's balance is what the polynomial
+# needs to pay, not a promise that it will.
 
 # %% tags=["demo"]
 for d in (64, 128):

@@ -47,17 +47,12 @@ CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3))
 # the scales' blocks (Q rows, K/V keys) of attention_fp8_gluon's inputs: with K/V blocks of 256
 # keys its default config is its fastest (fa3_fp8_launch.default_config)
 GLUON_BLOCKS = (64, 256)
-# the record's kernel names (Chapter 6's fp8_recorded reads them)
-FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp16"
-GLUON = "ch6_attention_fp8_gluon"                     # attention_fp8_gluon, its default config
-GLUON_EXP2_FMA, GLUON_SPERM = GLUON + "_exp2_fma", GLUON + "_sperm"
-GLUON_SPERM_FMA4, GLUON_SPERM_FMA8 = GLUON + "_sperm_fma4", GLUON + "_sperm_fma8"
-# the Gluon kernel's variants: (sass_counts' label, kernel name, keyword arguments); "sperm"
-# takes V^T with its keys permuted (fa3_fp8_launch.permute_keys)
-GLUON_VARIANTS = (("default", GLUON, {}), ("exp2_fma", GLUON_EXP2_FMA, dict(exp2_fma=True)),
-                  ("sperm", GLUON_SPERM, dict(p_path="sperm")),
-                  ("sperm_fma4", GLUON_SPERM_FMA4, dict(p_path="sperm", exp2_fma=2)),
-                  ("sperm_fma8", GLUON_SPERM_FMA8, dict(p_path="sperm", exp2_fma=3)))
+# the Gluon kernel's variants: (sass_counts' label, fp8_recorded's kernel name, keyword
+# arguments); "sperm" takes V^T with its keys permuted (fa3_fp8_launch.permute_keys)
+GLUON_VARIANTS = (("default", "GLUON", {}), ("exp2_fma", "GLUON_EXP2_FMA", dict(exp2_fma=True)),
+                  ("sperm", "GLUON_SPERM", dict(p_path="sperm")),
+                  ("sperm_fma4", "GLUON_SPERM_FMA4", dict(p_path="sperm", exp2_fma=2)),
+                  ("sperm_fma8", "GLUON_SPERM_FMA8", dict(p_path="sperm", exp2_fma=3)))
 
 
 def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
@@ -97,25 +92,26 @@ def speed_cases(ns, q, k, v, causal: bool) -> list[tuple[str, str, object]]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashbook.chapters import ch6
+    from flashbook.chapters.ch6 import fp8_recorded as names
     from flashbook.fa3_launch import attention_fa3
     cases = []
     for i, (bm, bn, w, s) in enumerate(CONFIGS):
-        cases.append((FP8, f"BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={s}"
+        cases.append((names.FP8, f"BLOCK_M={bm} BLOCK_N={bn} warps={w} stages={s}"
                       + (" (the default)" if i == 0 else ""),
                       partial(ch6.attention_fp8, *_prepared(ns, q, k, v, bm, bn), causal=causal,
                               block_m=bm, block_n=bn, num_warps=w, num_stages=s)))
     bm, bn = GLUON_BLOCKS
     gluon_inputs = _prepared(ns, q, k, v, bm, bn)        # quantized once for every variant
     for _, name, kwargs in GLUON_VARIANTS:
-        cases.append((name, _note(kwargs), partial(
+        cases.append((getattr(names, name), _note(kwargs), partial(
             ch6.attention_fp8_gluon, *_gluon_inputs(gluon_inputs, kwargs), causal=causal,
             block_m=bm, block_n=bn, **kwargs)))
-    cases.append((FP16, "", partial(attention_fa3, q, k, v, causal=causal)))
+    cases.append((names.FP16, "", partial(attention_fa3, q, k, v, causal=causal)))
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return cases + [(CUDNN, "", cudnn)]
+    return cases + [(names.CUDNN, "", cudnn)]
 
 
 def measure() -> dict:

@@ -9,12 +9,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from flashbook import results
-from flashbook.fp8_bench import CUDNN, FP16, FP8, GLUON, GLUON_EXP2_FMA, GLUON_SPERM, \
-    GLUON_SPERM_FMA4, GLUON_SPERM_FMA8
 
 from .fp8 import attention_fp8
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "fp8"
+FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp16"
+GLUON = "ch6_attention_fp8_gluon"          # attention_fp8_gluon, its default config; variants:
+GLUON_EXP2_FMA, GLUON_SPERM = GLUON + "_exp2_fma", GLUON + "_sperm"
+GLUON_SPERM_FMA4, GLUON_SPERM_FMA8 = GLUON + "_sperm_fma4", GLUON + "_sperm_fma8"
 ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp8_gluon": "fp8 Gluon",
           "fp8_gluon_exp2_fma": "fp8 Gluon, exp2_fma",
           "fp8_gluon_sperm_fma8": "fp8 Gluon, sperm, 1/8 on FMA", "fp16_sdpa": "fp16 SDPA"}
@@ -58,14 +60,12 @@ def values(rec: dict) -> dict:
         fp8 = out[f"ch6_fp8_tflops_{label}"] = best(rec, FP8, causal, default_config())["tflops"]
         out[f"ch6_fp8_vs_fp16_{label}"] = fp8 / best(rec, FP16, causal)["tflops"]
         out[f"ch6_fp8_vs_cudnn_{label}"] = fp8 / best(rec, CUDNN, causal)["tflops"]
-        gluon = out[f"ch6_fp8_gluon_tflops_{label}"] = best(rec, GLUON, causal)["tflops"]
-        out[f"ch6_fp8_gluon_vs_fp16_{label}"] = gluon / best(rec, FP16, causal)["tflops"]
-        fma = out[f"ch6_fp8_exp2_fma_tflops_{label}"] = best(rec, GLUON_EXP2_FMA, causal)["tflops"]
-        out[f"ch6_fp8_exp2_fma_vs_mufu_{label}"] = fma / gluon
-        for name, kernel in zip(("sperm", "sperm_fma4", "sperm_fma8"),
-                                (GLUON_SPERM, GLUON_SPERM_FMA4, GLUON_SPERM_FMA8)):
+        for name, kernel in zip(("gluon", "sperm", "sperm_fma4", "sperm_fma8"),
+                                (GLUON, GLUON_SPERM, GLUON_SPERM_FMA4, GLUON_SPERM_FMA8)):
             tflops = out[f"ch6_fp8_{name}_tflops_{label}"] = best(rec, kernel, causal)["tflops"]
             out[f"ch6_fp8_{name}_vs_fp16_{label}"] = tflops / best(rec, FP16, causal)["tflops"]
+        fma = out[f"ch6_fp8_exp2_fma_tflops_{label}"] = best(rec, GLUON_EXP2_FMA, causal)["tflops"]
+        out[f"ch6_fp8_exp2_fma_vs_mufu_{label}"] = fma / out[f"ch6_fp8_gluon_tflops_{label}"]
         for kernel in ("fp8_gluon", "fp8_gluon_exp2_fma", "fp8_gluon_sperm_fma8"):
             out[f"ch6_{kernel}_err_{label}"] = error(rec, kernel, causal)
         plain = out[f"ch6_fp8_err_plain_{label}"] = error(rec, "fp8", causal)
