@@ -28,7 +28,7 @@ rounding:
   j it is rescaled by alpha_j * sv_{j-1} / sv_j, and the epilogue multiplies by sv_last / l;
 * the constexpr ``EXP2_FMA`` = n > 0 computes one exponential in 2^n by a polynomial on the
   FMA pipe (``exp2_fma``, FlashAttention-4's trick) instead of MUFU (``exp2_split``): off by
-  default; Chapter 6 measures n = 1, 2, 3 and says which pays.
+  default; slower at n = 1, 2 and 3 on an H100 (Chapter 6, Section 8, says why).
 
 V travels transposed, V^T (B*H, d, N) with the keys contiguous: wgmma reads an fp8 B operand
 only K-major (FlashAttention-3 transposes V in the kernel instead). The producer (``V_T``) loads
@@ -140,7 +140,7 @@ def p_operand(p8, p, p_smem, P_VIA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
     * "perm4": the same on P in float32 (p8 is float32 here): the tile of its PV casts it with
       ``to_e4m3_x4``."""
     if P_VIA == "smem" or P_VIA == "sperm":
-        if P_VIA == "sperm":                    # four keys a thread holds, one 32-bit store
+        if P_VIA == "sperm":                    # four adjacent bytes a register: stmatrix
             p8 = keys_in_register_order(p8, BLOCK_M, BLOCK_N)
         p_smem.store(p8)
         fence_async_shared()
@@ -231,7 +231,9 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     p_f32 = exp2_split(s_acc * gl.expand_dims(c, 1) - gl.expand_dims(m_use - P_SHIFT, 1),
                        EXP2_FMA, BLOCK_M, BLOCK_N)
     l_i = l_i * alpha_j + gl.sum(p_f32, axis=1)
-    if OVERLAP:                                # P_j's stores and registers wait for PV_{j-1}
+    # P_j's stores and registers wait for PV_{j-1}. (A second P tile, the softmax then under
+    # PV_{j-1} and the wait after P's stores, measured no faster on an H100.)
+    if OVERLAP:
         if not FIRST:
             o = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(v_empty.index(sp))

@@ -200,7 +200,7 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
     (staged in shared memory); with "sperm" (staged four keys a store), "perm" and "perm4" vt8
     is ``permute_keys(V^T)``, made once on the way in. ``exp2_fma``: True (or 1) computes half
     the exponentials by a polynomial on the FMA pipe (``fa3_fp8_kernel.exp2_fma``,
-    FlashAttention-4's trick), an int n in 1..3 one in 2^n; Chapter 6 measures which pays. The
+    FlashAttention-4's trick), an int n in 1..3 one in 2^n (each slower on an H100). The
     checks, config, grid and TMA descriptors are remembered by the inputs' metadata
     (``plans``): a repeated call costs its output buffer and the launch."""
     plan_key = key(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path,
