@@ -1103,7 +1103,7 @@ else:
 # stores $P$ to shared memory, from which `wgmma` reads it as it reads $V^T$. Staging $P$ costs a
 # few stores per thread and no exchange between threads, and beat the shuffles; it also frees the
 # registers $P$ would hold until its `wgmma`, and with 256 keys a tile in two stages it was the
-# fastest variant measured on an H100, which is its default. Measured beside the others, it
+# fastest of these four on an H100, and is the default. Measured beside the others, it
 # reaches {glue:text}`ch6_fp8_gluon_tflops_noncausal:.0f` TFLOP/s non-causal,
 # {glue:text}`ch6_fp8_gluon_vs_fp16_noncausal:.2f`x the book's fp16 forward, and
 # {glue:text}`ch6_fp8_gluon_tflops_causal:.0f` TFLOP/s causal
@@ -1166,8 +1166,8 @@ else:
 # {glue:text}`ch6_fp8_gluon_sperm_fma8_err_noncausal:.2e` /
 # {glue:text}`ch6_fp8_gluon_sperm_fma8_err_causal:.2e`. Both are slower than "sperm" with every
 # exponential on MUFU: the counts bound a warp's softmax from below, but at
-# {glue:text}`ch6_fp8_sperm_tflops_noncausal:.0f` TFLOP/s the tensor cores are busy well under
-# half the time, so neither count alone sets the pace, and at every share measured the
+# {glue:text}`ch6_fp8_sperm_tflops_noncausal:.0f` TFLOP/s the tensor cores are busy under half
+# the time, so neither count alone sets the pace, and at every share measured the
 # polynomial's instructions cost more than the exponential unit's time they save. The flag
 # stays off; "sperm" is the fastest path measured, but its V^T must come permuted, so "smem"
 # stays the default.
