@@ -32,6 +32,10 @@ def test_valid_inputs_on_a_cpu_are_refused_for_the_device_alone():
         launch.attention_fp8_gluon(**_inputs())
     with pytest.raises(ValueError, match="CUDA GPU"):                # odd lengths are fine
         launch.attention_fp8_gluon(**_inputs(N_q=100, N_k=77), causal=True)
+    args = _inputs(N_k=77)                                # V^T permuted for "sperm"
+    args["vt8"] = launch.permute_keys(args["vt8"])
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        launch.attention_fp8_gluon(**args, p_path="sperm")
 
 
 @pytest.mark.parametrize("change, kwargs, message", [
@@ -54,10 +58,11 @@ def test_valid_inputs_on_a_cpu_are_refused_for_the_device_alone():
     ("p_path", dict(p_path="tmem"), "p_path must be one of"),
     ("exp2_fma", dict(exp2_fma="yes"), "exp2_fma must be True or False"),
     ("exp2_fma n", dict(exp2_fma=4), "or n in 0..3"),
-    ("sperm vt8", dict(p_path="sperm", vt8=torch.zeros(1, 2, 64, 250).to(E4M3)),
-     "vt8 .* \\(permute_keys\\(V\\^T\\)\\)"),
-    ("perm vt8", dict(p_path="perm", vt8=torch.zeros(1, 2, 64, 250).to(E4M3)),
-     "vt8 .* \\(permute_keys\\(V\\^T\\)\\)"),
+    ("sperm vt8", dict(p_path="sperm"), "takes vt8 as permute_keys\\(V\\^T\\) .* not V\\^T itself"),
+    ("perm vt8 width", dict(p_path="perm", vt8=launch.PermutedKeys(
+        torch.zeros(1, 2, 64, 250).to(E4M3))), "vt8 .* \\(permute_keys\\(V\\^T\\)\\)"),
+    ("permuted vt8 to smem", dict(vt8=launch.PermutedKeys(torch.zeros(1, 2, 64, 256).to(E4M3))),
+     "'smem' takes vt8 as V\\^T itself, not permute_keys"),
 ])
 def test_bad_arguments_are_refused_with_a_clear_value_error(change, kwargs, message):
     args = _inputs()
@@ -167,7 +172,7 @@ def test_permuted_keys_leave_p_v_unchanged():
     N_k, d = 77, 16
     v = torch.randint(-8, 8, (1, 1, N_k, d), generator=g).float()
     vt8 = v.transpose(-1, -2).contiguous().to(E4M3)
-    vtp = launch.permute_keys(vt8)
+    vtp = launch.permute_keys(vt8).vt
     assert vtp.shape == (1, 1, d, 96) and vtp.dtype == E4M3 and vtp.is_contiguous()
     p = torch.randint(0, 9, (5, 96), generator=g) / 8.0     # exact sums in any order
     p[:, N_k:] = 0.0                                  # masked keys

@@ -13,9 +13,10 @@ end are masked); causal bottom-right, masked on the diagonal tiles only. vt8's r
 16-byte aligned for TMA: when N_k is not a multiple of 16 the wrapper copies V^T into a
 zero-padded buffer first. The kernel's K/V tile (``config.BLOCK_N``) must divide ``block_n`` so
 each tile has one K scale and one V scale. ``p_path`` picks how P reaches the second GEMM
-(``P_PATHS``, ``fa3_fp8_kernel.p_operand``); with "sperm", "perm" and "perm4" vt8 is
-``permute_keys(V^T)``, ``(B, H, d, cdiv(N_k, 32) * 32)``, its keys permuted within each 32 so
-that P stays in its threads (made once on the way in, as the transpose is).
+(``P_PATHS``, ``fa3_fp8_kernel.p_operand``); with "sperm", "perm" and "perm4" (``PERMUTED``)
+vt8 is ``permute_keys(V^T)``, a ``PermutedKeys`` of ``(B, H, d, cdiv(N_k, 32) * 32)``, its keys
+permuted within each 32 so that P stays in its threads (made once on the way in, as the
+transpose is); these paths take no other vt8, and the others take no ``PermutedKeys``.
 
 With no config, ``default_config``: the fastest tiles measured on an H100, 64 query rows a
 consumer against 256 keys a tile in two stages, where the scales' ``block_n`` is a multiple of
@@ -25,6 +26,7 @@ consumer against 256 keys a tile in two stages, where the scales' ``block_n`` is
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -39,7 +41,8 @@ from flashbook.planning import H100, MBARRIER_BYTES
 from flashbook.plans import Launch, Plans, key
 
 __all__ = ["attention_fp8_gluon", "compile_for_sm90", "default_config", "FASTEST", "FALLBACK",
-           "shared_memory", "Config", "P_PATHS", "PERM_32", "permute_keys"]
+           "shared_memory", "Config", "P_PATHS", "PERMUTED", "PERM_32", "PermutedKeys",
+           "permute_keys"]
 
 E4M3 = torch.float8_e4m3fn          # the fp8 format of the inputs (Chapter 6's ``fp8.E4M3``)
 # the default tiles (``default_config``), each with p_path "smem": the fastest measured on an
@@ -50,6 +53,7 @@ FALLBACK = Config(BLOCK_M=64, BLOCK_N=128, STAGES=3, OVERLAP=True)
 # staged in shared memory (two bytes a store, or four with V^T's keys permuted), or registers
 # with V^T's keys permuted so that no thread exchanges data
 P_PATHS = ("regs", "smem", "sperm", "perm", "perm4")
+PERMUTED = ("sperm", "perm", "perm4")          # the paths whose vt8 is permute_keys(V^T)
 # "perm": column k of each 32 keys of V^T holds key PERM_32[k]. With k = 16h + 4q + 2j + e
 # (q = thread % 4 of a quad), wgmma's fp8 A layout (k_width=4) gives thread q columns 4q..4q+3
 # and 16+4q..16+4q+3 of each 32, while S's accumulator gives it keys 8j + 2q + e (j = 0..3,
@@ -72,7 +76,13 @@ def shared_memory(config: Config, head_dim: int, p_path: str = "regs") -> int:
     return tiles + (4 * config.STAGES + 4) * MBARRIER_BYTES
 
 
-def permute_keys(vt8: torch.Tensor) -> torch.Tensor:
+class PermutedKeys(NamedTuple):
+    """V^T with its keys permuted (``permute_keys``' result), the vt8 of the ``PERMUTED`` paths
+    and of no other: a V^T handed to the wrong path is refused, not read in the wrong order."""
+    vt: torch.Tensor
+
+
+def permute_keys(vt8: torch.Tensor) -> PermutedKeys:
     """V^T ``(..., d, N_k)`` -> ``(..., d, cdiv(N_k, 32) * 32)`` with the keys of each group of
     32 in ``PERM_32``'s order, zeros past N_k: ``attention_fp8_gluon``'s vt8 for p_path
     "sperm", "perm" and "perm4". Made once on the way in, like the transpose."""
@@ -81,7 +91,7 @@ def permute_keys(vt8: torch.Tensor) -> torch.Tensor:
     out[..., :n] = vt8
     perm = torch.tensor(PERM_32, device=vt8.device)
     idx = (torch.arange(0, out.shape[-1], 32, device=vt8.device)[:, None] + perm).flatten()
-    return out.view(torch.uint8)[..., idx].view(vt8.dtype).contiguous()
+    return PermutedKeys(out.view(torch.uint8)[..., idx].view(vt8.dtype).contiguous())
 
 
 def _layout(rows: int, cols: int):
@@ -124,7 +134,12 @@ def _check_config(config, d: int, block_n: int, p_path: str = "regs") -> Config:
     return c.for_inputs(d, "float8_e4m3fn")
 
 
-def _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_path):
+def _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_path,
+              permuted=False):
+    if (p_path in PERMUTED) != permuted:
+        raise ValueError(f"{NAME}: p_path={p_path!r} takes vt8 as " + (
+            "V^T itself, not permute_keys(V^T)." if permuted else
+            "permute_keys(V^T) (its keys permuted within each 32), not V^T itself."))
     for label, t in (("q8", q8), ("k8", k8), ("vt8", vt8), ("qs", qs), ("ks", ks), ("vs", vs)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{NAME}: {label} must be a torch.Tensor, got {type(t).__name__}.")
@@ -134,9 +149,9 @@ def _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_pa
                              f"{tuple(t.shape)}.")
     B, H, N_q, d = q8.shape
     N_k = k8.shape[2]
-    n_vt = cdiv(N_k, 32) * 32 if p_path in ("perm", "perm4", "sperm") else N_k
+    n_vt = cdiv(N_k, 32) * 32 if permuted else N_k
     if tuple(k8.shape) != (B, H, N_k, d) or tuple(vt8.shape) != (B, H, d, n_vt):
-        what = "permute_keys(V^T)" if p_path in ("perm", "perm4", "sperm") else "V transposed"
+        what = "permute_keys(V^T)" if permuted else "V transposed"
         raise ValueError(f"{NAME}: k8 must be (B, H, N_k, d) and vt8 (B, H, d, {n_vt}) "
                          f"({what}) with q8 (B, H, N_q, d) = {tuple(q8.shape)}; got k8 "
                          f"{tuple(k8.shape)}, vt8 {tuple(vt8.shape)}.")
@@ -204,12 +219,16 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
     FlashAttention-4's trick), an int n in 1..3 one in 2^n (each slower on an H100). The
     checks, config, grid and TMA descriptors are remembered by the inputs' metadata
     (``plans``): a repeated call costs its output buffer and the launch."""
-    plan_key = key(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path,
-                   exp2_fma)
+    permuted = isinstance(vt8, PermutedKeys)
+    if permuted:
+        vt8 = vt8.vt
+    plan_key = key(q8, qs, k8, ks, vt8, permuted, vs, causal, out_dtype, block_m, block_n, config,
+                   p_path, exp2_fma)
     plan = _FP8_PLANS.get(plan_key)
     if plan is None:
         plan = _FP8_PLANS.remember(plan_key, _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype,
-                                                   block_m, block_n, config, p_path, exp2_fma))
+                                                   block_m, block_n, config, p_path, exp2_fma,
+                                                   permuted))
     o = torch.empty(q8.shape, dtype=out_dtype, device=q8.device)
     if plan is _NO_ROWS:
         return o
@@ -230,21 +249,22 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
 
 
 def _plan(q8, qs, k8, ks, vt8, vs, causal, out_dtype, block_m, block_n, config, p_path,
-          exp2_fma=False):
+          exp2_fma=False, permuted=False):
     """(the ``Launch``, the TMA descriptors of q8, k8 and V^T as templates for ``rebased``, the
     keys of V^T's zero-padded copy or 0), or ``_NO_ROWS`` / ``_NO_KEYS``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     if not isinstance(exp2_fma, int) or not 0 <= exp2_fma <= 3:
         raise ValueError(f"{NAME}: exp2_fma must be True or False, or n in 0..3 (one "
                          f"exponential in 2^n on the FMA pipe), got {exp2_fma!r}.")
-    config = _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_path)
+    config = _validate(q8, qs, k8, ks, vt8, vs, out_dtype, block_m, block_n, config, p_path,
+                       permuted)
     B, H, N_q, d = q8.shape
     N_k = k8.shape[2]
     if N_q == 0 or B * H == 0:
         return _NO_ROWS
     if N_k == 0:
         return _NO_KEYS
-    padded_keys = cdiv(N_k, 16) * 16 if N_k % 16 and p_path not in ("perm", "perm4", "sperm") else 0
+    padded_keys = cdiv(N_k, 16) * 16 if N_k % 16 and not permuted else 0
     bm, bn = config.BLOCK_M, config.BLOCK_N
     vt3 = (torch.empty((B * H, d, padded_keys), dtype=E4M3, device=q8.device) if padded_keys
            else vt8.view(B * H, d, vt8.shape[-1]))
