@@ -77,9 +77,10 @@ def _note(kwargs: dict) -> str:
 
 
 def _gluon_inputs(inputs: tuple, kwargs: dict) -> tuple:
-    """The Gluon kernel's inputs for ``kwargs``: V^T's keys permuted for "sperm"."""
-    from flashbook.fa3_fp8_launch import permute_keys
-    if kwargs.get("p_path") != "sperm":
+    """The Gluon kernel's inputs for ``kwargs``: V^T's keys permuted for the paths that read
+    them so (``fa3_fp8_launch.PERMUTED``)."""
+    from flashbook.fa3_fp8_launch import PERMUTED, permute_keys
+    if kwargs.get("p_path") not in PERMUTED:
         return inputs
     return (*inputs[:4], permute_keys(inputs[4]), inputs[5])
 
