@@ -1228,7 +1228,12 @@ quoted.glue(ch6.CHAPTER)
 # Where it falls short, and why. At d = 64 each K/V tile carries half the matmul work, so the
 # per-tile costs that do not shrink with d (the barrier waits, the token hand-over, the row
 # statistics) weigh twice as much; JAX's kernel takes 256-key tiles there, which this kernel
-# cannot hold in registers with two 64-row consumers (the planner rules them out). In the
+# cannot hold in registers with two 64-row consumers (the planner rules them out).
+# FlashAttention-3 answers with a third consumer warpgroup at d = 64 (192 query rows a CTA, the
+# token going round three): one consumer's softmax now hides behind two others' GEMMs. The
+# planner does the same (`planner.three_consumers`; 160 registers a consumer thread), except for
+# short causal problems, where the persistent two consumers stay faster; the second table below
+# measures it. The H200 figures above were recorded with two consumers. In the
 # short causal case, half of the programs finish early and the tail of the grid runs half empty.
 # The kernel now has a persistent variant for this (`Config.PERSISTENT`: one CTA per SM walks a
 # static schedule of the tiles head by head, each round in the opposite direction to the last,
@@ -1289,6 +1294,27 @@ else:
 # with the overlap, which is what the SASS predicts: ptxas already moves the wait for PV(j - 1)
 # to the top of the softmax (see above), so with `OVERLAP=True` the consumer waits there too,
 # and the overlap that FlashAttention-3 gets on an H100 is not yet realised in this kernel.
+#
+# At d = 64, from the same run, the planner's three consumers against two:
+#
+# | variant | (1, 16, 16384, 64) | causal | (4, 16, 4096, 64) | causal |
+# |---|---|---|---|---|
+# | `attention_fa3` as you call it (the planner's choice) | {glue:text}`ch6_abl_default_1_16384_64_noncausal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_1_16384_64_noncausal:.2f`x) | {glue:text}`ch6_abl_default_1_16384_64_causal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_1_16384_64_causal:.2f`x) | {glue:text}`ch6_abl_default_4_4096_64_noncausal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_4_4096_64_noncausal:.2f`x) | {glue:text}`ch6_abl_default_4_4096_64_causal:.0f` ({glue:text}`ch6_abl_default_vs_cudnn_4_4096_64_causal:.2f`x) |
+# | the planner's tiles as a grid | {glue:text}`ch6_abl_grid_1_16384_64_noncausal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_1_16384_64_noncausal:.2f`x) | {glue:text}`ch6_abl_grid_1_16384_64_causal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_1_16384_64_causal:.2f`x) | {glue:text}`ch6_abl_grid_4_4096_64_noncausal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_4_4096_64_noncausal:.2f`x) | {glue:text}`ch6_abl_grid_4_4096_64_causal:.0f` ({glue:text}`ch6_abl_grid_vs_cudnn_4_4096_64_causal:.2f`x) |
+# | the fastest two-consumer tiles, as a grid | {glue:text}`ch6_abl_two_consumers_1_16384_64_noncausal:.0f` ({glue:text}`ch6_abl_two_consumers_vs_cudnn_1_16384_64_noncausal:.2f`x) | {glue:text}`ch6_abl_two_consumers_1_16384_64_causal:.0f` ({glue:text}`ch6_abl_two_consumers_vs_cudnn_1_16384_64_causal:.2f`x) | {glue:text}`ch6_abl_two_consumers_4_4096_64_noncausal:.0f` ({glue:text}`ch6_abl_two_consumers_vs_cudnn_4_4096_64_noncausal:.2f`x) | {glue:text}`ch6_abl_two_consumers_4_4096_64_causal:.0f` ({glue:text}`ch6_abl_two_consumers_vs_cudnn_4_4096_64_causal:.2f`x) |
+# | two consumers, persistent | {glue:text}`ch6_abl_persistent_1_16384_64_noncausal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_1_16384_64_noncausal:.2f`x) | {glue:text}`ch6_abl_persistent_1_16384_64_causal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_1_16384_64_causal:.2f`x) | {glue:text}`ch6_abl_persistent_4_4096_64_noncausal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_4_4096_64_noncausal:.2f`x) | {glue:text}`ch6_abl_persistent_4_4096_64_causal:.0f` ({glue:text}`ch6_abl_persistent_vs_cudnn_4_4096_64_causal:.2f`x) |
+# | the planner's choice without the overlap | {glue:text}`ch6_abl_no_overlap_1_16384_64_noncausal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_1_16384_64_noncausal:.2f`x) | {glue:text}`ch6_abl_no_overlap_1_16384_64_causal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_1_16384_64_causal:.2f`x) | {glue:text}`ch6_abl_no_overlap_4_4096_64_noncausal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_4_4096_64_noncausal:.2f`x) | {glue:text}`ch6_abl_no_overlap_4_4096_64_causal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_4_4096_64_causal:.2f`x) |
+# | cuDNN | {glue:text}`ch6_abl_cudnn_1_16384_64_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_1_16384_64_causal:.0f` | {glue:text}`ch6_abl_cudnn_4_4096_64_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_4_4096_64_causal:.0f` |
+#
+# The first row is the second (three consumers, a grid) in every column but the last, where the
+# persistent rule (causal, at most 4,096 queries) picks the fourth. The third consumer changes nothing in a tile's
+# work; it only changes how often the tensor cores wait: at d = 64 a 64 x 128 tile's two GEMMs
+# take about as long as its softmax, so with two consumers one softmax is barely covered by the
+# other consumer's GEMMs and every hand-over shows, while with three it is covered twice over.
+# It costs registers, 160 a consumer thread instead of 240: ptxas moves values that do not
+# change across the K/V loop to local memory, and two of the three consumers' loops reload 11 of
+# them a tile (no stores in the loop). At d = 128, where O alone takes 64 registers, three do
+# not fit, and the kernel stays at two.
 
 # %% [markdown]
 # ## What is next

@@ -88,10 +88,13 @@ def test_ranking_picks_feasible_configs_fastest_first():
         assert ranked and all(planner.feasible(c) for c, _ in ranked)
         times = [p["ms"] for _, p in ranked]
         assert times == sorted(times)
-        assert planner.best(d) == ranked[0][0]
+        every = planner.rank(d, causal=False,
+                             configs=planner.candidates(d) + planner.three_consumers(d))
+        assert planner.best(d) == every[0][0]
         assert ranked[0][1]["tflops"] < planner.H100.peak_tflops
     top = planner.best(128)
-    assert (top.BLOCK_M, top.BLOCK_N, top.STAGES, top.OVERLAP) == (64, 128, 2, True)
+    assert (top.BLOCK_M, top.BLOCK_N, top.STAGES, top.OVERLAP, top.CONSUMERS) == (
+        64, 128, 2, True, 2)
     small = planner.best(64)       # measured on an H200: 64x128 beats 128x64 at d=64
     assert (small.BLOCK_M, small.BLOCK_N) == (64, 128)
     # the model against the H200 (fp16, non-causal, triton 3.6): 591 and 502 TFLOP/s
@@ -104,22 +107,39 @@ def test_ranking_picks_feasible_configs_fastest_first():
     assert 0.45 < half / full < 0.6
 
 
+def test_d64_runs_three_consumers_except_where_the_persistent_rule_holds():
+    """FA3's d = 64 design (measured on an H100: 488 against 427 TFLOP/s at (4, 16, 4096, 64)),
+    except causal N_q <= 4096, where the persistent two consumers won."""
+    assert planner.best(64, N_q=4096, B=4).CONSUMERS == 3
+    assert planner.best(64, N_q=16384, causal=True).CONSUMERS == 3
+    short = planner.best(64, N_q=2048, B=16, causal=True)
+    assert (short.CONSUMERS, short.PERSISTENT) == (2, True)
+    assert not planner.three_consumers(128) and planner.best(128).CONSUMERS == 2
+    three = planner.best(64)
+    assert planner.register_budget(three)["consumer"] == 160 and three.rows_per_cta == 192
+    assert "two consumer" in " ".join(planner.feasible(
+        dataclasses.replace(three, PERSISTENT=True)).reasons)
+    assert "two or three" in " ".join(planner.feasible(cfg(64, CONSUMERS=4)).reasons)
+
+
 def test_the_planner_runs_short_causal_problems_persistent(fa3):
     """Measured on an H100: the persistent kernel with GROUP=1 won every causal problem with
     N_q <= 4096, lost at 16384 and did not clearly win non-causal. ``best`` keeps the model's
     tiles and makes them persistent exactly there; ``attention_fa3``'s default follows."""
-    def choice(d, B, N, causal):
+    def choice(d, B, N, causal):     # best; the model's fastest two-consumer tiles; any tiles
         problem = dict(B=B, H=16, N_q=N, causal=causal)
-        return planner.best(d, **problem), planner.rank(d, **problem)[0][0]
+        every = planner.candidates(d) + planner.three_consumers(d)
+        return (planner.best(d, **problem), planner.rank(d, **problem)[0][0],
+                planner.rank(d, configs=every, **problem)[0][0])
 
     for d in (64, 128):
         for B, N in ((8, 1024), (1, 2048), (1, 1000), (4, 4096), (2, 4096)):
-            got, tiles = choice(d, B, N, True)
-            assert got == dataclasses.replace(tiles, PERSISTENT=True, GROUP=1), (d, B, N)
+            got, two, _ = choice(d, B, N, True)
+            assert got == dataclasses.replace(two, PERSISTENT=True, GROUP=1), (d, B, N)
             assert planner.feasible(got)
         for B, N, causal in ((1, 16384, True), (1, 4097, True), (1, 2048, False),
                              (4, 4096, False), (1, 16384, False)):
-            got, tiles = choice(d, B, N, causal)
+            got, _, tiles = choice(d, B, N, causal)
             assert got == tiles and not got.PERSISTENT, (d, B, N, causal)
     fa3.pick_config.cache_clear()
     assert fa3.pick_config(128, torch.float16, True, 1, 16, 2048, 2048).PERSISTENT
@@ -346,7 +366,9 @@ def qkv(B=1, H=2, N=128, d=64, dtype=torch.float16, n_k=None):
     (lambda: qkv(), dict(config=Config(BLOCK_N=96)), "power of two"),
     (lambda: qkv(), dict(config=Config(STAGES=9)), "shared memory"),
     (lambda: qkv(), dict(config=cfg(128)), "config is for d=128"),
-    (lambda: qkv(), dict(config=Config(CONSUMERS=3)), "two consumer warpgroups"),
+    (lambda: qkv(), dict(config=Config(CONSUMERS=4)), "two or three consumer warpgroups"),
+    (lambda: qkv(), dict(config=Config(CONSUMERS=3, PERSISTENT=True)),
+     "persistent kernel has two consumer"),
     (lambda: qkv(), dict(config={"BLOCK_N": 64}), "must be a"),
     (lambda: ([1], *qkv()[1:]), {}, "must be a torch.Tensor"),
 ])

@@ -32,8 +32,9 @@ def test_each_variant_changes_one_choice_of_the_planners_config(shape, causal):
 
 def _record(gpu="NVIDIA H100 80GB HBM3"):
     rows = [dict(shape=list(s), causal=c, tflops={v: 100.0 + 10 * i + j for j, v in
-                                                  enumerate(fa3_ablation.VARIANTS)},
-                 rounds_ms={v: [1.0, 1.0 + j / 100, 1.0] for j, v in enumerate(fa3_ablation.VARIANTS)})
+                                                  enumerate(fa3_ablation.variants(s[3]))},
+                 rounds_ms={v: [1.0, 1.0 + j / 100, 1.0]
+                            for j, v in enumerate(fa3_ablation.variants(s[3]))})
             for i, (s, c) in enumerate((s, c) for s in fa3_ablation.SHAPES for c in (False, True))]
     return dict(provenance=dict(gpu=gpu), rows=rows)
 
@@ -51,6 +52,8 @@ def test_the_quoted_figures_follow_the_record(tmp_path, monkeypatch):
     assert before["ch6_abl_grid_1_16384_128_noncausal"] == first["grid"]
     assert before["ch6_abl_grid_vs_cudnn_1_16384_128_noncausal"] == first["grid"] / first["cudnn"]
     assert "ch6_abl_cudnn_vs_cudnn_2_4096_128_causal" not in before
+    assert "ch6_abl_two_consumers_2_4096_128_causal" not in before
+    assert "ch6_abl_two_consumers_vs_cudnn_4_4096_64_causal" in before
     # the noise: the widest spread of one variant's rounds, the last variant's 1.0 .. 1.04
     assert before["ch6_abl_spread_pct"] == pytest.approx(100 * (len(fa3_ablation.VARIANTS) - 1) / 100)
     for i, row in enumerate(rec["rows"]):

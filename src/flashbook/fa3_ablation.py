@@ -5,7 +5,10 @@ provenance and one row per (shape, causal) of ``SHAPES``, fp16, each with the TF
 
 * ``default``: ``attention_fa3(q, k, v, causal)`` as a reader calls it (the planner's choice);
 * ``grid``: the planner's tiles launched as a grid, one CTA per query tile (not persistent);
-* ``persistent``: the same tiles, one CTA per SM walking a head-major snake (``GROUP=1``);
+* ``two_consumers`` (d = 64 only, where the planner runs three consumer warpgroups): the
+  fastest tiles with two, as a grid;
+* ``persistent``: the two-consumer tiles, one CTA per SM walking a head-major snake
+  (``GROUP=1``; the persistent kernel has two consumers);
 * ``no_overlap``: the planner's choice without the intra-warpgroup overlap (``OVERLAP=False``:
   the softmax of tile j waits for PV(j - 1) instead of running while it is on the tensor cores);
 * ``cudnn``: cuDNN's SDPA forward;
@@ -32,19 +35,27 @@ import torch
 from . import bench, results
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "fa3_ablation"
-SHAPES = ((1, 16, 16384, 128), (2, 16, 4096, 128))
-VARIANTS = ("default", "grid", "persistent", "no_overlap", "cudnn")
+SHAPES = ((1, 16, 16384, 128), (2, 16, 4096, 128), (1, 16, 16384, 64), (4, 16, 4096, 64))
+VARIANTS = ("default", "grid", "two_consumers", "persistent", "no_overlap", "cudnn")
+
+
+def variants(d: int) -> tuple:
+    """The variants a row of head dim d has: ``two_consumers`` only at d = 64."""
+    return tuple(v for v in VARIANTS if d == 64 or v != "two_consumers")
 TOLERANCE = 2e-2        # fp16 O against float32 SDPA, max |error|
 ROUNDS = 3
 
 
 def configs(B: int, H: int, N: int, d: int, causal: bool) -> dict:
     """variant -> the ``Config`` it passes (None: none, the planner's choice)."""
+    from flashbook import fa3_planner
     from flashbook.fa3_launch import pick_config
     pick = pick_config(d, torch.float16, causal, B, H, N, N)
-    return dict(default=None, grid=dataclasses.replace(pick, PERSISTENT=False),
-                persistent=dataclasses.replace(pick, PERSISTENT=True, GROUP=1),
-                no_overlap=dataclasses.replace(pick, OVERLAP=False))
+    two = next(c for c, _ in fa3_planner.rank(d, B=B, H=H, N_q=N, causal=causal))
+    out = dict(default=None, grid=dataclasses.replace(pick, PERSISTENT=False), two_consumers=two,
+               persistent=dataclasses.replace(two, PERSISTENT=True, GROUP=1),
+               no_overlap=dataclasses.replace(pick, OVERLAP=False))
+    return {name: config for name, config in out.items() if name in variants(d)}
 
 
 def measure_case(B: int, H: int, N: int, d: int, causal: bool) -> dict:

@@ -206,7 +206,7 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
         o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         v_t = _tile_2d(v_smem, sp, HEAD_DIM, BLOCK_N).permute((1, 0))  # (BLOCK_N, d), K-major
         o_tok = pv_mma(p, p_smem, v_t, o, P_VIA)
-    token_release(sched, WG)
+    token_release(sched, WG, 2)
     if FIRST:
         s_acc = warpgroup_mma_wait(0, deps=(s_tok, ))
     elif OVERLAP:
@@ -265,7 +265,7 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full
     bh = gl.program_id(1)
     row0 = m_block * 2 * BLOCK_M + WG * BLOCK_M
     n_tiles, n_full = kv_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    n_cta = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    n_cta = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL, 2)
     KS = KS + bh * gl.cdiv(N_K, KV_BLOCK)      # this head's scales
     VS = VS + bh * gl.cdiv(N_K, KV_BLOCK)
 
@@ -306,11 +306,11 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full
         o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         v_t = _tile_2d(v_smem, sl, HEAD_DIM, BLOCK_N).permute((1, 0))
         o_tok = pv_mma(p, p_smem, v_t, o, P_VIA)
-        token_release(sched, WG)
+        token_release(sched, WG, 2)
         o = warpgroup_mma_wait(0, deps=(o_tok, ))
         mbarrier.arrive(v_empty.index(sl))
     else:
-        token_release(sched, WG)
+        token_release(sched, WG, 2)
 
     # flush the tiles only the other consumer reads (``fa3_roles.consumer``'s)
     for j in range(n_tiles, n_cta):
@@ -321,7 +321,7 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full
         mbarrier.arrive(k_empty.index(s))
         mbarrier.arrive(v_empty.index(s))
         token_acquire(sched, j + 1, WG)
-        token_release(sched, WG)
+        token_release(sched, WG, 2)
 
     # ---- epilogue: O = acc sv / l (l carries P's 2^8), stored from registers, rows < N_Q
     l_o = gl.convert_layout(l_i, o_rows)
@@ -379,5 +379,5 @@ def fp8_kernel(q_desc, k_desc, vt_desc, O, QS, KS, VS, N_Q, N_K, qk_scale,
                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, Q_BLOCK, KV_BLOCK, P_VIA,
                         EXP2_FMA)),
         (producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
-                    v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True)),
+                    v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL, True, 2)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

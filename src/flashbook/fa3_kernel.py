@@ -1,5 +1,5 @@
 """The device code of Chapter 6's Gluon FA3 kernel: ``fa3_kernel`` runs the toolkit's
-FlashAttention-3 roles (``flashbook.fa3_roles``) with FA3's softmax (exp2 on the special-function
+FlashAttention-3 roles (``flashbook.fa3_roles``, forked by ``fa3_body``) with FA3's softmax (exp2 on the special-function
 unit, O rescaled at every tile). ``fa3_launch`` is its host side and describes it; Chapter 7's
 benchmark runs it too, with its tricks as hooks.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from flashbook.fa3_roles import exp2_mufu, fa3_forward, move_max, rescale_o
+from flashbook.fa3_body import fa3_forward
+from flashbook.fa3_roles import exp2_mufu, move_max, rescale_o
 
 __all__ = ["fa3_kernel"]
 
@@ -18,7 +19,7 @@ def fa3_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-               PERSISTENT: gl.constexpr, GROUP: gl.constexpr):
+               PERSISTENT: gl.constexpr, GROUP: gl.constexpr, CONSUMERS: gl.constexpr):
     fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N,
                 HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_REGS, PRODUCER_REGS, exp2_mufu,
-                move_max, rescale_o, PERSISTENT, GROUP)
+                move_max, rescale_o, PERSISTENT, GROUP, CONSUMERS)

@@ -3,13 +3,16 @@
 entry that runs the toolkit's roles (``flashbook.fa3_roles``). In the toolkit because Chapter 7's
 benchmark runs it with its tricks as hooks; Chapter 6 re-exports ``attention_fa3``.
 
-One program owns ``2 * BLOCK_M`` query rows of one (batch, head), in three roles
-(``gl.warp_specialize``): a producer warp (24 registers a thread, ``setmaxnreg``) TMA-loads the
-two Q tiles, then streams K and V through a ring of ``STAGES`` SMEM slots, each with a *full*
-mbarrier (the TMA's byte count) and an *empty* one (both consumers arrive); two consumer
+One program owns ``CONSUMERS * BLOCK_M`` query rows of one (batch, head), in three roles
+(``gl.warp_specialize``, ``fa3_body``): a producer warp (24 registers a thread, ``setmaxnreg``)
+TMA-loads the Q tiles, then streams K and V through a ring of ``STAGES`` SMEM slots, each with a
+*full* mbarrier (the TMA's byte count) and an *empty* one (every consumer arrives); two consumer
 warpgroups (240 registers) each run ``S = Q K^T`` and ``O += P V`` with async wgmma and the
 online softmax in log2 between; a token passed through two mbarriers (the ping-pong) lets one
-issue its GEMMs while the other runs its softmax. ``OVERLAP`` writes FA3's intra-warpgroup
+issue its GEMMs while the other runs its softmax. At d = 64 the planner picks three consumers
+(160 registers each; the token goes round the three), as FlashAttention-3 does there: the
+softmax is as long as at d = 128 but the GEMMs are half as long, and two consumers' GEMMs
+cover one softmax where one consumer's cannot. ``OVERLAP`` writes FA3's intra-warpgroup
 order (QK^T waited alone, K released at once, the PV wait after the softmax); ptxas (12.8,
 13.x) still schedules that wait at the top of the softmax, yet on an H200 it was a little faster.
 
@@ -45,7 +48,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashbook.aot import gluon_ast_source
 from flashbook.cases import cdiv
-from flashbook.fa3_roles import exp2_mufu, fa3_hooked_kernel, move_max, rescale_o
+from flashbook.fa3_body import fa3_hooked_kernel
+from flashbook.fa3_roles import exp2_mufu, move_max, rescale_o
 from flashbook.gluon_kit import head_descriptors, rebased, require_sm90, validate_dense_qkv
 from flashbook.plans import Launch, Plans, key
 from flashbook.tiles import LOG2E
@@ -84,7 +88,8 @@ def kernel_args(config: Config) -> dict:
                                 HEAD_DIM=config.HEAD_DIM, STAGES=config.STAGES,
                                 OVERLAP=config.OVERLAP, CONSUMER_REGS=budget["consumer"],
                                 PRODUCER_REGS=budget["producer"],
-                                PERSISTENT=bool(config.PERSISTENT), GROUP=int(config.GROUP)),
+                                PERSISTENT=bool(config.PERSISTENT), GROUP=int(config.GROUP),
+                                CONSUMERS=int(config.CONSUMERS)),
                 options=dict(num_warps=4, maxnreg=budget["launch"]))
 
 
@@ -100,9 +105,6 @@ def _resolved(config: Config, d: int, dtype_name: str) -> Config:
     """``config`` for these inputs, checked against the kernel and the H100/H200 (cached)."""
     name = "attention_fa3"
     config = config.for_inputs(d, dtype_name)
-    if config.CONSUMERS != 2:
-        raise ValueError(f"{name}: the kernel has two consumer warpgroups; got "
-                         f"CONSUMERS={config.CONSUMERS}.")
     verdict = planner.feasible(config)
     if not verdict:
         raise ValueError(f"{name}: config {config} does not fit an H100/H200: "
@@ -116,9 +118,10 @@ def _sm_count(device: torch.device) -> int:
 
 
 def grid(config: Config, B: int, H: int, N_q: int, sms: int) -> tuple[int, int]:
-    """The launch grid: a CTA per (2*BLOCK_M query rows, batch*head), or, ``PERSISTENT``, one
-    per SM (``sms``; fewer when there are fewer work tiles), each looping over its tiles."""
-    m_blocks = cdiv(N_q, 2 * config.BLOCK_M)
+    """The launch grid: a CTA per (CONSUMERS*BLOCK_M query rows, batch*head), or,
+    ``PERSISTENT``, one per SM (``sms``; fewer when there are fewer work tiles), each looping
+    over its tiles."""
+    m_blocks = cdiv(N_q, config.rows_per_cta)
     if config.PERSISTENT:
         return min(sms, m_blocks * B * H), 1
     return m_blocks, B * H

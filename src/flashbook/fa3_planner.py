@@ -4,7 +4,8 @@ H100/H200 runs it, which feasible config a simple model expects fastest (``chapt
 re-exports it as ``planner``). Pure Python.
 
 A config: head dim d, dtype (2 bytes), BLOCK_M query rows per consumer warpgroup, BLOCK_N keys
-per K/V tile, STAGES ring slots, two consumer warpgroups plus a producer warp padded to one.
+per K/V tile, STAGES ring slots, two consumer warpgroups (or three: ``three_consumers``) plus a
+producer warp padded to one.
 
 **Shared memory** (``shared_memory``, byte-exact with the compiled kernel's ``metadata.shared``,
 tests/test_ch6.py): Q ``2*BLOCK_M*d*2`` (one tile per consumer, reused for O), K and V
@@ -48,7 +49,8 @@ from flashbook.planning import (BARRIER_ALIGN, CAPTURE_ALIGN, GPU, H100, H200, M
 
 __all__ = ["Config", "GPU", "H100", "H200", "Verdict", "shared_memory",
            "shared_memory_layout", "register_budget", "consumer_registers", "feasible", "predict",
-           "rank", "best", "prefers_persistent", "candidates", "kv_tiles", "cta_tiles",
+           "rank", "best", "prefers_persistent", "candidates", "three_consumers", "kv_tiles",
+           "cta_tiles",
            "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "REGISTERS_PER_SM", "SETMAXNREG_MIN",
            "SETMAXNREG_MAX"]
 
@@ -67,7 +69,7 @@ class Config(Tunables):
     BLOCK_N: int = 128         # keys per K/V tile
     STAGES: int = 2            # slots in the K/V shared-memory ring
     OVERLAP: bool = True       # FA3's intra-warpgroup order (QK^T waited before PV)
-    CONSUMERS: int = 2         # consumer warpgroups (the kernel has exactly 2)
+    CONSUMERS: int = 2         # consumer warpgroups: 2, or 3 (FA3's d = 64; not persistent)
     PERSISTENT: bool = False   # one CTA per SM looping over work tiles (``work_tiles``)
     GROUP: int = 1             # persistent: heads per section of the schedule (0: all heads)
     HEAD_DIM: int | None = None
@@ -174,7 +176,9 @@ def feasible(config: Config, gpu: GPU = H100) -> Verdict:
         (c.BLOCK_N not in (16, 32, 64, 128, 256),
          f"BLOCK_N={c.BLOCK_N}: a power of two from 16 to 256 (wgmma N <= 256)"),
         (c.STAGES < 2, f"STAGES={c.STAGES}: the ring needs 2 slots to overlap loads"),
-        (c.CONSUMERS < 1, "at least one consumer warpgroup"),
+        (c.CONSUMERS not in (2, 3), f"CONSUMERS={c.CONSUMERS}: the kernel forks two or three "
+                                    "consumer warpgroups"),
+        (c.PERSISTENT and c.CONSUMERS != 2, "the persistent kernel has two consumer warpgroups"),
         (c.GROUP < 0, f"GROUP={c.GROUP}: heads per section of the schedule, 0 for all"),
         (c.threads > gpu.max_threads, f"{c.threads} threads > {gpu.max_threads}"),
         (smem > gpu.smem_per_block,
@@ -229,10 +233,23 @@ def predict(config: Config, B: int, H: int, N_q: int, N_k: int | None = None,
 
 
 def candidates(head_dim: int, dtype: str = "float16") -> list[Config]:
-    """The configs the kernel supports (two consumers) for one head dim and dtype."""
+    """The configs the kernel supports with two consumers, for one head dim and dtype (Exercise
+    3's candidates and the compiled table's)."""
     return [Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, OVERLAP=ov, HEAD_DIM=head_dim, DTYPE=dtype)
             for bm in (64, 128) for bn in (64, 128, 256) for st in (2, 3, 4)
             for ov in (True, False)]
+
+
+def three_consumers(head_dim: int, dtype: str = "float16") -> list[Config]:
+    """The three-consumer configs, for d = 64 only (FA3's tiles there: 3 x 64 rows a CTA): the
+    softmax of a 64 x 128 tile is long beside its GEMMs at d = 64, and two other consumers' GEMMs
+    cover it where one cannot. 384 consumer threads keep 160 registers each; at d = 128 only
+    64 x 64 tiles fit, and they measured slower than two consumers (556 against 582 TFLOP/s at
+    (4, 16, 4096, 128) on an H100)."""
+    if head_dim != 64:
+        return []
+    return [Config(BLOCK_M=64, BLOCK_N=bn, STAGES=st, CONSUMERS=3, HEAD_DIM=head_dim, DTYPE=dtype)
+            for bn in (64, 128) for st in (2, 3)]
 
 
 def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q: int = 16384,
@@ -258,7 +275,8 @@ def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q:
 # with short ones and evens the waves out. At long N the many short waves already balance and
 # the persistent kernel only adds its per-tile fills and drains. ``predict`` balances causal CTAs
 # over the SMs perfectly, so it cannot see the uneven waves: it ranks the tiles, this rule
-# chooses the grid.
+# chooses the grid. There the persistent two consumers also beat the three-consumer grid at
+# d = 64 (270 against 219 TFLOP/s at causal (32, 16, 1024, 64), even at 2,048 and 4,096 rows).
 PERSISTENT_CAUSAL_MAX_N = 4096
 
 
@@ -268,14 +286,16 @@ def prefers_persistent(N_q: int, causal: bool) -> bool:
 
 
 def best(head_dim: int, dtype: str = "float16", **problem) -> Config:
-    """The fastest feasible config by the model (``rank``'s first), made persistent with
-    GROUP=1 where ``prefers_persistent`` (and it still fits)."""
-    ranked = rank(head_dim, dtype, **problem)
+    """The fastest feasible config by the model (``rank``'s first, of ``candidates`` and
+    ``three_consumers``); where ``prefers_persistent``, the fastest two-consumer one made
+    persistent with GROUP=1 (if it still fits)."""
+    configs = candidates(head_dim, dtype) + three_consumers(head_dim, dtype)
+    ranked = rank(head_dim, dtype, configs=configs, **problem)
     if not ranked:
         raise ValueError(f"planner: no feasible config for d={head_dim}, {dtype}.")
-    config = ranked[0][0]
     if prefers_persistent(problem.get("N_q", 16384), problem.get("causal", False)):
+        config = next(c for c, _ in ranked if c.CONSUMERS == 2)
         persistent = dataclasses.replace(config, PERSISTENT=True, GROUP=1)
         if feasible(persistent, problem.get("gpu", H100)):
             return persistent
-    return config
+    return ranked[0][0]

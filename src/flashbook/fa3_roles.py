@@ -1,8 +1,8 @@
 """The Hopper FlashAttention-3 kernel's roles in Triton Gluon, which Chapter 6's kernel
 (``fa3_kernel``) runs as it is and Chapter 7's benchmark runs with its tricks: the
-producer, the two consumers and their ping-pong token, the tile bookkeeping they share, and the
-body a kernel entry runs (``fa3_forward``: allocate, initialise the barriers, fork the roles).
-``fa3_launch`` describes the kernel. Chapter 6's FP8 kernel (``fa3_fp8_kernel``) runs
+producer, the consumers (two, or three at d = 64, as FA3's) and their round of the tensor-core
+token, and the tile bookkeeping they share; ``fa3_body`` is the body a kernel entry runs
+(allocate, initialise the barriers, fork the roles). ``fa3_launch`` describes the kernel. Chapter 6's FP8 kernel (``fa3_fp8_kernel``) runs
 the same producer (its ``V_T``: V transposed), tile counts and token with consumers of its own.
 
 The consumers' online softmax takes three hooks, ``@gluon.jit`` functions passed as constexprs:
@@ -20,7 +20,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from flashbook.gluon_kit import m_block as _m_block, smem_tile as _tile_2d, tma_load, tma_store
 
-__all__ = ["fa3_forward", "fa3_hooked_kernel", "exp2_mufu", "move_max", "rescale_o", "producer",
+__all__ = ["exp2_mufu", "move_max", "rescale_o", "producer",
            "consumer", "consumer_work", "tile", "kv_tiles", "cta_tiles", "token_acquire",
            "token_release", "work_tile", "producer_persistent", "consumer_persistent"]
 
@@ -50,11 +50,12 @@ def kv_tiles(row0, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
 
 @gluon.jit
 def cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr):
-    """The K/V tiles the producer streams for the CTA: the most either consumer reads."""
-    t0, f0 = kv_tiles(m_block * 2 * BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    t1, f1 = kv_tiles(m_block * 2 * BLOCK_M + BLOCK_M, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    return gl.maximum(t0, t1)
+               CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The K/V tiles the producer streams for the CTA: the most any consumer reads, which is
+    the last one's (a causal row sees more keys the lower it is)."""
+    rows = m_block * CONSUMERS * BLOCK_M + (CONSUMERS - 1) * BLOCK_M
+    tiles, full = kv_tiles(rows, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    return tiles
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,17 +64,18 @@ def cta_tiles(m_block, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
 @gluon.jit
 def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full,
               v_empty, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_T: gl.constexpr):
-    """Q's two tiles, then the K/V ring. ``V_T``: v_desc holds V transposed, (B*H, d, N) in
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_T: gl.constexpr,
+              CONSUMERS: gl.constexpr):
+    """Q's tiles (one a consumer), then the K/V ring. ``V_T``: v_desc holds V transposed, (B*H, d, N) in
     boxes of (1, d, BLOCK_N) (the FP8 kernel's K-major V), so tile j starts at column j*BLOCK_N."""
     m_block = _m_block()
     bh = gl.program_id(1)
-    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL, CONSUMERS)
 
     # Q: one tile per consumer, one barrier each (phase 0 completes once, when the bytes land)
-    for w in gl.static_range(2):
+    for w in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-        tma_load(q_desc, [bh, m_block * 2 * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
+        tma_load(q_desc, [bh, m_block * CONSUMERS * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
                  q_smem.index(w))
 
     # K/V ring. Use u of slot s (u = j // STAGES) waits for the empty barrier's phase u - 1 (both
@@ -119,23 +121,24 @@ def rescale_o(o, alpha, rescaled, o_rows: gl.constexpr):
 
 
 # ---------------------------------------------------------------------------------------------
-# The consumers: the tensor-core token (ping-pong) and one K/V tile of work.
+# The consumers: the tensor-core token (ping-pong, a round of three) and one K/V tile of work.
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
 def token_acquire(sched, t, WG: gl.constexpr):
-    """Wait for my t-th turn at the tensor cores. Warpgroup 0's turn t needs warpgroup 1's
-    (t-1)-th release on sched[0] (t = 0 passes: parity 1 on a fresh barrier); warpgroup 1's turn
-    t needs warpgroup 0's t-th release on sched[1]. A barrier is never more than one phase
-    ahead of its waiter, so parities cannot alias."""
+    """Wait for my t-th turn at the tensor cores; the turns go round the consumers in order.
+    Warpgroup 0's turn t needs the last warpgroup's (t-1)-th release on sched[0] (t = 0 passes:
+    parity 1 on a fresh barrier); warpgroup w > 0's turn t needs warpgroup w-1's t-th release on
+    sched[w]. No warpgroup releases turn t+1 before the next took turn t, so a barrier is never
+    more than one phase ahead of its waiter and parities cannot alias."""
     if WG == 0:
         mbarrier.wait(sched.index(0), (t & 1) ^ 1)
     else:
-        mbarrier.wait(sched.index(1), t & 1)
+        mbarrier.wait(sched.index(WG), t & 1)
 
 
 @gluon.jit
-def token_release(sched, WG: gl.constexpr):
-    mbarrier.arrive(sched.index(1 - WG))
+def token_release(sched, WG: gl.constexpr, CONSUMERS: gl.constexpr):
+    mbarrier.arrive(sched.index((WG + 1) % CONSUMERS))
 
 
 @gluon.jit
@@ -144,7 +147,7 @@ def tile(j, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sc
           FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
           HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
           OVERLAP: gl.constexpr, EXP2: gl.constexpr, MOVE_MAX: gl.constexpr,
-          RESCALE: gl.constexpr):
+          RESCALE: gl.constexpr, CONSUMERS: gl.constexpr):
     """Tile j of one consumer. In one turn at the tensor cores: issue S = Q K_j^T, rescale O by
     tile j-1's alpha, issue O += P_{j-1} V_{j-1}. Then the online softmax of tile j.
 
@@ -180,7 +183,7 @@ def tile(j, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sc
     if not FIRST:
         o = RESCALE(o, alpha, rescaled, o_rows)
         o_tok = warpgroup_mma(p, _tile_2d(v_smem, sp, BLOCK_N, HEAD_DIM), o, is_async=True)
-    token_release(sched, WG)
+    token_release(sched, WG, CONSUMERS)
     if FIRST:
         s_acc = warpgroup_mma_wait(0, deps=(s_tok, ))
     elif OVERLAP:
@@ -219,13 +222,13 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
               LSE, N_Q, N_K, qk_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, EXP2: gl.constexpr,
-              MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr):
+              MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr, CONSUMERS: gl.constexpr):
     """Consumer WG of the CTA's one work tile (its Q barrier's phase 0; ``q_bars`` stands in
     for the Q-free barriers a persistent CTA has)."""
     consumer_work(_m_block(), gl.program_id(1), 0, 0, 0, q_smem, k_smem, v_smem, q_bars, q_bars,
                   k_full, k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, WG,
                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE,
-                  False)
+                  False, CONSUMERS)
 
 
 @gluon.jit
@@ -234,7 +237,7 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, EXP2: gl.constexpr, MOVE_MAX: gl.constexpr,
-                  RESCALE: gl.constexpr, PERSISTENT: gl.constexpr):
+                  RESCALE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
     """One work tile (m_block, bh) of consumer WG: its Q tile's phase ``q_phase``, the ring's
     and the token's counts ``rb`` and ``tb`` before it. It takes ``cta_tiles + 1`` turns and
     releases ``cta_tiles`` ring slots, which it returns; ``PERSISTENT``: it frees its Q tile
@@ -247,9 +250,9 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    row0 = m_block * 2 * BLOCK_M + WG * BLOCK_M
+    row0 = m_block * CONSUMERS * BLOCK_M + WG * BLOCK_M
     n_tiles, n_full = kv_tiles(row0, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    n_cta = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    n_cta = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL, CONSUMERS)
 
     q_view = q_smem.index(WG)                                    # (1, BLOCK_M, d): TMA's box
     q_tile = q_view.reshape([BLOCK_M, HEAD_DIM])                 # (BLOCK_M, d): wgmma's A
@@ -266,14 +269,14 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
         o, m_i, l_i, p, alpha, rescaled = tile(
             0, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i,
             l_i, p, alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, True, BLOCK_M,
-            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, CONSUMERS)
     for j in range(1, n_tiles):
         o, m_i, l_i, p, alpha, rescaled = tile(
             j, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i,
             l_i, p, alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, False, BLOCK_M,
-            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, CONSUMERS)
 
-    # the last PV, in turn n_tiles (taken even with no tile, so both consumers take as many turns)
+    # the last PV, in turn n_tiles (taken even with no tile, so all consumers take as many turns)
     jl = rb + gl.maximum(n_tiles - 1, 0)
     sl = jl % STAGES
     mbarrier.wait(v_full.index(sl), (jl // STAGES) & 1, pred=n_tiles > 0)
@@ -281,13 +284,13 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
     if n_tiles > 0:
         o = RESCALE(o, alpha, rescaled, o_rows)
         o_tok = warpgroup_mma(p, _tile_2d(v_smem, sl, BLOCK_N, HEAD_DIM), o, is_async=True)
-        token_release(sched, WG)
+        token_release(sched, WG, CONSUMERS)
         o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(sl))
     else:
-        token_release(sched, WG)
+        token_release(sched, WG, CONSUMERS)
 
-    # flush: tiles the other consumer reads but this one does not (causal, BLOCK_N < 2*BLOCK_M):
+    # flush: tiles another consumer reads but this one does not (causal, BLOCK_N < 2*BLOCK_M):
     # release them in order (waiting for each to land keeps the empty barriers' phases exact)
     # and take the matching turns.
     for j in range(n_tiles, n_cta):
@@ -298,7 +301,7 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
         mbarrier.arrive(k_empty.index(s))
         mbarrier.arrive(v_empty.index(s))
         token_acquire(sched, tb + j + 1, WG)
-        token_release(sched, WG)
+        token_release(sched, WG, CONSUMERS)
 
     # ---- epilogue: O = acc / l through this consumer's Q tile (free now), LSE in natural log ----
     l_o = gl.convert_layout(l_i, o_rows)
@@ -317,10 +320,11 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
 
 
 # ---------------------------------------------------------------------------------------------
-# The persistent roles: one CTA per SM runs one work tile a round of a static schedule
-# (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's phases go on from tile to tile (after i tiles the
-# token has gone round rb + i times: cta_tiles + 1 turns a tile), Q's barriers
-# complete once a tile (phase i & 1), and a consumer frees its Q tile once O's store read it.
+# The persistent roles (two consumers): one CTA per SM runs one work tile a round of a static
+# schedule (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's phases
+# go on from tile to tile (after i tiles the token has gone round rb + i times: cta_tiles + 1
+# turns a tile), Q's barriers complete once a tile (phase i & 1), and a consumer frees its Q
+# tile once O's store read it.
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
 def work_tile(t, n_m, n_bh, GROUP: gl.constexpr):
@@ -382,7 +386,7 @@ def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_f
              v_full, v_empty, m_block, bh, i, rb, N_Q, N_K, BLOCK_M: gl.constexpr,
              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """The loads of work tile i (m_block, bh), the ring used rb times before; returns rb after."""
-    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL, 2)
     for j in range(n_tiles):
         r = rb + j
         s = r % STAGES
@@ -417,84 +421,4 @@ def consumer_persistent(q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
             rb += consumer_work(m_block, bh, rb, rb + i, i & 1, q_smem, k_smem, v_smem, q_bars,
                                 q_free, k_full, k_empty, v_full, v_empty, sched, o_desc, LSE,
                                 N_Q, N_K, qk_scale, WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, True)
-
-
-# ---------------------------------------------------------------------------------------------
-# The kernel's body: allocate, initialise the barriers, fork the three roles.
-# ---------------------------------------------------------------------------------------------
-@gluon.jit
-def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, EXP2: gl.constexpr,
-                MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr, PERSISTENT: gl.constexpr,
-                GROUP: gl.constexpr):
-    """What a kernel entry runs: O and the LSE of its (2*BLOCK_M rows, batch*head) block, the
-    softmax's hooks ``EXP2``, ``MOVE_MAX`` and ``RESCALE`` (above) passed to the consumers;
-    ``PERSISTENT``: of the work tiles ``work_tile`` gives it (sections of ``GROUP`` heads)."""
-    dtype: gl.constexpr = q_desc.dtype
-    # shared memory: two Q tiles (reused for O), STAGES K tiles and STAGES V tiles, 128-byte
-    # swizzled (NVMMA layouts, what TMA writes and wgmma reads), then 8-byte mbarriers
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    sched = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)      # the producer's expect-tx arrival
-        mbarrier.init(sched.index(i), count=1)       # the other consumer's release
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_full.index(i), count=1)
-        mbarrier.init(v_full.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)     # both consumers
-        mbarrier.init(v_empty.index(i), count=2)
-    if PERSISTENT:
-        q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(q_free.index(i), count=1)  # its consumer, once O's store read Q
-    fence_async_shared()                             # the inits, before any TMA completes on them
-
-    if PERSISTENT:
-        gl.warp_specialize([
-            (consumer_persistent, (q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
-                                   v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, 0,
-                                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
-                                   MOVE_MAX, RESCALE, GROUP)),
-            (consumer_persistent, (q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
-                                   v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, 1,
-                                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
-                                   MOVE_MAX, RESCALE, GROUP)),
-            (producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,
-                                   q_free, k_full, k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M,
-                                   BLOCK_N, STAGES, CAUSAL, GROUP)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
-                         o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                         CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
-            (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
-                         o_desc, LSE, N_Q, N_K, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                         CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE)),
-            (producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,
-                         v_full, v_empty, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL, False)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-
-
-@gluon.jit(do_not_specialize=["N_Q", "N_K"])     # one binary for every length
-def fa3_hooked_kernel(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      EXP2: gl.constexpr, MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr,
-                      PERSISTENT: gl.constexpr, GROUP: gl.constexpr):
-    """A kernel entry of these roles with the softmax's hooks as its constexprs (a chapter's
-    own entry fixes them: Chapter 6's ``fa3_kernel``)."""
-    fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale, BLOCK_M, BLOCK_N,
-                HEAD_DIM, STAGES, CAUSAL, OVERLAP, CONSUMER_REGS, PRODUCER_REGS, EXP2, MOVE_MAX,
-                RESCALE, PERSISTENT, GROUP)
+                                CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, True, 2)
