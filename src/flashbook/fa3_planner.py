@@ -14,7 +14,8 @@ tests/test_ch6.py): Q ``2*BLOCK_M*d*2`` (one tile per consumer, reused for O), K
 extra warp: d=128, 64/128, 2 stages is 163840 + 224 + 96 + 8 = 164168 bytes.
 
 **Registers** (``register_budget``): 384 threads launch with 168 each; the producer drops to 24
-and each consumer takes the rest, 240 (2*128*240 + 128*24 = 64,512). ``consumer_registers``
+and each consumer takes the rest, 240 (2*128*240 + 128*24 = 64,512); with three consumers 512
+threads launch with 128 and the consumers take 160 (3*128*160 + 128*24 = 64,512). ``consumer_registers``
 estimates a consumer thread's live registers: O ``BLOCK_M*d/128`` fp32, S
 ``BLOCK_M*BLOCK_N/128``, P ``BLOCK_M*BLOCK_N/256``, plus 32 (calibrated against ptxas' spills).
 
@@ -276,7 +277,8 @@ def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q:
 # the persistent kernel only adds its per-tile fills and drains. ``predict`` balances causal CTAs
 # over the SMs perfectly, so it cannot see the uneven waves: it ranks the tiles, this rule
 # chooses the grid. There the persistent two consumers also beat the three-consumer grid at
-# d = 64 (270 against 219 TFLOP/s at causal (32, 16, 1024, 64), even at 2,048 and 4,096 rows).
+# d = 64 (270 against 219 TFLOP/s at causal (32, 16, 1024, 64); within 1 % of it at 2,048 and
+# 4,096 rows).
 PERSISTENT_CAUSAL_MAX_N = 4096
 
 

@@ -1,9 +1,10 @@
 """The Hopper FlashAttention-3 kernel's roles in Triton Gluon, which Chapter 6's kernel
-(``fa3_kernel``) runs as it is and Chapter 7's benchmark runs with its tricks: the
-producer, the consumers (two, or three at d = 64, as FA3's) and their round of the tensor-core
-token, and the tile bookkeeping they share; ``fa3_body`` is the body a kernel entry runs
-(allocate, initialise the barriers, fork the roles). ``fa3_launch`` describes the kernel. Chapter 6's FP8 kernel (``fa3_fp8_kernel``) runs
-the same producer (its ``V_T``: V transposed), tile counts and token with consumers of its own.
+(``fa3_kernel``) runs as it is and Chapter 7's benchmark runs with its tricks: the producer, the
+consumers (two, or three at d = 64, as FA3's) and their round of the tensor-core token, and the
+tile bookkeeping they share; ``fa3_body`` is the body a kernel entry runs (allocate, initialise
+the barriers, fork the roles). ``fa3_launch`` describes the kernel. Chapter 6's FP8 kernel
+(``fa3_fp8_kernel``) runs the same producer (its ``V_T``: V transposed), tile counts and token
+with consumers of its own.
 
 The consumers' online softmax takes three hooks, ``@gluon.jit`` functions passed as constexprs:
 the exponential of P, where the row maxima move, and how O is rescaled; ``exp2_mufu``,
@@ -66,8 +67,9 @@ def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_e
               v_empty, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, V_T: gl.constexpr,
               CONSUMERS: gl.constexpr):
-    """Q's tiles (one a consumer), then the K/V ring. ``V_T``: v_desc holds V transposed, (B*H, d, N) in
-    boxes of (1, d, BLOCK_N) (the FP8 kernel's K-major V), so tile j starts at column j*BLOCK_N."""
+    """Q's tiles (one a consumer), then the K/V ring. ``V_T``: v_desc holds V transposed, (B*H,
+    d, N) in boxes of (1, d, BLOCK_N) (the FP8 kernel's K-major V), so tile j starts at column
+    j*BLOCK_N."""
     m_block = _m_block()
     bh = gl.program_id(1)
     n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL, CONSUMERS)
