@@ -46,7 +46,9 @@ __all__ = ["attention_fp8_gluon", "compile_for_sm90", "default_config", "FASTEST
 
 E4M3 = torch.float8_e4m3fn          # the fp8 format of the inputs (Chapter 6's ``fp8.E4M3``)
 # the default tiles (``default_config``), each with p_path "smem": the fastest measured on an
-# H100, and the one for scales in blocks of 128 keys
+# H100, and the one for scales in blocks of 128 keys. (Three consumers of 64 x 128, the fp16
+# kernel's d = 64 design, measured slower on an H100 at (1, 16, 16384, 128): 855 against 890
+# TFLOP/s with "sperm"; 64 x 256 tiles, which only two consumers can hold, matter more here.)
 FASTEST = Config(BLOCK_M=64, BLOCK_N=256, STAGES=2, OVERLAP=True)
 FALLBACK = Config(BLOCK_M=64, BLOCK_N=128, STAGES=3, OVERLAP=True)
 # how P reaches PV's wgmma (``fa3_fp8_kernel.p_operand``): registers through warp shuffles,
