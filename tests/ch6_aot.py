@@ -16,7 +16,9 @@ from aot_compile import compile_script
 # (d, dtype, BLOCK_M, BLOCK_N, STAGES, OVERLAP, causal)
 CASES = [(128, "float16", 64, 128, 2, True, False),     # the planner's pick for d=128
          (128, "bfloat16", 64, 128, 3, False, True),    # the largest ring that fits
-         (64, "float16", 64, 128, 2, True, True)]       # the planner's pick for d=64
+         (64, "float16", 64, 128, 2, True, True)]       # d=64, two consumers
+# three consumers (the planner's pick for d=64): (d, dtype, BLOCK_M, BLOCK_N, STAGES, causal)
+THREE_CASES = [(64, "float16", 64, 128, 2, False)]
 RING_CASES = [(128, "float16", 64, 128, 2, True, False), (64, "bfloat16", 64, 64, 3, False, True)]
 
 # the persistent variant (Config(PERSISTENT=True, GROUP=group)), planner's default tiles:
@@ -67,17 +69,26 @@ for d, dtype, causal, group in PERSISTENT:
     persistent.append(dict(case=[d, dtype, causal, group], shared=k.metadata.shared,
                            planned=planner.shared_memory(c), ptx=k.asm["ptx"],
                            ttgir=k.asm["ttgir"], **usage))
-print("RESULT" + json.dumps(dict(cases=res, entries=entries, persistent=persistent)))
+three = []
+for d, dtype, bm, bn, stages, causal in THREE:
+    c = planner.Config(BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CONSUMERS=3).for_inputs(d, dtype)
+    k = gluon_fa3.compile_for_sm90(c, causal)
+    three.append(dict(case=[d, dtype, bm, bn, stages, causal], shared=k.metadata.shared,
+                      planned=planner.shared_memory(c), ttgir=k.asm["ttgir"]))
+print("RESULT" + json.dumps(dict(cases=res, entries=entries, persistent=persistent, three=three)))
 '''
 
 
 @functools.cache
 def compiled() -> dict:
     """{"cases": {case: what compiling it gives}, "entries": [``compile_entry(*e)`` for each
-    of REGENERATE], "persistent": {case: what compiling it gives} for PERSISTENT_CASES}."""
+    of REGENERATE], "persistent" and "three": {case: what compiling it gives} for
+    PERSISTENT_CASES and THREE_CASES}."""
     cases = list(dict.fromkeys(CASES + RING_CASES))
     with tempfile.TemporaryDirectory(prefix="ch6-sm90-") as tmp:
         out = compile_script(f"CASES = {cases!r}\nENTRIES = {REGENERATE!r}\n"
-                             f"PERSISTENT = {PERSISTENT_CASES!r}\n" + SCRIPT, Path(tmp))
+                             f"PERSISTENT = {PERSISTENT_CASES!r}\nTHREE = {THREE_CASES!r}\n"
+                             + SCRIPT, Path(tmp))
     return {"cases": {tuple(r["case"]): r for r in out["cases"]}, "entries": out["entries"],
-            "persistent": {tuple(r["case"]): r for r in out["persistent"]}}
+            "persistent": {tuple(r["case"]): r for r in out["persistent"]},
+            "three": {tuple(r["case"]): r for r in out["three"]}}

@@ -237,24 +237,24 @@ def barrier_events(ttgir: str) -> tuple:
     return inits, parts
 
 
-def check_barrier_protocol(ttgir: str, stages: int, q_bytes: int, kv_bytes: int):
-    """What the kernel's barriers must do: both consumers release every slot (empty barriers
-    count two arrivals, and each consumer arrives on them), the producer refills a slot only
+def check_barrier_protocol(ttgir: str, stages: int, q_bytes: int, kv_bytes: int, n: int = 2):
+    """What the kernel's barriers must do with its ``n`` consumers: every consumer releases
+    every slot (empty barriers count n arrivals, and each consumer arrives on them), the producer refills a slot only
     after waiting on its empty barrier (parity ``phase ^ 1``: round 0 passes at once) and
     expects the tile's bytes on its full barrier before the copy that completes them, a
     consumer waits on a full barrier before its first wgmma and releases K only after a wgmma
-    wait, and the ping-pong token goes from each consumer to the other."""
+    wait, and the tensor-core token goes round all the consumers, each handing it to the next."""
     inits, parts = barrier_events(ttgir)
     counts = {}
     for name, _, count in inits:
         counts.setdefault(name, []).append(count)
-    assert counts == {"q_bars": [1, 1], "sched": [1, 1], "k_full": [1] * stages,
-                      "v_full": [1] * stages, "k_empty": [2] * stages,
-                      "v_empty": [2] * stages}, counts
+    assert counts == {"q_bars": [1] * n, "sched": [1] * n, "k_full": [1] * stages,
+                      "v_full": [1] * stages, "k_empty": [n] * stages,
+                      "v_empty": [n] * stages}, counts
     producers = [p for p, ev in parts.items() if any(e[0].startswith("async_tma") for e in ev)]
     assert len(producers) == 1, producers
     consumers = [p for p in parts if p not in producers and parts[p]]
-    assert len(consumers) == 2, list(parts)
+    assert len(consumers) == n, list(parts)
     # the producer: Q once, then every K and V copy after a wait on the slot's empty barrier
     pending = {}
     for kind, bar, _, extra in parts[producers[0]]:
@@ -285,13 +285,18 @@ def check_barrier_protocol(ttgir: str, stages: int, q_bytes: int, kv_bytes: int)
                 assert ordered, f"{c} releases a K slot before the wgmma that reads it finished"
                 ordered = False
     q_tiles = {next(i for k, b, i, _ in parts[c] if b == "q_bars") for c in consumers}
-    assert q_tiles == {0, 1}, f"the consumers wait on Q barriers {q_tiles}, not one each"
-    tokens = [({i for k, b, i, _ in parts[c] if k == "wait_barrier" and b == "sched"},
-               {i for k, b, i, _ in parts[c] if k == "arrive_barrier" and b == "sched"})
-              for c in consumers]
-    (w0, a0), (w1, a1) = tokens
-    assert len(w0) == len(a0) == len(w1) == len(a1) == 1 and w0 == a1 and w1 == a0 \
-        and w0 != w1, f"the ping-pong token does not pass between the consumers: {tokens}"
+    assert q_tiles == set(range(n)), f"the consumers wait on Q barriers {q_tiles}, not one each"
+    tokens = {c: ({i for k, b, i, _ in parts[c] if k == "wait_barrier" and b == "sched"},
+                  {i for k, b, i, _ in parts[c] if k == "arrive_barrier" and b == "sched"})
+              for c in consumers}
+    assert all(len(w) == len(a) == 1 for w, a in tokens.values()), tokens
+    waiter = {min(w): c for c, (w, _) in tokens.items()}      # token index -> who waits on it
+    c, seen = consumers[0], []
+    for _ in range(n):                 # follow the token: each release wakes the next consumer
+        seen.append(c)
+        c = waiter.get(min(tokens[c][1]))
+    assert len(waiter) == n and c == consumers[0] and len(set(seen)) == n, \
+        f"the token does not go round the consumers: {tokens}"
 
 
 # the tests of the compiled kernels share one compile (``ch6_aot``: every case of CASES and
@@ -313,6 +318,21 @@ def test_the_compiled_kernels_barrier_protocol(compiled_ttgir):
     for r in compiled_ttgir:
         d, _, bm, bn, stages, _, _ = r["case"]
         check_barrier_protocol(r["ttgir"], stages, bm * d * 2, bn * d * 2)
+
+
+@pytest.mark.slow
+@SHARES_THE_COMPILE
+def test_three_consumers_share_the_ring_and_pass_the_token_round():
+    """The d = 64 kernel with three consumers: the same protocol with three (the empty
+    barriers count three, the token goes 0 -> 1 -> 2 -> 0), its shared memory the planner's;
+    with the empty barriers counting two, a slot would be refilled under a reading consumer,
+    and the check says so."""
+    for (d, _, bm, bn, stages, _), r in compiled()["three"].items():
+        check_barrier_protocol(r["ttgir"], stages, bm * d * 2, bn * d * 2, n=3)
+        assert r["shared"] == r["planned"]
+        broken = re.sub(r"(ttng\.init_barrier %\w+), 3 :", r"\1, 2 :", r["ttgir"])
+        with pytest.raises(AssertionError, match="k_empty"):
+            check_barrier_protocol(broken, stages, bm * d * 2, bn * d * 2, n=3)
 
 
 @pytest.mark.slow
