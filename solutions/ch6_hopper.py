@@ -1313,8 +1313,9 @@ else:
 # other consumer's GEMMs and every hand-over shows, while with three it is covered twice over.
 # It costs registers, 160 a consumer thread instead of 240: ptxas moves values that do not
 # change across the K/V loop to local memory, and two of the three consumers' loops reload 11 of
-# them a tile (no stores in the loop). At d = 128, where O alone takes 64 registers, three do
-# not fit, and the kernel stays at two.
+# them a tile (no stores in the loop). At d = 128, where O alone takes 64 registers, three
+# consumers fit only with 64 x 64 tiles, which measured slower than two consumers of 64 x 128,
+# so the kernel stays at two there.
 
 # %% [markdown]
 # ## What is next
