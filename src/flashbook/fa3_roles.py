@@ -80,8 +80,8 @@ def producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_e
         tma_load(q_desc, [bh, m_block * CONSUMERS * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
                  q_smem.index(w))
 
-    # K/V ring. Use u of slot s (u = j // STAGES) waits for the empty barrier's phase u - 1 (both
-    # consumers released tile j - STAGES); a fresh one, in phase 0, passes a parity-1 wait.
+    # K/V ring. Use u of slot s (u = j // STAGES) waits for the empty barrier's phase u - 1 (every
+    # consumer released tile j - STAGES); a fresh one, in phase 0, passes a parity-1 wait.
     for j in range(n_tiles):
         s = j % STAGES
         ph = (j // STAGES) & 1
