@@ -310,7 +310,7 @@ WHY = {
     "ch5": "the M-fold reads each K/V tile once for its G heads, but its tile holds G heads' "
            "rows of fewer positions, so a causal diagonal band covers more of it, and at d = 128 "
            "Triton's software pipeline has fewer registers to overlap loads with the matmuls",
-    "ch6": "the Gluon kernel's producer warp and two consumer warpgroups need several key "
+    "ch6": "the Gluon kernel's producer warp and consumer warpgroups need several key "
            "tiles per program to fill their pipeline: at N <= 1024, and at d = 64 causal, whose "
            "programs are short, its prologue and epilogue are not hidden",
     "ch8": "two launches (split, then combine) from Python against cuDNN's one: the host time "
