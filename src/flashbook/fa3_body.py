@@ -68,7 +68,7 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                                    q_free, k_full, k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M,
                                    BLOCK_N, STAGES, CAUSAL, GROUP)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    elif CONSUMERS == 3:
+    elif CONSUMERS == 3:     # warp_specialize takes a literal list: one per consumer count
         gl.warp_specialize([
             (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
                          o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
