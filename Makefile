@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 WORKERS ?= 2
 PYTEST  := $(BIN)/python -m pytest -q -n $(WORKERS)
 
-.PHONY: help env chromium test test-fast book book-instructor pdf release bench clean
+.PHONY: help env chromium test test-fast aot-memo book book-instructor pdf release bench clean
 
 help:
 	@echo "make test             create $(VENV) (pinned toolchain), install chromium if it can, and"
@@ -18,6 +18,7 @@ help:
 	@echo "make pdf              the book as one PDF (printed by chromium) -> _build/pdf/flashbook.pdf"
 	@echo "make release          regenerate notebooks/ from solutions/ (nbgrader)"
 	@echo "make test-fast        the suite without notebook execution, book build and browser"
+	@echo "make aot-memo         recompile every ahead-of-time compile of the tests into tests/aot_memo"
 
 # torch is installed first and on its own: torch==2.13.0 is the CPU wheel; a looser request
 # would pull a multi-GB CUDA build. constraints.txt pins every transitive dependency.
@@ -64,6 +65,13 @@ test: $(STAMP) chromium
 
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
+
+# tests/aot_memo/ holds what the ahead-of-time compiles gave (tests/aot_compile.py); `make test`
+# refreshes the memos of the compiles whose files changed, this rebuilds the directory from
+# nothing, dropping the memos of compile scripts that no test runs any more.
+aot-memo: $(STAMP)
+	rm -rf tests/aot_memo
+	$(PYTEST) -k "compile" tests
 
 book: $(STAMP)
 	$(BIN)/flashbook book

@@ -60,3 +60,40 @@ def test_sass_loops_taken_leaves_out_the_blocks_a_forward_branch_skips():
     assert (static["n"], static["FSEL"]) == (7, 2) and "skipped" not in static
     taken, = aot.sass_loops(MASKED, ("FSEL", "MUFU"), taken=True)
     assert (taken["n"], taken["FSEL"], taken["MUFU"], taken["skipped"]) == (5, 0, 1, 2)
+
+
+# ------------------------------------------------ the memo of ahead-of-time compiles (tests/)
+
+def test_a_memo_holds_only_while_every_file_it_read_is_unchanged(tmp_path, monkeypatch):
+    import aot_compile
+    monkeypatch.setattr(aot_compile, "ROOT", tmp_path)
+    monkeypatch.setattr(aot_compile, "MEMO_DIR", tmp_path / "memo")
+    (tmp_path / "kernel.py").write_text("BLOCK = 64\n")
+    memo = tmp_path / "memo" / "k.json.gz"
+    aot_compile.write_memo(memo, ["kernel.py"], [{"shared": 1024}])
+    assert aot_compile.read_memo(memo) == [{"shared": 1024}]
+    (tmp_path / "kernel.py").write_text("BLOCK = 128\n")
+    assert aot_compile.read_memo(memo) is None                 # an edited kernel compiles again
+    aot_compile.write_memo(memo, ["kernel.py"], [{"shared": 2048}])
+    (tmp_path / "kernel.py").unlink()
+    assert aot_compile.read_memo(memo) is None                 # so does a removed one
+
+
+def test_a_compile_records_what_it_read_and_is_not_run_again(tmp_path, monkeypatch):
+    """The script reads a solution; its memo names that file and the flashbook modules it
+    imported, not the virtual environment; the second call returns the memo without running
+    the script (which would write ``ran``)."""
+    import aot_compile
+    monkeypatch.setattr(aot_compile, "MEMO_DIR", tmp_path / "memo")
+    monkeypatch.setattr(aot_compile, "MEMO_MODE", "on")
+    ran = tmp_path / "ran"
+    body = (f"open({str(ran)!r}, 'a').write('x')\n"
+            "print('RESULT' + json.dumps(len(open('solutions/ch1_naive_attention.py').read()) > 0))\n")
+    assert aot_compile.compile_script(body, tmp_path) is True
+    memo, = (tmp_path / "memo").glob("*.json.gz")
+    reads = json.loads(__import__("gzip").decompress(memo.read_bytes()))["reads"]
+    assert {"solutions/ch1_naive_attention.py", "src/flashbook/__init__.py",
+            "src/flashbook/device.py"} <= set(reads)
+    assert not [r for r in reads if "site-packages" in r or r.startswith(".venv")]
+    assert aot_compile.compile_script(body, tmp_path) is True
+    assert ran.read_text() == "x"
