@@ -15,6 +15,8 @@ import torch
 
 from flashbook import bench_setups, results
 from flashbook.bench import Peak
+from flashbook.bench_setups import case_columns
+from flashbook.cases import AttnCase
 from flashbook.chapters.ch6 import benchmark as b, benchmark_jax as bj
 from flashbook.chapters.ch6 import recorded
 
@@ -23,34 +25,38 @@ matplotlib.use("Agg")
 H200 = Peak("H200", 989.0, 67.0, 4800.0)
 
 
+def _dense(B, H, N, d, dtype, causal):
+    return AttnCase("fixture", B=B, H_q=H, N_q=N, d=d, dtype=dtype, causal=causal)
+
+
 # ------------------------------------------------------------------------------ cases, rows
 
 def test_cases_are_fp16_everywhere_and_bf16_at_the_headline_shape():
     cs = b.cases()
     assert len(cs) == 2 * len(b.SHAPES) + 2 * len(b.BF16_SHAPES)
     assert [c.causal for c in cs[:2]] == [False, True]
-    assert {c.shape for c in cs if c.dtype == torch.float16} == set(b.SHAPES)
-    assert {c.shape for c in cs if c.dtype == torch.bfloat16} == {(1, 16, 16384, 128)}
+    assert {b.shape(c) for c in cs if c.dtype == torch.float16} == set(b.SHAPES)
+    assert {b.shape(c) for c in cs if c.dtype == torch.bfloat16} == {(1, 16, 16384, 128)}
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flops_and_bytes_of_a_case(causal):
-    cols = b.Case(1, 16, 16384, 128, torch.float16, causal).columns()
+    cols = case_columns(_dense(1, 16, 16384, 128, torch.float16, causal))
     pairs = 16384 * 16384 / (2 if causal else 1)
     assert cols["flops"] == 4 * 16 * pairs * 128                # QK^T and PV, 2 FLOPs a MAC
     assert cols["nbytes"] == 2 * 4 * 16 * 16384 * 128           # read Q, K, V, write O in fp16
-    assert b.Case(4, 16, 4096, 64, torch.bfloat16, causal).columns()["flops"] == \
+    assert case_columns(_dense(4, 16, 4096, 64, torch.bfloat16, causal))["flops"] == \
         4 * 4 * 16 * 4096 * 4096 * 64 / (2 if causal else 1)
 
 
 def test_a_row_of_a_case_has_its_columns_and_rates(monkeypatch):
     monkeypatch.setattr(bench_setups, "timed_ms", lambda fn: (4.0, ""))
     monkeypatch.setattr(bench_setups, "gpu_peak", lambda: H200)
-    c = b.Case(1, 16, 16384, 128, torch.float16, False)
+    c = _dense(1, 16, 16384, 128, torch.float16, False)
     r = b.measure("ch6_gluon_fa3", "reference", c, lambda: ((lambda: None), "cfg"))
     assert (r.B, r.H_q, r.H_kv, r.N_q, r.N_k, r.d, r.dtype, r.causal) == \
         (1, 16, 16, 16384, 16384, 128, "float16", False)
-    assert r.tflops == pytest.approx(c.columns()["flops"] / 4e-3 / 1e12)
+    assert r.tflops == pytest.approx(case_columns(c)["flops"] / 4e-3 / 1e12)
     assert r.pct_peak == pytest.approx(100 * r.tflops / 989.0)
     assert r.note == "cfg" and r.peak_mib is None
 
@@ -58,7 +64,7 @@ def test_a_row_of_a_case_has_its_columns_and_rates(monkeypatch):
 # ------------------------------------------------------------------------------ the guard
 
 def _case(causal=False, dtype=torch.float16):
-    return b.Case(1, 2, 256, 64, dtype, causal)
+    return _dense(1, 2, 256, 64, dtype, causal)
 
 
 def test_a_failing_setup_is_a_row_saying_where_a_bare_assert_failed():
@@ -170,12 +176,12 @@ SHAPES = [(1, 16, 16384, 128), (4, 16, 4096, 128), (4, 16, 4096, 64)]
 def fixture_row(kernel, role, case, ms, note=""):
     """TEST FIXTURE: a row of ``case`` taking ``ms`` (None: not measured) on an H200."""
     if ms is None:
-        return results.Row(kernel, role, *case.shape[:2], case.H, case.N, case.N, case.d,
+        return results.Row(kernel, role, case.B, case.H_q, case.H_q, case.N_q, case.N_q, case.d,
                            str(case.dtype)[6:], case.causal, None, None, None, None, note=note)
-    tflops = case.columns()["flops"] / (ms * 1e-3) / 1e12
-    return results.Row(kernel, role, *case.shape[:2], case.H, case.N, case.N, case.d,
+    tflops = case_columns(case)["flops"] / (ms * 1e-3) / 1e12
+    return results.Row(kernel, role, case.B, case.H_q, case.H_q, case.N_q, case.N_q, case.d,
                        str(case.dtype)[6:], case.causal, ms, tflops,
-                       case.columns()["nbytes"] / (ms * 1e-3) / 1e9, 100 * tflops / 989.0,
+                       case_columns(case)["nbytes"] / (ms * 1e-3) / 1e9, 100 * tflops / 989.0,
                        note=note)
 
 
@@ -192,11 +198,11 @@ def fixture_rows():
                 continue
             tflops = made_up[kernel] * (0.8 if case.causal else 1.0) * (
                 0.5 if case.d == 64 else 1.0)
-            ms = case.columns()["flops"] / (tflops * 1e12) * 1e3
+            ms = case_columns(case)["flops"] / (tflops * 1e12) * 1e3
             note = "max|O-sdpa_cudnn|=1.2e-04"
             if kernel == "jax_pallas_fa3" and case.dtype == torch.bfloat16:
                 ms, note = None, "not measured: ValueError: bf16 unsupported (fixture)"
-            if kernel == "jax_pallas_fa3" and case.shape == SHAPES[2] and case.causal:
+            if kernel == "jax_pallas_fa3" and b.shape(case) == SHAPES[2] and case.causal:
                 note = "max|O-sdpa_cudnn|=3.0e+00 WRONG (> 0.02)"
             rows.append(fixture_row(kernel, role, case, ms, note))
     return rows
@@ -220,7 +226,7 @@ def test_recorded_figures_move_with_the_data_and_survive_the_csv(tmp_path):
     back = results.read(path)
     assert recorded.quoted_values(back) == pytest.approx(recorded.quoted_values(rows))
     faster = [r if r.kernel != "sdpa_cudnn" else
-              fixture_row(r.kernel, r.role, b.Case(r.B, r.H_q, r.N_q, r.d, torch.float16,
+              fixture_row(r.kernel, r.role, _dense(r.B, r.H_q, r.N_q, r.d, torch.float16,
                                                    r.causal), r.ms / 2)
               for r in rows if r.dtype == "float16"]
     assert recorded.quoted_values(faster)["ch6_vs_cudnn_noncausal"] == pytest.approx(600 / 1100)

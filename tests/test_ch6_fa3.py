@@ -72,7 +72,7 @@ def test_every_variant_edits_the_solution_once():
 # ----------------------------------------------------------- the arithmetic and the messages
 
 def _problem(n_k=256, d=64, causal=False, seed=3):
-    case = fa3_checks.Fa3Case(n_k, d=d, causal=causal)
+    case = fa3_checks.fa3_case(n_k, d=d, causal=causal)
     q, k, v = (x[0, 0] for x in fa3_checks._inputs(case, seed))
     return case, q, k, v
 

@@ -23,8 +23,9 @@ import pytest
 
 from flashbook import pallas_interpret as interpret
 from flashbook import sources
-from flashbook.check import CheckFailure
 from flashbook.chapters.ch6 import ring, ring_checks
+from flashbook.check import CheckFailure
+from flashbook.pipeline_types import Ring
 
 needs_jax = pytest.mark.skipif(interpret.jax_problem() is not None,
                                reason=f"needs JAX's interpret mode: {interpret.INSTALL}")
@@ -98,7 +99,7 @@ def early_consumer(ring, full, consumed, out_smem, wg, *, stages, steps):
 def test_a_consumer_that_reads_early_is_caught():
     """Exercise 4 hands the consumer to the student: the same harness catches an early read,
     even though the copy (eager in the interpreter) usually lands before it."""
-    case = ring_checks.RingCase(2, 4)
+    case = Ring(2, 4)
     call = ring_checks._call(case, 0)
     functions = {"kv_producer": define(SOLUTION),
                  "consumer": define(EARLY_CONSUMER, "early_consumer")}
@@ -193,7 +194,7 @@ def _producer_log(stages: int, steps: int, prefetch: bool = True) -> list[dict]:
 
 
 def test_a_producer_that_waits_after_each_copy_did_not_prefetch():
-    case = ring_checks.RingCase(3, 8)
+    case = Ring(3, 8)
     ring_checks._prefetch(case, {"order": _producer_log(3, 8)})
     ring_checks._prefetch(case, {"order": None})              # no log (another JAX): skipped
     with pytest.raises(CheckFailure, match="the producer did not prefetch") as e:
@@ -208,7 +209,7 @@ def test_the_order_log_of_a_real_run_is_the_producers_program_order():
     callbacks beside the public barrier operations, the same on every JAX): the solution's
     producer logs its copies and waits in program order, with the slots and phases the
     schedule gives them, then its drain; each consumer logs one wait per tile."""
-    case = ring_checks.RingCase(3, 8)
+    case = Ring(3, 8)
     call = ring_checks._call(case, 6)
     (out,) = interpret.run_checked(ring_checks.TARGET, {"kv_producer": define(SOLUTION)}, [call],
                                    title="order log", hint=lambda *a: "",

@@ -134,12 +134,9 @@ def test_notebooks_import_chapters_through_their_init_beyond_the_shrinking_list(
 
 
 # A chapter's problems are the toolkit's case types (``cases.AttnCase``, ``case_sweeps.DecodeCase``,
-# ``sharding.ShardedCase``): no module of a chapter defines a class whose name ends in "Case".
-# The ones still to be moved onto them, which only shrink: Chapter 6's benchmark shapes
-# (AttnCase and a ``columns`` in bench_setups would do), and its two interpret-mode jobs,
-# a K/V ring of slots and the FA3 consumers' tiles, whose ``describe`` is in the checks'
-# messages (a toolkit type for them must keep that text).
-CHAPTER_CASE_TYPES = {"ch6.benchmark.Case", "ch6.fa3_checks.Fa3Case", "ch6.ring_checks.RingCase"}
+# ``sharding.ShardedCase``, and a ring's geometry ``pipeline_types.Ring``): no module of a
+# chapter defines a class whose name ends in "Case".
+CHAPTER_CASE_TYPES = set()
 
 
 def chapter_case_types(modules) -> set[str]:

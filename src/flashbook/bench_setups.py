@@ -95,6 +95,17 @@ def measure(kernel, role, setup, *, B, H_q, N_q, d, dtype, causal, flops, nbytes
                note=join_notes(note, extra, how))
 
 
+def case_columns(case) -> dict:
+    """``measure``'s keywords for a dense ``cases.AttnCase`` (bhnd): its shape columns, FLOPs
+    (``reference.attention_flops``) and compulsory traffic (``bench.attention_bytes``)."""
+    from flashbook.bench import attention_bytes
+    from flashbook.reference import attention_flops
+    B, H, N_q, N_k, d = case.B, case.H_q, case.N_q, case.n_k, case.d
+    return dict(B=B, H_q=H, N_q=N_q, d=d, dtype=case.dtype, causal=case.causal,
+                flops=attention_flops(B, H, N_q, N_k, d, case.causal),
+                nbytes=attention_bytes(B, H, N_q, N_k, d, case.dtype.itemsize))
+
+
 # ------------------------------------------------------------------------------ the setups
 
 def quiet(ns: dict, validators=("validate_varlen", "validate_gqa", "validate_decode")) -> dict:

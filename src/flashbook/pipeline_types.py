@@ -1,4 +1,5 @@
-"""The pieces of the pipeline model that its engine (``pipeline_engine``) runs: the timing, the
+"""The pieces of the pipeline model that its engine (``pipeline_engine``) runs: the timing, a
+ring's geometry (``Ring``, also the cases of Chapter 6's interpret-mode ring check), the
 ``Hazard`` a run stops at, the ``Barrier``, the actions a program yields (the warpgroups' own:
 ``Wait``, ``Arrive``, ``Load``, ``Gemm``, ``Softmax``; and ``Op``, an action a configuration
 defines by its ``Spec``), and the trace of a run (``Span``, ``Read``, ``Write``, ``Run``).
@@ -7,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["PARTS", "Timing", "Hazard", "Barrier", "Action", "Wait", "Arrive", "Load", "Gemm",
-           "Softmax", "Op", "Spec", "Span", "Read", "Write", "Run", "join_clocks"]
+__all__ = ["PARTS", "Timing", "Ring", "Hazard", "Barrier", "Action", "Wait", "Arrive", "Load",
+           "Gemm", "Softmax", "Op", "Spec", "Span", "Read", "Write", "Run", "join_clocks"]
 
 PARTS = ("K", "V")
 
@@ -27,6 +28,21 @@ class Timing:
 
     def describe(self) -> str:
         return f"tma {self.tma:g}, qk {self.qk:g}, pv {self.pv:g}, softmax {self.softmax:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ring:
+    """A K/V ring's geometry: ``steps`` tiles streamed through ``stages`` shared-memory slots to
+    ``consumers`` warpgroups (the arrivals each slot's release counts); ``why`` says what the
+    case tests, and ``describe`` names it in a check's message."""
+    stages: int
+    steps: int
+    consumers: int = 2
+    why: str = ""
+
+    def describe(self) -> str:
+        return (f"'{self.stages} slots, {self.steps} tiles, {self.consumers} consumer"
+                f"{'s' if self.consumers > 1 else ''}" + (f": {self.why}'" if self.why else "'"))
 
 
 class Hazard(Exception):

@@ -30,9 +30,9 @@ import functools
 import torch
 
 from flashbook import bench_setups
-from flashbook.bench import attention_bytes, free_cuda_cache, join_notes, public_row, why_failed
+from flashbook.bench import free_cuda_cache, join_notes, public_row, why_failed
 from flashbook.bench_setups import cu_seqlens, expect, ours, refused_setup, sdpa_setup
-from flashbook.reference import attention_flops
+from flashbook.cases import AttnCase
 from flashbook.results import Row
 
 GRAPH_TIMER = True
@@ -51,26 +51,9 @@ KERNELS = [(OURS, "reference", 1), (PALLAS, "variant", 2), (JAX_FA3, "baseline",
 ORDER = {name: i for i, (name, _, _) in enumerate(KERNELS)}
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One problem: q, k, v (B, H, N, d) of ``dtype``, N_q = N_k = N."""
-    B: int
-    H: int
-    N: int
-    d: int
-    dtype: torch.dtype
-    causal: bool
-
-    @property
-    def shape(self) -> tuple:
-        return (self.B, self.H, self.N, self.d)
-
-    def columns(self) -> dict:
-        """``bench_setups.measure``'s keywords: shape columns, FLOPs, compulsory traffic."""
-        B, H, N, d = self.shape
-        return dict(B=B, H_q=H, N_q=N, d=d, dtype=self.dtype, causal=self.causal,
-                    flops=attention_flops(B, H, N, N, d, self.causal),
-                    nbytes=attention_bytes(B, H, N, N, d, self.dtype.itemsize))
+def shape(case: AttnCase) -> tuple:
+    """(B, H, N, d) of a case: N_q = N_k = N."""
+    return (case.B, case.H_q, case.N_q, case.d)
 
 
 @dataclasses.dataclass
@@ -93,21 +76,22 @@ class Inputs:
 
 # ------------------------------------------------------------------ helpers (CPU-testable)
 
-def cases(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL) -> list[Case]:
+def cases(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL) -> list[AttnCase]:
     """fp16 at every shape, then bf16 at ``bf16_shapes``; each non-causal then causal."""
-    return [Case(*s, dtype, c) for dtype, group in ((torch.float16, shapes),
-                                                    (torch.bfloat16, bf16_shapes))
+    return [AttnCase("x".join(map(str, s)), B=s[0], H_q=s[1], N_q=s[2], d=s[3], dtype=dtype,
+                     causal=c)
+            for dtype, group in ((torch.float16, shapes), (torch.bfloat16, bf16_shapes))
             for s in group for c in causal]
 
 
-def measure(kernel: str, role: str, case: Case, setup, **kw) -> Row:
+def measure(kernel: str, role: str, case: AttnCase, setup, **kw) -> Row:
     """``bench_setups.measure`` of one row of ``case``."""
-    return bench_setups.measure(kernel, role, setup, **case.columns(), **kw)
+    return bench_setups.measure(kernel, role, setup, **bench_setups.case_columns(case), **kw)
 
 
-def sort_rows(rows: list[Row], order: list[Case]) -> list[Row]:
+def sort_rows(rows: list[Row], order: list[AttnCase]) -> list[Row]:
     """Rows in case order (``order``), then in ``KERNELS`` order within a case."""
-    index = {(*c.shape, str(c.dtype).replace("torch.", ""), c.causal): i
+    index = {(*shape(c), str(c.dtype).replace("torch.", ""), c.causal): i
              for i, c in enumerate(order)}
 
     def key(r):
@@ -138,12 +122,12 @@ def make_inputs(B, H, N, d, dtype, device="cuda", seed=0) -> Inputs:
 
 # ------------------------------------------------------------------ phase 1: torch-timed setups
 
-def gluon_setup(case: Case, x: Inputs):
+def gluon_setup(case: AttnCase, x: Inputs):
     """``attention_fa3`` with the planner's config for this problem, checked once."""
     def setup():
         from flashbook.bench import compiled, registers
         from flashbook.fa3_launch import attention_fa3, fa3_kernel, pick_config
-        B, H, N, d = case.shape
+        B, H, N, d = shape(case)
         cfg = pick_config(d, case.dtype, case.causal, B, H, N, N)
         before = compiled(fa3_kernel)
         o, _ = attention_fa3(x.q, x.k, x.v, case.causal, config=cfg)
@@ -156,7 +140,7 @@ def gluon_setup(case: Case, x: Inputs):
     return setup
 
 
-def ch3_setup(case: Case, x: Inputs, namespaces: dict):
+def ch3_setup(case: AttnCase, x: Inputs, namespaces: dict):
     """Chapter 3's two-tile kernel (non-causal only), as ``ch3.benchmark`` calls it."""
     def setup():
         from flashbook.device import current
@@ -170,10 +154,10 @@ def ch3_setup(case: Case, x: Inputs, namespaces: dict):
     return setup
 
 
-def ch4_setup(case: Case, x: Inputs, namespaces: dict):
+def ch4_setup(case: AttnCase, x: Inputs, namespaces: dict):
     """Chapter 4's two-tile ``attention_varlen`` (causal) on the packed batch, timed without
     its argument checks (``bench_setups.ours``)."""
-    B, H, N, d = case.shape
+    B, H, N, d = shape(case)
     packed = [t.view(B * N, H, d) for t in (x.q_bnhd, x.k_bnhd, x.v_bnhd)]
     check = x.check(case.causal)
 
@@ -184,7 +168,7 @@ def ch4_setup(case: Case, x: Inputs, namespaces: dict):
     return setup
 
 
-def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
+def torch_rows(case: AttnCase, x: Inputs, namespaces: dict, kernels) -> list[Row]:
     rows = []
     for kernel, role, phase in KERNELS:
         # the two-tile kernel once a case: Chapter 3's non-causal, Chapter 4's causal
@@ -209,7 +193,7 @@ def torch_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
     return rows
 
 
-def jax_rows(case: Case, x: Inputs, namespaces: dict, kernels) -> list[Row]:
+def jax_rows(case: AttnCase, x: Inputs, namespaces: dict, kernels) -> list[Row]:
     """Phase 2: the rows JAX times (``benchmark_jax``, loaded when it runs)."""
     from . import benchmark_jax as bj
     rows = []
@@ -235,10 +219,10 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
     inputs: dict = {}
     rows: list[Row] = []
     for case in order:                                    # phase 1: torch, CUDA graphs
-        key = (case.shape, case.dtype)
+        key = (shape(case), case.dtype)
         if key not in inputs:
             try:
-                inputs[key] = make_inputs(*case.shape, case.dtype, device=device, seed=len(inputs))
+                inputs[key] = make_inputs(*shape(case), case.dtype, device=device, seed=len(inputs))
             except Exception as e:  # noqa: BLE001 - e.g. out of memory: every row says so
                 free_cuda_cache()
                 inputs[key] = e
@@ -251,7 +235,7 @@ def run(shapes=SHAPES, bf16_shapes=BF16_SHAPES, causal=CAUSAL, kernels=None,
         rows += torch_rows(case, x, namespaces, kernels)
     if any(phase == 2 and k in kernels for k, _, phase in KERNELS):
         for case in order:                                # phase 2: JAX
-            x = inputs[(case.shape, case.dtype)]
+            x = inputs[(shape(case), case.dtype)]
             if not isinstance(x, Exception):
                 rows += jax_rows(case, x, namespaces, kernels)
     inputs.clear()

@@ -91,7 +91,7 @@ def jax_fa3_setup(case, x, block_kv=JAX_BLOCK_KV):
         args, copied = to_jax(x.extra["q_scaled"], x.k_bnhd, x.v_bnhd)
         fields = {f.name for f in dataclasses.fields(am.TuningConfig)}
         tried = []
-        for bkv in jax_block_kv(case.N, block_kv):
+        for bkv in jax_block_kv(case.N_q, block_kv):
             kw = dict(block_q=JAX_BLOCK_Q, block_kv=bkv, max_concurrent_steps=JAX_STEPS,
                       causal=case.causal)
             cfg = am.TuningConfig(**{k: v for k, v in kw.items() if k in fields})
@@ -105,7 +105,7 @@ def jax_fa3_setup(case, x, block_kv=JAX_BLOCK_KV):
                 continue
             break
         else:
-            raise RuntimeError("; ".join(tried) or f"no block_kv of {block_kv} divides N={case.N}")
+            raise RuntimeError("; ".join(tried) or f"no block_kv of {block_kv} divides N={case.N_q}")
         check = x.check(case.causal)(to_torch(o).transpose(1, 2))
         del o
         return functools.partial(f, *args), join_notes(
@@ -125,7 +125,7 @@ def pallas_setup(case, x, solution):
         if consumer is None:
             raise RuntimeError("no Exercise 4 consumer (fa3_consumer) in the ch6 solution")
         jax = import_jax()
-        B, H, N, d = case.shape
+        B, H, N, d = case.B, case.H_q, case.N_q, case.d
         block_kv, stages = mod.default_config(d)
         f = jax.jit(mod.fa3_kernel(consumer, batch=B, heads=H, n_q=N, n_k=N, d=d,
                                    block_kv=block_kv, stages=stages, causal=case.causal,

@@ -9,13 +9,15 @@ things, checked too: the proxy fence (``pallas_child.unfenced_reads``) and the p
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
 import numpy as np
+import torch
 
+from flashbook.cases import AttnCase
 from flashbook.check import CheckFailure, report, require_implemented
+from flashbook.fa3_planner import Config
 
 from . import fa3_pallas, interpret
 
@@ -26,49 +28,53 @@ O_TOL = (2e-3, 2e-3)         # (atol, rtol): fp16 O against float64
 LSE_TOL = 1e-3               # absolute, natural log
 
 
-@dataclasses.dataclass(frozen=True)
-class Fa3Case:
-    n_k: int
-    d: int = 64
-    causal: bool = False
-    block_kv: int = 64
-    stages: int = 2
-    why: str = ""
-
-    def describe(self) -> str:
-        return (f"'N_q={N_Q}, N_k={self.n_k}, d={self.d}{', causal' if self.causal else ''}, "
-                f"block_kv={self.block_kv}, {self.stages} stages"
-                + (f": {self.why}'" if self.why else "'"))
+# A case is an attention problem (``cases.AttnCase``: one CTA's 128 query rows, fp16; its name
+# says what the case tests) and the kernel's tiles (``fa3_planner.Config``: BLOCK_N keys a K/V
+# step, STAGES ring slots), as the Gluon kernel's launcher takes them.
 
 
-def fa3_cases(hidden: bool = False) -> list[Fa3Case]:
+def fa3_case(n_k: int, d: int = 64, causal: bool = False, block_kv: int = 64, stages: int = 2,
+             why: str = "") -> tuple[AttnCase, Config]:
+    return (AttnCase(why, H_q=1, N_q=N_Q, N_k=n_k, d=d, dtype=torch.float16, causal=causal),
+            Config(BLOCK_M=fa3_pallas.BLOCK_Q, BLOCK_N=block_kv, STAGES=stages))
+
+
+def describe(case: tuple[AttnCase, Config]) -> str:
+    problem, tiles = case
+    return (f"'N_q={N_Q}, N_k={problem.n_k}, d={problem.d}{', causal' if problem.causal else ''}, "
+            f"block_kv={tiles.BLOCK_N}, {tiles.STAGES} stages"
+            + (f": {problem.name}'" if problem.name else "'"))
+
+
+def fa3_cases(hidden: bool = False) -> list[tuple[AttnCase, Config]]:
     if not hidden:
-        return [Fa3Case(384, why="6 K/V steps: each slot filled 3 times, its barrier phase wraps")]
-    return [Fa3Case(128, why="2 steps, each slot filled once"),
-            Fa3Case(256, causal=True, why="bottom-right causal mask"),
-            Fa3Case(320, d=128, stages=3, why="d = 128, a 3-slot ring"),
-            Fa3Case(512, causal=True, block_kv=128, why="causal, 128-key tiles"),
-            Fa3Case(192, stages=3, why="3 steps, 3 slots: nothing refilled")]
+        return [fa3_case(384, why="6 K/V steps: each slot filled 3 times, its barrier phase wraps")]
+    return [fa3_case(128, why="2 steps, each slot filled once"),
+            fa3_case(256, causal=True, why="bottom-right causal mask"),
+            fa3_case(320, d=128, stages=3, why="d = 128, a 3-slot ring"),
+            fa3_case(512, causal=True, block_kv=128, why="causal, 128-key tiles"),
+            fa3_case(192, stages=3, why="3 steps, 3 slots: nothing refilled")]
 
 
 # ------------------------------------------------------------------------------------ inputs
 
-def _inputs(case: Fa3Case, seed: int):
+def _inputs(case: tuple[AttnCase, Config], seed: int):
     """q (1,1,128,d), k, v (1,1,N_k,d) fp16; Q scaled up so the running max moves between tiles
     (a missing rescale shows)."""
+    problem, _ = case
     rng = np.random.default_rng(seed)
-    q = (1.5 * rng.standard_normal((1, 1, N_Q, case.d))).astype(np.float16)
-    k, v = (rng.standard_normal((1, 1, case.n_k, case.d)).astype(np.float16) for _ in "kv")
+    q = (1.5 * rng.standard_normal((1, 1, N_Q, problem.d))).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, problem.n_k, problem.d)).astype(np.float16) for _ in "kv")
     return q, k, v
 
 
-def _call(case: Fa3Case, seed: int) -> interpret.Call:
-    q, k, v = _inputs(case, seed)
+def _call(case: tuple[AttnCase, Config], seed: int) -> interpret.Call:
+    (problem, tiles), (q, k, v) = case, _inputs(case, seed)
     kT = np.ascontiguousarray(np.swapaxes(k, -1, -2))
-    return interpret.Call(case.describe(), {"q": q, "kT": kT, "v": v},
-                          dict(causal=case.causal, stages=case.stages, block_kv=case.block_kv),
+    return interpret.Call(describe(case), {"q": q, "kT": kT, "v": v},
+                          dict(causal=problem.causal, stages=tiles.STAGES, block_kv=tiles.BLOCK_N),
                           thread_names=fa3_pallas.thread_names(),
-                          barrier_names=fa3_pallas.barrier_names(case.stages),
+                          barrier_names=fa3_pallas.barrier_names(tiles.STAGES),
                           smem_names=fa3_pallas.SMEM_NAMES)
 
 
@@ -122,10 +128,10 @@ BUGS = (
 )
 
 
-def _diagnose(case: Fa3Case, call: interpret.Call, got: np.ndarray) -> str:
+def _diagnose(case: tuple[AttnCase, Config], call: interpret.Call, got: np.ndarray) -> str:
     q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
     for _, flags, text in BUGS:
-        want, _ = simulate(q, kT.T, v, block_kv=case.block_kv, causal=case.causal, **flags)
+        want, _ = simulate(q, kT.T, v, block_kv=case[1].BLOCK_N, causal=case[0].causal, **flags)
         if np.isfinite(want).all() and np.allclose(got, want, atol=5e-3, rtol=5e-3):
             return " " + text
     return ""
@@ -137,13 +143,13 @@ _HINT_VALUES = ("per step: s = (Q K^T) * (scale * log2(e)) (the mask applied), m
                 "log2(l). Rows 0-63 are consumer warpgroup 0's, rows 64-127 warpgroup 1's.")
 
 
-def _compare(case: Fa3Case, call: interpret.Call, out: dict | None):
+def _compare(case: tuple[AttnCase, Config], call: interpret.Call, out: dict | None):
     import torch
     from flashbook.compare import assert_close
 
-    what = f"{TITLE}, case {case.describe()}"
+    what = f"{TITLE}, case {describe(case)}"
     q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
-    want_o, want_lse = fa3_pallas.reference(q, kT.T, v, causal=case.causal)
+    want_o, want_lse = fa3_pallas.reference(q, kT.T, v, causal=case[0].causal)
     got_o, got_lse = (out or {}).get("o"), (out or {}).get("lse2")
     if got_o is None or got_lse is None:
         raise CheckFailure(f"{what}: the kernel returned no output.")
@@ -225,7 +231,7 @@ def check_fa3_consumer(consumer, hidden: bool = False, *, timeout: float | None 
 
 # ----------------------------------------------------------- what right values cannot show
 
-def _fence(case: Fa3Case, out: dict):
+def _fence(case: tuple[AttnCase, Config], out: dict):
     """A register store to SMEM that a wgmma (or the TMA) then reads needs ``commit_smem``
     between (``pallas_child.unfenced_reads``)."""
     unfenced = json.loads(str(out.get("unfenced", "[]")))
@@ -234,7 +240,7 @@ def _fence(case: Fa3Case, out: dict):
     u, shipped = unfenced[0], out.get("shipped", [])
     reader = "the wgmma" if u["what"] == "wgmma_ref" else "the TMA store"
     raise CheckFailure(
-        f"{TITLE}, case {case.describe()}: the proxy fence is missing. Registers wrote SMEM at "
+        f"{TITLE}, case {describe(case)}: the proxy fence is missing. Registers wrote SMEM at "
         f"{interpret.where(u['store'], shipped)}, and {reader} at "
         f"{interpret.where(u['read'], shipped)} reads it with no `plgpu.commit_smem()` between. "
         f"Register stores go to SMEM through the generic proxy, while wgmma and the TMA read "
@@ -258,7 +264,7 @@ def _block_name(j: int, n: int) -> str:
     return f"GEMM block {j} (the PV of step {j - 1} and the QK^T of step {j})"
 
 
-def _pingpong(case: Fa3Case, out: dict):
+def _pingpong(case: tuple[AttnCase, Config], out: dict):
     """The consumers' GEMM blocks take turns: warpgroup 1's block j follows warpgroup 0's, and
     0's block j + 1 follows 1's block j. From the order log: X's issue follows Y's when, before
     it, X waited on the schedule barrier for a completion an arrival of Y after its issue counts
@@ -285,7 +291,7 @@ def _pingpong(case: Fa3Case, out: dict):
         for x, y, jy in ((1, 0, j), (0, 1, j - 1)) if j else ((1, 0, 0),):
             if not follows(x, blocks[j][0], y, blocks[jy][-1]):
                 raise CheckFailure(
-                    f"{TITLE}, case {case.describe()}: the consumers' GEMMs do not take turns. "
+                    f"{TITLE}, case {describe(case)}: the consumers' GEMMs do not take turns. "
                     f"Consumer warpgroup {x} issued {_block_name(j, n)} without waiting, on "
                     f"the schedule barrier, for warpgroup {y} to issue {_block_name(jy, n)}. "
                     f"Without the turns the two warpgroups issue their GEMMs together, share "

@@ -4,11 +4,10 @@ consumer counts: exact sums, no race, no barrier misuse, no hang. It must also p
 producer's order log the copy of tile i may follow the release of tile i - stages, no later."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from flashbook.check import CheckFailure, report, require_implemented
+from flashbook.pipeline_types import Ring
 
 from . import interpret, ring
 
@@ -16,37 +15,25 @@ TARGET = "flashbook.chapters.ch6.ring:run_ring"
 TITLE = "K/V ring"
 
 
-@dataclasses.dataclass(frozen=True)
-class RingCase:
-    stages: int          # slots in the ring
-    steps: int           # tiles to stream
-    consumers: int = 2   # consumer warpgroups (the arrivals each consumed barrier counts)
-    why: str = ""
-
-    def describe(self) -> str:
-        return (f"'{self.stages} slots, {self.steps} tiles, {self.consumers} consumer"
-                f"{'s' if self.consumers > 1 else ''}" + (f": {self.why}'" if self.why else "'"))
-
-
-def ring_cases(hidden: bool = False) -> list[RingCase]:
-    cases = [RingCase(3, 8, why="slots refilled once or twice: the tiles do not divide evenly"),
-             RingCase(3, 2, why="fewer tiles than slots: nothing is refilled, the drain waits "
+def ring_cases(hidden: bool = False) -> list[Ring]:
+    cases = [Ring(3, 8, why="slots refilled once or twice: the tiles do not divide evenly"),
+             Ring(3, 2, why="fewer tiles than slots: nothing is refilled, the drain waits "
                                 "for 2 releases, not 3")]
     if hidden:
-        cases += [RingCase(2, 5, why="a 2-slot ring, slots refilled twice"),
-                  RingCase(2, 7, 1, why="one consumer: consumed needs 1 arrival"),
-                  RingCase(2, 2, 1, why="exactly one tile per slot"),
-                  RingCase(3, 4, why="one refill")]
+        cases += [Ring(2, 5, why="a 2-slot ring, slots refilled twice"),
+                  Ring(2, 7, 1, why="one consumer: consumed needs 1 arrival"),
+                  Ring(2, 2, 1, why="exactly one tile per slot"),
+                  Ring(3, 4, why="one refill")]
     return cases
 
 
-def _inputs(case: RingCase, seed: int) -> np.ndarray:
+def _inputs(case: Ring, seed: int) -> np.ndarray:
     """(steps * BLOCK, COLS) float32 small integers: every sum the kernel forms is exact."""
     rng = np.random.default_rng(seed)
     return rng.integers(-4, 5, size=(case.steps * ring.BLOCK, ring.COLS)).astype(np.float32)
 
 
-def _call(case: RingCase, seed: int) -> interpret.Call:
+def _call(case: Ring, seed: int) -> interpret.Call:
     return interpret.Call(case.describe(), {"kv": _inputs(case, seed)},
                           dict(stages=case.stages, steps=case.steps,
                                num_consumers=case.consumers),
@@ -113,7 +100,7 @@ def check_kv_ring(kv_producer, hidden: bool = False, *, timeout: float | None = 
            interpret.unordered(outs, "the prefetch"), hidden=hidden)
 
 
-def _prefetch(case: RingCase, out: dict):
+def _prefetch(case: Ring, out: dict):
     """The copy of tile i must not wait for the release of a tile after i - stages (one tile in
     flight, not ``stages``). From the producer's order log: a wait on consumed[s] that observed
     completion p releases tile s + (p - 1) * stages; its n-th full arrival is its n-th copy."""
@@ -144,7 +131,7 @@ def _prefetch(case: RingCase, out: dict):
                     f"i - stages (consumed[i % stages]), and drain after the loop.")
 
 
-def _compare(case: RingCase, call: interpret.Call, out: dict | None):
+def _compare(case: Ring, call: interpret.Call, out: dict | None):
     what = f"{TITLE}, case {case.describe()}"
     want = ring.reference(call.arrays["kv"], steps=case.steps, num_consumers=case.consumers)
     got = None if out is None else out.get("out")
