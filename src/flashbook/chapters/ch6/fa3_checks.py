@@ -28,13 +28,11 @@ O_TOL = (2e-3, 2e-3)         # (atol, rtol): fp16 O against float64
 LSE_TOL = 1e-3               # absolute, natural log
 
 
-# A case is an attention problem (``cases.AttnCase``: one CTA's 128 query rows, fp16; its name
-# says what the case tests) and the kernel's tiles (``fa3_planner.Config``: BLOCK_N keys a K/V
-# step, STAGES ring slots), as the Gluon kernel's launcher takes them.
-
-
 def fa3_case(n_k: int, d: int = 64, causal: bool = False, block_kv: int = 64, stages: int = 2,
              why: str = "") -> tuple[AttnCase, Config]:
+    """A case: the attention problem (one CTA's 128 query rows, fp16, named by what the case
+    tests) and the kernel's tiles as the Gluon launcher takes them (BLOCK_N keys a K/V step,
+    STAGES ring slots)."""
     return (AttnCase(why, H_q=1, N_q=N_Q, N_k=n_k, d=d, dtype=torch.float16, causal=causal),
             Config(BLOCK_M=fa3_pallas.BLOCK_Q, BLOCK_N=block_kv, STAGES=stages))
 
@@ -129,9 +127,9 @@ BUGS = (
 
 
 def _diagnose(case: tuple[AttnCase, Config], call: interpret.Call, got: np.ndarray) -> str:
-    q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
+    (problem, tiles), (q, kT, v) = case, (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
     for _, flags, text in BUGS:
-        want, _ = simulate(q, kT.T, v, block_kv=case[1].BLOCK_N, causal=case[0].causal, **flags)
+        want, _ = simulate(q, kT.T, v, block_kv=tiles.BLOCK_N, causal=problem.causal, **flags)
         if np.isfinite(want).all() and np.allclose(got, want, atol=5e-3, rtol=5e-3):
             return " " + text
     return ""
@@ -144,12 +142,11 @@ _HINT_VALUES = ("per step: s = (Q K^T) * (scale * log2(e)) (the mask applied), m
 
 
 def _compare(case: tuple[AttnCase, Config], call: interpret.Call, out: dict | None):
-    import torch
     from flashbook.compare import assert_close
 
     what = f"{TITLE}, case {describe(case)}"
-    q, kT, v = (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
-    want_o, want_lse = fa3_pallas.reference(q, kT.T, v, causal=case[0].causal)
+    (problem, _), (q, kT, v) = case, (call.arrays[n][0, 0] for n in ("q", "kT", "v"))
+    want_o, want_lse = fa3_pallas.reference(q, kT.T, v, causal=problem.causal)
     got_o, got_lse = (out or {}).get("o"), (out or {}).get("lse2")
     if got_o is None or got_lse is None:
         raise CheckFailure(f"{what}: the kernel returned no output.")
