@@ -28,12 +28,16 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
     the consumers; ``PERSISTENT`` (two consumers): of the work tiles ``work_tile`` gives it
     (sections of ``GROUP`` heads)."""
     dtype: gl.constexpr = q_desc.dtype
-    # shared memory: a Q tile a consumer (reused for O), STAGES K tiles and STAGES V tiles,
+    # shared memory: a Q tile a consumer (reused for O, unless persistent), STAGES K tiles and STAGES V tiles,
     # 128-byte swizzled (NVMMA layouts, what TMA writes and wgmma reads), then 8-byte mbarriers
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    if PERSISTENT:
+        # O's own tile a consumer: Q is freed after the tile's last QK^T, and O's TMA store
+        # drains while the next tile runs (FlashAttention-3's epilogue)
+        o_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -51,17 +55,19 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
     if PERSISTENT:
         q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
-            mbarrier.init(q_free.index(i), count=1)  # its consumer, once O's store read Q
+            mbarrier.init(q_free.index(i), count=1)  # its consumer, after its last QK^T
     fence_async_shared()                             # the inits, before any TMA completes on them
 
     if PERSISTENT:
         gl.warp_specialize([
-            (consumer_persistent, (q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
-                                   v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, 0,
+            (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
+                                   k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
+                                   qk_scale, 0,
                                    BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
                                    MOVE_MAX, RESCALE, GROUP)),
-            (consumer_persistent, (q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
-                                   v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, 1,
+            (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
+                                   k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
+                                   qk_scale, 1,
                                    BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
                                    MOVE_MAX, RESCALE, GROUP)),
             (producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,

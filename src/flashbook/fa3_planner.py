@@ -59,7 +59,8 @@ PRODUCER_REGS = 24
 # the worker partitions' captured arguments: 3 smem tiles of rank 4, 6 barrier arrays of rank
 # 2, 4 tensor descriptors and the LSE pointer, N_Q, N_K and qk_scale: 220 bytes
 CAPTURE_BYTES = capture_bytes(descriptors=5, views=(4,) * 3 + (2,) * 6, scalars=3)
-PERSISTENT_CAPTURE = capture_bytes(views=(2,), scalars=2)   # q_free, and B*H read off two descriptors
+# persistent: O's tiles and q_free, and B*H read off two descriptors
+PERSISTENT_CAPTURE = capture_bytes(views=(4, 2), scalars=2)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ def shared_memory_layout(config: Config) -> list[tuple[str, int, int]]:
     return place(  # program order (the kernel's allocations), then the warp-specialize scratch
         [("q", n * config.BLOCK_M * d * e, TILE_ALIGN), ("k", kv, TILE_ALIGN),
          ("v", kv, TILE_ALIGN)]
+        + [("o", n * config.BLOCK_M * d * e, TILE_ALIGN)] * config.PERSISTENT
         + [(name, MBARRIER_BYTES * k, BARRIER_ALIGN) for name, k in barriers]
         + [("warp_states", 4 * n, STATE_ALIGN),
            ("captures", CAPTURE_BYTES + PERSISTENT_CAPTURE * config.PERSISTENT, CAPTURE_ALIGN)])

@@ -225,25 +225,29 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, EXP2: gl.constexpr,
               MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Consumer WG of the CTA's one work tile (its Q barrier's phase 0; ``q_bars`` stands in
-    for the Q-free barriers a persistent CTA has)."""
-    consumer_work(_m_block(), gl.program_id(1), 0, 0, 0, q_smem, k_smem, v_smem, q_bars, q_bars,
-                  k_full, k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, WG,
+    """Consumer WG of the CTA's one work tile (its Q barrier's phase 0; O leaves through its
+    Q tile, and ``q_bars`` stands in for the Q-free barriers a persistent CTA has)."""
+    consumer_work(_m_block(), gl.program_id(1), 0, 0, 0, q_smem, k_smem, v_smem, q_smem, q_bars,
+                  q_bars, k_full, k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
+                  qk_scale, WG,
                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE,
                   False, CONSUMERS)
 
 
 @gluon.jit
-def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, q_free, k_full,
-                  k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale,
+def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, o_smem, q_bars, q_free,
+                  k_full, k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale,
                   WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   OVERLAP: gl.constexpr, EXP2: gl.constexpr, MOVE_MAX: gl.constexpr,
                   RESCALE: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
     """One work tile (m_block, bh) of consumer WG: its Q tile's phase ``q_phase``, the ring's
     and the token's counts ``rb`` and ``tb`` before it. It takes ``cta_tiles + 1`` turns and
-    releases ``cta_tiles`` ring slots, which it returns; ``PERSISTENT``: it frees its Q tile
-    (``q_free``) once O's store has read it."""
+    releases ``cta_tiles`` ring slots, which it returns. O leaves through ``o_smem``'s tile WG
+    by a TMA store. ``PERSISTENT`` (``o_smem`` O's own tiles): it frees its Q tile (``q_free``)
+    as soon as its last QK^T is done, so the next tile's Q loads during the last PV and the
+    epilogue, and it waits for the previous tile's O store only before reusing O's tile
+    (FlashAttention-3's order); otherwise ``o_smem`` is ``q_smem``, free after the last PV."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -278,6 +282,9 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
             l_i, p, alpha, rescaled, row0, N_Q, N_K, n_full, qk_scale, WG, False, BLOCK_M,
             BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, CONSUMERS)
 
+    if PERSISTENT:
+        mbarrier.arrive(q_free.index(WG))      # every QK^T has been waited: Q is read no more
+
     # the last PV, in turn n_tiles (taken even with no tile, so all consumers take as many turns)
     jl = rb + gl.maximum(n_tiles - 1, 0)
     sl = jl % STAGES
@@ -305,19 +312,21 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
         token_acquire(sched, tb + j + 1, WG)
         token_release(sched, WG, CONSUMERS)
 
-    # ---- epilogue: O = acc / l through this consumer's Q tile (free now), LSE in natural log ----
+    # ---- epilogue: O = acc / l through O's tile, LSE in natural log ----
     l_o = gl.convert_layout(l_i, o_rows)
     inv = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
     o = o * gl.expand_dims(inv, 1)
-    q_tile.store(o.to(q_tile.dtype))
+    o_view = o_smem.index(WG)                  # (1, BLOCK_M, d): TMA's box
+    if PERSISTENT:
+        tma.store_wait(0)                      # the previous tile's O store has read the tile
+    o_view.reshape([BLOCK_M, HEAD_DIM]).store(o.to(q_tile.dtype))
     fence_async_shared()                       # generic-proxy writes -> the TMA store's reads
-    tma_store(o_desc, [bh, row0, 0], q_view)
+    tma_store(o_desc, [bh, row0, 0], o_view)
     rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows)
     lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, -float("inf"))
     gl.store(LSE + bh * N_Q + rows, lse, mask=rows < N_Q)
-    tma.store_wait(0)                          # the store has read the Q tile
-    if PERSISTENT:
-        mbarrier.arrive(q_free.index(WG))      # the producer may load the next Q into it
+    if not PERSISTENT:
+        tma.store_wait(0)                      # the store has read the tile before the CTA ends
     return n_cta
 
 
@@ -326,7 +335,8 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, q_bars, 
 # schedule (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's phases
 # go on from tile to tile (after i tiles the token has gone round rb + i times: cta_tiles + 1
 # turns a tile), Q's barriers complete once a tile (phase i & 1), and a consumer frees its Q
-# tile once O's store read it.
+# tile after its last QK^T: the producer loads the next Q while the consumer runs its last PV
+# and stores O from a tile of its own.
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
 def work_tile(t, n_m, n_bh, GROUP: gl.constexpr):
@@ -407,8 +417,8 @@ def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_f
 
 
 @gluon.jit
-def consumer_persistent(q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty, v_full,
-                        v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, WG: gl.constexpr,
+def consumer_persistent(q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full, k_empty,
+                        v_full, v_empty, sched, o_desc, LSE, N_Q, N_K, qk_scale, WG: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                         EXP2: gl.constexpr, MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr,
@@ -420,7 +430,8 @@ def consumer_persistent(q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
         t = work_index(i)
         if t < n_m * n_bh:                       # i tiles before this one: rb + i turns
             m_block, bh = work_tile(t, n_m, n_bh, GROUP)
-            rb += consumer_work(m_block, bh, rb, rb + i, i & 1, q_smem, k_smem, v_smem, q_bars,
-                                q_free, k_full, k_empty, v_full, v_empty, sched, o_desc, LSE,
-                                N_Q, N_K, qk_scale, WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+            rb += consumer_work(m_block, bh, rb, rb + i, i & 1, q_smem, k_smem, v_smem, o_smem,
+                                q_bars, q_free, k_full, k_empty, v_full, v_empty, sched, o_desc,
+                                LSE, N_Q, N_K, qk_scale, WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                                 CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, True, 2)
+    tma.store_wait(0)                            # the last O store has read its tile
