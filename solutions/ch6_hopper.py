@@ -461,6 +461,7 @@ except NotImplementedError:
 # | buffer | bytes |
 # |---|---|
 # | the Q tiles, one per consumer warpgroup (each reused to stage its O tile) | `CONSUMERS × BLOCK_M × d × 2` |
+# | persistent kernel only: O's own tiles, one per consumer (its Q tile is freed for the next work tile's Q as soon as its last QK^T is done), and a Q-free mbarrier per consumer | `CONSUMERS × BLOCK_M × d × 2 + CONSUMERS × 8` |
 # | the K ring, `STAGES` slots | `STAGES × BLOCK_N × d × 2` |
 # | the V ring, `STAGES` slots | `STAGES × BLOCK_N × d × 2` |
 # | mbarriers, 8 bytes each: Q landed and the ping-pong token (one each per consumer), K full, K empty, V full, V empty (one each per slot) | `(2 × CONSUMERS + 4 × STAGES) × 8` |

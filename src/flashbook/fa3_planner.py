@@ -11,7 +11,9 @@ producer warp padded to one.
 tests/test_ch6.py): Q ``2*BLOCK_M*d*2`` (one tile per consumer, reused for O), K and V
 ``STAGES*BLOCK_N*d*2`` each, the mbarriers (``q_bars[2]``, K/V full and empty per stage,
 ``sched[2]``), ``gl.warp_specialize``'s 220 bytes of captured arguments and a state byte per
-extra warp: d=128, 64/128, 2 stages is 163840 + 224 + 96 + 8 = 164168 bytes.
+extra warp: d=128, 64/128, 2 stages is 163840 + 224 + 96 + 8 = 164168 bytes. A persistent
+kernel adds O's own tiles (``2*BLOCK_M*d*2``: Q is freed after the last QK^T, so O cannot use
+it) and two ``q_free`` barriers.
 
 **Registers** (``register_budget``): 384 threads launch with 168 each; the producer drops to 24
 and each consumer takes the rest, 240 (2*128*240 + 128*24 = 64,512); with three consumers 512
