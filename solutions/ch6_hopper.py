@@ -1233,14 +1233,21 @@ quoted.glue(ch6.CHAPTER)
 # FlashAttention-3 answers with a third consumer warpgroup at d = 64 (192 query rows a CTA, the
 # token going round three): one consumer's softmax now hides behind two others' GEMMs. The
 # planner does the same (`planner.three_consumers`; 160 registers a consumer thread), except for
-# short causal problems, where the persistent two consumers stay faster; the second table below
+# short problems, where the persistent two consumers stay faster; the second table below
 # measures it. The H200 figures above were recorded with two consumers. In the
 # short causal case, half of the programs finish early and the tail of the grid runs half empty.
 # The kernel now has a persistent variant for this (`Config.PERSISTENT`: one CTA per SM walks a
 # static schedule of the tiles head by head, each round in the opposite direction to the last,
 # so that long and short tiles share an SM), and the planner picks it for causal problems of up
 # to 4,096 queries: on an H100 it was faster at every such shape we timed, and slower at
-# 16,384 (the table below). The H200 figures above were recorded before it. And at d = 128 the
+# 16,384 (the table below). A persistent consumer also frees its Q tile as soon as its last
+# QK^T is done and stores O from a tile of its own, as FlashAttention-3 does, so the next work
+# tile's Q loads while the last PV and the O store run. That makes it faster non-causal too
+# wherever a grid CTA has only a few K/V tiles to hide its Q load and O store behind: the
+# planner launches it up to 4,096 queries at d = 128 and 1,024 at d = 64 (on an H100, 480
+# against 410 TFLOP/s at (64, 16, 512, 128)), and at causal problems of at most 512 queries
+# with 64-key tiles in four stages, which mask half as many keys on the diagonal (311 against
+# 263 TFLOP/s at (64, 16, 512, 128), cuDNN 322). The H200 figures above were recorded before it. And at d = 128 the
 # kernel stays near cuDNN, short of the up to 740 TFLOP/s FlashAttention-3 reports on an H100:
 # ptxas moves the wait for
 # the warpgroup's own PV to the top of the softmax (the SASS shows it), so the intra-warpgroup
@@ -1280,11 +1287,12 @@ else:
 # | the planner's choice without the intra-warpgroup overlap | {glue:text}`ch6_abl_no_overlap_1_16384_128_noncausal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_1_16384_128_noncausal:.2f`x) | {glue:text}`ch6_abl_no_overlap_1_16384_128_causal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_1_16384_128_causal:.2f`x) | {glue:text}`ch6_abl_no_overlap_2_4096_128_noncausal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_2_4096_128_noncausal:.2f`x) | {glue:text}`ch6_abl_no_overlap_2_4096_128_causal:.0f` ({glue:text}`ch6_abl_no_overlap_vs_cudnn_2_4096_128_causal:.2f`x) |
 # | cuDNN | {glue:text}`ch6_abl_cudnn_1_16384_128_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_1_16384_128_causal:.0f` | {glue:text}`ch6_abl_cudnn_2_4096_128_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_2_4096_128_causal:.0f` |
 #
-# The first row is always one of the next two: the planner launches a grid, except for causal
-# problems of up to 4,096 queries, where it goes persistent. Compare those two rows column by
-# column to see where each launch wins. Our reading: a persistent CTA keeps its SM from the
-# first tile to the last, so a short causal problem's unequal tiles even out over the rounds of
-# the schedule, while at 16,384 queries the grid is many waves deep and the hardware's own
+# The first row is always one of the next two: the planner launches a grid, except for problems
+# of up to 4,096 queries (causal, or at d = 128), where it goes persistent. Compare those two
+# rows column by column to see where each launch wins. Our reading: a persistent CTA keeps its
+# SM from the first tile to the last, so a short causal problem's unequal tiles even out over
+# the rounds of the schedule and a short problem's Q loads and O stores overlap the
+# neighbouring work tiles, while at 16,384 queries the grid is many waves deep and the hardware's own
 # scheduler already balances it. The overlap row shows what FlashAttention-3's intra-warpgroup
 # overlap buys here: with `OVERLAP=False` a consumer waits for its PV of tile j - 1 as well as
 # for S before the softmax of tile j, so the softmax no longer runs while that PV is on the
@@ -1308,8 +1316,8 @@ else:
 # | cuDNN | {glue:text}`ch6_abl_cudnn_1_16384_64_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_1_16384_64_causal:.0f` | {glue:text}`ch6_abl_cudnn_4_4096_64_noncausal:.0f` | {glue:text}`ch6_abl_cudnn_4_4096_64_causal:.0f` |
 #
 # The first row is the second (three consumers, a grid) in every column but the last, where the
-# persistent rule (causal, at most 4,096 queries) picks the fourth. The third consumer changes nothing in a tile's
-# work; it only changes how often the tensor cores wait: at d = 64 a 64 x 128 tile's two GEMMs
+# persistent rule (causal, at most 4,096 queries; non-causal at d = 64, at most 1,024) picks the
+# fourth. The third consumer changes nothing in a tile's work; it only changes how often the tensor cores wait: at d = 64 a 64 x 128 tile's two GEMMs
 # take about as long as its softmax, so with two consumers one softmax is barely covered by the
 # other consumer's GEMMs and every hand-over shows, while with three it is covered twice over.
 # It costs registers, 160 a consumer thread instead of 240: ptxas moves values that do not

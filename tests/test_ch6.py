@@ -109,11 +109,13 @@ def test_ranking_picks_feasible_configs_fastest_first():
 
 def test_d64_runs_three_consumers_except_where_the_persistent_rule_holds():
     """FA3's d = 64 design (measured on an H100: 488 against 427 TFLOP/s at (4, 16, 4096, 64)),
-    except causal N_q <= 4096, where the persistent two consumers won."""
+    except where the persistent two consumers won: causal N_q <= 4096, non-causal N_q <= 1024."""
     assert planner.best(64, N_q=4096, B=4).CONSUMERS == 3
+    assert planner.best(64, N_q=2048, B=16).CONSUMERS == 3
     assert planner.best(64, N_q=16384, causal=True).CONSUMERS == 3
-    short = planner.best(64, N_q=2048, B=16, causal=True)
-    assert (short.CONSUMERS, short.PERSISTENT) == (2, True)
+    for N, causal in ((2048, True), (1024, False), (512, False)):
+        short = planner.best(64, N_q=N, B=32768 // N, causal=causal)
+        assert (short.CONSUMERS, short.PERSISTENT) == (2, True), (N, causal)
     assert not planner.three_consumers(128) and planner.best(128).CONSUMERS == 2
     three = planner.best(64)
     assert planner.register_budget(three)["consumer"] == 160 and three.rows_per_cta == 192
@@ -122,28 +124,41 @@ def test_d64_runs_three_consumers_except_where_the_persistent_rule_holds():
     assert "two or three" in " ".join(planner.feasible(cfg(64, CONSUMERS=4)).reasons)
 
 
-def test_the_planner_runs_short_causal_problems_persistent(fa3):
-    """Measured on an H100: the persistent kernel with GROUP=1 won every causal problem with
-    N_q <= 4096, lost at 16384 and did not clearly win non-causal. ``best`` keeps the model's
-    tiles and makes them persistent exactly there; ``attention_fa3``'s default follows."""
-    def choice(d, B, N, causal):     # best; the model's fastest two-consumer tiles; any tiles
+def test_the_planner_runs_short_problems_persistent(fa3):
+    """Measured on an H100: the persistent kernel with GROUP=1 (Q freed after the last QK^T,
+    O stored from its own tile) won every causal problem with N_q <= 4096 and lost at 16384;
+    non-causal it won up to 4096 rows at d = 128 and up to 1024 at d = 64, where the
+    three-consumer grid takes over. ``best`` launches the measured tiles persistent exactly
+    there (64-key tiles in four stages at causal N_q <= 512) and the model's choice elsewhere;
+    ``attention_fa3``'s default follows."""
+    def choice(d, B, N, causal):     # best; the model's fastest of any tiles
         problem = dict(B=B, H=16, N_q=N, causal=causal)
         every = planner.candidates(d) + planner.three_consumers(d)
-        return (planner.best(d, **problem), planner.rank(d, **problem)[0][0],
-                planner.rank(d, configs=every, **problem)[0][0])
+        return planner.best(d, **problem), planner.rank(d, configs=every, **problem)[0][0]
+
+    def persistent(d, bn, stages):
+        return cfg(d, BLOCK_M=64, BLOCK_N=bn, STAGES=stages, PERSISTENT=True, GROUP=1)
 
     for d in (64, 128):
-        for B, N in ((8, 1024), (1, 2048), (1, 1000), (4, 4096), (2, 4096)):
-            got, two, _ = choice(d, B, N, True)
-            assert got == dataclasses.replace(two, PERSISTENT=True, GROUP=1), (d, B, N)
+        for B, N, causal, tiles in ((8, 1024, True, (128, 2)), (1, 2048, True, (128, 2)),
+                                    (1, 1000, True, (128, 2)), (4, 4096, True, (128, 2)),
+                                    (64, 512, True, (64, 4)), (1, 300, True, (64, 4)),
+                                    (32, 1024, False, (128, 2)), (64, 512, False, (128, 2))):
+            got, _ = choice(d, B, N, causal)
+            assert got == persistent(d, *tiles), (d, B, N, causal)
             assert planner.feasible(got)
-        for B, N, causal in ((1, 16384, True), (1, 4097, True), (1, 2048, False),
-                             (4, 4096, False), (1, 16384, False)):
-            got, _, tiles = choice(d, B, N, causal)
+        for B, N, causal in ((1, 16384, True), (1, 4097, True), (1, 16384, False)):
+            got, tiles = choice(d, B, N, causal)
             assert got == tiles and not got.PERSISTENT, (d, B, N, causal)
+    assert choice(128, 8, 4096, False)[0] == persistent(128, 128, 2)
+    assert choice(128, 1, 8192, False)[0] == choice(128, 1, 8192, False)[1]
+    for N in (2048, 4096):                                   # d = 64: the three-consumer grid
+        got, tiles = choice(64, 32768 // N, N, False)
+        assert got == tiles and got.CONSUMERS == 3 and not got.PERSISTENT, N
     fa3.pick_config.cache_clear()
     assert fa3.pick_config(128, torch.float16, True, 1, 16, 2048, 2048).PERSISTENT
-    assert not fa3.pick_config(128, torch.float16, False, 1, 16, 2048, 2048).PERSISTENT
+    assert fa3.pick_config(128, torch.float16, False, 1, 16, 2048, 2048).PERSISTENT
+    assert not fa3.pick_config(128, torch.float16, False, 1, 16, 8192, 8192).PERSISTENT
     assert not fa3.pick_config(128, torch.float16, True, 1, 16, 16384, 16384).PERSISTENT
     fa3.pick_config.cache_clear()
 

@@ -17,18 +17,21 @@ order (QK^T waited alone, K released at once, the PV wait after the softmax); pt
 13.x) still schedules that wait at the top of the softmax, yet on an H200 it was a little faster.
 
 ``Config(PERSISTENT=True)`` launches one CTA per SM instead (the planner's choice for causal
-problems with N_q <= 4096, ``planner.prefers_persistent``); each loops over work tiles (m_block,
-batch*head) of a static schedule (``fa3_roles.work_tile``: sections of ``GROUP`` heads, the
-longest causal blocks first in each, rounds in alternate directions), the ring's and the token's
-phases carried from tile to tile, the next tile's K/V loaded while the consumers finish this
-one. Wave arithmetic: (1, 16, 2048, 128) has 16 x 16 = 256 work tiles of 16 K/V tiles each on
+problems with N_q <= 4096 and non-causal ones up to 4096 rows at d = 128, 1024 at d = 64,
+``planner.prefers_persistent``); each loops over work tiles (m_block, batch*head) of a static
+schedule (``fa3_roles.work_tile``: sections of ``GROUP`` heads, the longest causal blocks first
+in each, rounds in alternate directions), the ring's and the token's phases carried from tile
+to tile, the next tile's K/V loaded while the consumers finish this one, and its Q as soon as
+each consumer's last QK^T is done (O leaves through a tile of its own). Wave arithmetic: (1, 16, 2048, 128) has 16 x 16 = 256 work tiles of 16 K/V tiles each on
 132 SMs, 1.94 waves, so each SM runs two chains of 16 tiles and pays two fills and drains;
 (1, 16, 16384, 128), 2048 tiles, 15.5 waves, pays them 16 times over chains of 128. Causal, the
 default grid's CTAs differ in work and a short problem's few waves end unevenly, which the snake
 schedule evens out: on an H100 the persistent kernel won at every causal problem measured with
 N_q <= 4096 and lost at N_q = 16384, where the many short waves already balance
 (``fa3_planner.predict`` models both grids, but balances the default one's causal CTAs
-perfectly: the choice is the planner's measured rule).
+perfectly: the choice is the planner's measured rule). Non-causal, a short problem's grid CTA
+of a few K/V tiles waits for its Q at the start and its O store at the end, which the
+persistent kernel overlaps with the neighbouring work tiles.
 
 Inputs ``(B, H, N, d)`` contiguous, fp16 or bf16, d in {64, 128}, any lengths (3-D TMA
 descriptors ``(B*H, N, d)``: reads past a head are zeros, stores are clipped); O like q and the
@@ -73,8 +76,8 @@ _TORCH_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 def pick_config(head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = False,
                 B: int = 1, H: int = 16, N_q: int = 16384, N_k: int | None = None) -> Config:
     """The planner's choice (``planner.best``: the model's fastest feasible tiles, persistent
-    for causal N_q <= 4096), cached: planning takes milliseconds of Python (``Config`` is
-    frozen: sharing it is safe)."""
+    for short problems, ``planner.prefers_persistent``), cached: planning takes milliseconds
+    of Python (``Config`` is frozen: sharing it is safe)."""
     return planner.best(head_dim, _TORCH_DTYPE_NAMES[dtype], B=B, H=H, N_q=N_q, N_k=N_k,
                         causal=causal)
 

@@ -34,9 +34,10 @@ N=4096 (the masked diagonal tiles are not modelled), BLOCK_N=128 ranked first fo
 as measured.
 
 **The choice** (``best``): the model ranks the tile configs (``rank``); whether the kernel runs
-persistent is a rule measured on an H100 (``prefers_persistent``: causal with N_q <= 4096), since
-the model, balancing causal CTAs perfectly, cannot see the uneven waves a persistent schedule
-evens out (the comment above ``best`` says why).
+persistent is a rule measured on an H100 (``prefers_persistent``: causal with N_q <= 4096,
+non-causal up to 4096 rows at d = 128 and 1024 at d = 64), since the model, balancing causal
+CTAs perfectly, cannot see the uneven waves a persistent schedule evens out, nor the Q load and
+O store a short grid CTA waits for (the comment above ``best`` says why).
 """
 from __future__ import annotations
 
@@ -272,36 +273,48 @@ def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q:
     return out
 
 
-# Persistent or not is a measured rule, not the model's: on an H100 (fp16, triton 3.6) the
+# Persistent or not is a measured rule, not the model's. On an H100 (fp16, triton 3.6) the
 # persistent kernel with GROUP=1 beat the default grid by 7-9% at every causal problem measured
-# with N_q <= 4096 (d = 64 and 128, 1,024 to 4,096 rows), lost by 30% at causal N_q = 16384 and
-# did not clearly win non-causal. With causal masking a CTA's work grows with its query block,
-# and a short problem's grid is only a few waves on 132 SMs; the snake schedule pairs long tiles
-# with short ones and evens the waves out. At long N the many short waves already balance and
-# the persistent kernel only adds its per-tile fills and drains. ``predict`` balances causal CTAs
-# over the SMs perfectly, so it cannot see the uneven waves: it ranks the tiles, this rule
-# chooses the grid. There the persistent two consumers also beat the three-consumer grid at
-# d = 64 (270 against 219 TFLOP/s at causal (32, 16, 1024, 64); within 1 % of it at 2,048 and
-# 4,096 rows).
-PERSISTENT_CAUSAL_MAX_N = 4096
+# with N_q <= 4096 (d = 64 and 128, 1,024 to 4,096 rows) and lost by 30% at causal N_q = 16384.
+# With causal masking a CTA's work grows with its query block, and a short problem's grid is
+# only a few waves on 132 SMs; the snake schedule pairs long tiles with short ones and evens the
+# waves out. At long N the many short waves already balance and the persistent kernel only adds
+# its per-tile fills and drains. ``predict`` balances causal CTAs over the SMs perfectly, so it
+# cannot see the uneven waves: it ranks the tiles, this rule chooses the grid. Since a
+# persistent consumer frees its Q tile after its last QK^T and stores O from a tile of its own
+# (the next tile's Q loads during the epilogue), it also wins short non-causal problems, where a
+# grid CTA of a few K/V tiles waits for its Q at the start and for its O store at the end: 480
+# against 410 TFLOP/s at (64, 16, 512, 128), 560 against 542 at (16, 16, 2048, 128), 574
+# against 544 at (8, 16, 4096, 128); at d = 64, 359 against the three-consumer grid's 308 at
+# 512 rows and 393 against 367 at 1,024, but 412 against 426 at 2,048 (the same H100, one run,
+# 2026-12-06). At causal N_q <= 512 the persistent kernel takes 64-key tiles in four stages: half
+# the keys a diagonal tile masks, and 311 against 263 TFLOP/s at (64, 16, 512, 128), 219 against
+# 195 at d = 64.
+PERSISTENT_MAX_N = {(True, 64): 4096, (True, 128): 4096, (False, 64): 1024, (False, 128): 4096}
+PERSISTENT_TILES = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2)       # the tiles measured persistent
+SHORT_CAUSAL_N = 512
+SHORT_CAUSAL_TILES = dict(BLOCK_M=64, BLOCK_N=64, STAGES=4)
 
 
-def prefers_persistent(N_q: int, causal: bool) -> bool:
-    """Does ``best`` launch this problem persistent (GROUP=1)? Causal with N_q <= 4096."""
-    return causal and N_q <= PERSISTENT_CAUSAL_MAX_N
+def prefers_persistent(N_q: int, causal: bool, head_dim: int = 128) -> bool:
+    """Does ``best`` launch this problem persistent (GROUP=1)? Up to ``PERSISTENT_MAX_N`` query
+    rows: 4,096 causal, and non-causal 4,096 at d = 128, 1,024 at d = 64."""
+    return N_q <= PERSISTENT_MAX_N.get((bool(causal), head_dim), 0)
 
 
 def best(head_dim: int, dtype: str = "float16", **problem) -> Config:
     """The fastest feasible config by the model (``rank``'s first, of ``candidates`` and
-    ``three_consumers``); where ``prefers_persistent``, the fastest two-consumer one made
-    persistent with GROUP=1 (if it still fits)."""
+    ``three_consumers``); where ``prefers_persistent``, the persistent kernel (two consumers,
+    GROUP=1) with the tiles measured there: ``PERSISTENT_TILES``, or ``SHORT_CAUSAL_TILES`` at
+    causal N_q <= ``SHORT_CAUSAL_N``."""
     configs = candidates(head_dim, dtype) + three_consumers(head_dim, dtype)
     ranked = rank(head_dim, dtype, configs=configs, **problem)
     if not ranked:
         raise ValueError(f"planner: no feasible config for d={head_dim}, {dtype}.")
-    if prefers_persistent(problem.get("N_q", 16384), problem.get("causal", False)):
-        config = next(c for c, _ in ranked if c.CONSUMERS == 2)
-        persistent = dataclasses.replace(config, PERSISTENT=True, GROUP=1)
+    N_q, causal = problem.get("N_q", 16384), problem.get("causal", False)
+    if prefers_persistent(N_q, causal, head_dim):
+        tiles = SHORT_CAUSAL_TILES if causal and N_q <= SHORT_CAUSAL_N else PERSISTENT_TILES
+        persistent = Config(**tiles, PERSISTENT=True, GROUP=1).for_inputs(head_dim, dtype)
         if feasible(persistent, problem.get("gpu", H100)):
             return persistent
     return ranked[0][0]
