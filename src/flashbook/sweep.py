@@ -312,7 +312,11 @@ WHY = {
            "Triton's software pipeline has fewer registers to overlap loads with the matmuls",
     "ch6": "the Gluon kernel's producer warp and consumer warpgroups need several key "
            "tiles per program to fill their pipeline: at N <= 1024, and at d = 64 causal, whose "
-           "programs are short, its prologue and epilogue are not hidden",
+           "work tiles are short, the fill and drain of each are not hidden. Since the "
+           "persistent kernel frees Q after its last QK^T and stores O from a tile of its own "
+           "(commit 56567fc, after the H200 sweep was recorded), a short problem's Q loads and "
+           "O stores overlap the neighbouring work tiles, which closed most of the gap at "
+           "d = 128 on the H100",
     "ch8": "two launches (split, then combine) from Python against cuDNN's one: the host time "
            "of a call (the overhead table above) exceeds the GPU time of small batches and "
            "contexts; where B x h_kv programs already fill the GPU (one split, one launch) the "
