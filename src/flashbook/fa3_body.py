@@ -28,8 +28,9 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
     the consumers; ``PERSISTENT`` (two consumers): of the work tiles ``work_tile`` gives it
     (sections of ``GROUP`` heads)."""
     dtype: gl.constexpr = q_desc.dtype
-    # shared memory: a Q tile a consumer (reused for O, unless persistent), STAGES K tiles and STAGES V tiles,
-    # 128-byte swizzled (NVMMA layouts, what TMA writes and wgmma reads), then 8-byte mbarriers
+    # shared memory: a Q tile a consumer (reused for O, unless persistent), STAGES K tiles and
+    # STAGES V tiles, 128-byte swizzled (NVMMA layouts, what TMA writes and wgmma reads), then
+    # 8-byte mbarriers
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -62,14 +63,12 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
         gl.warp_specialize([
             (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
                                    k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
-                                   qk_scale, 0,
-                                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
-                                   MOVE_MAX, RESCALE, GROUP)),
+                                   qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
+                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP)),
             (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
                                    k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
-                                   qk_scale, 1,
-                                   BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
-                                   MOVE_MAX, RESCALE, GROUP)),
+                                   qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
+                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP)),
             (producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,
                                    q_free, k_full, k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M,
                                    BLOCK_N, STAGES, CAUSAL, GROUP)),

@@ -229,9 +229,8 @@ def consumer(q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, s
     Q tile, and ``q_bars`` stands in for the Q-free barriers a persistent CTA has)."""
     consumer_work(_m_block(), gl.program_id(1), 0, 0, 0, q_smem, k_smem, v_smem, q_smem, q_bars,
                   q_bars, k_full, k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
-                  qk_scale, WG,
-                  BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE,
-                  False, CONSUMERS)
+                  qk_scale, WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, EXP2,
+                  MOVE_MAX, RESCALE, False, CONSUMERS)
 
 
 @gluon.jit
