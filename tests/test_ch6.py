@@ -11,6 +11,7 @@ JAX when it is missing runs with a fake pip. The numbers on a GPU are
 import dataclasses
 import importlib.metadata
 import importlib.util
+import json
 import re
 import subprocess
 import types
@@ -168,7 +169,6 @@ def test_the_persistent_rule_follows_its_record():
     Q freed after its last QK^T; ``data/fa3_persistent_rule``, made by
     ``solutions/extras/ch6_persistent_rule.py``) is within 3 % of the fastest launch measured
     there, and the figures the planner's comment quotes are the record's."""
-    import json
     rec = json.loads((ROOT / "src/flashbook/data/fa3_persistent_rule/h100.json").read_text())
     assert "H100" in rec["provenance"]["gpu"] and rec["provenance"]["command"]
     new = {(r["d"], r["causal"], r["N"]): r for r in rec["rows"] if r["tag"] == "new"}
@@ -179,7 +179,7 @@ def test_the_persistent_rule_follows_its_record():
         if got.PERSISTENT:
             name = "persist_64x64x4" if got.BLOCK_N == 64 else "persist"
         else:   # the grid the planner picks: what the run's public call launched there
-            assert f"PERSISTENT=False" in r["pick"] and f"CONSUMERS={got.CONSUMERS}" in r["pick"]
+            assert "PERSISTENT=False" in r["pick"] and f"CONSUMERS={got.CONSUMERS}" in r["pick"]
             name = "public"
         fastest = max(r[k] for k in launches if isinstance(r[k], float))
         assert r[name] >= 0.97 * fastest, (d, causal, N, name, r[name], fastest)

@@ -8,6 +8,7 @@ import pytest
 
 from flashbook import fa3_ablation
 from flashbook.fa3_launch import pick_config
+from flashbook.fa3_planner import prefers_persistent
 
 torch = pytest.importorskip("torch")
 
@@ -27,8 +28,7 @@ def test_each_variant_changes_one_choice_of_the_planners_config(shape, causal):
                    if getattr(pick, f.name) != getattr(cfg[name], f.name)}
         assert changed <= {"PERSISTENT", "GROUP", "OVERLAP"} and len(changed - {"GROUP"}) <= 1
     # the planner's choice is one of the two launches: persistent where its rule holds
-    persistent = causal and N <= 4096 or not causal and N <= {64: 1024, 128: 4096}[d]
-    assert pick == (cfg["persistent"] if persistent else cfg["grid"])
+    assert pick == (cfg["persistent"] if prefers_persistent(N, causal, d) else cfg["grid"])
 
 
 def _record(gpu="NVIDIA H100 80GB HBM3"):
