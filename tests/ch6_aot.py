@@ -21,9 +21,10 @@ CASES = [(128, "float16", 64, 128, 2, True, False),     # the planner's pick for
 THREE_CASES = [(64, "float16", 64, 128, 2, False)]
 RING_CASES = [(128, "float16", 64, 128, 2, True, False), (64, "bfloat16", 64, 64, 3, False, True)]
 
-# the persistent variant (Config(PERSISTENT=True, GROUP=group)), planner's default tiles:
-# (d, dtype, causal, group)
-PERSISTENT_CASES = [(128, "float16", True, 4), (64, "bfloat16", False, 1)]
+# the persistent variant (Config(PERSISTENT=True, GROUP=group, CONSUMERS=consumers)), planner's
+# default tiles: (d, dtype, causal, group, consumers)
+PERSISTENT_CASES = [(128, "float16", True, 4, 2), (64, "bfloat16", False, 1, 2),
+                    (64, "float16", True, 1, 3)]
 
 # (d, dtype, BLOCK_M, BLOCK_N, STAGES): entries of data/ch6_compiled.json
 REGENERATE = [(128, "float16", 64, 128, 3),      # the largest ring that fits: no spill
@@ -62,11 +63,11 @@ for d, dtype, bm, bn, stages, overlap, causal in CASES:
                     local=sass.count("STL") + sass.count("LDL"), ttgir=k.asm["ttgir"]))
 entries = [planner_checks.compile_entry(*e) for e in ENTRIES]
 persistent = []
-for d, dtype, causal, group in PERSISTENT:
-    c = planner.Config(PERSISTENT=True, GROUP=group).for_inputs(d, dtype)
+for d, dtype, causal, group, consumers in PERSISTENT:
+    c = planner.Config(PERSISTENT=True, GROUP=group, CONSUMERS=consumers).for_inputs(d, dtype)
     k = gluon_fa3.compile_for_sm90(c, causal)
     usage = cubin_resources(k.asm["cubin"], "fa3_kernel")[0]
-    persistent.append(dict(case=[d, dtype, causal, group], shared=k.metadata.shared,
+    persistent.append(dict(case=[d, dtype, causal, group, consumers], shared=k.metadata.shared,
                            planned=planner.shared_memory(c), ptx=k.asm["ptx"],
                            ttgir=k.asm["ttgir"], **usage))
 three = []

@@ -1,7 +1,9 @@
 """Chapter 6's FA3 forward at short problems (32,768 tokens a batch, 16 heads, fp16): the
 planner's pick as a reader calls it (``public``), the two-consumer 64 x 128 tiles persistent
-(``persist``) and as a grid (``default_grid``), 64 x 64 tiles in four stages persistent, and
-cuDNN; each launch's O checked against SDPA (``*_err``). The evidence for ``fa3_planner``'s
+(``persist``) and as a grid (``default_grid``), 64 x 64 tiles in four stages persistent, three
+consumers persistent at d = 64 (FA3's d = 64 CTA; 64 x 128 tiles in two stages, ``persist3``, and
+64 x 64 in four, ``persist3_64x64x4``), and cuDNN; each launch's O checked against SDPA
+(``*_err``). The evidence for ``fa3_planner``'s
 persistent rule (``src/flashbook/data/fa3_persistent_rule/h100.json``).
 
     python solutions/extras/ch6_persistent_rule.py TAG    (TAG labels the rows and the file)
@@ -29,6 +31,8 @@ for d in (128, 64):
             ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
             for name, c in (("persist", dataclasses.replace(base, PERSISTENT=True, GROUP=1)),
                             ("persist_64x64x4", P.Config(BLOCK_M=64, BLOCK_N=64, STAGES=4, PERSISTENT=True).for_inputs(d, "float16")),
+                            ("persist3", P.Config(BLOCK_M=64, BLOCK_N=128, STAGES=2, CONSUMERS=3, PERSISTENT=True).for_inputs(d, "float16")),
+                            ("persist3_64x64x4", P.Config(BLOCK_M=64, BLOCK_N=64, STAGES=4, CONSUMERS=3, PERSISTENT=True).for_inputs(d, "float16")),
                             ("default_grid", dataclasses.replace(base, PERSISTENT=False))):
                 if not P.feasible(c): r[name] = "infeasible"; continue
                 o, _ = L.attention_fa3(q, k, v, causal, config=c)

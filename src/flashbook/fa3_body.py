@@ -25,8 +25,8 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
                 GROUP: gl.constexpr, CONSUMERS: gl.constexpr):
     """What a kernel entry runs: O and the LSE of its (CONSUMERS*BLOCK_M rows, batch*head)
     block, the softmax's hooks ``EXP2``, ``MOVE_MAX`` and ``RESCALE`` (``fa3_roles``) passed to
-    the consumers; ``PERSISTENT`` (two consumers): of the work tiles ``work_tile`` gives it
-    (sections of ``GROUP`` heads)."""
+    the consumers; ``PERSISTENT``: of the work tiles ``work_tile`` gives it (sections of
+    ``GROUP`` heads)."""
     dtype: gl.constexpr = q_desc.dtype
     # shared memory: a Q tile a consumer (reused for O, unless persistent), STAGES K tiles and
     # STAGES V tiles, 128-byte swizzled (NVMMA layouts, what TMA writes and wgmma reads), then
@@ -38,7 +38,8 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
     if PERSISTENT:
         # O's own tile a consumer: Q is freed after the tile's last QK^T, and O's TMA store
         # drains while the next tile runs (FlashAttention-3's epilogue)
-        o_smem = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
+        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + o_desc.block_type.shape,
+                                           o_desc.layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -54,26 +55,45 @@ def fa3_forward(q_desc, k_desc, v_desc, o_desc, LSE, N_Q, N_K, qk_scale,
         mbarrier.init(k_empty.index(i), count=CONSUMERS)     # every consumer
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
     if PERSISTENT:
-        q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        q_free = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(CONSUMERS):
             mbarrier.init(q_free.index(i), count=1)  # its consumer, after its last QK^T
     fence_async_shared()                             # the inits, before any TMA completes on them
 
-    if PERSISTENT:
+    # warp_specialize takes a literal list: one branch per (persistent, consumer count)
+    if PERSISTENT and CONSUMERS == 3:
         gl.warp_specialize([
             (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
                                    k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
                                    qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP)),
+                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP, 3)),
             (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
                                    k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
                                    qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP)),
+                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP, 3)),
+            (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
+                                   k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
+                                   qk_scale, 2, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
+                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP, 3)),
             (producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,
                                    q_free, k_full, k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M,
-                                   BLOCK_N, STAGES, CAUSAL, GROUP)),
+                                   BLOCK_N, STAGES, CAUSAL, GROUP, 3)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    elif PERSISTENT:
+        gl.warp_specialize([
+            (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
+                                   k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
+                                   qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
+                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP, 2)),
+            (consumer_persistent, (q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full,
+                                   k_empty, v_full, v_empty, sched, o_desc, LSE, N_Q, N_K,
+                                   qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
+                                   OVERLAP, EXP2, MOVE_MAX, RESCALE, GROUP, 2)),
+            (producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,
+                                   q_free, k_full, k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M,
+                                   BLOCK_N, STAGES, CAUSAL, GROUP, 2)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    elif CONSUMERS == 3:     # warp_specialize takes a literal list: one per consumer count
+    elif CONSUMERS == 3:
         gl.warp_specialize([
             (consumer, (q_smem, k_smem, v_smem, q_bars, k_full, k_empty, v_full, v_empty, sched,
                          o_desc, LSE, N_Q, N_K, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,

@@ -184,7 +184,6 @@ def feasible(config: Config, gpu: GPU = H100) -> Verdict:
         (c.STAGES < 2, f"STAGES={c.STAGES}: the ring needs 2 slots to overlap loads"),
         (c.CONSUMERS not in (2, 3), f"CONSUMERS={c.CONSUMERS}: the kernel forks two or three "
                                     "consumer warpgroups"),
-        (c.PERSISTENT and c.CONSUMERS != 2, "the persistent kernel has two consumer warpgroups"),
         (c.GROUP < 0, f"GROUP={c.GROUP}: heads per section of the schedule, 0 for all"),
         (c.threads > gpu.max_threads, f"{c.threads} threads > {gpu.max_threads}"),
         (smem > gpu.smem_per_block,

@@ -330,7 +330,7 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, o_smem, 
 
 
 # ---------------------------------------------------------------------------------------------
-# The persistent roles (two consumers): one CTA per SM runs one work tile a round of a static
+# The persistent roles (two or three consumers): one CTA per SM runs one work tile a round of a static
 # schedule (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's phases
 # go on from tile to tile (after i tiles the token has gone round rb + i times: cta_tiles + 1
 # turns a tile), Q's barriers complete once a tile (phase i & 1), and a consumer frees its Q
@@ -363,12 +363,14 @@ def work_index(i):
 
 
 @gluon.jit
-def load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M: gl.constexpr):
-    """Work tile i's two Q tiles, each once its consumer freed the slot (tile i - 1's O)."""
-    for w in gl.static_range(2):
+def load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M: gl.constexpr,
+           CONSUMERS: gl.constexpr):
+    """Work tile i's Q tiles, one a consumer, each once its consumer freed the slot (after
+    tile i - 1's last QK^T)."""
+    for w in gl.static_range(CONSUMERS):
         mbarrier.wait(q_free.index(w), (i & 1) ^ 1)
         mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-        tma_load(q_desc, [bh, m_block * 2 * BLOCK_M + w * BLOCK_M, 0], q_bars.index(w),
+        tma_load(q_desc, [bh, (m_block * CONSUMERS + w) * BLOCK_M, 0], q_bars.index(w),
                  q_smem.index(w))
 
 
@@ -376,11 +378,11 @@ def load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M: gl.constexpr
 def producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_full,
                         k_empty, v_full, v_empty, N_Q, N_K, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                        GROUP: gl.constexpr):
+                        GROUP: gl.constexpr, CONSUMERS: gl.constexpr):
     """The producer of a persistent CTA: per work tile K_0, then Q (which waits for the
-    previous tile's O to leave), then the rest; K/V of the next tile stream into the slots the
+    previous tile's last QK^T), then the rest; K/V of the next tile stream into the slots the
     consumers free while they still finish this one."""
-    n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+    n_m = gl.cdiv(N_Q, CONSUMERS * BLOCK_M)
     n_bh = q_desc.shape[0]
     rb = gl.to_tensor(0)                         # ring uses before this work tile
     for i in range(gl.cdiv(n_m * n_bh, gl.num_programs(0))):
@@ -389,15 +391,16 @@ def producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, 
             m_block, bh = work_tile(t, n_m, n_bh, GROUP)
             rb = _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free,
                           k_full, k_empty, v_full, v_empty, m_block, bh, i, rb, N_Q, N_K,
-                          BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+                          BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS)
 
 
 @gluon.jit
 def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_full, k_empty,
              v_full, v_empty, m_block, bh, i, rb, N_Q, N_K, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+             CONSUMERS: gl.constexpr):
     """The loads of work tile i (m_block, bh), the ring used rb times before; returns rb after."""
-    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL, 2)
+    n_tiles = cta_tiles(m_block, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL, CONSUMERS)
     for j in range(n_tiles):
         r = rb + j
         s = r % STAGES
@@ -406,12 +409,12 @@ def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_f
         mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
         tma_load(k_desc, [bh, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
         if j == 0:
-            load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M)
+            load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M, CONSUMERS)
         mbarrier.wait(v_empty.index(s), ph ^ 1)
         mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
         tma_load(v_desc, [bh, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
     if n_tiles == 0:
-        load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M)
+        load_q(q_desc, q_smem, q_bars, q_free, m_block, bh, i, BLOCK_M, CONSUMERS)
     return rb + n_tiles
 
 
@@ -421,8 +424,8 @@ def consumer_persistent(q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full, 
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                         EXP2: gl.constexpr, MOVE_MAX: gl.constexpr, RESCALE: gl.constexpr,
-                        GROUP: gl.constexpr):
-    n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+                        GROUP: gl.constexpr, CONSUMERS: gl.constexpr):
+    n_m = gl.cdiv(N_Q, CONSUMERS * BLOCK_M)
     n_bh = o_desc.shape[0]
     rb = gl.to_tensor(0)                         # ring uses before this work tile
     for i in range(gl.cdiv(n_m * n_bh, gl.num_programs(0))):
@@ -432,5 +435,5 @@ def consumer_persistent(q_smem, k_smem, v_smem, o_smem, q_bars, q_free, k_full, 
             rb += consumer_work(m_block, bh, rb, rb + i, i & 1, q_smem, k_smem, v_smem, o_smem,
                                 q_bars, q_free, k_full, k_empty, v_full, v_empty, sched, o_desc,
                                 LSE, N_Q, N_K, qk_scale, WG, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, True, 2)
+                                CAUSAL, OVERLAP, EXP2, MOVE_MAX, RESCALE, True, CONSUMERS)
     tma.store_wait(0)                            # the last O store has read its tile
