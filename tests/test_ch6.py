@@ -195,6 +195,33 @@ def test_the_persistent_rule_follows_its_record():
         assert text in comment, text
 
 
+def test_three_persistent_consumers_lose_to_the_planners_pick():
+    """The persistent kernel with three consumers (FA3's d = 64 CTA of 192 query rows), timed
+    beside the planner's launch at every short problem of one run (an H100;
+    ``data/fa3_persistent_rule/h100_three_consumers.json``): correct everywhere, and nowhere
+    more than 3 % faster than the planner's launch as a reader calls it, so the rule keeps two
+    consumers persistent; causal it is far slower (a 192-row tile's three consumers take every
+    K/V tile's turn, the longest row's count). At d = 128 the planner refuses it (registers)."""
+    rec = json.loads((ROOT / "src/flashbook/data/fa3_persistent_rule/h100_three_consumers.json")
+                     .read_text())
+    assert "H100" in rec["provenance"]["gpu"] and rec["provenance"]["command"]
+    rows = {(r["d"], r["causal"], r["N"]): r for r in rec["rows"]}
+    assert len(rows) == 16
+    three = ("persist3", "persist3_64x64x4")
+    for (d, causal, N), r in rows.items():
+        assert r["pick"] == repr(planner.best(d, B=32768 // N, H=16, N_q=N, causal=causal))
+        assert all(r[k] < 1e-2 for k in r if k.endswith("_err")), (d, causal, N)
+        if d == 128:
+            assert r["persist3"] == "infeasible"
+            continue
+        assert r["public"] >= 0.97 * max(r[k] for k in three), (d, causal, N)
+        if causal and N <= 2048:
+            assert max(r[k] for k in three) < 0.95 * r["public"], (d, causal, N)
+    assert round(rows[(64, True, 512)]["persist3"]) == 115
+    comment = " ".join(Path(planner.__file__).read_text().replace("#", " ").split())
+    assert "115 against 218 TFLOP/s at (64, 16, 512, 64)" in comment
+
+
 # --------------------------------------------------------------------------------------------
 # tile counts and masks (the kernel's integer arithmetic, mirrored by planner.kv_tiles)
 # --------------------------------------------------------------------------------------------

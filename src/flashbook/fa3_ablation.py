@@ -8,7 +8,7 @@ provenance and one row per (shape, causal) of ``SHAPES``, fp16, each with the TF
 * ``two_consumers`` (d = 64 only, where the planner runs three consumer warpgroups): the
   fastest tiles with two, as a grid;
 * ``persistent``: the two-consumer tiles, one CTA per SM walking a head-major snake
-  (``GROUP=1``; the persistent kernel has two consumers);
+  (``GROUP=1``);
 * ``no_overlap``: the planner's choice without the intra-warpgroup overlap (``OVERLAP=False``:
   the softmax of tile j waits for PV(j - 1) instead of running while it is on the tensor cores);
 * ``cudnn``: cuDNN's SDPA forward;
