@@ -330,12 +330,12 @@ def consumer_work(m_block, bh, rb, tb, q_phase, q_smem, k_smem, v_smem, o_smem, 
 
 
 # ---------------------------------------------------------------------------------------------
-# The persistent roles (two or three consumers): one CTA per SM runs one work tile a round of a static
-# schedule (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's phases
-# go on from tile to tile (after i tiles the token has gone round rb + i times: cta_tiles + 1
-# turns a tile), Q's barriers complete once a tile (phase i & 1), and a consumer frees its Q
-# tile after its last QK^T: the producer loads the next Q while the consumer runs its last PV
-# and stores O from a tile of its own.
+# The persistent roles (two or three consumers): one CTA per SM runs one work tile a round of a
+# static schedule (``work_index``: pid, then 2*grid - 1 - pid, ...); the ring's and the token's
+# phases go on from tile to tile (after i tiles the token has gone round rb + i times:
+# cta_tiles + 1 turns a tile), Q's barriers complete once a tile (phase i & 1), and a consumer
+# frees its Q tile after its last QK^T: the producer loads the next Q while the consumer runs
+# its last PV and stores O from a tile of its own.
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
 def work_tile(t, n_m, n_bh, GROUP: gl.constexpr):
