@@ -289,10 +289,12 @@ def rank(head_dim: int, dtype: str = "float16", *, B: int = 1, H: int = 16, N_q:
 # 2026-12-06). At causal N_q <= 512 the persistent kernel takes 64-key tiles in four stages: half
 # the keys a diagonal tile masks, and 311 against 263 TFLOP/s at (64, 16, 512, 128), 219 against
 # 195 at d = 64. The persistent kernel also runs three consumers (192 query rows a work tile, as
-# the three-consumer grid), and no short problem gained from them: at most 2 % (446 against the
-# grid's 438 at (16, 16, 2048, 64)), and causal they are far slower, 115 against 218 TFLOP/s at
-# (64, 16, 512, 64): all three consumers take a turn at every K/V tile the longest rows of their
-# 192 read (the same H100, one run, 2026-12-06: data/fa3_persistent_rule/h100_three_consumers).
+# the three-consumer grid), and no short problem gained from them more than the run's noise: at
+# most 2.3 % (446 against the grid's 438 at (16, 16, 2048, 64); 397 against 388 causal at 4,096,
+# where the two-consumer launch read 397 too when given its config), and causal they are far
+# slower, 115 against 218 TFLOP/s at (64, 16, 512, 64): all three consumers take a turn at every
+# K/V tile the longest rows of their 192 read (the same H100, one run, 2026-12-06:
+# data/fa3_persistent_rule/h100_three_consumers).
 PERSISTENT_MAX_N = {(True, 64): 4096, (True, 128): 4096, (False, 64): 1024, (False, 128): 4096}
 PERSISTENT_TILES = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2)       # the tiles measured persistent
 SHORT_CAUSAL_N = 512
