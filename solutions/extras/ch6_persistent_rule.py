@@ -3,8 +3,9 @@ planner's pick as a reader calls it (``public``), the two-consumer 64 x 128 tile
 (``persist``) and as a grid (``default_grid``), 64 x 64 tiles in four stages persistent, three
 consumers persistent at d = 64 (FA3's d = 64 CTA; 64 x 128 tiles in two stages, ``persist3``, and
 64 x 64 in four, ``persist3_64x64x4``), and cuDNN; each launch's O checked against SDPA
-(``*_err``). The evidence for ``fa3_planner``'s
-persistent rule (``src/flashbook/data/fa3_persistent_rule/h100.json``).
+(``*_err``). The evidence for ``fa3_planner``'s persistent rule: ``h100.json`` (a run before
+the three-consumer columns existed) and ``h100_three_consumers.json`` in
+``src/flashbook/data/fa3_persistent_rule``.
 
     python solutions/extras/ch6_persistent_rule.py TAG    (TAG labels the rows and the file)
 
