@@ -34,10 +34,30 @@ SHARES_THE_COMPILE = pytest.mark.xdist_group("ch6-sm90")
 
 # CASES (every case of CASES and RING_CASES once) and ENTRIES come first
 SCRIPT = r'''
-import os, subprocess, tempfile
+import os, re, subprocess, tempfile
 from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
 from flashbook.chapters.ch6 import planner_checks
-from flashbook.aot import cubin_resources
+from flashbook.aot import cubin_resources, sass_loops
+
+
+def pv_wait_order(sass):
+    """Per main loop: where the wait for every wgmma (PV(j-1)'s, ``DEPBAR.LE gsb0, 0x0``) and
+    the first exponential sit, and how many of the F2FP conversions to 16 bits write the
+    registers PV reads as its A operand."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    out = []
+    for lp in sass_loops(sass, taken=True):
+        lo, hi = int(lp["start"], 16), int(lp["end"], 16)
+        body = [t.strip() for a, t in lines if lo <= int(a, 16) <= hi]
+        a_regs = {int(m.group(1)) + i for t in body
+                  if (m := re.match(r"HGMMA\S*\s+R\d+,\s+R(\d+),", t)) for i in range(4)}
+        cvt = [int(m.group(1)) for t in body if (m := re.match(r"F2FP\S*\s+R(\d+)", t))]
+        first = lambda key: next((i for i, t in enumerate(body) if key in t), -1)
+        out.append(dict(wait=first("DEPBAR.LE gsb0, 0x0"), first_exp=first("MUFU.EX2"),
+                        cvt=len(cvt), cvt_into_a=sum(r in a_regs for r in cvt)))
+    return out
+
+
 bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 res = []
 for d, dtype, bm, bn, stages, overlap, causal in CASES:
@@ -60,7 +80,8 @@ for d, dtype, bm, bn, stages, overlap, causal in CASES:
                                           if "setmaxnreg" in x)),
                     maxnreg=".maxnreg 168" in ptx, sass=bool(sass), hgmma=sass.count("HGMMA"),
                     depbar=sass.count("WARPGROUP.DEPBAR"),
-                    local=sass.count("STL") + sass.count("LDL"), ttgir=k.asm["ttgir"]))
+                    local=sass.count("STL") + sass.count("LDL"), ttgir=k.asm["ttgir"],
+                    pv_order=pv_wait_order(sass) if sass else []))
 entries = [planner_checks.compile_entry(*e) for e in ENTRIES]
 persistent = []
 for d, dtype, causal, group, consumers in PERSISTENT:

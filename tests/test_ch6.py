@@ -505,6 +505,22 @@ def test_kernel_compiles_for_sm90a_with_the_planned_shared_memory(compiled_sm90)
             assert r["depbar"] < r["hgmma"] / 4, f"ptxas serialised the wgmmas in {r['case']}"
 
 
+@pytest.mark.slow
+@SHARES_THE_COMPILE
+def test_the_pv_wait_sits_above_the_exponentials_as_chapter_6_says(compiled_sm90):
+    """Chapter 6 says ptxas waits for PV(j-1) before the softmax's exponentials, because it
+    converts each new P value to 16 bits into the registers PV(j-1) reads: so the
+    intra-warpgroup overlap is only partly realised. Pinned on the planner's d = 128 tiles so
+    that the prose changes when the toolchain does."""
+    r = compiled_sm90[(128, "float16", 64, 128, 2, True, False)]
+    if not r["sass"]:
+        pytest.skip("cuobjdump is not bundled with this Triton")
+    assert r["pv_order"], "no main loop with MMAs found in the SASS"
+    for loop in r["pv_order"]:
+        assert 0 <= loop["wait"] < loop["first_exp"], loop
+        assert loop["cvt"] > 0 and loop["cvt_into_a"] == loop["cvt"], loop
+
+
 # ------------------------------------------------------------------- JAX for Exercises 1 and 4
 
 def _versions(present):

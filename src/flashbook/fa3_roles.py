@@ -213,8 +213,12 @@ def tile(j, rb, tb, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sc
         if not FIRST:
             o, p = warpgroup_mma_wait(0, deps=(o_tok, p))         # PV of tile j-1 done
             mbarrier.arrive(v_empty.index(sp))
-    # P to 16 bits after that wait: the PV of tile j-1 reads the old P until then (ptxas gives
-    # the new P the same registers)
+    # P to 16 bits after that wait: the PV of tile j-1 reads the old P until then. ptxas gives
+    # the new P the same registers and converts each exponential as it comes, so it hoists the
+    # wait above the exponentials (tests/test_ch6.py checks the SASS). Alternate tiles' P in
+    # registers of their own (the loop unrolled by two, each new P made before the wait) did
+    # not move it: at 64 x 128 ptxas spilled and waited after every wgmma; at 64 x 64 it fit
+    # and the wait still came first.
     p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)      # registers only
     return o, m_new, l_i, p, alpha, rescaled
 
