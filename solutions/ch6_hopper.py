@@ -1254,12 +1254,12 @@ quoted.glue(ch6.CHAPTER)
 # 263 TFLOP/s at (64, 16, 512, 128), cuDNN 322). The H200 figures above were recorded before it. And at d = 128 the
 # kernel stays near cuDNN, short of the up to 740 TFLOP/s FlashAttention-3 reports on an H100:
 # ptxas moves the wait for
-# the warpgroup's own PV to the top of the softmax (the SASS shows it, and the book's tests
-# check it on every compile): it converts each new exponential to 16 bits at once, into the
-# very registers that PV still reads. Giving alternate tiles a P of their own (the loop
-# unrolled by two) does not move the wait: with 64 x 128 tiles the second P overflows the 240
-# registers, and ptxas spills and waits after every wgmma; with 64 x 64 tiles it fits, and the
-# wait still comes first. So the intra-warpgroup
+# the warpgroup's own PV to the top of the softmax (the SASS shows it; the book's tests check
+# it on every compile, with Triton 3.9's ptxas): it converts each new exponential to 16 bits
+# at once, into the very registers that PV still reads. Giving alternate tiles a P of their
+# own (the loop unrolled by two) does not move the wait: with 64 x 128 tiles the second P
+# overflows the 240 registers, and ptxas spills and waits after every wgmma; with 64 x 64
+# tiles it fits, and the wait still comes first. So the intra-warpgroup
 # overlap of Section 6 is only partly realised, and each K/V tile pays a few hundred cycles of
 # barrier traffic (`planner.TILE_SYNC`). Your Pallas kernel of Exercise 4 is correct at full
 # size and about two-thirds as fast as the Gluon kernel non-causal: it streams 64-key tiles
