@@ -1236,9 +1236,10 @@ quoted.glue(ch6.CHAPTER)
 # short problems, where the persistent two consumers stay faster; the second table below
 # measures it. (The persistent kernel takes three consumers too, `Config(CONSUMERS=3,
 # PERSISTENT=True)`. On an H100 it was never more than 2.3 % faster than the planner's choice
-# up to 4,096 queries, less than two timings of one launch differed in that run, and causal it
-# was slower, about half as fast at 512 queries: the three consumers of a 192-row work tile all
-# take a turn at every K/V tile that its longest rows read.) The H200 figures above were recorded with two consumers. In the
+# up to 4,096 queries, less than the gap between two timings of one launch in that run; causal
+# it was slower, about half as fast at 512 queries: the three consumers of a 192-row work tile
+# all take a turn at every K/V tile that its longest rows read.) The H200 figures above were
+# recorded with two consumers. In the
 # short causal case, half of the programs finish early and the tail of the grid runs half empty.
 # The kernel now has a persistent variant for this (`Config.PERSISTENT`: one CTA per SM walks a
 # static schedule of the tiles head by head, each round in the opposite direction to the last,

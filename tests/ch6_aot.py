@@ -37,23 +37,27 @@ SCRIPT = r'''
 import os, re, subprocess, tempfile
 from flashbook import fa3_launch as gluon_fa3, fa3_planner as planner
 from flashbook.chapters.ch6 import planner_checks
-from flashbook.aot import cubin_resources, sass_loops
+from flashbook.aot import _SASS_LINE, cubin_resources, sass_loops
 
 
 def pv_wait_order(sass):
     """Per main loop: where the wait for every wgmma (PV(j-1)'s, ``DEPBAR.LE gsb0, 0x0``) and
     the first exponential sit, and how many of the F2FP conversions to 16 bits write the
     registers PV reads as its A operand."""
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    code = [(int(a, 16), op, rest) for a, op, rest in _SASS_LINE.findall(sass)]
     out = []
     for lp in sass_loops(sass, taken=True):
         lo, hi = int(lp["start"], 16), int(lp["end"], 16)
-        body = [t.strip() for a, t in lines if lo <= int(a, 16) <= hi]
-        a_regs = {int(m.group(1)) + i for t in body
-                  if (m := re.match(r"HGMMA\S*\s+R\d+,\s+R(\d+),", t)) for i in range(4)}
-        cvt = [int(m.group(1)) for t in body if (m := re.match(r"F2FP\S*\s+R(\d+)", t))]
-        first = lambda key: next((i for i, t in enumerate(body) if key in t), -1)
-        out.append(dict(wait=first("DEPBAR.LE gsb0, 0x0"), first_exp=first("MUFU.EX2"),
+        body = [(op, rest) for a, op, rest in code if lo <= a <= hi]
+        # an HGMMA's opcode group stops at its lowercase shape ("64x128x16"): search the rest
+        a_regs = {int(m.group(1)) + i for op, rest in body if op.startswith("HGMMA")
+                  and (m := re.search(r"\sR\d+,\s*R(\d+),", rest)) for i in range(4)}
+        cvt = [int(m.group(1)) for op, rest in body
+               if op.startswith("F2FP") and (m := re.match(r"\s*R(\d+)", rest))]
+        first = lambda hit: next((i for i, (op, rest) in enumerate(body) if hit(op, rest)), -1)
+        out.append(dict(wait=first(lambda op, rest: op == "WARPGROUP.DEPBAR.LE"
+                                   and "gsb0, 0x0" in rest),
+                        first_exp=first(lambda op, rest: op == "MUFU.EX2"),
                         cvt=len(cvt), cvt_into_a=sum(r in a_regs for r in cvt)))
     return out
 
