@@ -1104,7 +1104,16 @@ else:
 # stores $P$ to shared memory, from which `wgmma` reads it as it reads $V^T$. Staging $P$ costs a
 # few stores per thread and no exchange between threads, and beat the shuffles; it also frees the
 # registers $P$ would hold until its `wgmma`, and with 256 keys a tile in two stages it was the
-# fastest of these four on an H100, and is the default. Measured beside the others, it
+# fastest of these four on an H100, and is the default. The registers decide it at 256 keys.
+# While $S_j$'s and $PV_{j-1}$'s `wgmma`s are both in flight, a consumer thread's $S$ holds 128
+# registers and $O$ 64; $P_{j-1}$, kept in registers, holds 32 more: 224 of the 240 that
+# `setmaxnreg` gives it, before the addresses, scales and row statistics. With $P$ in registers
+# ("perm" at 64 x 256) ptxas (Triton 3.9's, the one the book's tests compile with) finds too few
+# and issues the `wgmma`s one at a time, its note C7512 ("wgmma.mma_async instructions are
+# serialized due to insufficient register resources"); with $P$ staged it keeps them
+# asynchronous. FlashAttention-3 keeps $P$ in registers by taking 224 keys a tile ($S$ 112
+# registers, $P$ 28); a Triton tile's sides are powers of two, so here the choice is 128 keys
+# with $P$ in registers or 256 with $P$ in shared memory. Measured beside the others, the default
 # reaches {glue:text}`ch6_fp8_gluon_tflops_noncausal:.0f` TFLOP/s non-causal,
 # {glue:text}`ch6_fp8_gluon_vs_fp16_noncausal:.2f`x the book's fp16 forward, and
 # {glue:text}`ch6_fp8_gluon_tflops_causal:.0f` TFLOP/s causal

@@ -222,6 +222,21 @@ eighth = launch.compile_for_sm90(head_dim=128, block_n=256, p_path="sperm", exp2
 res.append({label: sass_loops(cubin_resources(kk.asm["cubin"], kk.name)[1],
                               ("MUFU", "FFMA", "STSM", "STS.U16"))[0]
             for label, kk in (("default", default), ("exp2_fma", fma), ("sperm_fma8", eighth))})
+
+
+def ptxas_log(path):
+    """ptxas' report (``-v``) on the default tiles, 64 x 256 x 2, with P by ``path``."""
+    import contextlib, io, triton
+    triton.knobs.nvidia.dump_ptxas_log = True
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        launch.compile_for_sm90(launch.FASTEST, head_dim=128, block_n=256, p_path=path)
+    triton.knobs.nvidia.dump_ptxas_log = False
+    return out.getvalue()
+
+
+# P in registers at 256 keys a tile, beside P staged four keys a store
+res.append({path: ptxas_log(path) for path in ("perm", "sperm")})
 print("RESULT" + json.dumps(res))
 '''
 
@@ -237,8 +252,11 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
     "perm4" packs P with no byte permutes but the one merging each register's halves. The
     default config (the first) is 64 x 256 x 2 with P in shared memory. With ``exp2_fma`` its
     main loop has 64 MUFU fewer (half a thread's 128 keys) and three FFMA more for each; "sperm"
-    stores P with 8 ``stmatrix`` (no 16-bit store) and with ``exp2_fma=3`` has 16 MUFU fewer."""
+    stores P with 8 ``stmatrix`` (no 16-bit store) and with ``exp2_fma=3`` has 16 MUFU fewer.
+    At the default's 64 x 256, ptxas serializes the wgmmas with P in registers and not with P
+    staged (Chapter 6, Section 8)."""
     res = compile_script(AOT, tmp_path)
+    logs = res.pop()
     loops = res.pop()
     assert len(res) == 6 and not too_big(res), res
     for r in res:
@@ -262,3 +280,10 @@ def test_the_gluon_fp8_kernel_compiles_for_sm90_with_e4m3_wgmma(tmp_path):
     assert mufu["MUFU"] - fma["MUFU"] == 64 and fma["FFMA"] >= mufu["FFMA"] + 3 * 64, loops
     assert mufu["MUFU"] - eighth["MUFU"] == 16 and eighth["FFMA"] >= mufu["FFMA"] + 3 * 16, loops
     assert (eighth["STSM"], eighth["STS.U16"], mufu["STSM"], mufu["STS.U16"]) == (8, 0, 0, 64)
+    # 64 x 256 with P in registers: while S_j's and PV_{j-1}'s wgmmas are both in flight a
+    # consumer thread holds S (128 registers), O (64) and P_{j-1} (32) of its 240, and ptxas
+    # runs the wgmmas one at a time (its note C7512), as Chapter 6 says; staged P leaves them
+    # asynchronous
+    serialized = "wgmma.mma_async instructions are serialized due to insufficient register"
+    assert "C7512" in logs["perm"] and serialized in logs["perm"], logs["perm"]
+    assert "C7512" not in logs["sperm"] and "Used 168 registers" in logs["sperm"], logs["sperm"]
