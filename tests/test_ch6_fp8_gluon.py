@@ -227,11 +227,10 @@ res.append({label: sass_loops(cubin_resources(kk.asm["cubin"], kk.name)[1],
 def ptxas_log(path):
     """ptxas' report (``-v``) on the default tiles, 64 x 256 x 2, with P by ``path``."""
     import contextlib, io, triton
-    triton.knobs.nvidia.dump_ptxas_log = True
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with triton.knobs.nvidia.scope(), contextlib.redirect_stdout(out):    # knobs restored after
+        triton.knobs.nvidia.dump_ptxas_log = True
         launch.compile_for_sm90(launch.FASTEST, head_dim=128, block_n=256, p_path=path)
-    triton.knobs.nvidia.dump_ptxas_log = False
     return out.getvalue()
 
 
