@@ -240,7 +240,8 @@ def test_the_fp8_benchmark_times_the_gluon_kernel_with_its_default_config():
     assert fma_note == note + ", exp2_fma=True"
     _, eighth_note, eighth = cases[len(fp8_bench.CONFIGS) + 4]
     assert eighth.keywords["p_path"] == "sperm" and eighth.keywords["exp2_fma"] == 3
-    assert eighth_note == note + ", p_path=sperm, exp2_fma=3"
+    assert eighth_note == note.replace("p_path=smem (the default)", "p_path=sperm") + \
+        ", exp2_fma=3"
     assert eighth.args[4].vt.shape == (1, 2, 128, 512)      # V^T, its keys permuted
     assert torch.equal(eighth.args[4].vt, fa3_fp8_launch.permute_keys(call.args[4]).vt)
     with pytest.raises(ValueError, match="CUDA GPU"):

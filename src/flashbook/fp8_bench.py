@@ -63,17 +63,18 @@ def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
     return q8, qs, k8, ks, v8.transpose(-1, -2).contiguous(), vs
 
 
-def gluon_note() -> str:
-    """The note of the Gluon kernel's rows: the default config it runs on GLUON_BLOCKS."""
+def gluon_note(kwargs: dict | None = None) -> str:
+    """The note of a Gluon kernel's row: the default config it runs on GLUON_BLOCKS, with
+    ``kwargs`` (the variant's keyword arguments) in place of the defaults they override."""
     from flashbook import fa3_fp8_launch       # imports Triton's Gluon dialect, no GPU needed
+    kwargs = dict(kwargs or {})
     c = fa3_fp8_launch.default_config(GLUON_BLOCKS[1])
     p_path = inspect.signature(fa3_fp8_launch.attention_fp8_gluon).parameters["p_path"].default
-    return (f"BLOCK_M={c.BLOCK_M} BLOCK_N={c.BLOCK_N} stages={c.STAGES} p_path={p_path} (the "
-            f"default), scales in blocks of {GLUON_BLOCKS[0]} and {GLUON_BLOCKS[1]}")
-
-
-def _note(kwargs: dict) -> str:
-    return gluon_note() + "".join(f", {k}={v}" for k, v in kwargs.items())
+    p_path = f"p_path={kwargs.pop('p_path')}" if "p_path" in kwargs else \
+        f"p_path={p_path} (the default)"
+    return (f"BLOCK_M={c.BLOCK_M} BLOCK_N={c.BLOCK_N} stages={c.STAGES} {p_path}, scales in "
+            f"blocks of {GLUON_BLOCKS[0]} and {GLUON_BLOCKS[1]}"
+            + "".join(f", {k}={v}" for k, v in kwargs.items()))
 
 
 def _gluon_inputs(inputs: tuple, kwargs: dict) -> tuple:
@@ -104,7 +105,7 @@ def speed_cases(ns, q, k, v, causal: bool) -> list[tuple[str, str, object]]:
     bm, bn = GLUON_BLOCKS
     gluon_inputs = _prepared(ns, q, k, v, bm, bn)        # quantized once for every variant
     for _, name, kwargs in GLUON_VARIANTS:
-        cases.append((getattr(names, name), _note(kwargs), partial(
+        cases.append((getattr(names, name), gluon_note(kwargs), partial(
             ch6.attention_fp8_gluon, *_gluon_inputs(gluon_inputs, kwargs), causal=causal,
             block_m=bm, block_n=bn, **kwargs)))
     cases.append((names.FP16, "", partial(attention_fa3, q, k, v, causal=causal)))
