@@ -20,8 +20,9 @@ rounding:
   with P in "perm"'s key order, so that the four keys of each 32-bit register of the A layout
   are four adjacent bytes of P's tile: stored by ``stmatrix`` (8 instructions a thread for a
   64 x 256 tile instead of 64 16-bit stores); "lsum" as "sperm" with l, P's row sums, on the
-  tensor cores (``row_sums_mma``: P times a tile of ones, issued beside PV) instead of a
-  thread's FADD of its keys, so l sums the e4m3 P that PV multiplies;
+  tensor cores (``row_sums_mma``: P times a tile of ones, issued beside PV, each tile's sums
+  added to l in float32) instead of a thread's FADD of its keys; l then sums the e4m3 P that
+  PV multiplies;
 * P stays out of ``warpgroup_mma_wait``'s deps: Triton's lowering of the wait takes no 8-bit
   operands ("Unexpected bitwidth in WGMMAWaitGroupOp: 8", 3.6 and 3.9). ptxas keeps the
   registers an in-flight wgmma reads until its wait (the SASS of 64 x 128 x 3 "regs" writes none
@@ -168,13 +169,22 @@ def pv_mma(p, p_smem, v_t, o, P_VIA: gl.constexpr):
 
 
 @gluon.jit
-def row_sums_mma(l_acc, alpha_l, p_smem, ones_smem):
-    """Issue l = l alpha_l + P 1 (async), "lsum"'s row sums of P on the tensor cores: A the P tile
-    PV reads, B a K-major (BLOCK_N, 8) tile of ones, l_acc wgmma's (BLOCK_M, 8) accumulator
-    (its 8 columns alike); 8 wgmma of N = 8 a 256-key tile in place of a thread's 128 FADD."""
+def row_sums_mma(p_smem, ones_smem, BLOCK_M: gl.constexpr):
+    """Issue P's row sums on the tensor cores (async), "lsum": A the P tile PV reads, B a
+    K-major (BLOCK_N, 8) tile of ones, into a fresh (BLOCK_M, 8) accumulator (8 columns alike;
+    8 wgmma of N = 8 a 256-key tile in place of a thread's 128 FADD). Fresh each tile: e4m3
+    wgmma adds its products into the accumulator at reduced precision, so l summed across
+    every tile there lost the small terms (measured on an H100: errors 18x "sperm"'s)."""
+    zero = gl.zeros([BLOCK_M, 8], gl.float32, gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32]))
+    return warpgroup_mma(p_smem, ones_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def add_row_sums(l_acc, alpha_l, sums):
+    """l = l alpha_l + sums in float32 registers ((BLOCK_M, 8), the columns alike)."""
     rows: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
-    l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha_l, rows), 1)
-    return warpgroup_mma(p_smem, ones_smem.permute((1, 0)), l_acc, is_async=True)
+    return l_acc * gl.expand_dims(gl.convert_layout(alpha_l, rows), 1) + sums
 
 
 @gluon.jit
@@ -187,8 +197,8 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     """Tile j of one consumer (``fa3_roles.tile``'s order). In: o = sum over tiles < j-1 in
     units of sv_{j-2}; alpha = alpha_{j-1} sv_{j-2} / sv_{j-1}; sv = sv_{j-1}. Out: o in units
     of sv_{j-1}, and m_i, l_i, p, alpha, sv of tile j, and alpha_j. KS, VS: this head's block
-    scales. "lsum": l_i is ``row_sums_mma``'s accumulator, summing P up to tile j-1 (its last P
-    is summed with its PV), alpha_l = alpha_{j-1} its rescale."""
+    scales. "lsum": l_i (BLOCK_M, 8) sums P up to tile j-1 (P_{j-1}'s sums come with its PV),
+    alpha_l = alpha_{j-1} rescales it."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -220,15 +230,19 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
         o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         v_t = _tile_2d(v_smem, sp, HEAD_DIM, BLOCK_N).permute((1, 0))  # (BLOCK_N, d), K-major
         if P_VIA == "lsum":                    # before PV: wait(1) below leaves PV alone
-            l_tok = row_sums_mma(l_i, alpha_l, p_smem, ones_smem)
+            l_tok = row_sums_mma(p_smem, ones_smem, BLOCK_M)
         o_tok = pv_mma(p, p_smem, v_t, o, P_VIA)
     token_release(sched, WG, 2)
     if FIRST:
         s_acc = warpgroup_mma_wait(0, deps=(s_tok, ))
+    elif OVERLAP and P_VIA == "lsum":
+        s_acc, sums = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
+        l_i = add_row_sums(l_i, alpha_l, sums)
     elif OVERLAP:
         s_acc = warpgroup_mma_wait(1, deps=(s_tok, ))
     elif P_VIA == "lsum":
-        s_acc, l_i, o = warpgroup_mma_wait(0, deps=(s_tok, l_tok, o_tok))
+        s_acc, sums, o = warpgroup_mma_wait(0, deps=(s_tok, l_tok, o_tok))
+        l_i = add_row_sums(l_i, alpha_l, sums)
         mbarrier.arrive(v_empty.index(sp))
     else:
         s_acc, o = warpgroup_mma_wait(0, deps=(s_tok, o_tok))
@@ -255,10 +269,7 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     # PV_{j-1} and the wait after P's stores, measured no faster on an H100.)
     if OVERLAP:
         if not FIRST:
-            if P_VIA == "lsum":
-                l_i, o = warpgroup_mma_wait(0, deps=(l_tok, o_tok))
-            else:
-                o = warpgroup_mma_wait(0, deps=(o_tok, ))
+            o = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(v_empty.index(sp))
     if P_VIA == "perm4":                       # cast after the (free) move to p_layout
         p = p_operand(p_f32, p, p_smem, P_VIA, BLOCK_M, BLOCK_N, p_layout)
@@ -303,7 +314,7 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_em
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, s_rows)
     alpha = gl.zeros([BLOCK_M], gl.float32, s_rows)
     alpha_l = alpha
-    if P_VIA == "lsum":                        # l as wgmma's (BLOCK_M, 8) accumulator
+    if P_VIA == "lsum":                        # l in the layout of row_sums_mma's sums
         l_i = gl.zeros([BLOCK_M, 8], gl.float32, gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32]))
     else:
@@ -335,11 +346,12 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_em
         o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         v_t = _tile_2d(v_smem, sl, HEAD_DIM, BLOCK_N).permute((1, 0))
         if P_VIA == "lsum":
-            l_tok = row_sums_mma(l_i, alpha_l, p_smem, ones_smem)
+            l_tok = row_sums_mma(p_smem, ones_smem, BLOCK_M)
         o_tok = pv_mma(p, p_smem, v_t, o, P_VIA)
         token_release(sched, WG, 2)
         if P_VIA == "lsum":
-            l_i, o = warpgroup_mma_wait(0, deps=(l_tok, o_tok))
+            sums, o = warpgroup_mma_wait(0, deps=(l_tok, o_tok))
+            l_i = add_row_sums(l_i, alpha_l, sums)
         else:
             o = warpgroup_mma_wait(0, deps=(o_tok, ))
         mbarrier.arrive(v_empty.index(sl))
