@@ -108,9 +108,8 @@ SASS = {"default": dict(n=864, MUFU=131, keys=128), "exp2_fma": dict(n=1313, MUF
         "sperm_fma8": dict(n=920, MUFU=115, keys=128)}
 
 
-def _fp8_record(f=1.0, lsum=False):
-    """An FP8 record as ``fp8_bench`` writes it, its numbers scaled by ``f``; with ``lsum`` the
-    rows of the "lsum" variant (records before it have none)."""
+def _fp8_record(f=1.0):
+    """An FP8 record as ``fp8_bench`` writes it, its numbers scaled by ``f``."""
     from flashbook import fp8_bench
     from flashbook.chapters.ch6 import fp8_recorded
     speed = [dict(kernel=k, causal=c, ms=1.0, tflops=t * f * (0.8 if c else 1), note=note)
@@ -122,15 +121,14 @@ def _fp8_record(f=1.0, lsum=False):
                                 ("ch6_attention_fp8_gluon_sperm", 860, "BLOCK_M=64 BLOCK_N=256"),
                                 ("ch6_attention_fp8_gluon_sperm_fma4", 850, "BLOCK_M=64"),
                                 ("ch6_attention_fp8_gluon_sperm_fma8", 900, "BLOCK_M=64"),
-                                ("ch6_attention_fp8_gluon_lsum", 950, "BLOCK_M=64"),
                                 ("ch6_attention_fa3_fp16", 600, ""),
                                 ("sdpa_cudnn_fp16", 610, ""))
-             for c in (False, True) if lsum or "lsum" not in k]
+             for c in (False, True)]
     accuracy = [dict(kernel=k, causal=c, rms_error=e * f * (1.1 if c else 1))
                 for k, e in (("fp8", 0.3), ("fp8_rotated", 0.1), ("fp8_gluon", 0.31),
                              ("fp8_gluon_exp2_fma", 0.32), ("fp8_gluon_sperm_fma8", 0.33),
-                             ("fp8_gluon_lsum", 0.34), ("fp16_sdpa", 0.004))
-                for c in (False, True) if lsum or "lsum" not in k]
+                             ("fp16_sdpa", 0.004))
+                for c in (False, True)]
     sass = {label: {k: v * f if k == "n" else v for k, v in loop.items()}
             for label, loop in SASS.items()}
     return dict(provenance=dict(gpu="NVIDIA H100 80GB HBM3", date="2026-12-06", command="x"),
@@ -230,8 +228,7 @@ def test_the_fp8_benchmark_times_the_gluon_kernel_with_its_default_config():
     assert [kernel for kernel, _, _ in cases] == [
         fp8_recorded.FP8] * len(fp8_bench.CONFIGS) + [
         fp8_recorded.GLUON, fp8_recorded.GLUON_EXP2_FMA, fp8_recorded.GLUON_SPERM,
-        fp8_recorded.GLUON_SPERM_FMA4, fp8_recorded.GLUON_SPERM_FMA8, fp8_recorded.GLUON_LSUM,
-        fp8_recorded.FP16,
+        fp8_recorded.GLUON_SPERM_FMA4, fp8_recorded.GLUON_SPERM_FMA8, fp8_recorded.FP16,
         fp8_recorded.CUDNN]
     _, note, call = cases[len(fp8_bench.CONFIGS)]
     assert call.func is fa3_fp8_launch.attention_fp8_gluon and call.keywords["block_n"] == 256
@@ -260,24 +257,3 @@ def test_the_fp8_benchmark_times_the_default_tiles_first():
     p = inspect.signature(ch6.attention_fp8).parameters
     assert fp8_bench.CONFIGS[0] == tuple(p[k].default for k in
                                          ("block_m", "block_n", "num_warps", "num_stages"))
-
-
-def test_the_lsum_figures_follow_a_record_that_times_it():
-    """"lsum" (P's row sums by wgmma) is newer than the H100 record: a record without its rows
-    quotes and plots the rest; one with them gives its TFLOP/s, its ratio to the fp16 forward
-    and its error, each moving with its row."""
-    from flashbook.chapters.ch6 import fp8_recorded
-    old = _fp8_record()
-    assert not any("lsum" in k for k in fp8_recorded.values(old))
-    assert fp8_recorded.plot(old) is not None
-    rec = _fp8_record(lsum=True)
-    v = fp8_recorded.values(rec)
-    assert v["ch6_fp8_lsum_tflops_noncausal"] == 950 and v["ch6_fp8_lsum_tflops_causal"] == 760
-    assert v["ch6_fp8_lsum_vs_fp16_noncausal"] == pytest.approx(950 / 600)
-    assert v["ch6_fp8_gluon_lsum_err_causal"] == pytest.approx(0.34 * 1.1)
-    for r in rec["speed"] + rec["accuracy"]:
-        if "lsum" in r["kernel"]:
-            r["tflops" if "tflops" in r else "rms_error"] *= 1.05
-    moved = fp8_recorded.values(rec)
-    assert {k for k in v if "lsum" in k and moved[k] == v[k]} == set()
-    assert fp8_recorded.plot(rec) is not None

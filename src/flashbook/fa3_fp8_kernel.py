@@ -19,10 +19,7 @@ rounding:
   two cvt a register (``to_e4m3_x4``), no bytes unpacked across the loop; "sperm" as "smem"
   with P in "perm"'s key order, so that the four keys of each 32-bit register of the A layout
   are four adjacent bytes of P's tile: stored by ``stmatrix`` (8 instructions a thread for a
-  64 x 256 tile instead of 64 16-bit stores); "lsum" as "sperm" with l, P's row sums, on the
-  tensor cores (``row_sums_mma``: P times a tile of ones, issued beside PV, each tile's sums
-  added to l in float32) instead of a thread's FADD of its keys; l then sums the e4m3 P that
-  PV multiplies;
+  64 x 256 tile instead of 64 16-bit stores);
 * P stays out of ``warpgroup_mma_wait``'s deps: Triton's lowering of the wait takes no 8-bit
   operands ("Unexpected bitwidth in WGMMAWaitGroupOp: 8", 3.6 and 3.9). ptxas keeps the
   registers an in-flight wgmma reads until its wait (the SASS of 64 x 128 x 3 "regs" writes none
@@ -134,7 +131,7 @@ def exp2_split(x, EXP2_FMA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 @gluon.jit
 def p_operand(p8, p, p_smem, P_VIA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               p_layout: gl.constexpr):
-    """P (e4m3, S's accumulator layout) made into PV's A operand, ``P_VIA`` ("lsum" as "sperm"):
+    """P (e4m3, S's accumulator layout) made into PV's A operand, ``P_VIA``:
 
     * "regs": ``p_layout`` registers by ``convert_layout`` (warp shuffles and byte permutes);
     * "smem": stored to this consumer's ``p_smem`` (wgmma reads A from there), fenced for the
@@ -142,8 +139,8 @@ def p_operand(p8, p, p_smem, P_VIA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
     * "perm": ``keys_in_register_order`` then a conversion asserted trivial (thread-local);
     * "perm4": the same on P in float32 (p8 is float32 here): the tile of its PV casts it with
       ``to_e4m3_x4``."""
-    if P_VIA == "smem" or P_VIA == "sperm" or P_VIA == "lsum":
-        if P_VIA != "smem":                     # four adjacent bytes a register: stmatrix
+    if P_VIA == "smem" or P_VIA == "sperm":
+        if P_VIA == "sperm":                    # four adjacent bytes a register: stmatrix
             p8 = keys_in_register_order(p8, BLOCK_M, BLOCK_N)
         p_smem.store(p8)
         fence_async_shared()
@@ -159,9 +156,9 @@ def p_operand(p8, p, p_smem, P_VIA: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
 
 @gluon.jit
 def pv_mma(p, p_smem, v_t, o, P_VIA: gl.constexpr):
-    """Issue O += P V^T' (async): A from ``p_smem`` for "smem", "sperm" and "lsum", else the
-    registers ``p``."""
-    if P_VIA == "smem" or P_VIA == "sperm" or P_VIA == "lsum":
+    """Issue O += P V^T' (async): A from ``p_smem`` for "smem" and "sperm", else the registers
+    ``p``."""
+    if P_VIA == "smem" or P_VIA == "sperm":
         tok = warpgroup_mma(p_smem, v_t, o, is_async=True)
     else:
         tok = warpgroup_mma(p, v_t, o, is_async=True)
@@ -169,36 +166,15 @@ def pv_mma(p, p_smem, v_t, o, P_VIA: gl.constexpr):
 
 
 @gluon.jit
-def row_sums_mma(p_smem, ones_smem, BLOCK_M: gl.constexpr):
-    """Issue P's row sums on the tensor cores (async), "lsum": A the P tile PV reads, B a
-    K-major (BLOCK_N, 8) tile of ones, into a fresh (BLOCK_M, 8) accumulator (8 columns alike;
-    8 wgmma of N = 8 a 256-key tile in place of a thread's 128 FADD). Fresh each tile: e4m3
-    wgmma adds its products into the accumulator at reduced precision, so l summed across
-    every tile there lost the small terms (measured on an H100: errors 18x "sperm"'s)."""
-    zero = gl.zeros([BLOCK_M, 8], gl.float32, gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32]))
-    return warpgroup_mma(p_smem, ones_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def add_row_sums(l_acc, alpha_l, sums):
-    """l = l alpha_l + sums in float32 registers ((BLOCK_M, 8), the columns alike)."""
-    rows: gl.constexpr = gl.SliceLayout(1, l_acc.type.layout)
-    return l_acc * gl.expand_dims(gl.convert_layout(alpha_l, rows), 1) + sums
-
-
-@gluon.jit
 def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i,
-             p, p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, ones_smem, alpha_l,
-             WG: gl.constexpr, FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             p, p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, WG: gl.constexpr,
+             FIRST: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
              OVERLAP: gl.constexpr, KV_BLOCK: gl.constexpr, P_VIA: gl.constexpr,
              EXP2_FMA: gl.constexpr):
     """Tile j of one consumer (``fa3_roles.tile``'s order). In: o = sum over tiles < j-1 in
     units of sv_{j-2}; alpha = alpha_{j-1} sv_{j-2} / sv_{j-1}; sv = sv_{j-1}. Out: o in units
-    of sv_{j-1}, and m_i, l_i, p, alpha, sv of tile j, and alpha_j. KS, VS: this head's block
-    scales. "lsum": l_i (BLOCK_M, 8) sums P up to tile j-1 (P_{j-1}'s sums come with its PV),
-    alpha_l = alpha_{j-1} rescales it."""
+    of sv_{j-1}, and m_i, l_i, p, alpha, sv of tile j. KS, VS: this head's block scales."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 32])
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -229,21 +205,12 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     if not FIRST:
         o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         v_t = _tile_2d(v_smem, sp, HEAD_DIM, BLOCK_N).permute((1, 0))  # (BLOCK_N, d), K-major
-        if P_VIA == "lsum":                    # before PV: wait(1) below leaves PV alone
-            l_tok = row_sums_mma(p_smem, ones_smem, BLOCK_M)
         o_tok = pv_mma(p, p_smem, v_t, o, P_VIA)
     token_release(sched, WG, 2)
     if FIRST:
         s_acc = warpgroup_mma_wait(0, deps=(s_tok, ))
-    elif OVERLAP and P_VIA == "lsum":
-        s_acc, sums = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
-        l_i = add_row_sums(l_i, alpha_l, sums)
     elif OVERLAP:
         s_acc = warpgroup_mma_wait(1, deps=(s_tok, ))
-    elif P_VIA == "lsum":
-        s_acc, sums, o = warpgroup_mma_wait(0, deps=(s_tok, l_tok, o_tok))
-        l_i = add_row_sums(l_i, alpha_l, sums)
-        mbarrier.arrive(v_empty.index(sp))
     else:
         s_acc, o = warpgroup_mma_wait(0, deps=(s_tok, o_tok))
         mbarrier.arrive(v_empty.index(sp))
@@ -263,8 +230,7 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     alpha_j = gl.exp2(m_i - m_use)
     p_f32 = exp2_split(s_acc * gl.expand_dims(c, 1) - gl.expand_dims(m_use - P_SHIFT, 1),
                        EXP2_FMA, BLOCK_M, BLOCK_N)
-    if P_VIA != "lsum":
-        l_i = l_i * alpha_j + gl.sum(p_f32, axis=1)
+    l_i = l_i * alpha_j + gl.sum(p_f32, axis=1)
     # P_j's stores and registers wait for PV_{j-1}. (A second P tile, the softmax then under
     # PV_{j-1} and the wait after P's stores, measured no faster on an H100.)
     if OVERLAP:
@@ -276,12 +242,12 @@ def fp8_tile(j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched,
     else:
         p = p_operand(p_f32.to(gl.float8e4nv), p, p_smem, P_VIA, BLOCK_M, BLOCK_N, p_layout)
     alpha = alpha_j * (sv / sv_new)            # applied to O before this tile's PV
-    return o, m_new, l_i, p, alpha, sv_new, alpha_j
+    return o, m_new, l_i, p, alpha, sv_new
 
 
 @gluon.jit
-def fp8_consumer(q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_empty, v_full,
-                 v_empty, sched, O, QS, KS, VS, N_Q, N_K, qk_scale, WG: gl.constexpr,
+def fp8_consumer(q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full, v_empty,
+                 sched, O, QS, KS, VS, N_Q, N_K, qk_scale, WG: gl.constexpr,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                  Q_BLOCK: gl.constexpr, KV_BLOCK: gl.constexpr, P_VIA: gl.constexpr,
@@ -304,7 +270,7 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_em
     VS = VS + bh * gl.cdiv(N_K, KV_BLOCK)
 
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
-    if P_VIA == "smem" or P_VIA == "sperm" or P_VIA == "lsum":
+    if P_VIA == "smem" or P_VIA == "sperm":
         p_smem = p_smem.index(WG)              # this consumer's (BLOCK_M, BLOCK_N) P
     rows = row0 + gl.arange(0, BLOCK_M, layout=s_rows)
     sq = gl.load(QS + bh * gl.cdiv(N_Q, Q_BLOCK) + rows // Q_BLOCK, mask=rows < N_Q, other=1.0)
@@ -312,28 +278,22 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_em
 
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, s_rows)
+    l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
     alpha = gl.zeros([BLOCK_M], gl.float32, s_rows)
-    alpha_l = alpha
-    if P_VIA == "lsum":                        # l in the layout of row_sums_mma's sums
-        l_i = gl.zeros([BLOCK_M, 8], gl.float32, gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32]))
-    else:
-        l_i = gl.zeros([BLOCK_M], gl.float32, s_rows)
     p = gl.zeros([BLOCK_M, BLOCK_N], gl.float32 if P_VIA == "perm4" else gl.float8e4nv, p_layout)
-    sv = gl.max(alpha, axis=0) + 1.0           # a scalar 1.0: O's units before any tile
+    sv = gl.max(l_i, axis=0) + 1.0             # a scalar 1.0: O's units before any tile
 
     mbarrier.wait(q_bars.index(WG), 0)
     if n_tiles > 0:
-        o, m_i, l_i, p, alpha, sv, alpha_l = fp8_tile(
+        o, m_i, l_i, p, alpha, sv = fp8_tile(
             0, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
-            p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, ones_smem, alpha_l, WG,
-            True, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA, EXP2_FMA)
+            p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, WG, True, BLOCK_M,
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA, EXP2_FMA)
     for j in range(1, n_tiles):
-        o, m_i, l_i, p, alpha, sv, alpha_l = fp8_tile(
+        o, m_i, l_i, p, alpha, sv = fp8_tile(
             j, q_tile, k_smem, v_smem, k_full, k_empty, v_full, v_empty, sched, o, m_i, l_i, p,
-            p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, ones_smem, alpha_l, WG,
-            False, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA,
-            EXP2_FMA)
+            p_smem, alpha, sv, c_row, KS, VS, row0, N_Q, N_K, n_full, WG, False, BLOCK_M,
+            BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, KV_BLOCK, P_VIA, EXP2_FMA)
 
     # the last PV, in turn n_tiles (taken even with no tile: both consumers take as many turns)
     jl = gl.maximum(n_tiles - 1, 0)
@@ -345,15 +305,9 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_em
     if n_tiles > 0:
         o = o * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
         v_t = _tile_2d(v_smem, sl, HEAD_DIM, BLOCK_N).permute((1, 0))
-        if P_VIA == "lsum":
-            l_tok = row_sums_mma(p_smem, ones_smem, BLOCK_M)
         o_tok = pv_mma(p, p_smem, v_t, o, P_VIA)
         token_release(sched, WG, 2)
-        if P_VIA == "lsum":
-            sums, o = warpgroup_mma_wait(0, deps=(l_tok, o_tok))
-            l_i = add_row_sums(l_i, alpha_l, sums)
-        else:
-            o = warpgroup_mma_wait(0, deps=(o_tok, ))
+        o = warpgroup_mma_wait(0, deps=(o_tok, ))
         mbarrier.arrive(v_empty.index(sl))
     else:
         token_release(sched, WG, 2)
@@ -370,10 +324,7 @@ def fp8_consumer(q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_em
         token_release(sched, WG, 2)
 
     # ---- epilogue: O = acc sv / l (l carries P's 2^8), stored from registers, rows < N_Q
-    if P_VIA == "lsum":                        # its 8 columns agree
-        l_o = gl.convert_layout(gl.max(l_i, axis=1), o_rows)
-    else:
-        l_o = gl.convert_layout(l_i, o_rows)
+    l_o = gl.convert_layout(l_i, o_rows)
     inv = gl.where(l_o > 0.0, sv / l_o, 0.0)
     o = o * gl.expand_dims(inv, 1)
     o_r = row0 + gl.arange(0, BLOCK_M, layout=o_rows)
@@ -396,19 +347,12 @@ def fp8_kernel(q_desc, k_desc, vt_desc, O, QS, KS, VS, N_Q, N_K, qk_scale,
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + vt_desc.block_type.shape,
                                        vt_desc.layout)
-    if P_VIA == "smem" or P_VIA == "sperm" or P_VIA == "lsum":   # a P tile per consumer
+    if P_VIA == "smem" or P_VIA == "sperm":     # one P tile per consumer, rows swizzled
         SWIZZLE: gl.constexpr = 128 if BLOCK_N >= 128 else BLOCK_N      # bytes, <= a row
         p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, BLOCK_N],
                                            gl.NVMMASharedLayout(SWIZZLE, 8))
     else:
         p_smem = v_smem                         # unread: warp_specialize takes no None
-    if P_VIA == "lsum":                         # B = ones (BLOCK_N, 8), K-major
-        ones = gl.full([8, BLOCK_N], 1.0, gl.float16, gl.BlockedLayout(
-            [1, 16], [2, 16], [4, 1], [1, 0])).to(gl.float8e4nv)
-        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [8, BLOCK_N],
-                                              gl.NVMMASharedLayout(SWIZZLE, 8), ones)
-    else:
-        ones_smem = p_smem
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -426,12 +370,12 @@ def fp8_kernel(q_desc, k_desc, vt_desc, O, QS, KS, VS, N_Q, N_K, qk_scale,
     fence_async_shared()
 
     gl.warp_specialize([
-        (fp8_consumer, (q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_empty,
-                        v_full, v_empty, sched, O, QS, KS, VS, N_Q, N_K, qk_scale, 0, BLOCK_M,
+        (fp8_consumer, (q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full,
+                        v_empty, sched, O, QS, KS, VS, N_Q, N_K, qk_scale, 0, BLOCK_M,
                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, Q_BLOCK, KV_BLOCK, P_VIA,
                         EXP2_FMA)),
-        (fp8_consumer, (q_smem, k_smem, v_smem, p_smem, ones_smem, q_bars, k_full, k_empty,
-                        v_full, v_empty, sched, O, QS, KS, VS, N_Q, N_K, qk_scale, 1, BLOCK_M,
+        (fp8_consumer, (q_smem, k_smem, v_smem, p_smem, q_bars, k_full, k_empty, v_full,
+                        v_empty, sched, O, QS, KS, VS, N_Q, N_K, qk_scale, 1, BLOCK_M,
                         BLOCK_N, HEAD_DIM, STAGES, CAUSAL, OVERLAP, Q_BLOCK, KV_BLOCK, P_VIA,
                         EXP2_FMA)),
         (producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_full, k_empty,

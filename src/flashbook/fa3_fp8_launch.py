@@ -13,8 +13,7 @@ end are masked); causal bottom-right, masked on the diagonal tiles only. vt8's r
 16-byte aligned for TMA: when N_k is not a multiple of 16 the wrapper copies V^T into a
 zero-padded buffer first. The kernel's K/V tile (``config.BLOCK_N``) must divide ``block_n`` so
 each tile has one K scale and one V scale. ``p_path`` picks how P reaches the second GEMM
-(``P_PATHS``, ``fa3_fp8_kernel.p_operand``); with "sperm", "lsum", "perm" and "perm4"
-(``PERMUTED``)
+(``P_PATHS``, ``fa3_fp8_kernel.p_operand``); with "sperm", "perm" and "perm4" (``PERMUTED``)
 vt8 is ``permute_keys(V^T)``, a ``PermutedKeys`` of ``(B, H, d, cdiv(N_k, 32) * 32)``, its keys
 permuted within each 32 so that P stays in its threads (made once on the way in, as the
 transpose is); these paths take no other vt8, and the others take no ``PermutedKeys``.
@@ -22,8 +21,7 @@ transpose is); these paths take no other vt8, and the others take no ``PermutedK
 With no config, ``default_config``: the fastest tiles measured on an H100, 64 query rows a
 consumer against 256 keys a tile in two stages, where the scales' ``block_n`` is a multiple of
 256; 128 keys in three stages where it is a multiple of 128. The default p_path is "smem"
-(V^T as it comes); "sperm", on V^T with its keys permuted, measured a few percent faster;
-"lsum" is "sperm" with P's row sums taken by wgmma (``fa3_fp8_kernel.row_sums_mma``).
+(V^T as it comes); "sperm", on V^T with its keys permuted, measured a few percent faster.
 """
 from __future__ import annotations
 
@@ -56,8 +54,8 @@ FALLBACK = Config(BLOCK_M=64, BLOCK_N=128, STAGES=3, OVERLAP=True)
 # how P reaches PV's wgmma (``fa3_fp8_kernel.p_operand``): registers through warp shuffles,
 # staged in shared memory (two bytes a store, or four with V^T's keys permuted), or registers
 # with V^T's keys permuted so that no thread exchanges data
-P_PATHS = ("regs", "smem", "sperm", "perm", "perm4", "lsum")
-PERMUTED = ("sperm", "perm", "perm4", "lsum")          # the paths whose vt8 is permute_keys(V^T)
+P_PATHS = ("regs", "smem", "sperm", "perm", "perm4")
+PERMUTED = ("sperm", "perm", "perm4")          # the paths whose vt8 is permute_keys(V^T)
 # "perm": column k of each 32 keys of V^T holds key PERM_32[k]. With k = 16h + 4q + 2j + e
 # (q = thread % 4 of a quad), wgmma's fp8 A layout (k_width=4) gives thread q columns 4q..4q+3
 # and 16+4q..16+4q+3 of each 32, while S's accumulator gives it keys 8j + 2q + e (j = 0..3,
@@ -72,13 +70,11 @@ NAME = "attention_fp8_gluon"
 
 def shared_memory(config: Config, head_dim: int, p_path: str = "regs") -> int:
     """Bytes of shared memory the tiles and barriers take (one byte an element): two Q tiles,
-    ``STAGES`` K tiles and as many V^T tiles, with ``p_path`` "smem", "sperm" or "lsum" two P
-    tiles, with "lsum" a (8, BLOCK_N) tile of ones, 4 * STAGES + 4 mbarriers."""
+    ``STAGES`` K tiles and as many V^T tiles, with ``p_path`` "smem" two P tiles, 4 * STAGES + 4
+    mbarriers."""
     tiles = (2 * config.BLOCK_M + 2 * config.STAGES * config.BLOCK_N) * head_dim
-    if p_path in ("smem", "sperm", "lsum"):
+    if p_path in ("smem", "sperm"):
         tiles += 2 * config.BLOCK_M * config.BLOCK_N
-    if p_path == "lsum":
-        tiles += 8 * config.BLOCK_N
     return tiles + (4 * config.STAGES + 4) * MBARRIER_BYTES
 
 
@@ -219,9 +215,8 @@ def attention_fp8_gluon(q8, qs, k8, ks, vt8, vs, causal: bool = False,
     STAGES, OVERLAP); by default ``default_config(block_n)``: 64 x 256 in two stages (the
     fastest measured on an H100) when 256 divides ``block_n``, 64 x 128 in three when 128 does,
     else a ValueError. ``p_path`` (``P_PATHS``): how P reaches PV's wgmma, by default "smem"
-    (staged in shared memory); with "sperm" (staged four keys a store), "lsum" ("sperm" with
-    P's row sums by wgmma), "perm" and "perm4" vt8 is ``permute_keys(V^T)``, made once on the
-    way in. ``exp2_fma``: True (or 1) computes half
+    (staged in shared memory); with "sperm" (staged four keys a store), "perm" and "perm4" vt8
+    is ``permute_keys(V^T)``, made once on the way in. ``exp2_fma``: True (or 1) computes half
     the exponentials by a polynomial on the FMA pipe (``fa3_fp8_kernel.exp2_fma``,
     FlashAttention-4's trick), an int n in 1..3 one in 2^n (each slower on an H100). The
     checks, config, grid and TMA descriptors are remembered by the inputs' metadata

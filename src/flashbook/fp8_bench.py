@@ -48,12 +48,11 @@ CONFIGS = ((64, 128, 4, 3), (128, 128, 8, 3))
 # keys its default config is its fastest (fa3_fp8_launch.default_config)
 GLUON_BLOCKS = (64, 256)
 # the Gluon kernel's variants: (sass_counts' label, fp8_recorded's kernel name, keyword
-# arguments); "sperm" and "lsum" take V^T with its keys permuted (fa3_fp8_launch.permute_keys)
+# arguments); "sperm" takes V^T with its keys permuted (fa3_fp8_launch.permute_keys)
 GLUON_VARIANTS = (("default", "GLUON", {}), ("exp2_fma", "GLUON_EXP2_FMA", dict(exp2_fma=True)),
                   ("sperm", "GLUON_SPERM", dict(p_path="sperm")),
                   ("sperm_fma4", "GLUON_SPERM_FMA4", dict(p_path="sperm", exp2_fma=2)),
-                  ("sperm_fma8", "GLUON_SPERM_FMA8", dict(p_path="sperm", exp2_fma=3)),
-                  ("lsum", "GLUON_LSUM", dict(p_path="lsum")))
+                  ("sperm_fma8", "GLUON_SPERM_FMA8", dict(p_path="sperm", exp2_fma=3)))
 
 
 def _prepared(ns, q, k, v, block_m, block_n, rotation=None):
@@ -150,8 +149,7 @@ def measure() -> dict:
                                              causal=causal),
             "fp8_gluon": gluon(causal=causal),
             "fp8_gluon_exp2_fma": gluon(causal=causal, exp2_fma=True),
-            "fp8_gluon_sperm_fma8": gluon(causal=causal, p_path="sperm", exp2_fma=3),
-            "fp8_gluon_lsum": gluon(causal=causal, p_path="lsum"),
+            "fp8_gluon_sperm_fma8": gluon(causal=causal, **GLUON_VARIANTS[-1][2]),
             "fp16_sdpa": sdpa(q.half(), k.half(), v.half(), is_causal=causal)}
         for name, o in outputs.items():
             rms = (o.double() - want).pow(2).mean().sqrt().item()

@@ -17,11 +17,9 @@ FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp
 GLUON = "ch6_attention_fp8_gluon"          # attention_fp8_gluon, its default config; variants:
 GLUON_EXP2_FMA, GLUON_SPERM = GLUON + "_exp2_fma", GLUON + "_sperm"
 GLUON_SPERM_FMA4, GLUON_SPERM_FMA8 = GLUON + "_sperm_fma4", GLUON + "_sperm_fma8"
-GLUON_LSUM = GLUON + "_lsum"               # "sperm" with P's row sums by wgmma (newer records)
 ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp8_gluon": "fp8 Gluon",
           "fp8_gluon_exp2_fma": "fp8 Gluon, exp2_fma",
-          "fp8_gluon_sperm_fma8": "fp8 Gluon, sperm, 1/8 on FMA",
-          "fp8_gluon_lsum": "fp8 Gluon, lsum", "fp16_sdpa": "fp16 SDPA"}
+          "fp8_gluon_sperm_fma8": "fp8 Gluon, sperm, 1/8 on FMA", "fp16_sdpa": "fp16 SDPA"}
 
 
 def record() -> dict | None:
@@ -46,11 +44,6 @@ def best(rec: dict, kernel: str, causal: bool, config: str | None = None) -> dic
     return max(rows, key=lambda r: r["tflops"])
 
 
-def timed(rec: dict, kernel: str) -> bool:
-    """Whether the record times ``kernel`` (a variant newer than the record may be missing)."""
-    return any(r["kernel"] == kernel for r in rec["speed"])
-
-
 def error(rec: dict, kernel: str, causal: bool) -> float:
     return next(r["rms_error"] for r in rec["accuracy"]
                 if r["kernel"] == kernel and r["causal"] == causal)
@@ -67,18 +60,14 @@ def values(rec: dict) -> dict:
         fp8 = out[f"ch6_fp8_tflops_{label}"] = best(rec, FP8, causal, default_config())["tflops"]
         out[f"ch6_fp8_vs_fp16_{label}"] = fp8 / best(rec, FP16, causal)["tflops"]
         out[f"ch6_fp8_vs_cudnn_{label}"] = fp8 / best(rec, CUDNN, causal)["tflops"]
-        for name, kernel in zip(("gluon", "sperm", "sperm_fma4", "sperm_fma8", "lsum"),
-                                (GLUON, GLUON_SPERM, GLUON_SPERM_FMA4, GLUON_SPERM_FMA8,
-                                 GLUON_LSUM)):
-            if not timed(rec, kernel):
-                continue
+        for name, kernel in zip(("gluon", "sperm", "sperm_fma4", "sperm_fma8"),
+                                (GLUON, GLUON_SPERM, GLUON_SPERM_FMA4, GLUON_SPERM_FMA8)):
             tflops = out[f"ch6_fp8_{name}_tflops_{label}"] = best(rec, kernel, causal)["tflops"]
             out[f"ch6_fp8_{name}_vs_fp16_{label}"] = tflops / best(rec, FP16, causal)["tflops"]
         fma = out[f"ch6_fp8_exp2_fma_tflops_{label}"] = best(rec, GLUON_EXP2_FMA, causal)["tflops"]
         out[f"ch6_fp8_exp2_fma_vs_mufu_{label}"] = fma / out[f"ch6_fp8_gluon_tflops_{label}"]
-        for kernel in ("fp8_gluon", "fp8_gluon_exp2_fma", "fp8_gluon_sperm_fma8", "fp8_gluon_lsum"):
-            if kernel in {r["kernel"] for r in rec["accuracy"]}:
-                out[f"ch6_{kernel}_err_{label}"] = error(rec, kernel, causal)
+        for kernel in ("fp8_gluon", "fp8_gluon_exp2_fma", "fp8_gluon_sperm_fma8"):
+            out[f"ch6_{kernel}_err_{label}"] = error(rec, kernel, causal)
         plain = out[f"ch6_fp8_err_plain_{label}"] = error(rec, "fp8", causal)
         rotated = out[f"ch6_fp8_err_rotated_{label}"] = error(rec, "fp8_rotated", causal)
         out[f"ch6_fp8_err_gain_{label}"] = plain / rotated
@@ -100,9 +89,8 @@ def plot(rec: dict):
     bars_of = [(_label(c), FP8, c) for c in configs] + [(label, kernel, None) for label, kernel in (
         ("fp8 Gluon (default)", GLUON), ("fp8 Gluon, exp2_fma", GLUON_EXP2_FMA),
         ("fp8 Gluon, sperm", GLUON_SPERM), ("fp8 Gluon, sperm, 1/4 on FMA", GLUON_SPERM_FMA4),
-        ("fp8 Gluon, sperm, 1/8 on FMA", GLUON_SPERM_FMA8),
-        ("fp8 Gluon, lsum (row sums by wgmma)", GLUON_LSUM), ("fp16 (Gluon FA3)", FP16),
-        ("fp16 cuDNN", CUDNN)) if timed(rec, kernel)]
+        ("fp8 Gluon, sperm, 1/8 on FMA", GLUON_SPERM_FMA8), ("fp16 (Gluon FA3)", FP16),
+        ("fp16 cuDNN", CUDNN))]
     width = 0.8 / len(bars_of)
     for i, (label, kernel, config) in enumerate(bars_of):
         ys = [best(rec, kernel, c, config)["tflops"] for c in (False, True)]
@@ -112,14 +100,12 @@ def plot(rec: dict):
     speed.set(xticks=[centre, 1 + centre], xticklabels=["non-causal", "causal"], ylabel="TFLOP/s",
               title=f"{tuple(rec['shape'])}, {rec['provenance']['gpu']}")
     speed.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    errors = {k: v for k, v in ERRORS.items() if k in {r["kernel"] for r in rec["accuracy"]}}
-    width = 0.8 / len(errors)
-    for i, (kernel, label) in enumerate(errors.items()):
+    width = 0.8 / len(ERRORS)
+    for i, (kernel, label) in enumerate(ERRORS.items()):
         ys = [error(rec, kernel, c) for c in (False, True)]
         bars = err.bar([x + i * width for x in (0, 1)], ys, width, label=label)
         err.bar_label(bars, fmt="%.1e", fontsize=7)
-    centre = width * (len(errors) - 1) / 2
-    err.set(yscale="log", xticks=[centre, 1 + centre], xticklabels=["non-causal", "causal"],
+    err.set(yscale="log", xticks=[2 * width, 1 + 2 * width], xticklabels=["non-causal", "causal"],
             ylabel="RMS error against float64",
             title=f"outlier channels, {tuple(rec['accuracy_shape'])}")
     err.legend(fontsize=8)
