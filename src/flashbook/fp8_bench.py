@@ -69,10 +69,9 @@ def gluon_note(kwargs: dict | None = None) -> str:
     from flashbook import fa3_fp8_launch       # imports Triton's Gluon dialect, no GPU needed
     kwargs = dict(kwargs or {})
     c = fa3_fp8_launch.default_config(GLUON_BLOCKS[1])
-    p_path = inspect.signature(fa3_fp8_launch.attention_fp8_gluon).parameters["p_path"].default
-    p_path = f"p_path={kwargs.pop('p_path')}" if "p_path" in kwargs else \
-        f"p_path={p_path} (the default)"
-    return (f"BLOCK_M={c.BLOCK_M} BLOCK_N={c.BLOCK_N} stages={c.STAGES} {p_path}, scales in "
+    default = inspect.signature(fa3_fp8_launch.attention_fp8_gluon).parameters["p_path"].default
+    p_path = kwargs.pop("p_path", f"{default} (the default)")
+    return (f"BLOCK_M={c.BLOCK_M} BLOCK_N={c.BLOCK_N} stages={c.STAGES} p_path={p_path}, scales in "
             f"blocks of {GLUON_BLOCKS[0]} and {GLUON_BLOCKS[1]}"
             + "".join(f", {k}={v}" for k, v in kwargs.items()))
 
