@@ -1181,6 +1181,21 @@ else:
 # polynomial's instructions cost more than the exponential unit's time they save. The flag
 # stays off; "sperm" is the fastest path measured, but its V^T must come permuted, so "smem"
 # stays the default.
+#
+# **What the profiler measures.** Nsight Compute, run on "sperm" at the same shape on the
+# {glue:text}`ch6_fp8_prof_gpu` (the SM clock locked at {glue:text}`ch6_fp8_prof_clock:.2f` GHz;
+# `src/flashbook/data/profiles/ch6_fp8_sperm_h100_noncausal_ncu.txt`, whose header gives the
+# command and the program), measures what the counts above only bound. The tensor pipe is busy
+# {glue:text}`ch6_fp8_prof_tensor:.0f` % of the active cycles, and the XU pipe, where MUFU's
+# exponentials run, {glue:text}`ch6_fp8_prof_xu:.0f` %. The warps issue in
+# {glue:text}`ch6_fp8_prof_issue:.0f` % of the cycles, and in
+# {glue:text}`ch6_fp8_prof_no_eligible:.0f` % no warp is ready to issue. So the two units that
+# Chapter 7's model weighs are each busy about half the time, and together about all of it. Our
+# reading: a consumer's exponentials wait for its `wgmma`s, and its next `wgmma`s wait for its
+# exponentials, and the ping-pong hides only part of one consumer's chain behind the other's.
+# In the fp16 forward a tile's exponentials need half the time of its matmuls, so the other
+# consumer's matmuls cover them with room to spare; in FP8 at d = 128 the two are equal, and any
+# part of a softmax left uncovered adds to the tile's time.
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt

@@ -257,3 +257,28 @@ def test_the_fp8_benchmark_times_the_default_tiles_first():
     p = inspect.signature(ch6.attention_fp8).parameters
     assert fp8_bench.CONFIGS[0] == tuple(p[k].default for k in
                                          ("block_m", "block_n", "num_warps", "num_stages"))
+
+
+def test_the_quoted_fp8_profile_figures_are_read_from_the_stored_profile(tmp_path):
+    """Section 8's ch6_fp8_prof_* are the stored Nsight Compute report's numbers (tensor and XU
+    pipes, issue slots, no eligible warp, ncu's clock, the GPU): each moves when its line
+    does, and a report without one of the lines is refused by name."""
+    import re
+
+    from flashbook.chapters.ch6 import fp8_recorded
+    text = fp8_recorded.PROFILE.read_text()
+    before = fp8_recorded.profile_values()
+    assert before["ch6_fp8_prof_gpu"] == re.search(r"# gpu: NVIDIA ([^,]+),", text).group(1)
+    assert before["ch6_fp8_prof_issue"] == float(
+        re.search(r"Issue Slots Busy\s+%\s+([\d.]+)", text).group(1))
+    assert 0 < before["ch6_fp8_prof_tensor"] < 100 and 0 < before["ch6_fp8_prof_xu"] < 100
+    moved = re.sub(r"(_active\s+%\s+|Busy\s+%\s+|No Eligible\s+%\s+|Frequency\s+Ghz\s+)([\d.]+)",
+                   lambda m: m.group(1) + str(float(m.group(2)) + 1), text)
+    moved = moved.replace("# gpu: NVIDIA H100 80GB HBM3", "# gpu: NVIDIA H200")
+    path = tmp_path / fp8_recorded.PROFILE.name
+    path.write_text(moved)
+    after = fp8_recorded.profile_values(path)
+    assert [k for k in before if after[k] == before[k]] == []
+    path.write_text(text.replace("sm__inst_executed_pipe_xu", "sm__inst_executed_pipe"))
+    with pytest.raises(ValueError, match=f"{path.name} has no xu"):
+        fp8_recorded.profile_values(path)

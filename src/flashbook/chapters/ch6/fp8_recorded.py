@@ -1,9 +1,11 @@
 """Chapter 6's FP8 record (``python -m flashbook.fp8_bench``), read back: the figures Section 8
 quotes and its plot. One JSON per GPU in ``DATA_DIR``; like the chapter's benchmark, the prose
-quotes one GPU's record (None until one exists)."""
+quotes one GPU's record (None until one exists). Also the figures Section 8 quotes from the
+Nsight Compute profile of the Gluon kernel's fastest path (``PROFILE``)."""
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -17,6 +19,15 @@ FP8, FP16, CUDNN = "ch6_attention_fp8", "ch6_attention_fa3_fp16", "sdpa_cudnn_fp
 GLUON = "ch6_attention_fp8_gluon"          # attention_fp8_gluon, its default config; variants:
 GLUON_EXP2_FMA, GLUON_SPERM = GLUON + "_exp2_fma", GLUON + "_sperm"
 GLUON_SPERM_FMA4, GLUON_SPERM_FMA8 = GLUON + "_sperm_fma4", GLUON + "_sperm_fma8"
+# the stored profile of attention_fp8_gluon(p_path="sperm") at fp8_bench.SHAPE (its header says
+# how it was made) and the figures the prose quotes from it, each the first group of its pattern
+PROFILE = DATA_DIR.parent / "profiles" / "ch6_fp8_sperm_h100_noncausal_ncu.txt"
+PROFILE_METRICS = {
+    "tensor": r"sm__pipe_tensor_cycles_active\.avg\.pct_of_peak_sustained_active\s+%\s+([\d.]+)",
+    "xu": r"sm__inst_executed_pipe_xu\.avg\.pct_of_peak_sustained_active\s+%\s+([\d.]+)",
+    "issue": r"Issue Slots Busy\s+%\s+([\d.]+)",
+    "no_eligible": r"No Eligible\s+%\s+([\d.]+)",
+    "clock": r"SM Frequency\s+Ghz\s+([\d.]+)"}
 ERRORS = {"fp8": "fp8", "fp8_rotated": "fp8, rotated", "fp8_gluon": "fp8 Gluon",
           "fp8_gluon_exp2_fma": "fp8 Gluon, exp2_fma",
           "fp8_gluon_sperm_fma8": "fp8 Gluon, sperm, 1/8 on FMA", "fp16_sdpa": "fp16 SDPA"}
@@ -72,6 +83,20 @@ def values(rec: dict) -> dict:
         rotated = out[f"ch6_fp8_err_rotated_{label}"] = error(rec, "fp8_rotated", causal)
         out[f"ch6_fp8_err_gain_{label}"] = plain / rotated
     return out | {f"ch6_fp8_sass_{k}": v for k, v in rec["sass"]["figures"].items()}
+
+
+def profile_values(path: Path = PROFILE) -> dict:
+    """Glue key -> figure of the stored profile: ``ch6_fp8_prof_<metric>`` for each of
+    ``PROFILE_METRICS`` (tensor pipe and XU (exponential) pipe busy, issue slots busy, cycles
+    with no eligible warp, all % of the active cycles; ncu's locked SM clock, GHz) and
+    ``ch6_fp8_prof_gpu``. ValueError naming the report and the figure when one is missing."""
+    path = Path(path)
+    out = {f"ch6_fp8_prof_{k}": v for k, v in
+           results.profile_figures(path, PROFILE_METRICS, "ch6: FP8 profile").items()}
+    gpu = re.search(r"^# gpu: NVIDIA ([^,]+),", path.read_text(), re.M)
+    if gpu is None:
+        raise ValueError(f"ch6: FP8 profile: the profile {path.name} has no '# gpu:' line")
+    return out | {"ch6_fp8_prof_gpu": gpu.group(1)}
 
 
 def _label(note: str) -> str:

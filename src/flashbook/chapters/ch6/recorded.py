@@ -116,8 +116,9 @@ def _key(s: tuple, causal: bool) -> str:
 def quoted_values(rows) -> dict:
     """The quoted figures by glue key (fp16; ``flashbook.quoted``): ours against cuDNN at
     ``HEADLINE`` and against JAX's FA3 where both were measured, ``attention_fa3`` as a reader
-    calls it where recorded (``results.as_called``); ``ch6_fp8_*`` (``fp8_recorded``) and
-    ``ch6_abl_*`` (``fa3_ablation``), from records of their own. ValueError without headline."""
+    calls it where recorded (``results.as_called``); ``ch6_fp8_*`` (``fp8_recorded``: its record
+    and its stored profile) and ``ch6_abl_*`` (``fa3_ablation``), from records of their own.
+    ValueError without headline."""
     rows = results.as_called(rows)
     out = {}
     for causal in (False, True):
@@ -136,5 +137,5 @@ def quoted_values(rows) -> dict:
                 out[f"ch6_jax_{_key(s, causal)}"] = jax.tflops
                 out[f"ch6_vs_jax_{_key(s, causal)}"] = ours.tflops / jax.tflops
     fp8, ablation = fp8_recorded.record(), fa3_ablation.record()      # records of their own
-    return out | (fp8_recorded.values(fp8) if fp8 else {}) | (
+    return out | (fp8_recorded.values(fp8) if fp8 else {}) | fp8_recorded.profile_values() | (
         fa3_ablation.values(ablation) if ablation else {})
